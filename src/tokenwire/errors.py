@@ -1,0 +1,131 @@
+"""Every exception tokenwire raises on purpose derives from :class:`TokenwireError`.
+
+The tree::
+
+    TokenwireError
+    ├── ProtocolError                 (abstract: carries the HTTP status to answer with)
+    │   ├── LocalProtocolError        we were asked to produce something the protocol forbids
+    │   └── RemoteProtocolError       the peer sent bytes that break the protocol
+    │       ├── FrameTooLarge         a frame (or buffered partial frame) over the size limit
+    │       ├── VarintOverflow        a varint longer than its type allows (5 bytes for uint32)
+    │       ├── TruncatedStream       the stream ended inside a frame, or without `done`
+    │       ├── DataAfterDone         bytes after the terminal frame
+    │       └── MalformedFrame        anything else that does not parse as a frame / request
+    ├── MapError                      tokenizer maps
+    │   ├── HashFormatError           not a `sha256:<64 hex>` string
+    │   ├── MapHashMismatch           sha256 of the raw bytes differs from the pinned hash
+    │   ├── MapValidationError        a field is missing or wrong; `.field` names it
+    │   └── MapNotFound               unknown id or alias
+    ├── PretokError                   pre-tokenizer programs
+    │   └── UnsupportedProgram        unknown program version, op or stage (never guessed)
+    ├── TokenizeError                 text -> ids
+    │   └── VocabMiss                 a symbol with no id and no byte fallback
+    └── GenerateError                 building a map from a tokenizer.json or GGUF file
+
+Other libraries' exceptions (msgspec, zstandard, json, ...) are translated at the
+boundary of the layer that calls them, always with ``raise ... from exc``; anything
+else escaping a decoder is a bug.
+"""
+
+from __future__ import annotations
+
+
+class TokenwireError(Exception):
+    """Root of every error tokenwire raises deliberately."""
+
+
+class ProtocolError(TokenwireError):
+    """A Codec protocol violation. Abstract: raise a Local or Remote subclass.
+
+    ``status_hint`` is the HTTP status a server should answer with when the violation is
+    in a request it received.
+    """
+
+    status_hint: int = 400
+
+    def __init__(self, msg: str, *, status_hint: int | None = None) -> None:
+        if type(self) is ProtocolError:
+            raise TypeError("ProtocolError is abstract; raise Local- or RemoteProtocolError")
+        super().__init__(msg)
+        if status_hint is not None:
+            self.status_hint = status_hint
+
+
+class LocalProtocolError(ProtocolError):
+    """We were asked to do something the protocol does not allow (an API misuse)."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer's bytes break the protocol."""
+
+
+class FrameTooLarge(RemoteProtocolError):
+    status_hint = 413
+
+
+class VarintOverflow(RemoteProtocolError):
+    pass
+
+
+class TruncatedStream(RemoteProtocolError):
+    pass
+
+
+class DataAfterDone(RemoteProtocolError):
+    pass
+
+
+class MalformedFrame(RemoteProtocolError):
+    pass
+
+
+class MapError(TokenwireError):
+    """Problems loading, verifying or validating a tokenizer map."""
+
+
+class HashFormatError(MapError, ValueError):
+    pass
+
+
+class MapHashMismatch(MapError):
+    def __init__(self, expected: str, actual: str, source: str = "") -> None:
+        where = f" for {source}" if source else ""
+        super().__init__(f"sha256 mismatch{where}: expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
+class MapValidationError(MapError):
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid tokenizer map: `{field}` {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class MapNotFound(MapError, LookupError):
+    pass
+
+
+class PretokError(TokenwireError):
+    pass
+
+
+class UnsupportedProgram(PretokError):
+    pass
+
+
+class TokenizeError(TokenwireError):
+    pass
+
+
+class VocabMiss(TokenizeError):
+    def __init__(self, symbol: str, map_id: str = "") -> None:
+        where = f" of map {map_id}" if map_id else ""
+        super().__init__(
+            f"symbol {symbol!r} is not in the vocab{where} and the map has no byte fallback"
+        )
+        self.symbol = symbol
+
+
+class GenerateError(TokenwireError):
+    pass
