@@ -149,7 +149,9 @@ _KNOWN_KEYS = {
 }  # fmt: skip
 
 
-def load_map_bytes(data: bytes, *, expected_hash: str | None = None, source: str = "") -> TokenizerMap:
+def load_map_bytes(
+    data: bytes, *, expected_hash: str | None = None, source: str = ""
+) -> TokenizerMap:
     """Parse and validate a map from its raw bytes.
 
     ``expected_hash`` (any form :func:`parse_hash` accepts) is checked against the sha256
