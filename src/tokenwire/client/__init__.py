@@ -1,0 +1,1 @@
+"""httpx-based Codec client pieces (fetching maps; the streaming client comes with `serve`)."""
