@@ -1,0 +1,61 @@
+"""Run every benchmark in one process, one after the other, and write BENCHMARKS.md.
+
+    TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 .venv/bin/python -m bench.run
+
+Figures, not pass/fail: compare rows within one run (the machine is shared and noisy).
+Each bench module exposes ``run() -> list[dict]``; rows are printed as markdown tables
+grouped by module. ``--only NAME`` runs one module; ``--no-write`` leaves BENCHMARKS.md alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import platform
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "BENCHMARKS.md"
+MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames"]
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def table(rows: list[dict]) -> str:
+    cols = list(dict.fromkeys(k for row in rows for k in row))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(row.get(c, "")) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", choices=MODULES)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("RAYON_NUM_THREADS", "1")
+    sections = []
+    for name in [args.only] if args.only else MODULES:
+        module = importlib.import_module(f"bench.{name}")
+        print(f"## {name}", file=sys.stderr, flush=True)
+        rows = module.run()
+        doc = (module.__doc__ or "").strip().splitlines()[0]
+        sections.append(f"### {name}: {doc}\n\n{table(rows)}\n")
+        print(table(rows), file=sys.stderr, flush=True)
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    body = (f"{BEGIN}\nRun {stamp} on {platform.machine()}, {os.cpu_count()} cores, Python "
+            f"{platform.python_version()}, single-threaded.\n\n" + "\n".join(sections) + END)
+    if not args.no_write and not args.only:
+        text = OUT.read_text("utf-8") if OUT.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+        head, _, rest = text.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        OUT.write_text(head + body + tail, "utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
