@@ -10,7 +10,9 @@ The tree::
     │       ├── VarintOverflow        a varint longer than its type allows (5 bytes for uint32)
     │       ├── TruncatedStream       the stream ended inside a frame, or without `done`
     │       ├── DataAfterDone         bytes after the terminal frame
-    │       └── MalformedFrame        anything else that does not parse as a frame / request
+    │       ├── MalformedFrame        anything else that does not parse as a frame / request
+    │       └── DecompressionError    a Content-Encoding body that does not decode
+    │           └── DecompressionLimitExceeded  decodes past the decompressed-bytes budget
     ├── MapError                      tokenizer maps
     │   ├── HashFormatError           not a `sha256:<64 hex>` string
     │   ├── MapHashMismatch           sha256 of the raw bytes differs from the pinned hash
@@ -20,7 +22,10 @@ The tree::
     │   └── UnsupportedProgram        unknown program version, op or stage (never guessed)
     ├── TokenizeError                 text -> ids
     │   └── VocabMiss                 a symbol with no id and no byte fallback
-    └── GenerateError                 building a map from a tokenizer.json or GGUF file
+    ├── GenerateError                 building a map from a tokenizer.json or GGUF file
+    ├── PolicyValidationError         a safety-policy descriptor field is wrong; `.field`
+    ├── ConfigError                   a deployment setting (env value) is not understood
+    └── CodecVersionRequired          the server answered 426: upgrade the client
 
 Other libraries' exceptions (msgspec, zstandard, json, ...) are translated at the
 boundary of the layer that calls them, always with ``raise ... from exc``; anything
@@ -129,3 +134,53 @@ class VocabMiss(TokenizeError):
 
 class GenerateError(TokenwireError):
     pass
+
+
+class DecompressionError(RemoteProtocolError):
+    """A response body that does not decode under its Content-Encoding (codec-spec §2.7)."""
+
+
+class DecompressionLimitExceeded(DecompressionError):
+    """The body decodes to more than the decompressed-bytes budget (rejected, not truncated)."""
+
+    status_hint = 413
+
+
+class PolicyValidationError(TokenwireError, ValueError):
+    """A safety-policy descriptor breaks its schema (codec-spec §5.5); `.field` names where."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"invalid safety-policy descriptor: `{field}` {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class ConfigError(TokenwireError, ValueError):
+    """A deployment setting (e.g. a CODEC_* environment value) is not understood."""
+
+
+class CodecVersionRequired(TokenwireError):
+    """The server answered 426: it mandates a newer Codec version (codec-spec §5.4)."""
+
+    def __init__(
+        self,
+        minimum_version: str,
+        required_features: tuple[str, ...],
+        client_version: str,
+        *,
+        docs_url: str | None = None,
+        deployment_id: str | None = None,
+        error: str = "codec_version_required",
+    ) -> None:
+        feats = ", ".join(required_features) or "none listed"
+        super().__init__(
+            f"server requires Codec >= {minimum_version} (features: {feats}); "
+            f"client declared {client_version}"
+            + (f"; see {docs_url}" if docs_url else "")
+        )
+        self.minimum_version = minimum_version
+        self.required_features = required_features
+        self.client_version = client_version
+        self.docs_url = docs_url
+        self.deployment_id = deployment_id
+        self.error = error
