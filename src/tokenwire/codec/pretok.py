@@ -1,0 +1,326 @@
+"""Pre-tokenizer programs v1 and v2 (codec-spec.md §3.5) and legacy single patterns (§3.4).
+
+::
+
+    pt = compile_program({"version": 2, "stages": [...]})
+    pt.split("a  1")        # ["a", "  ", "1"]: pieces that concatenate back to the text
+    pt.single_regex         # one regex whose findall() gives the same pieces, or None
+
+Execution (§3.5):
+
+* v1: at each position try the ops in order; the first non-empty match is a piece; where
+  no op matches, exactly one Unicode scalar is a piece.
+* v2: pieces = [text]; each stage replaces every piece by its own output. The
+  ``alternation`` stage runs the v1 scan inside one piece, except that a span no op matches
+  is ONE piece (gap semantics, HF ``Split(..., Isolated)``). The other stages isolate runs
+  of one character class, which is also ``Split(<class regex>, Isolated)``.
+
+``single_regex`` exists so a caller can hand the whole text to tiktoken (one native regex)
+instead of running stages in Python. It is provided for every v1 program (except
+``metaspace_split``, whose pieces are not substrings), for a v2 program that is a single
+``alternation``, and for ``[digits_isolate individual, alternation]`` (SmolLM2), whose
+alternation is rewritten to see a digit as the end of its piece
+(:mod:`tokenwire.codec.pretok_ops`). Other v2 programs get ``None``.
+
+Known divergence from HF (not expressible with str pieces): in a ``Sequence`` where a stage
+follows ``ByteLevel(use_regex=true)`` (Falcon's ``Digits``), HF runs that stage on GPT-2
+byte-characters, so it also splits at UTF-8 bytes 0xB2/B3/B9/BC/BD/BE (``² ³ ¹ ¼ ½ ¾``)
+inside multi-byte characters (Cyrillic ``в``: ``Ð`` + ``²``) and does not isolate non-ASCII
+digits. §3.5 defines ``digits_isolate`` on text; we follow the spec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import regex
+
+from tokenwire.codec.pretok_ops import CompiledOp, compile_op
+from tokenwire.codec.unicode_classes import ASCII_PUNCT_CLASS, CJK_CLASS, WHITE_SPACE, WS_CLASS
+from tokenwire.errors import UnsupportedProgram
+
+__all__ = [
+    "METASPACE",
+    "STAGE_PARAMS",
+    "PreTokenizer",
+    "compile_pattern",
+    "compile_program",
+]
+
+METASPACE = "\u2581"  # "▁", SentencePiece's word-boundary mark
+
+#: Parameters each v2 stage accepts (§3.5 "Stages"). Anything else is refused.
+STAGE_PARAMS: dict[str, frozenset[str]] = {
+    "digits_isolate": frozenset({"mode", "max_run"}),
+    "digit_triples_isolate": frozenset(),
+    "punctuation_contiguous": frozenset(),
+    "cjk_isolate": frozenset(),
+    "alternation": frozenset({"ops"}),
+}
+
+_ANY = r"[\s\S]"  # one code point, whatever each engine's \s is
+_WS_CHARS = frozenset(map(chr, WHITE_SPACE))
+_WS_RUN = regex.compile(WS_CLASS + "+")
+
+Splitter = Callable[[str], list[str]]
+
+
+class PreTokenizer:
+    """A compiled pre-tokenizer: ``split(text)`` and, when one exists, ``single_regex``."""
+
+    __slots__ = ("_split", "single_regex", "source")
+
+    def __init__(self, split: Splitter, single_regex: str | None, source: Any) -> None:
+        self._split = split
+        #: A ``regex``-module pattern whose findall() equals ``split()``, or None.
+        self.single_regex = single_regex
+        #: The program dict or pattern string this was compiled from.
+        self.source = source
+
+    def split(self, text: str) -> list[str]:
+        """The pieces of ``text``, in order (they concatenate back to ``text``, except for
+        a ``metaspace_split`` program, whose pieces carry ``▁`` and drop whitespace)."""
+        if not text:
+            return []
+        return self._split(text)
+
+    def __repr__(self) -> str:
+        return f"PreTokenizer({self.source!r})"
+
+
+# -- shared scanning -------------------------------------------------------------------
+
+
+def _isolate(pattern: regex.Pattern[str], piece: str, *, gaps_as_scalars: bool) -> list[str]:
+    """HF ``Split(pattern, Isolated)``: matches and the gaps between them, in order."""
+    out: list[str] = []
+    last = 0
+    for m in pattern.finditer(piece):
+        start, end = m.span()
+        if start > last:
+            if gaps_as_scalars:
+                out.extend(piece[last:start])
+            else:
+                out.append(piece[last:start])
+        out.append(piece[start:end])
+        last = end
+    if last < len(piece):
+        if gaps_as_scalars:
+            out.extend(piece[last:])
+        else:
+            out.append(piece[last:])
+    return out
+
+
+class _OpList:
+    """An ordered op list compiled to one ordered alternation (§3.5 execution order)."""
+
+    def __init__(self, raw_ops: Any) -> None:
+        if not isinstance(raw_ops, list):
+            raise UnsupportedProgram("`ops` must be a list of op objects")
+        self.ops: list[CompiledOp] = [compile_op(op) for op in raw_ops]
+        frags = [op.fragment for op in self.ops if op.fragment is not None]
+        # An empty alternation must never match; `(?!)` says so in both engines.
+        self.alternation = "|".join(frags) if frags else "(?!)"
+        self.pattern = regex.compile(self.alternation)
+        covers = frozenset().union(*(op.covers for op in self.ops))
+        letters = "L" in covers or {"title", "upper"} <= covers
+        # Exhaustive: every code point starts a match of some op, so the fallback (v1) or
+        # gap (v2) branch can never fire and the bare alternation is the whole regex.
+        self.exhaustive = letters and {"N", "WS", "OTHER"} <= covers
+
+    def v1_regex(self) -> str:
+        return self.alternation if self.exhaustive else f"{self.alternation}|{_ANY}"
+
+    def gap_regex(self) -> str:
+        if self.exhaustive:
+            return self.alternation
+        # A gap is the maximal run of positions where no op matches.
+        return f"{self.alternation}|(?:(?!{self.alternation}){_ANY})+"
+
+    def digit_segment_regex(self) -> str | None:
+        """The alternation as it behaves inside digit-free segments, or None (§3.5, SmolLM2)."""
+        if not all(op.digit_safe for op in self.ops):
+            return None
+        frags = [op.digit_fragment for op in self.ops if op.digit_fragment is not None]
+        alternation = "|".join([r"\p{N}", *frags])
+        if self.exhaustive:
+            return alternation
+        inner = "|".join(frags) if frags else "(?!)"
+        return rf"{alternation}|(?:(?!\p{{N}}|{inner}){_ANY})+"
+
+
+# -- v1 --------------------------------------------------------------------------------
+
+
+def _metaspace_splitter(op: Mapping[str, Any]) -> Splitter:
+    """Split on White_Space runs, prefix ``▁`` to each word (§3.5 ``metaspace_split``).
+
+    ``prefix_first: true`` leaves the FIRST word unprefixed, as the conformance fixture
+    says (the opposite of what the name suggests; §9.1 item 17). A leading whitespace run
+    already counts as "not first", as in the C and Python reference clients.
+    """
+    unknown = set(op) - {"op", "prefix_first"}
+    if unknown:
+        raise UnsupportedProgram(f"op 'metaspace_split': unknown parameter(s) {sorted(unknown)}")
+    prefix_first = op.get("prefix_first")
+    if prefix_first is not None and not isinstance(prefix_first, bool):
+        raise UnsupportedProgram("op 'metaspace_split': `prefix_first` must be a boolean")
+
+    def split(text: str) -> list[str]:
+        out: list[str] = []
+        first = text[0] not in _WS_CHARS
+        for word in _WS_RUN.split(text):
+            if word:
+                out.append(word if (prefix_first and first) else METASPACE + word)
+                first = False
+        return out
+
+    return split
+
+
+def _compile_v1(program: Mapping[str, Any]) -> PreTokenizer:
+    _check_keys(program, {"version", "ops"}, "v1 program")
+    ops = program.get("ops")
+    if isinstance(ops, list) and any(
+        isinstance(op, Mapping) and op.get("op") == "metaspace_split" for op in ops
+    ):
+        if len(ops) != 1:
+            raise UnsupportedProgram("op 'metaspace_split' must be the only op of a v1 program")
+        return PreTokenizer(_metaspace_splitter(ops[0]), None, program)
+    oplist = _OpList(ops)
+    single = oplist.v1_regex()
+    pattern = oplist.pattern
+    if oplist.exhaustive:
+        findall = pattern.findall
+        return PreTokenizer(findall, single, program)
+    return PreTokenizer(lambda t: _isolate(pattern, t, gaps_as_scalars=True), single, program)
+
+
+# -- v2 --------------------------------------------------------------------------------
+
+
+def _isolating_stage(pattern: str) -> Splitter:
+    compiled = regex.compile(pattern)
+    return lambda piece: _isolate(compiled, piece, gaps_as_scalars=False)
+
+
+def _digits_stage(stage: Mapping[str, Any]) -> Splitter:
+    mode = stage.get("mode")
+    max_run = stage.get("max_run")
+    if mode not in ("individual", "grouped"):
+        raise UnsupportedProgram(f"stage 'digits_isolate': unknown `mode` {mode!r}")
+    if max_run is not None and (
+        not isinstance(max_run, int) or isinstance(max_run, bool) or max_run < 0
+    ):
+        raise UnsupportedProgram("stage 'digits_isolate': `max_run` must be an integer >= 1")
+    if mode == "individual":
+        return _isolating_stage(r"\p{N}")
+    # HF Digits(individual_digits=false) is Split(is_numeric, Contiguous); with max_run it
+    # is DeepSeek's Split(\p{N}{1,K}, Isolated): runs chunked left to right.
+    return _isolating_stage(rf"\p{{N}}{{1,{max_run}}}" if max_run else r"\p{N}+")
+
+
+def _stage_splitter(stage: Any) -> tuple[str, Splitter, _OpList | None]:
+    if not isinstance(stage, Mapping) or not isinstance(stage.get("stage"), str):
+        raise UnsupportedProgram(f"a stage must be an object with a string `stage`, got {stage!r}")
+    kind = stage["stage"]
+    if kind not in STAGE_PARAMS:
+        raise UnsupportedProgram(f"unknown pre-tokenizer stage {kind!r}")
+    _check_keys(stage, STAGE_PARAMS[kind] | {"stage"}, f"stage {kind!r}")
+    match kind:
+        case "digits_isolate":
+            return kind, _digits_stage(stage), None
+        case "digit_triples_isolate":
+            # Split("[0-9][0-9][0-9]", Isolated): ASCII digits only, leftovers stay in gaps.
+            return kind, _isolating_stage("[0-9]{3}"), None
+        case "punctuation_contiguous":
+            # HF Punctuation(Contiguous): runs of is_ascii_punctuation || \p{P}; the rest
+            # (letters, spaces, symbols) forms the gap pieces between them.
+            return kind, _isolating_stage(rf"(?:{ASCII_PUNCT_CLASS}|\p{{P}})+"), None
+        case "cjk_isolate":
+            return kind, _isolating_stage(CJK_CLASS + "+"), None
+    oplist = _OpList(stage.get("ops"))
+    compiled = regex.compile(oplist.gap_regex())
+    if oplist.exhaustive:
+        return kind, compiled.findall, oplist
+    return kind, lambda piece: _isolate(oplist.pattern, piece, gaps_as_scalars=False), oplist
+
+
+def _v2_single_regex(kinds: Sequence[tuple[str, Mapping[str, Any]]],
+                     oplists: Sequence[_OpList | None]) -> str | None:
+    if not kinds:
+        return _ANY + "+"  # no stage: the whole text is one piece
+    if len(kinds) == 1 and oplists[0] is not None:
+        return oplists[0].gap_regex()
+    if (
+        len(kinds) == 2
+        and kinds[0][0] == "digits_isolate"
+        and kinds[0][1].get("mode") == "individual"
+        and oplists[1] is not None
+    ):
+        return oplists[1].digit_segment_regex()
+    return None
+
+
+def _compile_v2(program: Mapping[str, Any]) -> PreTokenizer:
+    _check_keys(program, {"version", "stages"}, "v2 program")
+    stages = program.get("stages")
+    if not isinstance(stages, list):
+        raise UnsupportedProgram("a v2 program needs a `stages` list")
+    compiled = [_stage_splitter(stage) for stage in stages]
+    splitters = [splitter for _, splitter, _ in compiled]
+
+    def split(text: str) -> list[str]:
+        pieces = [text]
+        for splitter in splitters:
+            pieces = [out for piece in pieces for out in splitter(piece)]
+        return pieces
+
+    kinds = [(kind, stage) for (kind, _, _), stage in zip(compiled, stages, strict=True)]
+    single = _v2_single_regex(kinds, [oplist for _, _, oplist in compiled])
+    return PreTokenizer(split, single, program)
+
+
+# -- entry points ----------------------------------------------------------------------
+
+
+def _check_keys(obj: Mapping[str, Any], allowed: set[str] | frozenset[str], what: str) -> None:
+    unknown = set(obj) - set(allowed)
+    if unknown:
+        raise UnsupportedProgram(f"{what}: unknown key(s) {sorted(unknown)}")
+
+
+def compile_program(program: Mapping[str, Any]) -> PreTokenizer:
+    """Compile a ``pre_tokenizer_program`` (v1 ``ops`` or v2 ``stages``, §3.5).
+
+    Raises :class:`UnsupportedProgram` naming any unknown version, op, stage or parameter.
+    """
+    if not isinstance(program, Mapping):
+        raise UnsupportedProgram(f"a pre_tokenizer_program must be an object, got {program!r}")
+    version = program.get("version")
+    if version == 1 and not isinstance(version, bool):
+        return _compile_v1(program)
+    if version == 2 and not isinstance(version, bool):
+        return _compile_v2(program)
+    raise UnsupportedProgram(f"unsupported pre_tokenizer_program version {version!r}")
+
+
+def compile_pattern(pattern: str) -> PreTokenizer:
+    """A legacy ``pre_tokenizer_pattern``: every non-empty match, in order (§3.4 step 2).
+
+    Text no match covers is dropped, as tiktoken does. ``single_regex`` is the pattern
+    itself when that is honest: no capturing groups (findall would return groups) and no
+    empty match on the empty string (findall would return ``""``).
+    """
+    try:
+        compiled = regex.compile(pattern)
+    except regex.error as exc:
+        raise UnsupportedProgram(f"pre_tokenizer_pattern does not compile: {exc}") from exc
+
+    def split(text: str) -> list[str]:
+        return [m.group() for m in compiled.finditer(text) if m.end() > m.start()]
+
+    honest = compiled.groups == 0 and compiled.fullmatch("") is None
+    return PreTokenizer(split, pattern if honest else None, pattern)
