@@ -1,0 +1,139 @@
+"""Encode throughput, single thread: ~2 MB of corpus text, MB/s of UTF-8 input.
+
+    TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 .venv/bin/python -m bench.bench_encode
+
+The corpus (tests/fixtures/corpus) is repeated to ~2 MB and encoded sample by sample, so
+word caches warm up after the first repetition for every implementation alike. Each
+figure is the best of ``REPEATS`` runs, each run on a freshly built tokenizer ("cold").
+Rows: tokenwire (tiktoken and python backends), codecai 0.4.1 ``BPETokenizer`` (its phi-3
+ids are wrong, peer-bench §2; its smollm2 uses the map's v1 pattern), HF `tokenizers`, and
+tiktoken itself built from the cl100k map with tiktoken's own pattern. "same ids" compares
+each row with HF (codecai: over the first 200 samples).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAYON_NUM_THREADS", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+MAPS = ROOT / "tests/fixtures/maps"
+TARGET_BYTES = 2_000_000
+REPEATS = 3
+
+_BYTE_LEVEL_OPS = [
+    {"op": "literals", "patterns": ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d"]},
+    {"op": "letters", "lead_space": True},
+    {"op": "numbers", "lead_space": True},
+    {"op": "punct_run", "lead_space": True},
+    {"op": "trailing_ws"},
+    {"op": "ws_run"},
+]
+# SmolLM2's real pre-tokenizer as a v2 program (codec-spec §3.5).
+SMOLLM2_V2 = {"version": 2, "stages": [
+    {"stage": "digits_isolate", "mode": "individual"},
+    {"stage": "alternation", "ops": _BYTE_LEVEL_OPS},
+]}  # fmt: skip
+CL100K_PAT_STR = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+    r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s"""
+)
+
+
+BENCH_MAPS = [
+    ("smollm2 (v2 program)", "huggingfacetb/smollm2"),
+    ("cl100k", "openai/cl100k_base"),
+    ("phi-3", "microsoft/phi-3"),
+]
+
+
+def _texts() -> list[str]:
+    doc = json.loads((ROOT / "tests/fixtures/corpus/corpus.json").read_text("utf-8"))
+    base = [s for samples in doc.values() for s in samples]
+    size = sum(len(s.encode()) for s in base)
+    return base * max(1, round(TARGET_BYTES / size))
+
+
+def _measure(build: Callable[[], Callable[[str], list[int]]], texts: list[str]) -> float:
+    nbytes = sum(len(t.encode()) for t in texts)
+    best = float("inf")
+    for _ in range(REPEATS):
+        encode = build()
+        t0 = time.perf_counter()
+        for t in texts:
+            encode(t)
+        best = min(best, time.perf_counter() - t0)
+    return nbytes / best / 1e6
+
+
+def _impls(map_id: str) -> list[tuple[str, Callable[[], Callable[[str], list[int]]]]]:
+    from codecai.tokenize import BPETokenizer
+    from codecai.types import TokenizerMap as CodecaiMap
+
+    from tests.hf_oracle import hf_tokenizer, real_pre_tokenizer
+    from tokenwire.codec.maps import load_map_file
+    from tokenwire.codec.tokenizer import Tokenizer
+
+    path = MAPS / f"{map_id}.json"
+    tmap = load_map_file(path)
+    real = None
+    if map_id == "huggingfacetb/smollm2":
+        tmap = dataclasses.replace(tmap, pre_tokenizer_program=SMOLLM2_V2)
+        real = real_pre_tokenizer(map_id)
+    hf = hf_tokenizer(tmap, pre_tokenizer=real)
+    raw = path.read_bytes()
+    rows: list[tuple[str, Callable[[], Callable[[str], list[int]]]]] = []
+    backends = ["tiktoken", "python"] if tmap.encoder == "byte_level" else ["python"]
+    for backend in backends:
+        rows.append((f"tokenwire {backend}", lambda b=backend: Tokenizer.from_map(tmap, b).encode))
+    rows.append(("codecai BPETokenizer (cold)",
+                 lambda: BPETokenizer(CodecaiMap.from_json(raw)).encode))  # fmt: skip
+    rows.append(("HF tokenizers encode",
+                 lambda: lambda t: hf.encode(t, add_special_tokens=False).ids))  # fmt: skip
+    if map_id == "openai/cl100k_base":
+        rows.append(("tiktoken direct (encode_ordinary)", lambda: _tiktoken_cl100k(tmap)))
+    return rows
+
+
+def _tiktoken_cl100k(tmap: Any) -> Callable[[str], list[int]]:
+    import tiktoken
+
+    from tokenwire.codec.byte_level import chars_to_bytes
+
+    ranks = {chars_to_bytes(k): v for k, v in tmap.vocab.items() if k not in tmap.special_tokens}
+    enc = tiktoken.Encoding("cl100k", pat_str=CL100K_PAT_STR, mergeable_ranks=ranks,
+                            special_tokens={})  # fmt: skip
+    return enc.encode_ordinary
+
+
+def run() -> list[dict]:
+    texts = _texts()
+    mb = sum(len(t.encode()) for t in texts) / 1e6
+    rows = []
+    for name, map_id in BENCH_MAPS:
+        impls = _impls(map_id)
+        hf_encode = impls[-2 if map_id == "openai/cl100k_base" else -1][1]()
+        probe = texts[:200]
+        truth = [hf_encode(t) for t in probe]
+        for impl, build in impls:
+            encode = build()
+            same = all(encode(t) == ids for t, ids in zip(probe, truth, strict=True))
+            rows.append({"op": "encode", "map": name, "implementation": impl,
+                         "value": round(_measure(build, texts), 2), "unit": "MB/s",
+                         "same ids as HF": "yes" if same else "no",
+                         "input MB": round(mb, 2)})  # fmt: skip
+    return rows
+
+
+if __name__ == "__main__":
+    from bench.run import table
+
+    print(table(run()))
