@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.codec.maps import load_map_bytes, validate_map_id
+from tokenwire.codec.pretok_lower import BYTE_LEVEL_OPS, CONTRACTIONS, lower_hf_pretokenizer
 from tokenwire.errors import GenerateError, MapError, PretokError
 
 __all__ = [
@@ -113,22 +114,11 @@ class GGUFTokenizerMeta:
 
 # --- pre-tokenizer programs (codec-spec 3.5) -------------------------------------------
 
-_CONTRACTIONS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d"]
-
-# HF ByteLevel(use_regex=True) lowers to this fixed six-op list (codec-spec 3.5).
-_BYTELEVEL_OPS: list[dict[str, Any]] = [
-    {"op": "literals", "patterns": _CONTRACTIONS},
-    {"op": "letters", "lead_space": True},
-    {"op": "numbers", "lead_space": True},
-    {"op": "punct_run", "lead_space": True},
-    {"op": "trailing_ws"},
-    {"op": "ws_run"},
-]
 
 
 def _llama3_ops(max_run: int) -> list[dict[str, Any]]:
     return [
-        {"op": "literals_ci", "patterns": _CONTRACTIONS},
+        {"op": "literals_ci", "patterns": CONTRACTIONS},
         {"op": "letters", "lead_other": True},
         {"op": "numbers", "max_run": max_run},
         {"op": "punct_run", "lead_space": True, "trailing_newlines": True},
@@ -151,17 +141,17 @@ def _cased_ops(max_run: int, trailing: list[str] | None) -> list[dict[str, Any]]
     ]
 
 
-_GPT2: dict[str, Any] = {"version": 1, "ops": _BYTELEVEL_OPS}
+_GPT2: dict[str, Any] = {"version": 1, "ops": BYTE_LEVEL_OPS}
 _LLAMA3: dict[str, Any] = {"version": 1, "ops": _llama3_ops(3)}
 _QWEN2: dict[str, Any] = {"version": 1, "ops": _llama3_ops(1)}
 # HF Sequence[Digits(individual), ByteLevel]: a v2 program (codec-spec 3.5, SmolLM2).
 _SMOLLM: dict[str, Any] = {"version": 2, "stages": [
     {"stage": "digits_isolate", "mode": "individual"},
-    {"stage": "alternation", "ops": _BYTELEVEL_OPS},
+    {"stage": "alternation", "ops": BYTE_LEVEL_OPS},
 ]}  # fmt: skip
 _FALCON: dict[str, Any] = {"version": 2, "stages": [
     {"stage": "punctuation_contiguous"},
-    {"stage": "alternation", "ops": _BYTELEVEL_OPS},
+    {"stage": "alternation", "ops": BYTE_LEVEL_OPS},
     {"stage": "digits_isolate", "mode": "grouped"},
     {"stage": "digit_triples_isolate"},
 ]}  # fmt: skip
@@ -177,7 +167,7 @@ _DEEPSEEK_V3: dict[str, Any] = {"version": 2, "stages": [
         {"op": "ws_run"},
     ]},
 ]}  # fmt: skip
-_O200K: dict[str, Any] = {"version": 1, "ops": _cased_ops(3, _CONTRACTIONS)}
+_O200K: dict[str, Any] = {"version": 1, "ops": _cased_ops(3, CONTRACTIONS)}
 _TEKKEN: dict[str, Any] = {"version": 1, "ops": _cased_ops(1, None)}
 
 # llama.cpp `tokenizer.ggml.pre` name -> byte_level pre-tokenizer program (llama-vocab.cpp's
@@ -507,9 +497,6 @@ def _has_type(node: Any, type_name: str) -> bool:
 
 
 def _hf_byte_level(pre: Any, norm: Any, merges: list[str], out: dict[str, Any]) -> None:
-    # Imported here: pretok_lower is a sibling module with its own dependencies.
-    from tokenwire.codec.pretok_lower import lower_hf_pretokenizer
-
     try:
         program, pattern = lower_hf_pretokenizer(pre, norm)
     except PretokError as exc:

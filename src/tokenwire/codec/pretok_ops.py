@@ -31,7 +31,13 @@ from typing import Any
 
 import regex
 
-from tokenwire.codec.unicode_classes import ASCII_PUNCT_CLASS, NOT_WS_CLASS, WS, WS_CLASS
+from tokenwire.codec.unicode_classes import (
+    ASCII_PUNCT_CLASS,
+    NOT_WS_CLASS,
+    WS,
+    WS_CLASS,
+    escape_chars,
+)
 from tokenwire.errors import UnsupportedProgram
 
 __all__ = ["OP_PARAMS", "CompiledOp", "compile_op", "escape_literal"]
@@ -76,20 +82,7 @@ class CompiledOp:
 
 def escape_literal(text: str) -> str:
     """Spell a literal for both the ``regex`` module and Rust regex (no ``\\'``-style escapes)."""
-    out = []
-    for ch in text:
-        cp = ord(ch)
-        if ch in _META:
-            out.append("\\" + ch)
-        elif 0x21 <= cp <= 0x7E:
-            out.append(ch)
-        elif cp <= 0xFF:
-            out.append(f"\\x{cp:02x}")
-        elif cp <= 0xFFFF:
-            out.append(f"\\u{cp:04x}")
-        else:
-            out.append(f"\\U{cp:08x}")
-    return "".join(out)
+    return escape_chars(text, _META)
 
 
 def _flag(op: Mapping[str, Any], name: str) -> bool:

@@ -24,6 +24,7 @@ __all__ = [
     "WS",
     "WS_CLASS",
     "class_escape",
+    "escape_chars",
 ]
 
 #: Unicode White_Space=Yes (PropList.txt; unchanged since Unicode 6.3, when U+180E left).
@@ -59,12 +60,14 @@ CJK_CLASS = "[" + "".join(f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in CJK_RANGES) +
 _CLASS_SPECIAL = frozenset("\\]^-[")
 
 
-def class_escape(chars: str) -> str:
-    """Spell ``chars`` as the body of a character class, portable across regex dialects."""
+def escape_chars(chars: str, special: frozenset[str]) -> str:
+    """Spell ``chars`` portably for the ``regex`` module and Rust regex: a backslash before
+    each ``special`` character, printable ASCII as is, everything else as a hex escape
+    (never ``\\'``-style escapes, which Rust rejects)."""
     out = []
     for ch in chars:
         cp = ord(ch)
-        if ch in _CLASS_SPECIAL:
+        if ch in special:
             out.append("\\" + ch)
         elif 0x21 <= cp <= 0x7E:
             out.append(ch)
@@ -75,3 +78,8 @@ def class_escape(chars: str) -> str:
         else:
             out.append(f"\\U{cp:08x}")
     return "".join(out)
+
+
+def class_escape(chars: str) -> str:
+    """Spell ``chars`` as the body of a character class, portable across regex dialects."""
+    return escape_chars(chars, _CLASS_SPECIAL)
