@@ -10,7 +10,15 @@ the detokenizer maps vocab keys back through :data:`CHAR_TO_BYTE`.
 
 from __future__ import annotations
 
-__all__ = ["BYTE_TO_CHAR", "CHAR_TO_BYTE", "chars_to_bytes"]
+import codecs
+from itertools import accumulate
+
+__all__ = [
+    "BYTE_TO_CHAR",
+    "CHAR_TO_BYTE",
+    "chars_to_bytes",
+    "chars_to_bytes_bulk",
+]
 
 
 def _bytes_to_unicode() -> list[str]:
@@ -34,10 +42,31 @@ BYTE_TO_CHAR: list[str] = _bytes_to_unicode()
 CHAR_TO_BYTE: dict[str, int] = {c: b for b, c in enumerate(BYTE_TO_CHAR)}
 
 
+# A single-byte codec, exactly like cp1252's: characters of the table encode to their byte
+# in C, any other character (a real space, U+2581, ...) raises UnicodeEncodeError.
+_ENCODING_MAP = codecs.charmap_build("".join(BYTE_TO_CHAR))
+
+
 def chars_to_bytes(key: str) -> bytes | None:
     """The raw bytes a byte_level vocab key stands for, or ``None`` if a character of the
     key is outside the table (added tokens such as ``<|im start|>`` with a real space)."""
     try:
-        return bytes([CHAR_TO_BYTE[c] for c in key])
-    except KeyError:
+        return codecs.charmap_encode(key, "strict", _ENCODING_MAP)[0]
+    except UnicodeEncodeError:
         return None
+
+
+def chars_to_bytes_bulk(keys: list[str]) -> list[bytes | None]:
+    """:func:`chars_to_bytes` of every key with one encode of the joined keys.
+
+    Map load-to-ready time is dominated by this conversion on 50k-200k vocabularies. Every
+    table character is one byte, so the output splits back at the keys' character offsets.
+    If some key is outside the table, every key takes the per-key path.
+    """
+    try:
+        data = codecs.charmap_encode("".join(keys), "strict", _ENCODING_MAP)[0]
+    except UnicodeEncodeError:
+        return [chars_to_bytes(key) for key in keys]
+    ends = list(accumulate(map(len, keys)))
+    starts = [0, *ends[:-1]]
+    return [data[a:b] for a, b in zip(starts, ends, strict=True)]

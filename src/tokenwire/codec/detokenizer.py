@@ -37,7 +37,7 @@ from codecs import utf_8_decode as _utf8_decode
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tokenwire.codec.byte_level import chars_to_bytes
+from tokenwire.codec.byte_level import chars_to_bytes, chars_to_bytes_bulk
 from tokenwire.codec.maps import TokenizerMap
 
 __all__ = [
@@ -96,8 +96,17 @@ def _key_bytes(tmap: TokenizerMap, key: str) -> bytes:
 def _build_tables(tmap: TokenizerMap) -> _Tables:
     size = tmap.max_id + 1
     shown: list[bytes] = [_UNKNOWN] * size
-    for key, i in tmap.vocab.items():
-        shown[i] = _key_bytes(tmap, key)
+    keys = list(tmap.vocab)
+    if tmap.encoder == "byte_level":  # the bulk conversion: load-to-ready time matters
+        raws = chars_to_bytes_bulk(keys)
+        if None not in raws and list(tmap.vocab.values()) == list(range(len(keys))):
+            shown[: len(keys)] = raws  # the usual layout: keys listed in id order, no holes
+        else:
+            for key, i, raw in zip(keys, tmap.vocab.values(), raws, strict=True):
+                shown[i] = key.encode() if raw is None else raw
+    else:
+        for key, i in tmap.vocab.items():
+            shown[i] = _key_bytes(tmap, key)
     for key, i in tmap.special_tokens.items():
         if key not in tmap.vocab or tmap.vocab[key] != i:
             shown[i] = _key_bytes(tmap, key)

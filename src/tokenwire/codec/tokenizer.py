@@ -30,15 +30,20 @@ response was never re-tokenized.
 from __future__ import annotations
 
 import importlib
+import operator
 import re
 from collections.abc import Callable, Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from functools import lru_cache
-from itertools import chain, pairwise
+from itertools import chain, islice
 from typing import Literal, Protocol
 
 from tokenwire.codec.bpe import BPE, DEFAULT_CACHE_SIZE, MAX_CACHED_WORD
-from tokenwire.codec.byte_level import BYTE_TO_CHAR, CHAR_TO_BYTE
+from tokenwire.codec.byte_level import (
+    BYTE_TO_CHAR,
+    CHAR_TO_BYTE,
+    chars_to_bytes_bulk,
+)
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.metaspace import MetaspaceEncoder
 from tokenwire.errors import TokenizeError, UnsupportedProgram, VocabMiss
@@ -102,12 +107,17 @@ def _pre_tokenizer(tmap: TokenizerMap) -> _PreTokenizer:
     raise UnsupportedProgram(f"byte_level map {tmap.id!r} has no pre-tokenizer")
 
 
+@lru_cache(maxsize=4)  # from_map asks twice (backend choice, then ranks); maps are immutable
 def _merge_products(tmap: TokenizerMap) -> list[str]:
     return [line.replace(" ", "", 1) for line in tmap.merges]
 
 
-def _vocab_bytes(key: str) -> bytes:
-    return bytes(CHAR_TO_BYTE[c] for c in key)
+def _products_as_bytes(products: list[str]) -> list[bytes]:
+    raw = chars_to_bytes_bulk(products)
+    if None in raw:
+        bad = products[raw.index(None)]
+        raise TokenizeError(f"merge product {bad!r} is not written in byte-level characters")
+    return raw  # type: ignore[return-value]
 
 
 class _TiktokenByteLevel:
@@ -183,26 +193,24 @@ def _tiktoken_ranks(tmap: TokenizerMap) -> tuple[dict[bytes, int], list[int] | N
     """(mergeable ranks, rank -> id list or None when ranks are ids, miss marker)."""
     vocab = tmap.vocab
     products = _merge_products(tmap)
-    product_ids = [vocab[p] for p in products]
-    if len(set(products)) != len(products):
+    if _has_repeated_product(tmap):
         raise TokenizeError(f"map {tmap.id!r}: a merge product repeats; tiktoken cannot rank it")
+    product_ids = list(map(vocab.__getitem__, products))
+    product_bytes = _products_as_bytes(products)
     missing = [b for b in range(256) if BYTE_TO_CHAR[b] not in vocab]
-    monotonic = all(a < b for a, b in pairwise(product_ids))
     ranks: dict[bytes, int] = {}
-    if monotonic:
+    if all(map(operator.lt, product_ids, islice(product_ids, 1, None))):  # ids rise
         top = max(vocab.values()) + 1
         for b in range(256):
             ranks[bytes([b])] = vocab.get(BYTE_TO_CHAR[b], top + b)
-        for p, tid in zip(products, product_ids, strict=True):
-            ranks[_vocab_bytes(p)] = tid
+        ranks.update(zip(product_bytes, product_ids, strict=True))
         return ranks, None, (top if missing else None)
     remap: list[int] = []
     for b in range(256):
         ranks[bytes([b])] = b
         remap.append(vocab.get(BYTE_TO_CHAR[b], -1))
-    for i, (p, tid) in enumerate(zip(products, product_ids, strict=True)):
-        ranks[_vocab_bytes(p)] = 256 + i
-        remap.append(tid)
+    ranks.update(zip(product_bytes, range(256, 256 + len(products)), strict=True))
+    remap.extend(product_ids)
     return ranks, remap, (-1 if missing else None)
 
 
@@ -268,6 +276,7 @@ def _tiktoken_available() -> bool:
     return True
 
 
+@lru_cache(maxsize=4)
 def _has_repeated_product(tmap: TokenizerMap) -> bool:
     products = _merge_products(tmap)
     return len(set(products)) != len(products)
