@@ -19,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "BENCHMARKS.md"
-MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames"]
+MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames", "bench_serve"]
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 

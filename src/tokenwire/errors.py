@@ -25,7 +25,21 @@ The tree::
     ├── GenerateError                 building a map from a tokenizer.json or GGUF file
     ├── PolicyValidationError         a safety-policy descriptor field is wrong; `.field`
     ├── ConfigError                   a deployment setting (env value) is not understood
-    └── CodecVersionRequired          the server answered 426: upgrade the client
+    ├── CodecVersionRequired          the server answered 426: upgrade the client
+    ├── DiscoveryError                resolving a /.well-known/codec/ document failed (§6.3)
+    │   ├── DiscoveryNotFound         404 for the document, the pointer target or the dict
+    │   ├── DiscoveryHashMismatch     fetched bytes do not hash to the pinned/pointer hash
+    │   ├── DiscoveryPointerError     a malformed pointer, another id, or a second hop
+    │   ├── DiscoveryDocumentInvalid  not JSON, or not a valid map / policy / id
+    │   └── DiscoveryInsecureURL      an http:// URL without allow_http=True
+    ├── CodecHTTPError                the server answered an error status (`.status`, `.body`)
+    ├── CodecTransportError           the connection failed (an httpx error, translated)
+    └── ServerBusy                    the gateway's request queue is full (503, retry later)
+
+    RemoteProtocolError also has, for the client side of §2.7:
+        TokenizerMapMismatch          Codec-Tokenizer-Map differs from the pinned map (fatal)
+        ZstdDictError                 Codec-Zstd-Dict missing, misplaced or malformed
+        ContentTypeMismatch           not the binary type asked for (e.g. a JSON-SSE fallback)
 
 Other libraries' exceptions (msgspec, zstandard, json, ...) are translated at the
 boundary of the layer that calls them, always with ``raise ... from exc``; anything
@@ -184,3 +198,77 @@ class CodecVersionRequired(TokenwireError):
         self.docs_url = docs_url
         self.deployment_id = deployment_id
         self.error = error
+
+
+# -- client side: discovery (codec-spec §6.3) and response checks (§2.7) --------------------
+
+
+class DiscoveryError(TokenwireError):
+    """A ``/.well-known/codec/`` document could not be resolved (§6.3); callers may fall back."""
+
+
+class DiscoveryNotFound(DiscoveryError, LookupError):
+    """404 for the discovery document, the pointer target or a dictionary (§6.3 step 1)."""
+
+
+class DiscoveryHashMismatch(DiscoveryError):
+    """Fetched bytes do not hash to the pinned or pointer hash (§6.3 step 5, §4.4)."""
+
+    def __init__(self, expected: str, actual: str, source: str = "") -> None:
+        where = f" for {source}" if source else ""
+        super().__init__(f"sha256 mismatch{where}: expected {expected}, got {actual}")
+        self.expected = expected
+        self.actual = actual
+
+
+class DiscoveryPointerError(DiscoveryError):
+    """A pointer lacks id/url/hash, names another id, has a bad hash, or points to a pointer."""
+
+
+class DiscoveryDocumentInvalid(DiscoveryError):
+    """The document is not JSON, not a valid map or policy, or its inline id differs."""
+
+
+class DiscoveryInsecureURL(DiscoveryError):
+    """An ``http://`` (or other non-https) URL where https is required (§6.1, §10 item 14)."""
+
+
+class CodecHTTPError(TokenwireError):
+    """The server answered an error status other than 426; ``.status`` and ``.body`` say what."""
+
+    def __init__(self, status: int, body: bytes, url: str = "") -> None:
+        text = body[:300].decode("utf-8", "replace")
+        super().__init__(f"{url or 'server'} answered {status}: {text}")
+        self.status = status
+        self.body = body
+
+
+class CodecTransportError(TokenwireError):
+    """The connection to the server failed (an httpx error, translated at the client)."""
+
+
+class TokenizerMapMismatch(RemoteProtocolError):
+    """``Codec-Tokenizer-Map`` names another map than the one pinned (§2.7): fatal."""
+
+
+class ZstdDictError(RemoteProtocolError):
+    """zstd without ``Codec-Zstd-Dict``, the header on a non-zstd body, or a bad value (§2.7)."""
+
+
+class ContentTypeMismatch(RemoteProtocolError):
+    """The response is not the binary type requested, e.g. a JSON-SSE fallback (§2.4, §2.7)."""
+
+    def __init__(self, msg: str, *, content_type: str, expected: str) -> None:
+        super().__init__(msg)
+        self.content_type = content_type
+        self.expected = expected
+
+    @property
+    def is_json_sse(self) -> bool:
+        return self.content_type.split(";")[0].strip().lower() == "text/event-stream"
+
+
+class ServerBusy(TokenwireError):
+    """The gateway's request queue is full; answered as 503 with ``Retry-After``."""
+
+    status_hint = 503

@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from tokenwire import __version__
 from tokenwire.errors import TokenwireError
 
+from . import client_cmds
 from . import maps as maps_cmd
+from . import serve as serve_cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tokenwire {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     maps_cmd.register(sub)
+    serve_cmd.register(sub)
+    client_cmds.register(sub)
     return parser
 
 

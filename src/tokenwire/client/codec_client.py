@@ -1,0 +1,287 @@
+"""The Codec streaming client: sync and async twins that only do I/O (STYLE §3, §6 items 11-12).
+
+Every decision (request shape, header checks, discovery, caches, decoding) is in
+:class:`~tokenwire.client._base.BaseCodecClient`; the two classes below repeat the same
+I/O steps line for line. Both take ``transport=`` (any httpx transport) or a ready
+``http_client=``.
+
+::
+
+    with CodecClient("http://127.0.0.1:8080", stream_format="msgpack") as client:
+        with client.stream("Once upon a time", max_tokens=64) as stream:
+            for chunk in stream:
+                print(chunk.text, end="", flush=True)
+        print(stream.stats)
+
+Bodies are read with ``iter_raw``/``aiter_raw`` so httpx never decodes them: our own bounded
+decompressor does (codec-spec §9.1 item 23, §10 item 4), and ``wire_bytes`` counts what
+really crossed the wire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import httpx
+
+from tokenwire.client._base import (
+    MAX_ERROR_BODY,
+    BaseCodecClient,
+    Completion,
+    CompletionOptions,
+    ResponseDecoder,
+    StreamStats,
+    TokenChunk,
+)
+from tokenwire.client.discovery import Flow, adrive, drive
+from tokenwire.codec.finish_reason import ClientFinishReason, normalize_finish_reason
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.errors import CodecTransportError
+
+__all__ = ["AsyncCodecClient", "AsyncCodecStream", "CodecClient", "CodecStream"]
+
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+
+
+class _StreamBase:
+    def __init__(self, decoder: ResponseDecoder) -> None:
+        self._decoder = decoder
+        self.ids: list[int] = []
+        self.text_parts: list[str] = []
+
+    def _keep(self, chunk: TokenChunk) -> TokenChunk:
+        self.ids.extend(chunk.ids)
+        self.text_parts.append(chunk.text)
+        return chunk
+
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+    @property
+    def stats(self) -> StreamStats:
+        return self._decoder.stats
+
+    @property
+    def raw_finish_reason(self) -> str | None:
+        return self._decoder.finish_reason
+
+    @property
+    def finish_reason(self) -> ClientFinishReason | None:
+        """Normalised (§5.7): unknown values become ``error``."""
+        return normalize_finish_reason(self._decoder.finish_reason)
+
+    def completion(self) -> Completion:
+        return Completion(tuple(self.ids), self.text, self.finish_reason,
+                          self.raw_finish_reason, self.stats)
+
+
+class CodecStream(_StreamBase):
+    """An open response; iterating yields :class:`TokenChunk` values as frames arrive."""
+
+    def __init__(self, response: httpx.Response, decoder: ResponseDecoder) -> None:
+        super().__init__(decoder)
+        self._response = response
+
+    def __iter__(self) -> Iterator[TokenChunk]:
+        try:
+            for raw in self._response.iter_raw():
+                for chunk in self._decoder.feed(raw):
+                    yield self._keep(chunk)
+        except httpx.HTTPError as exc:
+            raise CodecTransportError(f"stream broke: {exc}") from exc
+        for chunk in self._decoder.feed_eof():
+            yield self._keep(chunk)
+
+
+class AsyncCodecStream(_StreamBase):
+    """The async twin of :class:`CodecStream`."""
+
+    def __init__(self, response: httpx.Response, decoder: ResponseDecoder) -> None:
+        super().__init__(decoder)
+        self._response = response
+
+    async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        try:
+            async for raw in self._response.aiter_raw():
+                for chunk in self._decoder.feed(raw):
+                    yield self._keep(chunk)
+        except httpx.HTTPError as exc:
+            raise CodecTransportError(f"stream broke: {exc}") from exc
+        for chunk in self._decoder.feed_eof():
+            yield self._keep(chunk)
+
+
+class CodecClient(BaseCodecClient):
+    """Sync Codec client. See :class:`BaseCodecClient` for the options."""
+
+    def __init__(self, base_url: str, *, transport: httpx.BaseTransport | None = None,
+                 http_client: httpx.Client | None = None,
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT, **options: Any) -> None:
+        super().__init__(base_url, **options)
+        self._own = http_client is None
+        self._http = http_client or httpx.Client(transport=transport, timeout=timeout)
+
+    def close(self) -> None:
+        if self._own:
+            self._http.close()
+
+    def __enter__(self) -> CodecClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _drive(self, flow: Flow) -> Any:
+        return drive(flow, self._http)
+
+    def _post(self, url: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+        try:
+            request = self._http.build_request("POST", url, headers=headers, content=body)
+            return self._http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise CodecTransportError(f"POST {url} failed: {exc}") from exc
+
+    def _read_error(self, resp: httpx.Response) -> bytes:
+        body = b""
+        try:
+            for part in resp.iter_raw():  # error bodies are small; read no further than the cap
+                body += part
+                if len(body) > MAX_ERROR_BODY:
+                    break
+        except httpx.HTTPError as exc:
+            raise CodecTransportError(f"reading a {resp.status_code} body failed: {exc}") from exc
+        finally:
+            resp.close()
+        return body
+
+    def _send(self, opts: CompletionOptions,
+              ids: tuple[int, ...] | None) -> tuple[httpx.Response, str]:
+        path = opts.path
+        while True:
+            url, headers, body = self._request(opts, path, ids)
+            resp = self._post(url, headers, body)
+            if resp.status_code == 200:
+                return resp, path
+            error_body = self._read_error(resp)
+            if resp.status_code == 404 and path == "c":  # §2.1: fall back to Path B
+                path = "b"
+                continue
+            self._error_status(resp.status_code, resp.headers, error_body, url)
+
+    @contextmanager
+    def stream(self, prompt: str | Iterable[int], *, max_tokens: int = 256,
+               temperature: float | None = None, stop: Iterable[str] = (),
+               seed: int | None = None, path: str | None = None,
+               record: Callable[[bytes], None] | None = None,
+               **extra: Any) -> Iterator[CodecStream]:
+        opts = self._options(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                             seed=seed, path=path, extra=extra)
+        prompt_map: TokenizerMap | None = None
+        ids = opts.prompt if isinstance(opts.prompt, tuple) else None
+        if opts.path != "a" and ids is None:
+            prompt_map = self._drive(self._prompt_map_flow())
+            ids = self._tokenize(prompt_map, str(opts.prompt))
+        resp, used = self._send(opts, ids)
+        try:
+            expected = prompt_map.hash if prompt_map is not None else self.pinned_hash
+            head = self._check_head(resp.headers, expected)
+            zdict, tmap = self._drive(self._needs_flow(head, prompt_map))
+            yield CodecStream(resp, self._decoder(used, head, zdict, tmap, record))
+        finally:
+            resp.close()
+
+    def complete(self, prompt: str | Iterable[int], **kwargs: Any) -> Completion:
+        """Stream a whole completion and return it."""
+        with self.stream(prompt, **kwargs) as stream:
+            for _ in stream:
+                pass
+        return stream.completion()
+
+
+class AsyncCodecClient(BaseCodecClient):
+    """Async Codec client; the twin of :class:`CodecClient`."""
+
+    def __init__(self, base_url: str, *, transport: httpx.AsyncBaseTransport | None = None,
+                 http_client: httpx.AsyncClient | None = None,
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT, **options: Any) -> None:
+        super().__init__(base_url, **options)
+        self._own = http_client is None
+        self._http = http_client or httpx.AsyncClient(transport=transport, timeout=timeout)
+
+    async def aclose(self) -> None:
+        if self._own:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncCodecClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _drive(self, flow: Flow) -> Any:
+        return await adrive(flow, self._http)
+
+    async def _post(self, url: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+        try:
+            request = self._http.build_request("POST", url, headers=headers, content=body)
+            return await self._http.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise CodecTransportError(f"POST {url} failed: {exc}") from exc
+
+    async def _read_error(self, resp: httpx.Response) -> bytes:
+        body = b""
+        try:
+            async for part in resp.aiter_raw():
+                body += part
+                if len(body) > MAX_ERROR_BODY:
+                    break
+        except httpx.HTTPError as exc:
+            raise CodecTransportError(f"reading a {resp.status_code} body failed: {exc}") from exc
+        finally:
+            await resp.aclose()
+        return body
+
+    async def _send(self, opts: CompletionOptions,
+                    ids: tuple[int, ...] | None) -> tuple[httpx.Response, str]:
+        path = opts.path
+        while True:
+            url, headers, body = self._request(opts, path, ids)
+            resp = await self._post(url, headers, body)
+            if resp.status_code == 200:
+                return resp, path
+            error_body = await self._read_error(resp)
+            if resp.status_code == 404 and path == "c":  # §2.1: fall back to Path B
+                path = "b"
+                continue
+            self._error_status(resp.status_code, resp.headers, error_body, url)
+
+    @asynccontextmanager
+    async def stream(self, prompt: str | Iterable[int], *, max_tokens: int = 256,
+                     temperature: float | None = None, stop: Iterable[str] = (),
+                     seed: int | None = None, path: str | None = None,
+                     record: Callable[[bytes], None] | None = None,
+                     **extra: Any) -> AsyncIterator[AsyncCodecStream]:
+        opts = self._options(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop,
+                             seed=seed, path=path, extra=extra)
+        prompt_map: TokenizerMap | None = None
+        ids = opts.prompt if isinstance(opts.prompt, tuple) else None
+        if opts.path != "a" and ids is None:
+            prompt_map = await self._drive(self._prompt_map_flow())
+            ids = self._tokenize(prompt_map, str(opts.prompt))
+        resp, used = await self._send(opts, ids)
+        try:
+            expected = prompt_map.hash if prompt_map is not None else self.pinned_hash
+            head = self._check_head(resp.headers, expected)
+            zdict, tmap = await self._drive(self._needs_flow(head, prompt_map))
+            yield AsyncCodecStream(resp, self._decoder(used, head, zdict, tmap, record))
+        finally:
+            await resp.aclose()
+
+    async def complete(self, prompt: str | Iterable[int], **kwargs: Any) -> Completion:
+        async with self.stream(prompt, **kwargs) as stream:
+            async for _ in stream:
+                pass
+        return stream.completion()

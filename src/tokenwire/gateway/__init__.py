@@ -1,0 +1,1 @@
+"""The gateway: upstreams produce :mod:`~tokenwire.gateway.ir` events, APIs render them."""

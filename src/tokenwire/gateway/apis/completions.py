@@ -1,0 +1,174 @@
+"""OpenAI Completions (``POST /v1/completions``): request parsing and the JSON renderer.
+
+The renderer writes what the ``openai`` SDK's ``Completion`` model expects, for a stream
+(``text_completion`` chunks, one per text delta, a last chunk with ``finish_reason``, an
+optional usage chunk with ``choices: []`` when ``stream_options.include_usage``, then
+``data: [DONE]``) and for a single JSON body. vLLM's ``return_token_ids`` adds the ids to
+each choice (``token_ids``), which lets a client compare the JSON and binary streams.
+
+A failure after the stream started is an SSE event ``{"error": {...}}`` followed by
+``[DONE]``: the SDK raises ``APIError`` with our message (STYLE §6 item 10).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tokenwire.codec.frames import StreamFormat
+from tokenwire.gateway.apis.errors import error_object
+from tokenwire.gateway.apis.params import bad_request, parse_sampling, parse_stream_format
+from tokenwire.gateway.apis.sse import (
+    SSE_CONTENT_TYPE,
+    SSE_DONE,
+    json_bytes,
+    openai_finish_reason,
+    sse_data,
+)
+from tokenwire.gateway.ir import (
+    Event,
+    Failure,
+    Finish,
+    GenerationRequest,
+    Prompt,
+    PromptIds,
+    PromptText,
+    TokenDelta,
+    Usage,
+)
+
+__all__ = ["CompletionsCall", "CompletionsRenderer", "parse_completions_request"]
+
+#: OpenAI's default ``max_tokens`` for Completions.
+DEFAULT_MAX_TOKENS = 16
+
+
+class CompletionsCall:
+    """A parsed ``/v1/completions`` body: the IR request plus how to answer it."""
+
+    __slots__ = ("include_usage", "model", "request", "return_token_ids", "stream",
+                 "stream_format")
+
+    def __init__(
+        self, request: GenerationRequest, *, model: str | None, stream: bool,
+        stream_format: StreamFormat | None, include_usage: bool, return_token_ids: bool,
+    ) -> None:
+        self.request = request
+        self.model = model
+        self.stream = stream
+        self.stream_format = stream_format
+        self.include_usage = include_usage
+        self.return_token_ids = return_token_ids
+
+
+def parse_completions_request(
+    body: Any, *, request_id: str = "", default_max_tokens: int = DEFAULT_MAX_TOKENS
+) -> CompletionsCall:
+    """Validate a decoded JSON body (codec-spec §2.3); raise a 400-class error."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    sampling = parse_sampling(body, default_max_tokens=default_max_tokens)
+    fmt = parse_stream_format(body.get("stream_format"), n=sampling.n)
+    if sampling.n != 1:
+        raise bad_request("this engine generates one choice per request; n must be 1")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model must be a string")
+    options = body.get("stream_options") or {}
+    request = GenerationRequest(
+        prompt=_prompt(body.get("prompt")), max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+        stop=sampling.stop, ignore_eos=sampling.ignore_eos, request_id=request_id,
+    )
+    return CompletionsCall(
+        request, model=model, stream=bool(body.get("stream", False)) or fmt is not None,
+        stream_format=fmt, include_usage=bool(isinstance(options, dict)
+                                              and options.get("include_usage")),
+        return_token_ids=bool(body.get("return_token_ids", False)),
+    )
+
+
+def _prompt(value: Any) -> Prompt:
+    # OpenAI accepts a string, a list of ints, or a batch of either; we serve one prompt.
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str):
+        return PromptText(text=value)
+    if isinstance(value, list) and value and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value
+    ):
+        if min(value) < 0:
+            raise bad_request("prompt token ids must be non-negative")
+        return PromptIds(ids=tuple(value))
+    if isinstance(value, list) and len(value) > 1:
+        raise bad_request("batched prompts are not supported; send one prompt per request")
+    raise bad_request("prompt must be a string or a non-empty list of token ids")
+
+
+class CompletionsRenderer:
+    """IR -> Completions SSE chunks (``stream=True``) or one JSON body (``stream=False``)."""
+
+    def __init__(
+        self, *, completion_id: str, model: str, created: int, stream: bool,
+        include_usage: bool = False, return_token_ids: bool = False,
+    ) -> None:
+        self.stream = stream
+        self.content_type = SSE_CONTENT_TYPE if stream else "application/json"
+        self._base = {"id": completion_id, "object": "text_completion", "created": created,
+                      "model": model}
+        self._include_usage = include_usage
+        self._token_ids = return_token_ids
+        self._text: list[str] = []
+        self._ids: list[int] = []
+        self._usage: Usage | None = None
+        self.done = False
+
+    def on_event(self, event: Event) -> list[bytes]:
+        match event:
+            case TokenDelta(ids=ids, text=text):
+                if not self.stream:
+                    self._text.append(text)
+                    self._ids.extend(ids)
+                elif text or (ids and self._token_ids):
+                    return [sse_data(self._chunk(text, None, ids))]
+            case Usage():
+                self._usage = event
+            case Finish(reason=reason):
+                self.done = True
+                return self._finish(openai_finish_reason(reason, chat=False))
+            case Failure(message=message, status=status):
+                self.done = True
+                err = error_object(message, status=status, code=event.failure_class.value)
+                return [sse_data(err), SSE_DONE] if self.stream else [json_bytes(err)]
+        return []
+
+    def on_error(self, exc: BaseException) -> list[bytes]:
+        if self.done:
+            return []
+        self.done = True
+        err = error_object(f"the generation failed: {type(exc).__name__}", status=500,
+                           code="internal")
+        return [sse_data(err), SSE_DONE] if self.stream else [json_bytes(err)]
+
+    def _chunk(self, text: str, finish: str | None, ids: tuple[int, ...] = ()) -> dict:
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
+                                  "finish_reason": finish}
+        if self._token_ids:
+            choice["token_ids"] = list(ids)
+        return {**self._base, "choices": [choice]}
+
+    def _usage_dict(self) -> dict[str, int] | None:
+        if self._usage is None:
+            return None
+        p, c = self._usage.prompt_tokens, self._usage.completion_tokens
+        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+    def _finish(self, reason: str) -> list[bytes]:
+        if not self.stream:
+            body = self._chunk("".join(self._text), reason, tuple(self._ids))
+            body["usage"] = self._usage_dict()
+            return [json_bytes(body)]
+        out = [sse_data(self._chunk("", reason))]
+        if self._include_usage:
+            out.append(sse_data({**self._base, "choices": [], "usage": self._usage_dict()}))
+        out.append(SSE_DONE)
+        return out

@@ -1,0 +1,109 @@
+"""Request fields shared by the OpenAI-shaped APIs: ``stream_format``, sampling, stop, n.
+
+Parsing is strict where a silent fallback would mislead (codec-spec §10 item 12: an unknown
+``stream_format`` is a 400 that lists the supported values, never a quiet downgrade to
+msgpack; ``n > 1`` with a binary format is a 400, §2.3) and lenient where OpenAI is (unknown
+body fields are ignored). Errors are :class:`~tokenwire.errors.RemoteProtocolError` with the
+status to answer in ``status_hint``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tokenwire.codec.frames import StreamFormat
+from tokenwire.errors import RemoteProtocolError
+from tokenwire.gateway.stops import validate_stops
+
+__all__ = [
+    "JSON_FORMAT",
+    "MAX_MAX_TOKENS",
+    "SUPPORTED_STREAM_FORMATS",
+    "Sampling",
+    "bad_request",
+    "parse_sampling",
+    "parse_stream_format",
+]
+
+JSON_FORMAT = "json"
+#: Every ``stream_format`` we answer, in the order the 400 lists them (§2.3; ``protobuf-delta``
+#: is named in v0.5 but specified nowhere, §1.4, so it is not offered).
+SUPPORTED_STREAM_FORMATS: tuple[str, ...] = (JSON_FORMAT, *(f.value for f in StreamFormat))
+#: Upper bound on ``max_tokens`` in a request; the engine also caps it at its context window.
+MAX_MAX_TOKENS = 1 << 20
+
+
+def bad_request(message: str, status: int = 400) -> RemoteProtocolError:
+    return RemoteProtocolError(message, status_hint=status)
+
+
+def parse_stream_format(value: Any, *, n: int) -> StreamFormat | None:
+    """The binary format asked for, or ``None`` for JSON (the default)."""
+    if value is None or value == JSON_FORMAT:
+        return None
+    try:
+        fmt = StreamFormat(value)
+    except ValueError:
+        raise bad_request(
+            f"unsupported stream_format {value!r}; supported: "
+            + ", ".join(SUPPORTED_STREAM_FORMATS)
+        ) from None
+    if n != 1:
+        raise bad_request(f"n must be 1 with stream_format {fmt.value!r} (frames carry no "
+                          "choice index, codec-spec §2.3)")
+    return fmt
+
+
+class Sampling:
+    """Validated sampling fields, ready for a ``GenerationRequest``."""
+
+    __slots__ = ("ignore_eos", "max_tokens", "n", "seed", "stop", "temperature", "top_p")
+
+    def __init__(self, body: Mapping[str, Any], *, default_max_tokens: int) -> None:
+        self.max_tokens = _int(body, "max_tokens", default_max_tokens, 1, MAX_MAX_TOKENS)
+        if body.get("max_completion_tokens") is not None:  # the newer Chat name wins
+            self.max_tokens = _int(body, "max_completion_tokens", 0, 1, MAX_MAX_TOKENS)
+        self.temperature = _num(body, "temperature", 1.0, 0.0, 2.0)
+        self.top_p = _num(body, "top_p", 1.0, 0.0, 1.0)
+        seed = body.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise bad_request("seed must be an integer")
+        self.seed = None if seed is None else seed & 0x7FFF_FFFF
+        self.n = _int(body, "n", 1, 1, 128)
+        self.ignore_eos = bool(body.get("ignore_eos", False))
+        self.stop = _stops(body.get("stop"))
+
+
+def parse_sampling(body: Mapping[str, Any], *, default_max_tokens: int) -> Sampling:
+    return Sampling(body, default_max_tokens=default_max_tokens)
+
+
+def _int(body: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise bad_request(f"{key} must be an integer between {lo} and {hi}, got {value!r}")
+    return value
+
+
+def _num(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int | float) or isinstance(value, bool) or not lo <= value <= hi:
+        raise bad_request(f"{key} must be a number between {lo} and {hi}, got {value!r}")
+    return float(value)
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
+        raise bad_request("stop must be a string or a list of strings")
+    try:
+        return validate_stops(items)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None

@@ -1,0 +1,41 @@
+"""Server-sent events as the OpenAI APIs write them, and their finish_reason vocabulary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from tokenwire.gateway.ir import FinishKind
+
+__all__ = ["SSE_CONTENT_TYPE", "SSE_DONE", "json_bytes", "openai_finish_reason", "sse_data"]
+
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+#: The sentinel the ``openai`` SDK stops on (it never JSON-decodes it).
+SSE_DONE = b"data: [DONE]\n\n"
+
+_encode = msgspec.json.Encoder().encode
+
+_OPENAI_REASONS: dict[FinishKind, str] = {
+    FinishKind.EOS: "stop",
+    FinishKind.STOP_SEQUENCE: "stop",
+    FinishKind.LENGTH: "length",
+    FinishKind.POLICY_VIOLATION: "content_filter",
+    FinishKind.TOOL_CALLS: "tool_calls",
+    FinishKind.ABORT: "stop",  # only seen when the client has already gone
+}
+
+
+def openai_finish_reason(kind: FinishKind, *, chat: bool) -> str:
+    """OpenAI's words; Completions has no ``tool_calls`` value, so it says ``stop``."""
+    reason = _OPENAI_REASONS[kind]
+    return "stop" if reason == "tool_calls" and not chat else reason
+
+
+def sse_data(obj: Any) -> bytes:
+    """One ``data:`` event. JSON never contains a raw newline, so one line is enough."""
+    return b"data: " + _encode(obj) + b"\n\n"
+
+
+def json_bytes(obj: Any) -> bytes:
+    return _encode(obj)

@@ -1,0 +1,397 @@
+"""The Starlette app of ``tokenwire serve``: the Codec HTTP surface (codec-spec §2).
+
+Routes:
+
+* ``POST /v1/completions``: OpenAI Completions; ``stream_format`` ``json`` (SSE or one JSON
+  body) or a Codec binary format (§2.3). Prompt as text (pattern A) or ids (pattern B).
+* ``POST /v1/completions/codec``: Path C, a msgpack or protobuf ``CodecRequest`` body (§1.3).
+* ``POST /v1/chat/completions``: OpenAI Chat, same ``stream_format`` choices.
+* ``GET /v1/models``, ``GET /health``, ``GET /codec/schema`` (§2.2), ``GET /codec/version``.
+* ``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes (:mod:`.tokenize_routes`).
+* ``/.well-known/codec/...`` from :mod:`tokenwire.gateway.wellknown` when it is installed.
+
+Every generation response carries ``Vary: Accept-Encoding, Codec-Client-Version`` (§9.1
+item 3) and ``Codec-Tokenizer-Map``; headers pass through the floor table for the client's
+declared version (§5.3) in one place, :func:`_generation_headers`. Dictionary zstd (§4.1)
+goes only to clients that send ``Codec-Client-Version``: a generic client's ``zstd`` offer
+does not mean it holds our dictionary. Generation endpoints first
+answer the 426 when the deployment mandates v0.4 and the client is older (§2.7b, §5.4), for
+JSON requests too. Every 4xx/5xx before a stream starts has the OpenAI JSON error body.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from tokenwire.codec.compression import COMPRESSORS, GzipDecompressor, ZstdDict, new_compressor
+from tokenwire.codec.frames import StreamFormat
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.codec.picker import pick_encoding
+from tokenwire.codec.requests import decode_request
+from tokenwire.codec.safety_policy import BannedTokenPolicy, SafetyPolicyDescriptor, hash_policy
+from tokenwire.codec.versioning import (
+    CLIENT_VERSION_HEADER,
+    OWN_VERSION,
+    VARY,
+    Version,
+    filter_headers,
+    format_version,
+    header_allowed,
+    needs_upgrade,
+    parse_version,
+    upgrade_required_response,
+)
+from tokenwire.errors import ProtocolError, RemoteProtocolError, ServerBusy, TokenwireError
+from tokenwire.gateway.apis.chat import ChatRenderer, parse_chat_request
+from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
+from tokenwire.gateway.apis.completions import CompletionsRenderer, parse_completions_request
+from tokenwire.gateway.apis.errors import error_body
+from tokenwire.gateway.apis.params import JSON_FORMAT, SUPPORTED_STREAM_FORMATS, bad_request
+from tokenwire.gateway.http_streaming import EventResponse, Renderer
+from tokenwire.gateway.ir import Failure, GenerationRequest, PromptIds, Upstream
+from tokenwire.gateway.schema import PROTO_SCHEMA
+from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.stops import validate_stops
+
+__all__ = ["GatewayState", "create_app", "read_body"]
+
+#: Seconds a client should wait before retrying a 503 from a full queue.
+RETRY_AFTER_S = 1
+#: Server-side order of preference (codec-spec §4.1); availability is the registry's.
+_PREFERENCE = ("zstd", "br", "gzip", "identity")
+_BINARY_TYPES = {"application/x-msgpack": StreamFormat.MSGPACK,
+                 "application/x-protobuf": StreamFormat.PROTOBUF}
+
+
+@dataclass
+class GatewayState:
+    """What the routes need: settings, the upstream, the map served, the policy."""
+
+    settings: ServerSettings
+    upstream: Upstream
+    tmap: TokenizerMap
+    max_model_len: int
+    policy: BannedTokenPolicy | None = None
+    descriptor: SafetyPolicyDescriptor | None = None
+    #: Other maps to publish (e.g. the bundled bytes when ``tmap`` advertises dictionaries).
+    extra_maps: tuple[TokenizerMap, ...] = ()
+    created: int = field(default_factory=lambda: int(time.time()))
+    clock: Callable[[], float] = time.monotonic
+
+    @property
+    def dicts(self) -> dict[str, ZstdDict]:
+        return dict(self.settings.zstd_dicts)
+
+    def safety_headers(self) -> list[tuple[str, str]]:
+        if self.descriptor is None:
+            return []
+        return [("Codec-Safety-Policy", self.descriptor.id),
+                ("Codec-Safety-Policy-Hash", hash_policy(self.descriptor))]
+
+
+# -- shared request plumbing -------------------------------------------------------------
+
+
+def client_version(request: Request) -> Version:
+    return parse_version(request.headers.get(CLIENT_VERSION_HEADER))
+
+
+def json_error(status: int, message: str, *, code: str | None = None,
+               headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(message, status=status, code=code), status_code=status,
+                    media_type="application/json", headers={"Vary": VARY, **(headers or {})})
+
+
+def _upgrade_response(state: GatewayState, request: Request) -> Response | None:
+    """The exact 426 of codec-spec §5.4, or None when the client may proceed."""
+    policy = state.settings.version_policy
+    if not needs_upgrade(policy, client_version(request)):
+        return None
+    status, headers, body = upgrade_required_response(
+        policy, request.headers.get(CLIENT_VERSION_HEADER))
+    return Response(body, status_code=status, headers={**dict(headers), "Vary": VARY})
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes after an optional gzip coding (§4.1)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise bad_request(f"request body is {declared} bytes; the limit is {limit}", 413)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise bad_request(f"request body exceeds the {limit}-byte limit", 413)
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    coding = request.headers.get("content-encoding", "identity").strip().lower()
+    if coding in ("", "identity"):
+        return body
+    if coding != "gzip":
+        raise bad_request(f"request Content-Encoding {coding!r} is not supported; use gzip", 415)
+    dec = GzipDecompressor(max_output=limit)
+    return dec.decompress(body) + dec.finish()
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    body = await read_body(request, limit)
+    try:
+        return msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+
+
+def _check_model(state: GatewayState, model: str | None) -> None:
+    if model not in (None, "", state.upstream.model_id):
+        raise RemoteProtocolError(
+            f"model {model!r} is not served here; this server serves "
+            f"{state.upstream.model_id!r}", status_hint=404)
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+# -- generation ----------------------------------------------------------------------------
+
+
+def _generation_headers(
+    state: GatewayState, cv: Version, renderer: Renderer, encoding: str,
+    zdict: ZstdDict | None, reason_code: str, request_id: str,
+) -> list[tuple[str, str]]:
+    """All response headers of a generation, filtered by the client's version (§5.3)."""
+    headers = [("Content-Type", renderer.content_type), ("Vary", VARY),
+               ("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"),
+               ("X-Request-Id", request_id), ("Codec-Tokenizer-Map", state.tmap.hash)]
+    if encoding != "identity":
+        headers.append(("Content-Encoding", encoding))
+    if zdict is not None:  # §4.1: every zstd response names its dictionary
+        headers.append(("Codec-Zstd-Dict", zdict.hash))
+    headers += state.safety_headers()
+    headers.append(("Codec-Pick", reason_code))
+    return filter_headers(headers, cv)
+
+
+def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
+    """A failure before any byte was sent is an ordinary error response with its status."""
+    status = failure.status if 400 <= failure.status <= 599 else 500
+    body = error_body(failure.message, status=status, code=failure.failure_class.value)
+    return status, [("Content-Type", "application/json"), ("Vary", VARY)], body
+
+
+def _start_generation(
+    state: GatewayState, request: Request, gen: GenerationRequest, renderer: Renderer,
+    format_key: str, *, streaming: bool,
+) -> Response | EventResponse:
+    """Negotiate the coding (§4.3), admit the request, and return the streaming response."""
+    cv = client_version(request)
+    if state.policy is not None:
+        gen = msgspec.structs.replace(gen, banned_ids=state.policy.banned_ids)
+    zdict = state.settings.zstd_dicts.get(format_key)
+    # Dictionary zstd only for clients that declare a Codec version: generic HTTP clients
+    # (httpx, browsers) offer "zstd" too, and cannot decode a body that needs our dictionary
+    # ("Dictionary mismatch"). Undeclared clients get br/gzip, which every client decodes.
+    allow_zstd = (zdict is not None and CLIENT_VERSION_HEADER in request.headers
+                  and header_allowed("Codec-Zstd-Dict", cv))
+    pick = pick_encoding(
+        request.headers.get("accept-encoding"), zstd_has_dict=allow_zstd,
+        server_supports=tuple(c for c in _PREFERENCE if c in COMPRESSORS),
+    )
+    zdict = zdict if pick.encoding == "zstd" else None
+    try:
+        stream = state.upstream.submit(gen)
+    except ServerBusy as exc:
+        return json_error(503, str(exc), code="queue_full",
+                          headers={"Retry-After": str(RETRY_AFTER_S)})
+    return EventResponse(
+        stream, renderer,
+        headers=_generation_headers(state, cv, renderer, pick.encoding, zdict,
+                                    pick.reason_code.value, gen.request_id),
+        compressor=new_compressor(pick.encoding, dictionary=zdict),
+        on_failure=_failure_response, window=state.settings.window_s,
+        streaming=streaming, clock=state.clock,
+    )
+
+
+def _codec_renderer(state: GatewayState, fmt: StreamFormat, cv: Version) -> CodecStreamRenderer:
+    return CodecStreamRenderer(fmt, client_version=cv,
+                               legacy_finish_reason=state.settings.legacy_finish_reason)
+
+
+async def completions(request: Request) -> Response | EventResponse:
+    state: GatewayState = request.app.state.gateway
+    if (upgrade := _upgrade_response(state, request)) is not None:
+        return upgrade
+    body = await read_json(request, state.settings.max_body_bytes)
+    rid = _new_id("cmpl")
+    call = parse_completions_request(body, request_id=rid)
+    _check_model(state, call.model)
+    renderer: Renderer
+    if call.stream_format is not None:
+        renderer = _codec_renderer(state, call.stream_format, client_version(request))
+    else:
+        renderer = CompletionsRenderer(
+            completion_id=rid, model=state.upstream.model_id, created=int(time.time()),
+            stream=call.stream, include_usage=call.include_usage,
+            return_token_ids=call.return_token_ids)
+    key = call.stream_format.value if call.stream_format is not None else JSON_FORMAT
+    return _start_generation(state, request, call.request, renderer, key,
+                             streaming=call.stream)
+
+
+async def chat_completions(request: Request) -> Response | EventResponse:
+    state: GatewayState = request.app.state.gateway
+    if (upgrade := _upgrade_response(state, request)) is not None:
+        return upgrade
+    body = await read_json(request, state.settings.max_body_bytes)
+    rid = _new_id("chatcmpl")
+    call = parse_chat_request(body, request_id=rid)
+    _check_model(state, call.model)
+    renderer: Renderer
+    if call.stream_format is not None:
+        renderer = _codec_renderer(state, call.stream_format, client_version(request))
+    else:
+        renderer = ChatRenderer(completion_id=rid, model=state.upstream.model_id,
+                                created=int(time.time()), stream=call.stream,
+                                include_usage=call.include_usage)
+    key = call.stream_format.value if call.stream_format is not None else JSON_FORMAT
+    return _start_generation(state, request, call.request, renderer, key,
+                             streaming=call.stream)
+
+
+def _path_c_body_format(content_type: str) -> StreamFormat:
+    media = content_type.split(";")[0].strip().lower()
+    if media not in _BINARY_TYPES:
+        raise bad_request(
+            f"Content-Type {media or '(none)'!r} is not a Codec request body; use "
+            "application/x-msgpack or application/x-protobuf (codec-spec §1.3)", 415)
+    return _BINARY_TYPES[media]
+
+
+async def completions_codec(request: Request) -> Response | EventResponse:
+    """Path C: binary request in, binary frames out (codec-spec §1.3, §2.7b)."""
+    state: GatewayState = request.app.state.gateway
+    if (upgrade := _upgrade_response(state, request)) is not None:
+        return upgrade
+    body_fmt = _path_c_body_format(request.headers.get("content-type", ""))
+    limit = state.settings.max_body_bytes
+    creq = decode_request(await read_body(request, limit), body_fmt, max_bytes=limit)
+    try:
+        fmt = StreamFormat(creq.stream_format)
+    except ValueError:
+        raise bad_request(
+            f"unsupported stream_format {creq.stream_format!r} for Path C; supported: "
+            + ", ".join(f.value for f in StreamFormat)) from None
+    if fmt.content_type != body_fmt.content_type:  # §2.4: body type and format must agree
+        raise bad_request(f"a {body_fmt.content_type} body cannot ask for stream_format "
+                          f"{fmt.value!r} ({fmt.content_type})", 415)
+    if not creq.prompt_ids:
+        raise bad_request("prompt_ids is empty")
+    if creq.max_tokens < 1:
+        raise bad_request("max_tokens must be at least 1")
+    try:
+        stop = validate_stops(creq.stop)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from None
+    rid = _new_id("cmpl")
+    temperature = 1.0 if creq.temperature is None else min(max(creq.temperature, 0.0), 2.0)
+    gen = GenerationRequest(prompt=PromptIds(ids=creq.prompt_ids), max_tokens=creq.max_tokens,
+                            temperature=temperature, stop=stop, request_id=rid)
+    renderer = _codec_renderer(state, fmt, client_version(request))
+    return _start_generation(state, request, gen, renderer, fmt.value, streaming=True)
+
+
+# -- small GET routes ------------------------------------------------------------------------
+
+
+async def models(request: Request) -> Response:
+    state: GatewayState = request.app.state.gateway
+    return JSONResponse({"object": "list", "data": [{
+        "id": state.upstream.model_id, "object": "model", "created": state.created,
+        "owned_by": "tokenwire", "max_model_len": state.max_model_len,
+        "codec_tokenizer_map": {"id": state.tmap.id, "hash": state.tmap.hash},
+    }]})
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok", "model": request.app.state.gateway.upstream.model_id})
+
+
+async def codec_schema(request: Request) -> Response:
+    return PlainTextResponse(PROTO_SCHEMA)
+
+
+async def codec_version(request: Request) -> Response:
+    """The draft's optional capability hint (§2.2); not a security boundary."""
+    return JSONResponse({"version": format_version(OWN_VERSION),
+                         "stream_formats": list(SUPPORTED_STREAM_FORMATS),
+                         "delta_varint": True})
+
+
+# -- errors and assembly ---------------------------------------------------------------------
+
+
+async def _protocol_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProtocolError)
+    status = exc.status_hint if 400 <= exc.status_hint <= 599 else 400
+    return json_error(status, str(exc), code=type(exc).__name__)
+
+
+async def _tokenwire_error(request: Request, exc: Exception) -> Response:
+    status = getattr(exc, "status_hint", 500)
+    return json_error(status, str(exc), code=type(exc).__name__)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return json_error(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+
+
+def _discovery_routes(state: GatewayState) -> list[BaseRoute]:
+    # ---- HOOK: /.well-known/codec/ discovery (issue 3 item 2) --------------------------
+    # gateway/wellknown.py is written separately; mount it when it is present.
+    try:
+        from tokenwire.gateway import wellknown
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return []
+    policies = (wellknown.PublishedPolicy.from_descriptor(state.descriptor),) \
+        if state.descriptor is not None else ()
+    disc = wellknown.DiscoveryState(
+        maps=(state.tmap, *state.extra_maps), dicts=state.dicts, policies=policies,
+        version_policy=state.settings.version_policy)
+    return list(wellknown.wellknown_routes(disc))
+
+
+def create_app(state: GatewayState) -> Starlette:
+    """The ASGI app over ``state`` (the upstream must already be started)."""
+    from tokenwire.gateway.tokenize_routes import detokenize, tokenize
+
+    routes: list[BaseRoute] = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/completions/codec", completions_codec, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/codec/schema", codec_schema, methods=["GET"]),
+        Route("/codec/version", codec_version, methods=["GET"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        *_discovery_routes(state),
+    ]
+    app = Starlette(routes=routes, exception_handlers={
+        ProtocolError: _protocol_error, TokenwireError: _tokenwire_error,
+        HTTPException: _http_error,
+    })
+    app.state.gateway = state
+    return app

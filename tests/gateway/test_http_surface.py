@@ -1,0 +1,294 @@
+"""The HTTP surface over a scripted upstream on a real loopback socket (fault injection).
+
+Everything here is about the gateway, not the model: error shapes and statuses, the 426,
+header floors, coalescing-window flushes, in-stream errors, disconnects. Interop with real
+peers over the real engine is in ``test_e2e_embedded.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+
+import brotli
+import httpx
+import pytest
+
+from tokenwire.codec import frames_msgpack, frames_protobuf
+from tokenwire.codec.requests import CodecRequest, encode_request
+from tokenwire.codec.versioning import VersionPolicy, VersionPolicyMode
+from tokenwire.gateway.ir import (
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    TokenDelta,
+    Usage,
+)
+from tokenwire.gateway.schema import PROTO_SCHEMA
+
+from .conftest import ScriptedUpstream
+
+SIMPLE = [(0.0, TokenDelta(ids=(10,), text="a")), (0.0, TokenDelta(ids=(11,), text="b")),
+          (0.0, Usage(prompt_tokens=1, completion_tokens=2)),
+          (0.0, Finish(reason=FinishKind.EOS))]
+
+
+@pytest.fixture(scope="module")
+def simple(serve):
+    return serve(ScriptedUpstream(SIMPLE))
+
+
+def _post(url: str, path: str, body: dict, **headers: str) -> httpx.Response:
+    return httpx.post(url + path, json=body, headers=headers, timeout=10)
+
+
+def _frames(resp: httpx.Response, decoder=frames_msgpack.FrameDecoder):
+    dec = decoder()
+    frames = dec.feed(resp.content)
+    dec.feed_eof()
+    return frames
+
+
+def _assert_json_error(resp: httpx.Response, status: int) -> dict:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert set(err) == {"message", "type", "code"} and err["message"]
+    return err
+
+
+# -- 4xx shapes ------------------------------------------------------------------------------
+
+
+def test_every_4xx_has_the_json_error_body(simple) -> None:
+    _assert_json_error(httpx.get(simple.url + "/nope"), 404)
+    _assert_json_error(httpx.get(simple.url + "/v1/completions"), 405)
+    bad = httpx.post(simple.url + "/v1/completions", content=b"{not json",
+                     headers={"content-type": "application/json"})
+    _assert_json_error(bad, 400)
+    _assert_json_error(_post(simple.url, "/v1/completions", {"prompt": "x", "model": "gpt-9"}),
+                       404)
+
+
+def test_unknown_stream_format_is_400_listing_supported(simple) -> None:
+    err = _assert_json_error(
+        _post(simple.url, "/v1/completions", {"prompt": "x", "stream_format": "cbor"}), 400)
+    assert all(f in err["message"] for f in ("json", "msgpack", "protobuf", "msgpack-delta"))
+
+
+def test_n_above_one_with_binary_format_is_400(simple) -> None:
+    _assert_json_error(_post(simple.url, "/v1/completions",
+                             {"prompt": "x", "stream_format": "protobuf", "n": 2}), 400)
+
+
+def test_body_size_limit_is_413(serve) -> None:
+    small = serve(ScriptedUpstream(SIMPLE), max_body_bytes=1000)
+    _assert_json_error(_post(small.url, "/v1/completions", {"prompt": "x" * 5000}), 413)
+
+
+def test_gzip_request_bodies_are_accepted(simple) -> None:
+    gz = zlib.compressobj(6, zlib.DEFLATED, 31)
+    body = gz.compress(json.dumps({"prompt": "x", "stream_format": "msgpack"}).encode())
+    body += gz.flush()
+    resp = httpx.post(simple.url + "/v1/completions", content=body,
+                      headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert [f.ids for f in _frames(resp)] == [(10,), (11,), ()]
+
+
+def test_full_queue_is_503_with_retry_after(serve) -> None:
+    busy = serve(ScriptedUpstream(SIMPLE, capacity=0))
+    resp = _post(busy.url, "/v1/completions", {"prompt": "x"})
+    _assert_json_error(resp, 503)
+    assert resp.headers["retry-after"]
+
+
+def test_failure_before_headers_keeps_its_status(serve) -> None:
+    up = serve(ScriptedUpstream([(0.0, Failure(failure_class=FailureClass.INVALID_REQUEST,
+                                                message="prompt too long", status=400))]))
+    err = _assert_json_error(_post(up.url, "/v1/completions",
+                                   {"prompt": "x", "stream_format": "msgpack"}), 400)
+    assert err["message"] == "prompt too long" and err["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize(("fmt", "decoder"), [("msgpack", frames_msgpack.FrameDecoder),
+                                              ("protobuf", frames_protobuf.FrameDecoder)])
+def test_failure_after_headers_is_a_terminal_error_frame_not_a_500(serve, fmt, decoder) -> None:
+    up = serve(ScriptedUpstream([(0.0, TokenDelta(ids=(1,))),
+                                 (0.0, Failure(failure_class=FailureClass.UPSTREAM,
+                                               message="engine died"))]))
+    resp = _post(up.url, "/v1/completions", {"prompt": "x", "stream_format": fmt})
+    assert resp.status_code == 200
+    frames = _frames(resp, decoder)
+    assert frames[-1].done and frames[-1].finish_reason == "error"
+
+
+# -- Path C ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("fmt", "ctype", "decoder"), [
+    ("msgpack", "application/x-msgpack", frames_msgpack.FrameDecoder),
+    ("protobuf", "application/x-protobuf", frames_protobuf.FrameDecoder)])
+def test_path_c_binary_in_binary_out(simple, fmt, ctype, decoder) -> None:
+    body = encode_request(CodecRequest(prompt_ids=(1, 2, 3), max_tokens=4, stream_format=fmt),
+                          fmt)
+    resp = httpx.post(simple.url + "/v1/completions/codec", content=body,
+                      headers={"content-type": ctype})
+    assert resp.status_code == 200 and resp.headers["content-type"] == ctype
+    assert [f.ids for f in _frames(resp, decoder)] == [(10,), (11,), ()]
+
+
+def test_path_c_content_type_mismatch_is_415(simple) -> None:
+    body = encode_request(CodecRequest(prompt_ids=(1,), stream_format="protobuf"), "msgpack")
+    resp = httpx.post(simple.url + "/v1/completions/codec", content=body,
+                      headers={"content-type": "application/x-msgpack"})
+    _assert_json_error(resp, 415)
+    resp = httpx.post(simple.url + "/v1/completions/codec", content=b"{}",
+                      headers={"content-type": "application/json"})
+    _assert_json_error(resp, 415)
+
+
+@pytest.mark.parametrize("body", [b"\x0a\x05\x01", b"\x10\xff\xff\xff\xff\xff\xff\x01", b"\xff"])
+def test_path_c_malformed_protobuf_is_a_typed_400(simple, body) -> None:
+    resp = httpx.post(simple.url + "/v1/completions/codec", content=body,
+                      headers={"content-type": "application/x-protobuf"})
+    err = _assert_json_error(resp, 400)
+    assert err["code"] in {"MalformedFrame", "VarintOverflow", "TruncatedStream"}
+
+
+# -- small routes ----------------------------------------------------------------------------
+
+
+def test_schema_models_health(simple) -> None:
+    schema = httpx.get(simple.url + "/codec/schema")
+    assert schema.status_code == 200 and schema.text == PROTO_SCHEMA
+    assert schema.headers["content-type"].startswith("text/plain")
+    assert httpx.get(simple.url + "/v1/models").json()["data"][0]["id"] == "scripted"
+    assert httpx.get(simple.url + "/health").json()["status"] == "ok"
+
+
+# -- versions: the 426 matrix and header floors ----------------------------------------------
+
+POLICIES = {
+    "off": VersionPolicy(),
+    "advisory": VersionPolicy(version_policy=VersionPolicyMode.ADVISORY),
+    "strict": VersionPolicy(version_policy=VersionPolicyMode.STRICT),
+    "safety-enabled": VersionPolicy(safety_policy_id="tw-banned"),
+    "safety-required": VersionPolicy(safety_policy_id="tw-banned", safety_policy_required=True),
+}
+MANDATORY = {"strict", "safety-required"}
+
+
+@pytest.fixture(scope="module")
+def policy_servers(serve):
+    return {name: serve(ScriptedUpstream(SIMPLE), version_policy=pol)
+            for name, pol in POLICIES.items()}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("client", [None, "0.2", "0.3", "0.4", "v0.5", "garbage"])
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_426_matrix(policy_servers, policy, client, path) -> None:
+    headers = {} if client is None else {"Codec-Client-Version": client}
+    body = {"prompt": "x"} if path == "/v1/completions" else {
+        "messages": [{"role": "user", "content": "x"}]}
+    resp = _post(policy_servers[policy].url, path, body, **headers)
+    old = client not in ("0.4", "v0.5")
+    if policy in MANDATORY and old:
+        assert resp.status_code == 426
+        doc = json.loads(resp.content)
+        assert list(doc)[:4] == ["error", "minimum_version", "required_features",
+                                 "client_version"]
+        assert doc["error"] == "codec_version_required" and doc["minimum_version"] == "0.4"
+        assert doc["client_version"] == (client or "0.2")
+        assert resp.headers["codec-min-version"] == "0.4"
+        feats = doc["required_features"]
+        assert feats == (["safety-policy-enforcement"] if policy == "safety-required" else [])
+        assert ("codec-required-features" in resp.headers) == bool(feats)
+        assert b'", "' in resp.content or b'": "' in resp.content  # json.dumps defaults
+    else:
+        assert resp.status_code == 200, resp.text
+
+
+V04_HEADERS = {"codec-safety-policy", "codec-safety-policy-hash"}
+
+
+@pytest.mark.parametrize("client", [None, "0.2", "0.3", "0.4", "0.5"])
+def test_a_client_never_receives_a_header_newer_than_its_version(policy_servers, client) -> None:
+    headers = {} if client is None else {"Codec-Client-Version": client}
+    resp = _post(policy_servers["safety-enabled"].url, "/v1/completions",
+                 {"prompt": "x", "stream_format": "msgpack"}, **headers)
+    assert resp.status_code == 200
+    got = {k.lower() for k in resp.headers}
+    if client in (None, "0.2", "0.3"):
+        assert not got & V04_HEADERS
+        assert "codec-pick" not in got
+    else:
+        assert V04_HEADERS <= got
+        assert resp.headers["codec-safety-policy"] == "tw-banned"
+        assert resp.headers["codec-safety-policy-hash"].startswith("sha256:")
+    assert resp.headers["vary"] == "Accept-Encoding, Codec-Client-Version"
+    assert resp.headers["codec-tokenizer-map"].startswith("sha256:")
+
+
+# -- streaming: the window timer and disconnects ---------------------------------------------
+
+PACED = [(0.0, TokenDelta(ids=(1,))), (0.05, TokenDelta(ids=(2,))),
+         (2.0, TokenDelta(ids=(3,))), (0.0, Finish(reason=FinishKind.LENGTH))]
+
+
+def _stock_decompressor(encoding: str):
+    if encoding == "gzip":
+        d = zlib.decompressobj(wbits=31)
+        return d.decompress
+    if encoding == "br":
+        return brotli.Decompressor().process
+    return lambda b: b
+
+
+@pytest.mark.parametrize("encoding", ["identity", "gzip", "br"])
+def test_window_closes_on_its_timer_when_the_model_pauses(serve, encoding) -> None:
+    """Frame 2 arrives 50 ms after frame 1, then the model pauses for 2 s: frame 2 must be
+    decodable when its 200 ms window closes, not when frame 3 arrives."""
+    up = serve(ScriptedUpstream(PACED), window_s=0.2)
+    decompress = _stock_decompressor(encoding)
+    dec = frames_msgpack.FrameDecoder()
+    arrivals: dict[int, float] = {}
+    with httpx.stream("POST", up.url + "/v1/completions",
+                      json={"prompt": "x", "stream_format": "msgpack"},
+                      headers={"Accept-Encoding": encoding}) as resp:
+        assert resp.headers.get("content-encoding", "identity") == encoding
+        t0 = time.monotonic()
+        for chunk in resp.iter_raw():
+            for frame in dec.feed(decompress(chunk)):
+                for i in frame.ids:
+                    arrivals[i] = time.monotonic() - t0
+    assert set(arrivals) == {1, 2, 3}
+    # Generous: the bound is the 2 s pause, not the 200 ms window.
+    assert arrivals[2] < 1.5, f"frame 2 waited for the next frame ({arrivals})"
+
+
+def test_client_disconnect_cancels_the_upstream(serve) -> None:
+    script = [(0.0, TokenDelta(ids=(1,)))] + [(0.05, TokenDelta(ids=(2,)))] * 200 + [
+        (0.0, Finish(reason=FinishKind.LENGTH))]
+    scripted = ScriptedUpstream(script)
+    up = serve(scripted, window_s=0.0)
+    with httpx.stream("POST", up.url + "/v1/completions",
+                      json={"prompt": "x", "stream_format": "msgpack"}) as resp:
+        next(resp.iter_raw())
+        rid = resp.headers["x-request-id"]
+    deadline = time.monotonic() + 10
+    while rid not in scripted.cancelled and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rid in scripted.cancelled
+
+
+def test_discovery_is_mounted_and_serves_the_map_named_in_responses(simple) -> None:
+    import hashlib
+
+    resp = _post(simple.url, "/v1/completions", {"prompt": "x", "stream_format": "msgpack"})
+    raw = httpx.get(simple.url + "/.well-known/codec/maps/huggingfacetb/smollm2.json")
+    assert raw.status_code == 200
+    assert "sha256:" + hashlib.sha256(raw.content).hexdigest() == \
+        resp.headers["codec-tokenizer-map"]
+    assert httpx.get(simple.url + "/.well-known/codec/version-policy.json").status_code == 404
