@@ -23,6 +23,7 @@ import msgspec
 __all__ = [
     "ChatMessage",
     "ChatPrompt",
+    "ContentPart",
     "Event",
     "EventStream",
     "Failure",
@@ -30,12 +31,17 @@ __all__ = [
     "Finish",
     "FinishKind",
     "GenerationRequest",
+    "IdsSource",
+    "ImagePart",
+    "MessageToolCall",
     "Prompt",
     "PromptIds",
     "PromptText",
     "ReasoningDelta",
+    "TextPart",
     "TokenDelta",
     "ToolCallDelta",
+    "ToolSpec",
     "Upstream",
     "Usage",
     "is_terminal",
@@ -55,16 +61,27 @@ class FinishKind(enum.StrEnum):
     LENGTH = "length"
     POLICY_VIOLATION = "policy_violation"
     TOOL_CALLS = "tool_calls"
+    CONTENT_FILTER = "content_filter"  # the upstream's own filter stopped the answer
     ABORT = "abort"
 
 
 class FailureClass(enum.StrEnum):
-    """What kind of failure, read by retry budgets and status mapping (STYLE §6 item 3)."""
+    """What kind of failure, read by retry budgets and status mapping (STYLE §6 item 3).
+
+    Upstream adapters classify from structured fields (HTTP status, error ``type``/``code``,
+    counts), at their boundary; nothing downstream parses message text.
+    """
 
     INVALID_REQUEST = "invalid_request"  # the request cannot succeed as sent: do not retry
+    CONTEXT_LENGTH = "context_length_exceeded"  # prompt + max_tokens over the model's window
+    AUTHENTICATION = "authentication"  # the upstream refused our credentials (401/403)
+    RATE_LIMITED = "rate_limited"  # a temporary throttle (429); ``retry_after`` when known
+    QUOTA = "quota"  # quota, billing or plan limits: final
+    CONTENT_FILTER = "content_filter"  # the upstream refused the content
     CAPACITY = "capacity"  # the upstream is full: retry later, elsewhere
+    CONNECTION = "connection"  # could not connect / connection reset before any answer
     TIMEOUT = "timeout"  # the upstream did not answer in time
-    UPSTREAM = "upstream"  # the upstream failed while generating
+    UPSTREAM = "upstream"  # the upstream failed while generating (5xx, broken stream)
     INTERNAL = "internal"  # a bug on our side
 
 
@@ -85,12 +102,17 @@ class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, tag="token"):
 
 
 class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, tag="tool_call"):
-    """A fragment of tool call ``index``: the first carries ``id``/``name``, later ones args."""
+    """A fragment of tool call ``index``: the first carries ``id``/``name``, later ones args.
+
+    ``kind`` is ``"function"`` (JSON arguments) or ``"custom"`` (freeform input, e.g. the
+    Codex ``apply_patch`` tool); ``arguments`` holds either, fragment by fragment.
+    """
 
     index: int
     id: str | None = None
     name: str | None = None
     arguments: str = ""
+    kind: str = "function"
 
 
 class ReasoningDelta(msgspec.Struct, frozen=True, kw_only=True, tag="reasoning"):
@@ -115,11 +137,21 @@ class Finish(msgspec.Struct, frozen=True, kw_only=True, tag="finish"):
 
 class Failure(msgspec.Struct, frozen=True, kw_only=True, tag="failure"):
     """The generation could not complete. ``status`` is the HTTP status to answer with when
-    no response headers have been sent yet; afterwards the API reports it in-stream."""
+    no response headers have been sent yet; afterwards the API reports it in-stream.
+
+    ``retry_after`` (seconds) is the upstream's ``Retry-After`` when it sent one; ``code`` is
+    the upstream's own machine-readable code, kept for logs and for APIs that pass it on.
+    For ``CONTEXT_LENGTH``, ``prompt_tokens`` and ``context_tokens`` are the counts when the
+    upstream reported them (the only parts of its message worth keeping).
+    """
 
     failure_class: FailureClass
     message: str
     status: int = 500
+    retry_after: float | None = None
+    code: str | None = None
+    prompt_tokens: int | None = None
+    context_tokens: int | None = None
 
 
 Event = TokenDelta | ToolCallDelta | ReasoningDelta | Usage | Finish | Failure
@@ -145,9 +177,62 @@ class PromptText(msgspec.Struct, frozen=True, kw_only=True, tag="text"):
     text: str
 
 
+class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag="text"):
+    text: str
+
+
+class ImagePart(msgspec.Struct, frozen=True, kw_only=True, tag="image"):
+    """An inline image: ``url`` is an ``https:`` URL or a ``data:`` URL with the bytes."""
+
+    url: str
+    detail: str | None = None
+
+
+ContentPart = TextPart | ImagePart
+
+
+class MessageToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """A complete tool call in the conversation history (an assistant turn that called)."""
+
+    id: str
+    name: str
+    arguments: str
+    kind: str = "function"
+
+
 class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """One turn. ``role`` is system, developer, user, assistant or tool.
+
+    ``content`` is plain text or parts (text and images). An assistant turn may carry
+    ``tool_calls``; a tool turn answers one call, named by ``tool_call_id`` (kept exactly as
+    the client sent it). ``reasoning`` is reasoning text an assistant turn produced.
+    """
+
     role: str
-    content: str
+    content: str | tuple[ContentPart, ...] = ""
+    tool_calls: tuple[MessageToolCall, ...] = ()
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning: str | None = None
+
+    @property
+    def text(self) -> str:
+        """The text of ``content`` (image parts left out)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool the model may call: ``function`` (JSON-schema ``parameters``) or ``custom``
+    (freeform input, optionally constrained by ``format``, as the Responses API defines)."""
+
+    name: str
+    description: str = ""
+    parameters: dict | None = None
+    kind: str = "function"
+    format: dict | None = None
+    strict: bool | None = None
 
 
 class ChatPrompt(msgspec.Struct, frozen=True, kw_only=True, tag="chat"):
@@ -169,6 +254,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     prompt: Prompt
+    #: The model name the client asked for, as routed (upstreams may rename it).
+    model: str = ""
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
@@ -179,9 +266,27 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: The deployment's safety policy, enforced by the upstream on sampled ids (§5.5).
     banned_ids: frozenset[int] = frozenset()
     request_id: str = ""
+    tools: tuple[ToolSpec, ...] = ()
+    #: "auto", "none", "required", or {"name": ...} for one tool.
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    #: "low" / "medium" / "high" where the upstream supports reasoning effort.
+    reasoning_effort: str | None = None
+    #: The client wants token ids (a Codec stream_format, or ``return_token_ids``): upstreams
+    #: that can return their ids should be asked for them.
+    want_ids: bool = False
 
 
 # -- the upstream interface ------------------------------------------------------------------
+
+
+class IdsSource(enum.StrEnum):
+    """Where the ids of a stream come from; told to clients in ``Codec-Ids-Source``."""
+
+    ENGINE = "engine"  # the embedded engine: the ids it sampled
+    UPSTREAM = "upstream"  # the upstream returned its ids (Codec-native, vLLM, llama.cpp)
+    RETOKENIZED = "retokenized"  # the upstream sent text; we tokenized it with the model's map
+    NONE = "none"  # no ids and no map: Codec stream formats are refused for this model
 
 
 class EventStream(Protocol):
