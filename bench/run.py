@@ -23,12 +23,27 @@ MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames", "bench_
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
+def _cell(value: object) -> str:
+    """Floats to a readable precision: 3 significant digits, never scientific notation."""
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
 def table(rows: list[dict]) -> str:
-    cols = list(dict.fromkeys(k for row in rows for k in row))
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    """Markdown tables; rows with different columns (one bench measuring two things) get
+    a table each, in order of first appearance."""
+    groups: dict[tuple[str, ...], list[dict]] = {}
     for row in rows:
-        lines.append("| " + " | ".join(str(row.get(c, "")) for c in cols) + " |")
-    return "\n".join(lines)
+        groups.setdefault(tuple(row), []).append(row)
+    out = []
+    for cols, group in groups.items():
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(_cell(r[c]) for c in cols) + " |" for r in group]
+        out.append("\n".join(lines))
+    return "\n\n".join(out)
 
 
 def main() -> int:
