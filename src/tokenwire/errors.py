@@ -40,6 +40,8 @@ The tree::
         TokenizerMapMismatch          Codec-Tokenizer-Map differs from the pinned map (fatal)
         ZstdDictError                 Codec-Zstd-Dict missing, misplaced or malformed
         ContentTypeMismatch           not the binary type asked for (e.g. a JSON-SSE fallback)
+    and, for the gateway's routing:
+        UnknownModel                  the request names a model not served here (404)
 
 Other libraries' exceptions (msgspec, zstandard, json, ...) are translated at the
 boundary of the layer that calls them, always with ``raise ... from exc``; anything
@@ -272,3 +274,9 @@ class ServerBusy(TokenwireError):
     """The gateway's request queue is full; answered as 503 with ``Retry-After``."""
 
     status_hint = 503
+
+
+class UnknownModel(RemoteProtocolError):
+    """The request names a model this gateway does not serve (404, OpenAI ``model_not_found``)."""
+
+    status_hint = 404

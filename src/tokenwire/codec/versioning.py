@@ -80,6 +80,7 @@ HEADER_FLOORS: dict[str, Version] = {
     "codec-client-version": (0, 4),
     "codec-min-version": (0, 4),
     "codec-required-features": (0, 4),
+    "codec-ids-source": (0, 5),  # ours: where a gateway's frame ids come from (engine/...)
     "codec-session": (0, 6),
     "codec-pick": (0, 6),
 }

@@ -10,11 +10,15 @@ Routes:
 * ``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes (:mod:`.tokenize_routes`).
 * ``/.well-known/codec/...`` from :mod:`tokenwire.gateway.wellknown` when it is installed.
 
-Every generation response carries ``Vary: Accept-Encoding, Codec-Client-Version`` (§9.1
-item 3) and ``Codec-Tokenizer-Map``; headers pass through the floor table for the client's
-declared version (§5.3) in one place, :func:`_generation_headers`. Dictionary zstd (§4.1)
-goes only to clients that send ``Codec-Client-Version``: a generic client's ``zstd`` offer
-does not mean it holds our dictionary. Generation endpoints first
+Requests are routed by ``model`` to a :class:`~tokenwire.gateway.router.ServedModel`
+(:mod:`.router`): one of several upstreams. Every generation response carries ``Vary:
+Accept-Encoding, Codec-Client-Version`` (§9.1 item 3) and the routed model's
+``Codec-Tokenizer-Map`` (when it has a map); binary streams add ``Codec-Ids-Source``
+(``engine``, ``upstream`` or ``retokenized``: where the frames' ids come from). Headers
+pass through the floor table for the client's declared version (§5.3) in one place,
+:func:`_generation_headers`. Dictionary zstd (§4.1) goes only to clients that send
+``Codec-Client-Version``: a generic client's ``zstd`` offer does not mean it holds our
+dictionary. Generation endpoints first
 answer the 426 when the deployment mandates v0.4 and the client is older (§2.7b, §5.4), for
 JSON requests too. Every 4xx/5xx before a stream starts has the OpenAI JSON error body.
 """
@@ -52,14 +56,21 @@ from tokenwire.codec.versioning import (
     parse_version,
     upgrade_required_response,
 )
-from tokenwire.errors import ProtocolError, RemoteProtocolError, ServerBusy, TokenwireError
+from tokenwire.errors import (
+    ConfigError,
+    ProtocolError,
+    ServerBusy,
+    TokenwireError,
+    UnknownModel,
+)
 from tokenwire.gateway.apis.chat import ChatRenderer, parse_chat_request
 from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
 from tokenwire.gateway.apis.completions import CompletionsRenderer, parse_completions_request
 from tokenwire.gateway.apis.errors import error_body
 from tokenwire.gateway.apis.params import JSON_FORMAT, SUPPORTED_STREAM_FORMATS, bad_request
 from tokenwire.gateway.http_streaming import EventResponse, Renderer
-from tokenwire.gateway.ir import Failure, GenerationRequest, PromptIds, Upstream
+from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, PromptIds, Upstream
+from tokenwire.gateway.router import HealthMonitor, Router, ServedModel, overall_status
 from tokenwire.gateway.schema import PROTO_SCHEMA
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.stops import validate_stops
@@ -76,18 +87,41 @@ _BINARY_TYPES = {"application/x-msgpack": StreamFormat.MSGPACK,
 
 @dataclass
 class GatewayState:
-    """What the routes need: settings, the upstream, the map served, the policy."""
+    """What the routes need: settings, the served models, the policy.
+
+    Build it with ``router=`` (many models), or with one ``upstream`` + ``tmap`` +
+    ``max_model_len`` (the embedded engine alone), which becomes a one-model router.
+    ``tmap`` / ``max_model_len`` then name the primary model's (``/tokenize``).
+    """
 
     settings: ServerSettings
-    upstream: Upstream
-    tmap: TokenizerMap
-    max_model_len: int
+    upstream: Upstream | None = None
+    tmap: TokenizerMap | None = None
+    max_model_len: int | None = None
     policy: BannedTokenPolicy | None = None
     descriptor: SafetyPolicyDescriptor | None = None
     #: Other maps to publish (e.g. the bundled bytes when ``tmap`` advertises dictionaries).
     extra_maps: tuple[TokenizerMap, ...] = ()
     created: int = field(default_factory=lambda: int(time.time()))
     clock: Callable[[], float] = time.monotonic
+    router: Router = field(default=None)  # type: ignore[assignment]  # set in __post_init__
+    health: HealthMonitor = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.router is None:
+            if self.upstream is None:
+                raise ConfigError("a gateway needs a router or an upstream")
+            self.router = Router([ServedModel(
+                name=self.upstream.model_id, upstream=self.upstream, tmap=self.tmap,
+                max_model_len=self.max_model_len, ids_source=IdsSource.ENGINE,
+                upstream_name=getattr(self.upstream, "name", "embedded"))])
+        primary = self.router.primary
+        if self.tmap is None:
+            self.tmap = primary.tmap
+        if self.max_model_len is None:
+            self.max_model_len = primary.max_model_len
+        if self.health is None:
+            self.health = HealthMonitor(self.router.upstreams())
 
     @property
     def dicts(self) -> dict[str, ZstdDict]:
@@ -98,6 +132,13 @@ class GatewayState:
             return []
         return [("Codec-Safety-Policy", self.descriptor.id),
                 ("Codec-Safety-Policy-Hash", hash_policy(self.descriptor))]
+
+    def policy_for(self, model: ServedModel) -> BannedTokenPolicy | None:
+        """The safety policy, for models of the vocabulary it was written for: banned ids
+        of one vocabulary mean other tokens in another (§5.5 ``tokenizers``)."""
+        if self.policy is None or self.descriptor is None or model.tmap is None:
+            return None
+        return self.policy if model.tmap.id in self.descriptor.tokenizers else None
 
 
 # -- shared request plumbing -------------------------------------------------------------
@@ -152,11 +193,15 @@ async def read_json(request: Request, limit: int) -> Any:
         raise bad_request(f"the request body is not valid JSON: {exc}") from None
 
 
-def _check_model(state: GatewayState, model: str | None) -> None:
-    if model not in (None, "", state.upstream.model_id):
-        raise RemoteProtocolError(
-            f"model {model!r} is not served here; this server serves "
-            f"{state.upstream.model_id!r}", status_hint=404)
+def _route(state: GatewayState, model: str | None, fmt: StreamFormat | None) -> ServedModel:
+    """The served model a request names, refusing binary formats it cannot give ids for."""
+    served = state.router.route(model)
+    if fmt is not None and not served.has_ids:
+        raise bad_request(
+            f"stream_format {fmt.value!r} needs token ids, but model {served.name!r} has no "
+            "tokenizer map and its upstream returns text only; use stream_format 'json', or "
+            "configure a map for the model")
+    return served
 
 
 def _new_id(prefix: str) -> str:
@@ -167,18 +212,23 @@ def _new_id(prefix: str) -> str:
 
 
 def _generation_headers(
-    state: GatewayState, cv: Version, renderer: Renderer, encoding: str,
+    state: GatewayState, served: ServedModel, cv: Version, renderer: Renderer, encoding: str,
     zdict: ZstdDict | None, reason_code: str, request_id: str,
 ) -> list[tuple[str, str]]:
     """All response headers of a generation, filtered by the client's version (§5.3)."""
     headers = [("Content-Type", renderer.content_type), ("Vary", VARY),
                ("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"),
-               ("X-Request-Id", request_id), ("Codec-Tokenizer-Map", state.tmap.hash)]
+               ("X-Request-Id", request_id)]
+    if served.tmap is not None:
+        headers.append(("Codec-Tokenizer-Map", served.tmap.hash))
+    if isinstance(renderer, CodecStreamRenderer):  # where the frames' ids come from
+        headers.append(("Codec-Ids-Source", served.ids_source.value))
     if encoding != "identity":
         headers.append(("Content-Encoding", encoding))
     if zdict is not None:  # §4.1: every zstd response names its dictionary
         headers.append(("Codec-Zstd-Dict", zdict.hash))
-    headers += state.safety_headers()
+    if state.policy_for(served) is not None:
+        headers += state.safety_headers()
     headers.append(("Codec-Pick", reason_code))
     return filter_headers(headers, cv)
 
@@ -191,13 +241,15 @@ def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], byt
 
 
 def _start_generation(
-    state: GatewayState, request: Request, gen: GenerationRequest, renderer: Renderer,
-    format_key: str, *, streaming: bool,
+    state: GatewayState, request: Request, served: ServedModel, gen: GenerationRequest,
+    renderer: Renderer, format_key: str, *, streaming: bool,
 ) -> Response | EventResponse:
     """Negotiate the coding (§4.3), admit the request, and return the streaming response."""
     cv = client_version(request)
-    if state.policy is not None:
-        gen = msgspec.structs.replace(gen, banned_ids=state.policy.banned_ids)
+    policy = state.policy_for(served)
+    gen = msgspec.structs.replace(
+        gen, model=served.name,
+        banned_ids=policy.banned_ids if policy is not None else gen.banned_ids)
     zdict = state.settings.zstd_dicts.get(format_key)
     # Dictionary zstd only for clients that declare a Codec version: generic HTTP clients
     # (httpx, browsers) offer "zstd" too, and cannot decode a body that needs our dictionary
@@ -210,13 +262,13 @@ def _start_generation(
     )
     zdict = zdict if pick.encoding == "zstd" else None
     try:
-        stream = state.upstream.submit(gen)
+        stream = served.submit(gen)
     except ServerBusy as exc:
         return json_error(503, str(exc), code="queue_full",
                           headers={"Retry-After": str(RETRY_AFTER_S)})
     return EventResponse(
         stream, renderer,
-        headers=_generation_headers(state, cv, renderer, pick.encoding, zdict,
+        headers=_generation_headers(state, served, cv, renderer, pick.encoding, zdict,
                                     pick.reason_code.value, gen.request_id),
         compressor=new_compressor(pick.encoding, dictionary=zdict),
         on_failure=_failure_response, window=state.settings.window_s,
@@ -236,18 +288,23 @@ async def completions(request: Request) -> Response | EventResponse:
     body = await read_json(request, state.settings.max_body_bytes)
     rid = _new_id("cmpl")
     call = parse_completions_request(body, request_id=rid)
-    _check_model(state, call.model)
+    served = _route(state, call.model, call.stream_format)
+    if call.return_token_ids and not served.has_ids:
+        raise bad_request(f"return_token_ids needs token ids, but model {served.name!r} has "
+                          "no tokenizer map and its upstream returns text only")
     renderer: Renderer
     if call.stream_format is not None:
         renderer = _codec_renderer(state, call.stream_format, client_version(request))
     else:
         renderer = CompletionsRenderer(
-            completion_id=rid, model=state.upstream.model_id, created=int(time.time()),
+            completion_id=rid, model=served.name, created=int(time.time()),
             stream=call.stream, include_usage=call.include_usage,
             return_token_ids=call.return_token_ids)
     key = call.stream_format.value if call.stream_format is not None else JSON_FORMAT
-    return _start_generation(state, request, call.request, renderer, key,
-                             streaming=call.stream)
+    gen = msgspec.structs.replace(
+        call.request, want_ids=call.stream_format is not None or call.return_token_ids,
+        want_text=call.stream_format is None)
+    return _start_generation(state, request, served, gen, renderer, key, streaming=call.stream)
 
 
 async def chat_completions(request: Request) -> Response | EventResponse:
@@ -257,17 +314,18 @@ async def chat_completions(request: Request) -> Response | EventResponse:
     body = await read_json(request, state.settings.max_body_bytes)
     rid = _new_id("chatcmpl")
     call = parse_chat_request(body, request_id=rid)
-    _check_model(state, call.model)
+    served = _route(state, call.model, call.stream_format)
     renderer: Renderer
     if call.stream_format is not None:
         renderer = _codec_renderer(state, call.stream_format, client_version(request))
     else:
-        renderer = ChatRenderer(completion_id=rid, model=state.upstream.model_id,
+        renderer = ChatRenderer(completion_id=rid, model=served.name,
                                 created=int(time.time()), stream=call.stream,
                                 include_usage=call.include_usage)
     key = call.stream_format.value if call.stream_format is not None else JSON_FORMAT
-    return _start_generation(state, request, call.request, renderer, key,
-                             streaming=call.stream)
+    gen = msgspec.structs.replace(call.request, want_ids=call.stream_format is not None,
+                                  want_text=call.stream_format is None)
+    return _start_generation(state, request, served, gen, renderer, key, streaming=call.stream)
 
 
 def _path_c_body_format(content_type: str) -> StreamFormat:
@@ -305,27 +363,47 @@ async def completions_codec(request: Request) -> Response | EventResponse:
     except ValueError as exc:
         raise bad_request(str(exc)) from None
     rid = _new_id("cmpl")
+    served = _route(state, None, fmt)  # Path C bodies name no model (§1.3): the default
     temperature = 1.0 if creq.temperature is None else min(max(creq.temperature, 0.0), 2.0)
     gen = GenerationRequest(prompt=PromptIds(ids=creq.prompt_ids), max_tokens=creq.max_tokens,
-                            temperature=temperature, stop=stop, request_id=rid)
+                            temperature=temperature, stop=stop, request_id=rid, want_ids=True,
+                            want_text=False)
     renderer = _codec_renderer(state, fmt, client_version(request))
-    return _start_generation(state, request, gen, renderer, fmt.value, streaming=True)
+    return _start_generation(state, request, served, gen, renderer, fmt.value, streaming=True)
 
 
 # -- small GET routes ------------------------------------------------------------------------
 
 
 async def models(request: Request) -> Response:
+    """Every served model; ``owned_by`` is its upstream's name (issue 4 item 4)."""
     state: GatewayState = request.app.state.gateway
-    return JSONResponse({"object": "list", "data": [{
-        "id": state.upstream.model_id, "object": "model", "created": state.created,
-        "owned_by": "tokenwire", "max_model_len": state.max_model_len,
-        "codec_tokenizer_map": {"id": state.tmap.id, "hash": state.tmap.hash},
-    }]})
+    return JSONResponse({"object": "list",
+                         "data": [_model_entry(state, m) for m in state.router.models]})
+
+
+def _model_entry(state: GatewayState, m: ServedModel) -> dict[str, Any]:
+    entry: dict[str, Any] = {"id": m.name, "object": "model", "created": state.created,
+                             "owned_by": m.upstream_name or "tokenwire",
+                             "codec_ids_source": m.ids_source.value}
+    if m.max_model_len is not None:
+        entry["max_model_len"] = m.max_model_len
+    if m.tmap is not None:
+        entry["codec_tokenizer_map"] = {"id": m.tmap.id, "hash": m.tmap.hash}
+    return entry
 
 
 async def health(request: Request) -> Response:
-    return JSONResponse({"status": "ok", "model": request.app.state.gateway.upstream.model_id})
+    """Overall status plus each upstream's last probe; 503 when no upstream is up."""
+    state: GatewayState = request.app.state.gateway
+    upstreams = await state.health.snapshot()
+    status = overall_status(h.state for h in upstreams)
+    body: dict[str, Any] = {"status": status, "upstreams": [{
+        "name": h.name, "kind": h.kind, "state": h.state.value, "models": list(h.models),
+        "detail": h.detail} for h in upstreams]}
+    if state.router.default is not None:
+        body["model"] = state.router.default.name
+    return JSONResponse(body, status_code=503 if status == "down" else 200)
 
 
 async def codec_schema(request: Request) -> Response:
@@ -345,7 +423,9 @@ async def codec_version(request: Request) -> Response:
 async def _protocol_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProtocolError)
     status = exc.status_hint if 400 <= exc.status_hint <= 599 else 400
-    return json_error(status, str(exc), code=type(exc).__name__)
+    # OpenAI's code for an unknown model, which SDKs and agents recognise.
+    code = "model_not_found" if isinstance(exc, UnknownModel) else type(exc).__name__
+    return json_error(status, str(exc), code=code)
 
 
 async def _tokenwire_error(request: Request, exc: Exception) -> Response:
@@ -368,7 +448,7 @@ def _discovery_routes(state: GatewayState) -> list[BaseRoute]:
     policies = (wellknown.PublishedPolicy.from_descriptor(state.descriptor),) \
         if state.descriptor is not None else ()
     disc = wellknown.DiscoveryState(
-        maps=(state.tmap, *state.extra_maps), dicts=state.dicts, policies=policies,
+        maps=(*state.router.maps(), *state.extra_maps), dicts=state.dicts, policies=policies,
         version_policy=state.settings.version_policy)
     return list(wellknown.wellknown_routes(disc))
 

@@ -153,7 +153,10 @@ class EventResponse:
             await self._body(send, out + coalescer.close(self._clock()), more=False)
 
     def _feed(self, coalescer: Coalescer, chunks: list[bytes]) -> bytes:
-        return b"".join(coalescer.add(chunk, self._clock()) for chunk in chunks)
+        # The chunks of one event go in as one unit: the Chat renderer opens with a role-only
+        # chunk before the first content, and the coalescer flushes its first unit at once;
+        # fed one by one, the first real content would wait a whole window.
+        return coalescer.add(b"".join(chunks), self._clock()) if chunks else b""
 
     async def _next_in_window(self, coalescer: Coalescer, send: Send) -> Event:
         """The next event, flushing the open window at its deadline while waiting."""

@@ -116,9 +116,16 @@ class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, tag="tool_call"):
 
 
 class ReasoningDelta(msgspec.Struct, frozen=True, kw_only=True, tag="reasoning"):
-    """Reasoning ("thinking") text, shown separately from the answer by APIs that can."""
+    """Reasoning ("thinking") text, shown separately from the answer by APIs that can.
+
+    ``encrypted`` holds opaque reasoning state as (upstream name, blob) pairs (a Responses
+    ``encrypted_content`` item, an Anthropic signed thinking block): an API that can hand it
+    to the client keeps the pair so the next turn's :attr:`ChatMessage.reasoning_encrypted`
+    returns it to the upstream that produced it, and to no other.
+    """
 
     text: str
+    encrypted: tuple[tuple[str, str], ...] = ()
 
 
 class Usage(msgspec.Struct, frozen=True, kw_only=True, tag="usage"):
@@ -214,6 +221,9 @@ class ChatMessage(msgspec.Struct, frozen=True, kw_only=True):
     tool_call_id: str | None = None
     name: str | None = None
     reasoning: str | None = None
+    #: Opaque reasoning state from earlier turns, (upstream name, blob) pairs: an adapter
+    #: sends back only the blobs its own upstream produced (see :class:`ReasoningDelta`).
+    reasoning_encrypted: tuple[tuple[str, str], ...] = ()
 
     @property
     def text(self) -> str:
@@ -275,6 +285,9 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: The client wants token ids (a Codec stream_format, or ``return_token_ids``): upstreams
     #: that can return their ids should be asked for them.
     want_ids: bool = False
+    #: The client shows text (every JSON API). False when the response is Codec frames, which
+    #: carry ids only (codec-spec §2.3): an upstream that returns ids then need not detokenize.
+    want_text: bool = True
 
 
 # -- the upstream interface ------------------------------------------------------------------

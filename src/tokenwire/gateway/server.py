@@ -1,19 +1,52 @@
-"""Assembly: settings -> map, safety policy, embedded engine -> app state; and running it.
+"""Assembly: settings (+ config) -> maps, safety policy, upstreams -> app state; running it.
 
+Two ways in: :func:`build_embedded_state` (no config: the embedded engine alone, as
+``tokenwire serve`` always did) and :func:`build_gateway` (a
+:class:`~tokenwire.gateway.config.GatewayConfig`: every upstream built by its adapter,
+probed, and its models routed). Probing happens here, at start-up, so an unreachable
+upstream or a model it does not serve is a :class:`~tokenwire.errors.ConfigError` before
+the port opens, not a 502 at the first request.
+
+Adapters own ``httpx.AsyncClient`` pools, which belong to the event loop that opened their
+connections: :func:`run_gateway` builds, probes and serves in one loop for that reason.
 Kept apart from the app so tests and benchmarks build exactly what ``tokenwire serve``
 builds, with their own port and settings.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
+from tokenwire.errors import ConfigError
 from tokenwire.gateway.app import GatewayState, create_app
+from tokenwire.gateway.config import GatewayConfig, map_for_model
+from tokenwire.gateway.ir import IdsSource
+from tokenwire.gateway.router import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor, Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings, build_policy
+from tokenwire.gateway.upstreams import adapter_for
+from tokenwire.gateway.upstreams.base import (
+    ModelRoute,
+    UpstreamConfig,
+    UpstreamHealth,
+    UpstreamState,
+)
 from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
 
-__all__ = ["SMOLLM2_MAP_ID", "ServingPlan", "build_embedded_state", "run"]
+__all__ = [
+    "SMOLLM2_MAP_ID",
+    "Gateway",
+    "ServingPlan",
+    "build_embedded_state",
+    "build_gateway",
+    "run",
+    "run_gateway",
+    "serve_gateway",
+]
 
 SMOLLM2_MAP_ID = "huggingfacetb/smollm2"
 
@@ -71,3 +104,168 @@ def run(plan: ServingPlan, *, log_level: str = "info") -> None:
                     log_level=log_level, timeout_graceful_shutdown=5)
     finally:
         plan.engine.close()
+
+
+# -- many upstreams from a config (issue 4 items 3-4) ------------------------------------------
+
+
+@dataclass
+class Gateway:
+    """A built deployment: the app state, the adapters to close, the start-up probes."""
+
+    state: GatewayState
+    adapters: tuple[Any, ...]
+    probes: tuple[UpstreamHealth, ...]
+
+    async def aclose(self) -> None:
+        await _close_all(self.adapters)
+
+
+async def _close_all(adapters: tuple[Any, ...] | list[Any]) -> None:
+    for adapter in adapters:
+        close = getattr(adapter, "aclose", None)
+        if close is not None:
+            await close()
+
+
+@dataclass
+class _Built:
+    config: UpstreamConfig
+    adapter: Any
+    health: UpstreamHealth | None
+    maps: dict[str, TokenizerMap]
+
+
+def _check_probe(up: UpstreamConfig, health: UpstreamHealth) -> None:
+    """Start-up checks on a probe: reachable, and serving every configured model."""
+    where = f"upstream {up.name!r} ({up.kind}{' at ' + up.base_url if up.base_url else ''})"
+    if health.state is UpstreamState.DOWN:
+        raise ConfigError(f"{where} is unreachable: {health.detail or 'no answer'}; start it "
+                          "first, or set probe = false (--no-probe) if it starts later")
+    missing = [r for r in up.models if health.models and r.sent_as not in health.models]
+    if missing:
+        raise ConfigError(f"{where} does not serve model {missing[0].sent_as!r} (configured "
+                          f"as {missing[0].name!r}); it lists: " + ", ".join(health.models))
+
+
+async def _build_upstream(
+    up: UpstreamConfig, cfg: GatewayConfig, cls: type, transport: Any,
+) -> _Built:
+    adapter = cls.from_config(up, transport=transport, maps=cfg.maps)
+    try:
+        health = await adapter.probe() if cfg.probes(up) else None
+        if health is not None:
+            _check_probe(up, health)
+        if up.models:
+            return _Built(up, adapter, health, dict(cfg.maps))
+        if up.kind == "embedded":  # one model, named by the engine
+            routes: tuple[ModelRoute, ...] = (ModelRoute(name=adapter.model_id),)
+            return _Built(dataclasses.replace(up, models=routes), adapter, health,
+                          {adapter.model_id: adapter.tmap})
+        if health is None:
+            raise ConfigError(f"upstream {up.name!r} declares no models and is not probed: "
+                              "list them under [[upstreams.models]]")
+        if not health.models:
+            raise ConfigError(f"upstream {up.name!r} lists no models; name them under "
+                              "[[upstreams.models]]")
+    except BaseException:
+        await _close_all([adapter])
+        raise
+    # Discovered models: rebuild the adapter with them, so it routes every one.
+    await _close_all([adapter])
+    routes = tuple(ModelRoute(name=m) for m in health.models)
+    maps = {**cfg.maps, **{m: t for m in health.models if (t := map_for_model(m)) is not None}}
+    up = dataclasses.replace(up, models=routes)
+    adapter = cls.from_config(up, transport=transport, maps=maps)
+    try:  # probe the new adapter too: it learns the upstream's ids support from it
+        health = await adapter.probe()
+    except BaseException:
+        await _close_all([adapter])
+        raise
+    return _Built(up, adapter, health, maps)
+
+
+def _served(built: _Built) -> list[ServedModel]:
+    adapter, out = built.adapter, []
+    for route in built.config.models:
+        tmap = built.maps.get(route.name)
+        for learnt in ("tokenizer_map", "tmap_for"):  # a map the adapter found or loaded
+            if tmap is None and hasattr(adapter, learnt):
+                tmap = getattr(adapter, learnt)(route.name)
+        source = IdsSource(adapter.ids_source_for(route.name)
+                           if hasattr(adapter, "ids_source_for") else adapter.ids_source)
+        if source is IdsSource.RETOKENIZED and tmap is None:
+            source = IdsSource.NONE  # text only, and nothing to tokenize it with
+        out.append(ServedModel(
+            name=route.name, upstream=adapter, tmap=tmap, ids_source=source,
+            max_model_len=getattr(adapter, "n_ctx", None), upstream_name=built.config.name))
+    return out
+
+
+async def build_gateway(
+    cfg: GatewayConfig, settings: ServerSettings, *,
+    adapters: Mapping[str, type] | None = None,
+    transports: Mapping[str, Any] | None = None,
+    clock: Callable[[], float] | None = None,
+) -> Gateway:
+    """Build, probe and route every configured upstream (call in the serving event loop).
+
+    ``adapters`` replaces the kind -> class registry (tests); ``transports`` gives an
+    upstream (by name) an httpx transport.
+    """
+    built: list[_Built] = []
+    try:
+        for up in cfg.upstreams:
+            cls = adapter_for(up.kind, adapters)
+            built.append(await _build_upstream(up, cfg, cls, (transports or {}).get(up.name)))
+        router = Router([m for b in built for m in _served(b)], default=cfg.default_model)
+    except BaseException:
+        await _close_all([b.adapter for b in built])
+        raise
+    probes = tuple(b.health for b in built if b.health is not None)
+    health = HealthMonitor(tuple((b.config.name, b.adapter) for b in built),
+                           interval=float(cfg.server.get("health_interval_s",
+                                                         DEFAULT_HEALTH_INTERVAL_S)))
+    if len(probes) == len(built):
+        health.seed(probes)
+    primary = router.primary
+    pair = build_policy(settings, primary.tmap.id) if primary.tmap is not None else None
+    if pair is None and settings.version_policy.safety_policy_id is not None:
+        raise ConfigError("a safety policy needs a model with a tokenizer map")
+    policy, descriptor = pair if pair is not None else (None, None)
+    extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
+    state = GatewayState(settings=settings, router=router, health=health, policy=policy,
+                         descriptor=descriptor, **extra)
+    return Gateway(state=state, adapters=tuple(b.adapter for b in built), probes=probes)
+
+
+async def serve_gateway(
+    cfg: GatewayConfig, settings: ServerSettings, *, log_level: str = "info",
+    sockets: list[Any] | None = None, on_ready: Callable[[Gateway, Any], None] | None = None,
+) -> None:
+    """Build the gateway and serve it in the running loop until the server exits.
+
+    ``on_ready(gateway, uvicorn_server)`` runs once the gateway is built, before the port
+    opens (the banner; tests keep the server to stop it). ``sockets``: pre-bound sockets.
+    """
+    import uvicorn
+
+    gw = await build_gateway(cfg, settings)
+    try:
+        config = uvicorn.Config(create_app(gw.state), host=settings.host, port=settings.port,
+                                log_level=log_level, timeout_graceful_shutdown=5,
+                                lifespan="off")
+        server = uvicorn.Server(config)
+        if on_ready is not None:
+            on_ready(gw, server)
+        await server.serve(sockets=sockets)
+    finally:
+        await gw.aclose()
+
+
+def run_gateway(
+    cfg: GatewayConfig, settings: ServerSettings, *, log_level: str = "info",
+    on_ready: Callable[[Gateway, Any], None] | None = None,
+) -> None:
+    """Build the gateway and serve it in one event loop until interrupted."""
+    asyncio.run(serve_gateway(cfg, settings, log_level=log_level, on_ready=on_ready))

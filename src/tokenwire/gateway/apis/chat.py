@@ -28,13 +28,18 @@ from tokenwire.gateway.apis.sse import (
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
+    ContentPart,
     Event,
     Failure,
     Finish,
     GenerationRequest,
+    ImagePart,
+    MessageToolCall,
     ReasoningDelta,
+    TextPart,
     TokenDelta,
     ToolCallDelta,
+    ToolSpec,
     Usage,
 )
 
@@ -76,9 +81,14 @@ def parse_chat_request(
     options = body.get("stream_options") or {}
     request = GenerationRequest(
         prompt=ChatPrompt(messages=_messages(body.get("messages"))),
+        model=model or "",
         max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
         seed=sampling.seed, stop=sampling.stop, ignore_eos=sampling.ignore_eos,
-        request_id=request_id,
+        request_id=request_id, tools=_tools(body.get("tools")),
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        parallel_tool_calls=_optional_bool(body, "parallel_tool_calls"),
+        reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
+        want_ids=fmt is not None,
     )
     return ChatCall(
         request, model=model, stream=bool(body.get("stream", False)) or fmt is not None,
@@ -94,23 +104,101 @@ def _messages(value: Any) -> tuple[ChatMessage, ...]:
     for i, msg in enumerate(value):
         if not isinstance(msg, dict) or msg.get("role") not in ROLES:
             raise bad_request(f"messages[{i}] needs a role, one of {sorted(ROLES)}")
-        out.append(ChatMessage(role=msg["role"], content=_content(msg.get("content"), i)))
+        tool_call_id = msg.get("tool_call_id")
+        if msg["role"] == "tool" and not isinstance(tool_call_id, str):
+            raise bad_request(f"messages[{i}]: a tool message needs tool_call_id")
+        name = msg.get("name")
+        reasoning = msg.get("reasoning_content")
+        out.append(ChatMessage(
+            role=msg["role"], content=_content(msg.get("content"), i),
+            tool_calls=_message_tool_calls(msg.get("tool_calls"), i),
+            tool_call_id=tool_call_id if isinstance(tool_call_id, str) else None,
+            name=name if isinstance(name, str) else None,
+            reasoning=reasoning if isinstance(reasoning, str) else None,
+        ))
     return tuple(out)
 
 
-def _content(content: Any, i: int) -> str:
+def _content(content: Any, i: int) -> str | tuple[ContentPart, ...]:
     if content is None:
         return ""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):  # content parts: only text reaches a text-only model
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise bad_request(f"messages[{i}]: only text content parts are supported")
-            parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    raise bad_request(f"messages[{i}].content must be a string or a list of parts")
+    if not isinstance(content, list):
+        raise bad_request(f"messages[{i}].content must be a string or a list of parts")
+    parts: list[ContentPart] = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append(TextPart(text=part["text"]))
+        elif kind == "image_url" and isinstance(part.get("image_url"), dict) \
+                and isinstance(part["image_url"].get("url"), str):
+            image = part["image_url"]
+            parts.append(ImagePart(url=image["url"], detail=image.get("detail")))
+        else:
+            raise bad_request(f"messages[{i}].content[{j}]: expected a text or image_url part")
+    if all(isinstance(p, TextPart) for p in parts):  # plain text stays a string
+        return "".join(p.text for p in parts)  # type: ignore[union-attr]
+    return tuple(parts)
+
+
+def _message_tool_calls(value: Any, i: int) -> tuple[MessageToolCall, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad_request(f"messages[{i}].tool_calls must be a list")
+    calls = []
+    for j, call in enumerate(value):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not (isinstance(fn, dict) and isinstance(call.get("id"), str)
+                and isinstance(fn.get("name"), str)):
+            raise bad_request(f"messages[{i}].tool_calls[{j}] needs id and function.name")
+        args = fn.get("arguments", "")
+        calls.append(MessageToolCall(id=call["id"], name=fn["name"],
+                                     arguments=args if isinstance(args, str) else ""))
+    return tuple(calls)
+
+
+def _tools(value: Any) -> tuple[ToolSpec, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad_request("tools must be a list")
+    specs = []
+    for j, tool in enumerate(value):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if tool.get("type") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise bad_request(f"tools[{j}] must be {{type: function, function: {{name, ...}}}}")
+        params = fn.get("parameters")
+        specs.append(ToolSpec(
+            name=fn["name"], description=str(fn.get("description") or ""),
+            parameters=params if isinstance(params, dict) else None,
+            strict=fn.get("strict") if isinstance(fn.get("strict"), bool) else None,
+        ))
+    return tuple(specs)
+
+
+def _tool_choice(value: Any) -> str | dict | None:
+    if value is None or value in ("auto", "none", "required"):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("function"), dict) \
+            and isinstance(value["function"].get("name"), str):
+        return {"name": value["function"]["name"]}
+    raise bad_request("tool_choice must be auto, none, required or {type: function, ...}")
+
+
+def _optional_bool(body: dict[str, Any], key: str) -> bool | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise bad_request(f"{key} must be a boolean")
+    return value
+
+
+def _reasoning_effort(value: Any) -> str | None:
+    if value is None or value in ("minimal", "low", "medium", "high"):
+        return value
+    raise bad_request("reasoning_effort must be minimal, low, medium or high")
 
 
 class ChatRenderer:
@@ -134,7 +222,7 @@ class ChatRenderer:
             case TokenDelta(text=text) if text:
                 self._text.append(text)
                 return self._delta({"content": text})
-            case ReasoningDelta(text=text):
+            case ReasoningDelta(text=text) if text:  # an opaque-only delta has nothing to show
                 self._reasoning.append(text)
                 return self._delta({"reasoning_content": text})
             case ToolCallDelta():

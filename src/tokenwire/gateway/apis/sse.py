@@ -22,6 +22,7 @@ _OPENAI_REASONS: dict[FinishKind, str] = {
     FinishKind.LENGTH: "length",
     FinishKind.POLICY_VIOLATION: "content_filter",
     FinishKind.TOOL_CALLS: "tool_calls",
+    FinishKind.CONTENT_FILTER: "content_filter",
     FinishKind.ABORT: "stop",  # only seen when the client has already gone
 }
 

@@ -1,1 +1,143 @@
-"""Upstream adapters: each turns one engine's output into IR events (``gateway.ir``)."""
+"""Upstream adapters: each turns one engine's output into IR events (``gateway.ir``).
+
+``ADAPTERS`` maps an upstream ``kind`` (``upstreams/base.py``) to its adapter class, found
+by importing the adapter modules that exist: an adapter plugs in by being a module here
+with a class whose ``kind`` attribute names its kind and which has ``from_config``; no
+registry edit is needed. A module that exists but fails to import is not skipped in
+silence: its error is kept in ``ADAPTER_ERRORS`` and shown when a config asks for the kind.
+
+The embedded engine predates the adapter contract; :class:`EmbeddedUpstream` is its thin
+``from_config`` / ``probe`` / ``aclose`` wrapper, so a config file can mix it with remote
+upstreams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
+from tokenwire.errors import ConfigError
+from tokenwire.gateway.ir import EventStream, GenerationRequest, IdsSource
+from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
+
+__all__ = ["ADAPTERS", "ADAPTER_ERRORS", "EmbeddedUpstream", "adapter_for"]
+
+log = logging.getLogger(__name__)
+
+#: kind -> module under ``tokenwire.gateway.upstreams`` that implements it.
+_MODULES: dict[str, str] = {
+    "openai": "openai_compat",
+    "codec": "codec_native",
+    "responses": "responses_upstream",
+    "anthropic": "anthropic_upstream",
+}
+#: The embedded engine's bundled map, used when its config names none.
+EMBEDDED_MAP_ID = "huggingfacetb/smollm2"
+
+
+class EmbeddedUpstream:
+    """The in-process llama.cpp engine as a configured upstream (one model)."""
+
+    kind = "embedded"
+    ids_source = IdsSource.ENGINE
+
+    def __init__(self, name: str, engine: Any, tmap: TokenizerMap) -> None:
+        self.name = name
+        self.engine = engine
+        self.tmap = tmap
+
+    @property
+    def model_id(self) -> str:
+        return str(self.engine.model_id)
+
+    @property
+    def n_ctx(self) -> int:
+        return int(self.engine.n_ctx)
+
+    @classmethod
+    def from_config(
+        cls, config: UpstreamConfig, *, transport: Any = None,
+        maps: Mapping[str, TokenizerMap] | None = None,
+    ) -> EmbeddedUpstream:
+        """Load the GGUF (``options.model_path``, default the bundled SmolLM2) and start it.
+
+        Options: ``model_path``, ``n_ctx``, ``threads``, ``queue_size``.
+        """
+        del transport  # in-process: no HTTP
+        from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+
+        if len(config.models) > 1:
+            raise ConfigError(f"upstream {config.name!r}: an embedded engine serves one model")
+        route = config.models[0] if config.models else None
+        tmap = (maps or {}).get(route.name) if route else None
+        if tmap is None:
+            tmap = load_map_file(bundled_map_path(resolve_alias(EMBEDDED_MAP_ID)))
+        opts = config.options
+        kwargs: dict[str, Any] = {"queue_size": int(opts.get("queue_size", 16))}  # type: ignore[arg-type]
+        if route is not None:
+            kwargs["model_id"] = route.name
+        engine = EmbeddedEngine.load(
+            tmap, opts.get("model_path"), n_ctx=int(opts.get("n_ctx", 4096)),  # type: ignore[arg-type]
+            n_threads=opts.get("threads"), **kwargs)  # type: ignore[arg-type]
+        engine.start()
+        return cls(config.name, engine, tmap)
+
+    def submit(self, request: GenerationRequest) -> EventStream:
+        return self.engine.submit(request)
+
+    async def probe(self) -> UpstreamHealth:
+        alive = self.engine._thread.is_alive()
+        return UpstreamHealth(
+            name=self.name, kind=self.kind,
+            state=UpstreamState.UP if alive else UpstreamState.DOWN,
+            models=(self.model_id,), detail="" if alive else "the engine thread has stopped")
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.engine.close)
+
+
+def _find_adapter(module: Any, kind: str) -> type | None:
+    for value in vars(module).values():
+        if (isinstance(value, type) and getattr(value, "kind", None) == kind
+                and hasattr(value, "from_config") and value.__module__ == module.__name__):
+            return value
+    return None
+
+
+def _discover() -> tuple[dict[str, type], dict[str, str]]:
+    adapters: dict[str, type] = {"embedded": EmbeddedUpstream}
+    errors: dict[str, str] = {}
+    for kind, name in _MODULES.items():
+        full = f"{__name__}.{name}"
+        if importlib.util.find_spec(full) is None:
+            continue  # not written (yet): the kind is reported as unavailable
+        try:
+            module = importlib.import_module(full)
+        except Exception as exc:  # keep the reason for the config error, do not hide it
+            log.warning("upstream adapter %s failed to import: %s", full, exc)
+            errors[kind] = f"{full} failed to import: {type(exc).__name__}: {exc}"
+            continue
+        cls = _find_adapter(module, kind)
+        if cls is None:
+            errors[kind] = f"{full} has no class with kind = {kind!r} and from_config()"
+        else:
+            adapters[kind] = cls
+    return adapters, errors
+
+
+ADAPTERS, ADAPTER_ERRORS = _discover()
+
+
+def adapter_for(kind: str, adapters: Mapping[str, type] | None = None) -> type:
+    """The adapter class for ``kind``, or a :class:`ConfigError` saying why there is none."""
+    table = ADAPTERS if adapters is None else adapters
+    if kind in table:
+        return table[kind]
+    if kind in ADAPTER_ERRORS:
+        raise ConfigError(f"upstream kind {kind!r} is unavailable: {ADAPTER_ERRORS[kind]}")
+    raise ConfigError(f"upstream kind {kind!r} is not available in this installation")

@@ -1,0 +1,314 @@
+"""Gateway overhead in front of an upstream: tokenwire vs LiteLLM's proxy vs direct.
+
+What is measured (issue 4, "A benchmark"): added latency to the first token, and CPU time
+per streamed token of the gateway process, for chat streams at 1 and 64 concurrent streams.
+
+* Upstream: a scripted OpenAI-compatible SSE server (pure ASGI on uvicorn, in its own
+  process) that streams ``TOKENS`` one-word chunks at a fixed ``PACE_S``, then the finish
+  chunk, a usage chunk and ``[DONE]``; so the gateway, not a model, is what is measured.
+* Targets, each a separate process in front of the same upstream: none (``direct``);
+  ``tokenwire serve --upstream URL --upstream-max-concurrent 64`` (the real CLI: models
+  discovered, the SmolLM2 map found by the HF alias), read as Chat JSON-SSE and as Codec
+  msgpack frames (ids retokenized by the gateway), with the default 150 ms coalescing
+  window and with ``--coalesce-ms 0``; LiteLLM's proxy (``litellm --config``), installed in its
+  own venv ``.bench-venv-litellm`` (created here if missing: ~50 s, ~750 MB).
+* TTFT: request sent -> first chunk with content (first frame with ids for msgpack) at the
+  client (httpx in this process). Added TTFT = a target's median minus direct's median.
+* CPU per token: the gateway's process tree's utime+stime from ``/proc/<pid>/stat`` before
+  and after a phase, divided by the content chunks the clients received.
+
+The machine is small and shared, so numbers are indicative; one run, no retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+LITELLM_VENV = ROOT / ".bench-venv-litellm"
+MODEL = "HuggingFaceTB/SmolLM2-135M"  # an HF alias, so tokenwire finds the bundled map
+TOKENS = 64
+PACE_S = 0.005
+#: (concurrency, rounds): sequential streams at 1, waves of concurrent streams at 64.
+LOADS = ((1, 30), (64, 3))
+MASTER_KEY = "sk-bench-master-key-0001"
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# -- the scripted upstream (run in its own process with ``--serve-upstream PORT``) ----------
+
+
+def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S):
+    """A pure-ASGI OpenAI chat server: ``tokens`` word chunks, ``pace_s`` apart."""
+    models = json.dumps({"object": "list", "data": [
+        {"id": MODEL, "object": "model", "owned_by": "scripted"}]}).encode()
+
+    def chunk(delta: dict, finish: str | None, model: str) -> bytes:
+        return b"data: " + json.dumps({
+            "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
+            "model": model, "choices": [{"index": 0, "delta": delta,
+                                         "finish_reason": finish}]}).encode() + b"\n\n"
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "GET":
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": models})
+            return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        model = json.loads(body).get("model", MODEL)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream")]})
+        out = [chunk({"role": "assistant", "content": ""}, None, model)]
+        for i in range(tokens):
+            out.append(chunk({"content": f" word{i % 10}"}, None, model))
+            await send({"type": "http.response.body", "body": b"".join(out),
+                        "more_body": True})
+            out = []
+            await asyncio.sleep(pace_s)
+        tail = chunk({}, "stop", model) + b"data: " + json.dumps({
+            "id": "chatcmpl-1", "object": "chat.completion.chunk", "model": model,
+            "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens,
+                                     "total_tokens": tokens + 5}}).encode()
+        await send({"type": "http.response.body",
+                    "body": tail + b"\n\ndata: [DONE]\n\n", "more_body": False})
+
+    return app
+
+
+# -- processes -------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float, headers=None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[:3]} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, headers=headers, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not come up in {timeout:.0f} s")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and its descendants (threads are counted in the process)."""
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2:].split()
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / _CLK_TCK)
+    tree, total, frontier = {pid}, 0.0, [pid]
+    while frontier:
+        parent = frontier.pop()
+        for child, (ppid, _) in stats.items():
+            if ppid == parent and child not in tree:
+                tree.add(child)
+                frontier.append(child)
+    for p in tree:
+        total += stats.get(p, (0, 0.0))[1]
+    return total
+
+
+def ensure_litellm() -> Path:
+    """The ``litellm`` executable in its own venv (never the project's .venv)."""
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if not exe.exists():
+        subprocess.run(["python3", "-m", "venv",
+                        str(LITELLM_VENV)], check=True)
+        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
+                       check=True)
+    return exe
+
+
+def _start_litellm(up_port: int, port: int, workdir: Path) -> subprocess.Popen:
+    cfg = workdir / "litellm.yaml"
+    cfg.write_text(
+        "model_list:\n"
+        f"  - model_name: {MODEL}\n"
+        "    litellm_params:\n"
+        f"      model: openai/{MODEL}\n"
+        f"      api_base: http://127.0.0.1:{up_port}/v1\n"
+        "      api_key: sk-upstream\n"
+        "general_settings:\n"
+        f"  master_key: {MASTER_KEY}\n")
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+    return subprocess.Popen([str(ensure_litellm()), "--config", str(cfg), "--host",
+                             "127.0.0.1", "--port", str(port)], env=env, cwd=workdir,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+async def _one_stream(client: httpx.AsyncClient, url: str, fmt: str | None,
+                      headers: dict[str, str]) -> tuple[float, int]:
+    """(seconds to the first content, content chunks or frames with ids)."""
+    body: dict = {"model": MODEL, "stream": True, "max_tokens": TOKENS,
+                  "messages": [{"role": "user", "content": "Say words."}]}
+    if fmt is not None:
+        body["stream_format"] = fmt
+    t0 = time.perf_counter()
+    first, count = None, 0
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        r.raise_for_status()
+        if fmt == "msgpack":
+            from tokenwire.codec.frames_msgpack import FrameDecoder
+
+            dec = FrameDecoder()
+            async for data in r.aiter_bytes():
+                for f in dec.feed(data):
+                    if f.ids:
+                        first = first or time.perf_counter()
+                        count += 1
+        else:
+            async for line in r.aiter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                if choices[0].get("delta", {}).get("content"):
+                    first = first or time.perf_counter()
+                    count += 1
+    return (first or time.perf_counter()) - t0, count
+
+
+async def _phase(url: str, fmt: str | None, headers: dict[str, str], concurrency: int,
+                 rounds: int) -> tuple[list[float], int]:
+    limits = httpx.Limits(max_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        ttfts, tokens = [], 0
+        for _ in range(rounds):
+            results = await asyncio.gather(*(_one_stream(client, url, fmt, headers)
+                                             for _ in range(concurrency)))
+            ttfts += [t for t, _ in results]
+            tokens += sum(n for _, n in results)
+    return ttfts, tokens
+
+
+def _measure(target: str, base: str, pid: int | None, fmt: str | None,
+             headers: dict[str, str]) -> list[dict]:
+    rows = []
+    url = base + "/v1/chat/completions"
+    asyncio.run(_phase(url, fmt, headers, 1, 3))  # warm-up (connections, imports, caches)
+    for concurrency, rounds in LOADS:
+        cpu0 = _cpu_seconds(pid) if pid else 0.0
+        t0 = time.perf_counter()
+        ttfts, tokens = asyncio.run(_phase(url, fmt, headers, concurrency, rounds))
+        wall = time.perf_counter() - t0
+        cpu = (_cpu_seconds(pid) - cpu0) if pid else None
+        rows.append({
+            "bench": "upstreams", "target": target, "concurrency": concurrency,
+            "streams": len(ttfts), "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 2),
+            "ttft_p90_ms": round(sorted(ttfts)[int(0.9 * (len(ttfts) - 1))] * 1e3, 2),
+            "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+            "gateway_cpu_us_per_token": round(cpu / tokens * 1e6, 1) if cpu is not None
+            else None,
+        })
+    return rows
+
+
+def _added(rows: list[dict]) -> None:
+    direct = {r["concurrency"]: r["ttft_p50_ms"] for r in rows if r["target"] == "direct"}
+    for r in rows:
+        r["added_ttft_p50_ms"] = round(r["ttft_p50_ms"] - direct[r["concurrency"]], 2)
+
+
+def run(*, with_litellm: bool = True) -> list[dict]:
+    """Start the upstream, tokenwire and LiteLLM; measure each; stop them all."""
+    procs: list[subprocess.Popen] = []
+    up_port, tw_port = _free_port(), _free_port()
+    try:
+        up = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)])
+        procs.append(up)
+        _wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 30)
+        rows = _measure("direct", f"http://127.0.0.1:{up_port}", None, None, {})
+        for label, window_ms in (("", None), (", --coalesce-ms 0", 0)):
+            tw = _start_tokenwire(up_port, tw_port, window_ms)
+            procs.append(tw)
+            tw_base = f"http://127.0.0.1:{tw_port}"
+            rows += _measure(f"tokenwire (chat SSE{label})", tw_base, tw.pid, None, {})
+            rows += _measure(f"tokenwire (Codec msgpack{label})", tw_base, tw.pid, "msgpack",
+                             {"Codec-Client-Version": "0.5"})
+            tw.terminate()
+            tw.wait(15)
+        if with_litellm:
+            rows += _litellm_rows(up_port, procs)
+        _added(rows)
+        return rows
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _start_tokenwire(up_port: int, port: int, window_ms: float | None) -> subprocess.Popen:
+    # The upstream's concurrency limit is raised to the load: the gateway is measured, not
+    # its queue (the default of 4 in flight would serialise 64 streams into 16 waves).
+    argv = [sys.executable, "-m", "tokenwire.cli.main", "serve", "--upstream",
+            f"http://127.0.0.1:{up_port}/v1", "--upstream-max-concurrent",
+            str(max(c for c, _ in LOADS)), "--port", str(port), "--log-level", "warning"]
+    if window_ms is not None:
+        argv += ["--coalesce-ms", str(window_ms)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    _wait_http(f"http://127.0.0.1:{port}/health", proc, 60)
+    return proc
+
+
+def _litellm_rows(up_port: int, procs: list[subprocess.Popen]) -> list[dict]:
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = _start_litellm(up_port, port, Path(tmp))
+        procs.append(proc)
+        auth = {"Authorization": f"Bearer {MASTER_KEY}"}
+        _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 180, headers=auth)
+        return _measure("litellm proxy", f"http://127.0.0.1:{port}", proc.pid, None, auth)
+
+
+def _serve_upstream(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(upstream_app(), host="127.0.0.1", port=port, log_level="warning",
+                lifespan="off", access_log=False)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--serve-upstream":
+        _serve_upstream(int(sys.argv[2]))
+    else:
+        for row in run(with_litellm="--no-litellm" not in sys.argv):
+            print(json.dumps(row))

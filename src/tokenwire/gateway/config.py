@@ -1,0 +1,333 @@
+"""The gateway's configuration: one TOML file, environment variables, flags (issue 4 item 3).
+
+Sources, strongest first: command-line flags, then the environment (``TOKENWIRE_CONFIG`` =
+a file, ``TOKENWIRE_UPSTREAM`` = comma-separated upstream URLs), then the file. With none
+of them, ``tokenwire serve`` serves the embedded engine as before (:func:`resolve` returns
+``None``). The file::
+
+    [server]
+    host = "127.0.0.1"          # port, coalesce_ms, queue_size, max_body_bytes,
+    default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s
+
+    [[upstreams]]
+    name = "local-vllm"
+    kind = "openai"             # embedded | openai | codec | responses | anthropic
+    base_url = "http://10.0.0.5:8000/v1"
+    api_key_env = "VLLM_API_KEY"    # the key itself never appears in the file
+    max_concurrent = 8
+    connect_timeout_s = 5
+    read_timeout_s = 120
+    probe = true                # false: the upstream may start after the gateway
+    [upstreams.headers]         # extra request headers (no secrets: they are logged)
+    [upstreams.options]         # kind-specific (embedded: model_path, n_ctx, threads)
+    [[upstreams.models]]
+    name = "qwen"               # what clients send as ``model``
+    upstream_model = "Qwen/Qwen2.5-7B-Instruct"
+    map = "qwen/qwen2"          # a bundled map id or HF alias; or map_path = "file.json"
+
+An upstream without ``[[upstreams.models]]`` serves whatever its ``/v1/models`` lists
+(found by probing at start-up), with the map its HF alias names when one is bundled.
+
+Everything that can be checked without the network is checked here, at start-up, with a
+:class:`~tokenwire.errors.ConfigError` naming the file, the table and the key: unknown keys
+(a typo must not silently fall back to a default), wrong types, unknown kinds, bad URLs,
+duplicate names, a missing key variable, unknown maps. Reachability and model lists are
+checked by :func:`tokenwire.gateway.server.build_gateway` with the adapters' ``probe()``.
+API keys are never read into this module's values: only the variable's name is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
+from tokenwire.errors import ConfigError, MapError
+from tokenwire.gateway.upstreams.base import UPSTREAM_KINDS, ModelRoute, UpstreamConfig
+
+__all__ = [
+    "ENV_CONFIG",
+    "ENV_UPSTREAM",
+    "SERVER_KEYS",
+    "GatewayConfig",
+    "config_from_urls",
+    "load_config_file",
+    "load_map",
+    "map_for_model",
+    "parse_config",
+    "resolve",
+]
+
+ENV_CONFIG = "TOKENWIRE_CONFIG"
+ENV_UPSTREAM = "TOKENWIRE_UPSTREAM"
+
+_NUM = (int, float)
+#: [server] keys and their types; values feed ``ServerSettings`` (flags override them).
+SERVER_KEYS: dict[str, tuple[type, ...]] = {
+    "host": (str,), "port": (int,), "coalesce_ms": _NUM, "queue_size": (int,),
+    "max_body_bytes": (int,), "legacy_finish_reason": (bool,), "public_url": (str,),
+    "default_model": (str,), "probe": (bool,), "health_interval_s": _NUM,
+}
+_UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),
+    "max_concurrent": (int,), "connect_timeout_s": _NUM, "read_timeout_s": _NUM,
+    "probe": (bool,), "headers": (dict,), "options": (dict,), "models": (list,),
+}
+_MODEL_KEYS: dict[str, tuple[type, ...]] = {
+    "name": (str,), "upstream_model": (str,), "map": (str,), "map_path": (str,),
+}
+_TOP_KEYS: dict[str, tuple[type, ...]] = {"server": (dict,), "upstreams": (list,)}
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """A validated configuration. ``server`` holds the [server] values given (flags are
+    merged over them by the CLI); ``maps`` the loaded map of every configured model;
+    ``no_probe`` the upstreams not to probe at start-up."""
+
+    upstreams: tuple[UpstreamConfig, ...]
+    server: Mapping[str, Any] = field(default_factory=dict)
+    maps: Mapping[str, TokenizerMap] = field(default_factory=dict)
+    no_probe: frozenset[str] = frozenset()
+    source: str = "flags"
+
+    @property
+    def default_model(self) -> str | None:
+        return self.server.get("default_model")
+
+    def probes(self, upstream: UpstreamConfig) -> bool:
+        return upstream.name not in self.no_probe
+
+
+def _type_name(types: tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+             dict: "a table", list: "an array of tables"}
+    return " or ".join(dict.fromkeys(names[t] for t in types))
+
+
+def _check_keys(table: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]],
+                where: str) -> None:
+    """Unknown keys and wrong types are errors: a typo must not become a silent default."""
+    for key, value in table.items():
+        if key not in schema:
+            raise ConfigError(f"{where}: unknown key {key!r}; expected one of "
+                              + ", ".join(schema))
+        types = schema[key]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise ConfigError(f"{where}: {key} must be {_type_name(types)}, got {value!r}")
+
+
+def _check_url(url: str, where: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: base_url {url!r} is not an http:// or https:// URL "
+                          "with a host")
+    return url.rstrip("/")
+
+
+def load_map(ref: str, *, path: bool, where: str) -> TokenizerMap:
+    """A map by bundled id / HF alias, or by file path, as a ConfigError on failure."""
+    try:
+        if path:
+            return load_map_file(ref)
+        return load_map_file(bundled_map_path(resolve_alias(ref)))
+    except MapError as exc:
+        kind = "map file" if path else "map id"
+        raise ConfigError(f"{where}: unknown {kind} {ref!r} ({exc})") from None
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read map file {ref!r}: {exc.strerror}") from None
+
+
+def map_for_model(upstream_model: str) -> TokenizerMap | None:
+    """The bundled map an upstream's model id names through the HF alias table, if any."""
+    try:
+        return load_map_file(bundled_map_path(resolve_alias(upstream_model)))
+    except MapError:
+        return None
+
+
+def _parse_model(doc: Mapping[str, Any], where: str) -> tuple[ModelRoute, TokenizerMap | None]:
+    _check_keys(doc, _MODEL_KEYS, where)
+    if "name" not in doc or not doc["name"]:
+        raise ConfigError(f"{where}: name is required")
+    where = f"{where} ({doc['name']!r})"
+    if "map" in doc and "map_path" in doc:
+        raise ConfigError(f"{where}: give map or map_path, not both")
+    tmap = None
+    if "map" in doc:
+        tmap = load_map(doc["map"], path=False, where=where)
+    elif "map_path" in doc:
+        tmap = load_map(doc["map_path"], path=True, where=where)
+    route = ModelRoute(name=doc["name"], upstream_model=doc.get("upstream_model", ""),
+                       map_id=tmap.id if tmap and "map" in doc else None,
+                       map_path=doc.get("map_path"))
+    return route, tmap
+
+
+def _check_numbers(doc: Mapping[str, Any], where: str) -> None:
+    if doc.get("max_concurrent", 1) < 1:
+        raise ConfigError(f"{where}: max_concurrent must be at least 1")
+    for key in ("connect_timeout_s", "read_timeout_s"):
+        if doc.get(key, 1) <= 0:
+            raise ConfigError(f"{where}: {key} must be a positive number of seconds")
+
+
+def _parse_upstream(
+    doc: Any, i: int, env: Mapping[str, str], source: str,
+) -> tuple[UpstreamConfig, dict[str, TokenizerMap]]:
+    where = f"{source}: [[upstreams]] #{i + 1}"
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: must be a table")
+    _check_keys(doc, _UPSTREAM_KEYS, where)
+    for key in ("name", "kind"):
+        if not doc.get(key):
+            raise ConfigError(f"{where}: {key} is required")
+    where = f"{source}: upstream {doc['name']!r}"
+    kind = doc["kind"]
+    if kind not in UPSTREAM_KINDS:
+        raise ConfigError(f"{where}: unknown kind {kind!r}; expected one of "
+                          + ", ".join(UPSTREAM_KINDS))
+    base_url = doc.get("base_url", "")
+    if kind == "embedded":
+        if base_url:
+            raise ConfigError(f"{where}: an embedded upstream has no base_url")
+    else:
+        base_url = _check_url(base_url, where)
+    key_env = doc.get("api_key_env")
+    if key_env is not None and key_env not in env:
+        # Name the variable, never a value: the message is printed and logged.
+        raise ConfigError(f"{where}: api_key_env names {key_env}, which is not set")
+    _check_numbers(doc, where)
+    headers = doc.get("headers", {})
+    if not all(isinstance(v, str) for v in headers.values()):
+        raise ConfigError(f"{where}: header values must be strings")
+    routes, maps = [], {}
+    for j, mdoc in enumerate(doc.get("models", [])):
+        if not isinstance(mdoc, dict):
+            raise ConfigError(f"{where} model #{j + 1}: must be a table")
+        route, tmap = _parse_model(mdoc, f"{where} model #{j + 1}")
+        routes.append(route)
+        if tmap is not None:
+            maps[route.name] = tmap
+    config = UpstreamConfig(
+        name=doc["name"], kind=kind, base_url=base_url, api_key_env=key_env,
+        models=tuple(routes), max_concurrent=doc.get("max_concurrent", 4),
+        **{k: float(doc[k]) for k in ("connect_timeout_s", "read_timeout_s") if k in doc},
+        headers=tuple(headers.items()), options=dict(doc.get("options", {})))
+    return config, maps
+
+
+def parse_config(doc: Mapping[str, Any], *, source: str = "config",
+                 env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Validate a decoded config document (see the module docstring)."""
+    env = os.environ if env is None else env
+    _check_keys(doc, _TOP_KEYS, source)
+    server = dict(doc.get("server", {}))
+    _check_keys(server, SERVER_KEYS, f"{source}: [server]")
+    ups = doc.get("upstreams", [])
+    if not ups:
+        raise ConfigError(f"{source}: no [[upstreams]]; declare at least one")
+    upstreams, maps, no_probe = [], {}, set()
+    for i, udoc in enumerate(ups):
+        config, umaps = _parse_upstream(udoc, i, env, source)
+        upstreams.append(config)
+        maps.update(umaps)
+        if not udoc.get("probe", server.get("probe", True)):
+            no_probe.add(config.name)
+    _check_unique(upstreams, source)
+    default = server.get("default_model")
+    names = [m.name for u in upstreams for m in u.models]
+    if default is not None and names and default not in names:
+        raise ConfigError(f"{source}: [server] default_model {default!r} is not a configured "
+                          "model; configured: " + ", ".join(names))
+    return GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
+                         no_probe=frozenset(no_probe), source=source)
+
+
+def _check_unique(upstreams: Sequence[UpstreamConfig], source: str) -> None:
+    seen: dict[str, str] = {}
+    for u in upstreams:
+        if u.name in seen:
+            raise ConfigError(f"{source}: two upstreams are named {u.name!r}")
+        seen[u.name] = ""
+    models: dict[str, str] = {}
+    for u in upstreams:
+        for m in u.models:
+            if m.name in models:
+                raise ConfigError(f"{source}: model {m.name!r} is declared by upstreams "
+                                  f"{models[m.name]!r} and {u.name!r}; model names must be "
+                                  "unique")
+            models[m.name] = u.name
+
+
+def load_config_file(path: str | Path, *, env: Mapping[str, str] | None = None) -> GatewayConfig:
+    """Read and validate a TOML config file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {p}: {exc.strerror}") from None
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(doc, source=str(p), env=env)
+
+
+def config_from_urls(
+    urls: Sequence[str], *, kind: str = "openai", api_key_env: str | None = None,
+    env: Mapping[str, str] | None = None, probe: bool = True, source: str = "--upstream",
+    max_concurrent: int | None = None,
+) -> GatewayConfig:
+    """``--upstream URL`` without a file: models are discovered by probing each upstream."""
+    extra: dict[str, Any] = {"api_key_env": api_key_env} if api_key_env else {}
+    if max_concurrent is not None:
+        extra["max_concurrent"] = max_concurrent
+    ups = [{"name": _name_for(url, i, len(urls)), "kind": kind, "base_url": url, **extra}
+           for i, url in enumerate(urls)]
+    return parse_config({"server": {"probe": probe}, "upstreams": ups}, source=source, env=env)
+
+
+def _name_for(url: str, i: int, n: int) -> str:
+    host = urlsplit(url).netloc or "upstream"
+    return host if n == 1 else f"{host}#{i + 1}"
+
+
+def resolve(
+    *, config_path: str | None = None, upstream_urls: Sequence[str] = (),
+    upstream_kind: str | None = None, api_key_env: str | None = None, probe: bool = True,
+    env: Mapping[str, str] | None = None, max_concurrent: int | None = None,
+) -> GatewayConfig | None:
+    """Flags over environment over nothing; ``None`` means "serve the embedded engine"."""
+    env = os.environ if env is None else env
+    if config_path and upstream_urls:
+        raise ConfigError("--config and --upstream cannot be combined; declare the upstream "
+                          "in the config file")
+    if not config_path and not upstream_urls:
+        config_path = env.get(ENV_CONFIG) or None
+        if not config_path:
+            upstream_urls = [u.strip() for u in env.get(ENV_UPSTREAM, "").split(",") if u.strip()]
+    if config_path:
+        if upstream_kind or api_key_env or max_concurrent is not None:
+            raise ConfigError("--upstream-kind, --upstream-api-key-env and "
+                              "--upstream-max-concurrent apply to --upstream; set them in "
+                              "the config file")
+        cfg = load_config_file(config_path, env=env)
+        if not probe:
+            cfg = GatewayConfig(upstreams=cfg.upstreams, server=cfg.server, maps=cfg.maps,
+                                no_probe=frozenset(u.name for u in cfg.upstreams),
+                                source=cfg.source)
+        return cfg
+    if upstream_urls:
+        return config_from_urls(upstream_urls, kind=upstream_kind or "openai",
+                                api_key_env=api_key_env, env=env, probe=probe,
+                                max_concurrent=max_concurrent)
+    if upstream_kind or api_key_env or max_concurrent is not None:
+        raise ConfigError("--upstream-kind, --upstream-api-key-env and "
+                          "--upstream-max-concurrent need --upstream URL")
+    return None

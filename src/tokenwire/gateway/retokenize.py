@@ -1,0 +1,150 @@
+"""Streaming text -> ids for upstreams that send text only (``Codec-Ids-Source: retokenized``).
+
+A text-only upstream (most OpenAI-compatible servers, hosted APIs) streams text deltas; a
+Codec client wants ids (codec-spec §2.1). We tokenize the text with the model's map so the
+ids are the ones :meth:`Tokenizer.encode` gives for the whole answer, whatever the split of
+the text into deltas:
+
+    concat(feed(d) for d in deltas) + flush() == Tokenizer.from_map(tmap).encode("".join(deltas))
+
+byte_level BPE works per pre-tokenizer piece (codec-spec §3.4 steps 2-3), so ids can be sent
+for every piece that more text can no longer change. More text changes only the tail of a
+split: the last piece always (a word or a whitespace run may grow), and a few characters
+before it where the pre-tokenizer looks ahead: a contraction literal (``'re``) is up to 3
+characters and may be split as ``'`` + ``r`` until its last letter arrives; a whitespace run
+gives its last space to a following word (``(?!\\S)``). So we hold back the last piece and
+every piece ending within :data:`HOLD_BACK_CHARS` of the end, and commit a prefix only if
+it splits on its own into the same pieces (the end of text is itself a lookahead). The
+hypothesis test in ``tests/gateway/test_retokenize.py`` checks the equation over random
+splits of the corpus and of adversarial strings, for SmolLM2 and cl100k.
+
+Metaspace and identity maps (and a pre-tokenizer whose pieces are not substrings) have no
+such piece structure that we can rely on, so their text is held and encoded once at
+:meth:`Retokenizer.flush`: exact, but the ids come at the end.
+
+:class:`RetokenizingStream` wraps an upstream's event stream and fills ``TokenDelta.ids``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import msgspec
+
+from tokenwire.codec import pretok
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.gateway.ir import Event, EventStream, TokenDelta, Usage, is_terminal
+
+__all__ = ["HOLD_BACK_CHARS", "Retokenizer", "RetokenizingStream", "tokenizer_for"]
+
+#: Characters before the end of the buffered text whose pieces are never committed. The
+#: longest look-ahead in the shipped pre-tokenizers is a 3-character contraction literal
+#: (``'re``, ``'ve``, ``'ll``), so 3 covers it; whitespace look-ahead is 1 character.
+HOLD_BACK_CHARS = 3
+
+
+@lru_cache(maxsize=8)  # building a tokenizer costs ~0.1 s; streams of one model share it
+def tokenizer_for(tmap: TokenizerMap) -> Tokenizer:
+    """The shared :class:`Tokenizer` of ``tmap`` (its ``calls`` count covers every stream)."""
+    return Tokenizer.from_map(tmap)
+
+
+def _splitter(tmap: TokenizerMap) -> pretok.PreTokenizer | None:
+    """The map's pre-tokenizer when pieces are substrings we can hold back, else None."""
+    if tmap.encoder != "byte_level":
+        return None
+    program = tmap.pre_tokenizer_program
+    if program is not None and ("ops" in program or "stages" in program):
+        ops = program.get("ops", []) + [
+            op for st in program.get("stages", []) for op in st.get("ops", [])
+        ]
+        if any(op.get("op") == "metaspace_split" for op in ops):
+            return None
+        return pretok.compile_program(program)
+    if tmap.pre_tokenizer_pattern is not None:
+        return pretok.compile_pattern(tmap.pre_tokenizer_pattern)
+    return None
+
+
+class Retokenizer:
+    """Feed text deltas, get the ids that became final; ``flush()`` at the end of the text.
+
+    ``calls`` is the number of :meth:`Tokenizer.encode` calls this stream made.
+    """
+
+    def __init__(self, tmap: TokenizerMap, *, tokenizer: Tokenizer | None = None) -> None:
+        self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(tmap)
+        self._split = _splitter(tmap)
+        self._pending = ""
+        self.calls = 0
+
+    def feed(self, text: str) -> tuple[int, ...]:
+        """Ids of the pieces ``text`` made final (often none for a one-character delta)."""
+        if not text:
+            return ()
+        self._pending += text
+        if self._split is None:
+            return ()
+        pieces = self._split.split(self._pending)
+        k = _committable(pieces, len(self._pending))
+        while k > 0:
+            prefix = "".join(pieces[:k])
+            if self._split.split(prefix) == pieces[:k]:
+                self._pending = self._pending[len(prefix):]
+                return self._encode(prefix)
+            k -= 1  # the end of text changed a look-ahead: commit less
+        return ()
+
+    def flush(self) -> tuple[int, ...]:
+        """Ids of everything still held back; the retokenizer is then empty."""
+        text, self._pending = self._pending, ""
+        return self._encode(text) if text else ()
+
+    def _encode(self, text: str) -> tuple[int, ...]:
+        self.calls += 1
+        return tuple(self.tokenizer.encode(text))
+
+
+def _committable(pieces: list[str], total: int) -> int:
+    """How many leading pieces end before the last piece and the look-ahead window."""
+    limit = total - HOLD_BACK_CHARS
+    end = 0
+    k = 0
+    for piece in pieces[:-1]:
+        end += len(piece)
+        if end > limit:
+            break
+        k += 1
+    return k
+
+
+class RetokenizingStream:
+    """An :class:`~tokenwire.gateway.ir.EventStream` that adds ids to text-only deltas.
+
+    A ``TokenDelta`` with text and no ids gets the ids its text made final; held-back ids
+    are released in an id-only ``TokenDelta`` just before ``Usage`` or the terminal event
+    (a ``Failure`` too: the client keeps what was generated). Deltas that already carry ids
+    pass through untouched and are never tokenized.
+    """
+
+    def __init__(self, inner: EventStream, retokenizer: Retokenizer) -> None:
+        self._inner = inner
+        self.retokenizer = retokenizer
+        self._queued: list[Event] = []
+
+    async def next_event(self) -> Event:
+        if self._queued:
+            return self._queued.pop(0)
+        event = await self._inner.next_event()
+        if isinstance(event, TokenDelta) and not event.ids and event.text:
+            return msgspec.structs.replace(event, ids=self.retokenizer.feed(event.text))
+        if isinstance(event, Usage) or is_terminal(event):
+            rest = self.retokenizer.flush()
+            if rest:
+                self._queued.append(event)
+                return TokenDelta(ids=rest)
+        return event
+
+    def cancel(self) -> None:
+        self._inner.cancel()

@@ -1,0 +1,146 @@
+"""IR requests -> OpenAI Chat Completions and Completions request bodies (pure functions).
+
+Only what the request sets is sent: local servers reject or mis-handle fields they do not
+know less often than they mis-handle explicit defaults. Options read here (upstream
+``options``): ``max_tokens_field`` (``"max_tokens"``, or ``"max_completion_tokens"`` for
+hosted reasoning models), ``developer_role`` (send ``developer`` turns as is; by default they
+become ``system``, which every OpenAI-compatible server knows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tokenwire.gateway.ir import (
+    ChatMessage,
+    ChatPrompt,
+    GenerationRequest,
+    ImagePart,
+    MessageToolCall,
+    PromptIds,
+    PromptText,
+    TextPart,
+    ToolSpec,
+)
+
+__all__ = ["chat_body", "completions_body", "message_json", "tool_json"]
+
+#: OpenAI's logit_bias value that bans a token outright.
+_BANNED_BIAS = -100
+
+
+def _common(request: GenerationRequest, model: str, opts: Mapping[str, Any]) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "stream": True,
+                            "stream_options": {"include_usage": True}}
+    body[str(opts.get("max_tokens_field", "max_tokens"))] = request.max_tokens
+    body["temperature"] = request.temperature
+    body["top_p"] = request.top_p
+    if request.seed is not None:
+        body["seed"] = request.seed
+    if request.stop:
+        body["stop"] = list(request.stop)
+    if request.n != 1:
+        body["n"] = request.n
+    if request.ignore_eos:
+        body["ignore_eos"] = True  # vLLM / llama.cpp extension
+    if request.banned_ids:
+        # The deployment policy (codec-spec §5.5) as OpenAI's logit_bias; the ids are in the
+        # model's vocabulary, which is the upstream's when the route has the right map.
+        body["logit_bias"] = {str(i): _BANNED_BIAS for i in sorted(request.banned_ids)}
+    return body
+
+
+def completions_body(request: GenerationRequest, model: str,
+                     opts: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``/completions`` body: a text prompt, or ids (vLLM, llama.cpp and OpenAI take a
+    list of ints as one tokenized prompt)."""
+    body = _common(request, model, opts)
+    prompt = request.prompt
+    if isinstance(prompt, PromptIds):
+        body["prompt"] = list(prompt.ids)
+    elif isinstance(prompt, PromptText):
+        body["prompt"] = prompt.text
+    else:
+        raise TypeError("completions_body needs a text or ids prompt")
+    return body
+
+
+def chat_body(request: GenerationRequest, model: str, opts: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``/chat/completions`` body for a :class:`ChatPrompt` request."""
+    if not isinstance(request.prompt, ChatPrompt):
+        raise TypeError("chat_body needs a chat prompt")
+    body = _common(request, model, opts)
+    developer = bool(opts.get("developer_role", False))
+    body["messages"] = [message_json(m, developer_role=developer)
+                        for m in request.prompt.messages]
+    if request.tools:
+        body["tools"] = [tool_json(t) for t in request.tools]
+        if request.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.tool_choice is not None:
+        body["tool_choice"] = _tool_choice(request.tool_choice)
+    if request.reasoning_effort is not None:
+        body["reasoning_effort"] = request.reasoning_effort
+    return body
+
+
+def message_json(m: ChatMessage, *, developer_role: bool = False) -> dict[str, Any]:
+    """One Chat Completions message. Reasoning of earlier turns is not sent back: the API
+    has no field for it, and servers that render it differ on where it goes."""
+    role = "system" if m.role == "developer" and not developer_role else m.role
+    out: dict[str, Any] = {"role": role}
+    if isinstance(m.content, str):
+        out["content"] = m.content
+    else:
+        out["content"] = [_part(p) for p in m.content]
+    if m.tool_calls:
+        out["tool_calls"] = [_call(c) for c in m.tool_calls]
+        if out["content"] == "":
+            out["content"] = None  # OpenAI's shape for an assistant turn that only calls
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.name is not None:
+        out["name"] = m.name
+    return out
+
+
+def _part(p: TextPart | ImagePart) -> dict[str, Any]:
+    if isinstance(p, TextPart):
+        return {"type": "text", "text": p.text}
+    image: dict[str, Any] = {"url": p.url}
+    if p.detail is not None:
+        image["detail"] = p.detail
+    return {"type": "image_url", "image_url": image}
+
+
+def _call(c: MessageToolCall) -> dict[str, Any]:
+    if c.kind == "custom":
+        return {"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.arguments}}
+    return {"id": c.id, "type": "function",
+            "function": {"name": c.name, "arguments": c.arguments}}
+
+
+def tool_json(t: ToolSpec) -> dict[str, Any]:
+    """A ``tools`` entry: ``function`` with JSON-schema parameters, or ``custom``."""
+    if t.kind == "custom":
+        custom: dict[str, Any] = {"name": t.name}
+        if t.description:
+            custom["description"] = t.description
+        if t.format is not None:
+            custom["format"] = t.format
+        return {"type": "custom", "custom": custom}
+    fn: dict[str, Any] = {"name": t.name}
+    if t.description:
+        fn["description"] = t.description
+    fn["parameters"] = t.parameters if t.parameters is not None else {
+        "type": "object", "properties": {}}
+    if t.strict is not None:
+        fn["strict"] = t.strict
+    return {"type": "function", "function": fn}
+
+
+def _tool_choice(choice: str | dict) -> str | dict:
+    if isinstance(choice, str) or "type" in choice:
+        return choice
+    return {"type": "function", "function": {"name": choice["name"]}}

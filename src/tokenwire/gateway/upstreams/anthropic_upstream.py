@@ -1,0 +1,531 @@
+"""Anthropic Messages API upstreams (``kind = "anthropic"``): IR requests in, IR events out.
+
+Request: ``POST {base}/v1/messages`` with ``x-api-key`` and ``anthropic-version:
+2023-06-01``. The Messages API differs from Chat in ways the body builder absorbs:
+
+* ``system`` is a top-level string: system and developer turns are joined into it;
+* turns alternate user / assistant: tool results are ``tool_result`` blocks in a user turn,
+  and consecutive turns of one role are merged into one message;
+* tool calls are ``tool_use`` blocks whose ``input`` is a JSON object (ids kept exactly);
+  freeform (``custom``) tools do not exist, so one is declared as a tool with a single
+  string property ``input``, and its call is unwrapped back to the raw text;
+* ``max_tokens`` is required; extended thinking (``thinking: {type: enabled,
+  budget_tokens}`` from ``reasoning_effort``) counts against it, so the budget is added on
+  top of the client's ``max_tokens``, and thinking forbids changing temperature / top_p;
+* images are ``base64`` sources (from ``data:`` URLs) or ``url`` sources.
+
+Signed thinking blocks (and ``redacted_thinking``) must be sent back unchanged on the next
+turn when tools are involved; each finished block becomes an opaque ``(upstream, block
+JSON)`` pair (:class:`~tokenwire.gateway.ir.ReasoningDelta` ``encrypted``), and only pairs
+naming this upstream are replayed: a signature from another deployment does not verify.
+
+Stream (gateway-research §5.8): ``message_start`` (input usage), per block
+``content_block_start`` / ``content_block_delta`` (``text_delta``, ``input_json_delta``,
+``thinking_delta``, ``signature_delta``) / ``content_block_stop``, ``message_delta``
+(``stop_reason``, output usage), ``message_stop``; ``ping`` is ignored; an ``error`` event
+(``overloaded_error`` is the streaming twin of HTTP 529) is a classified Failure. EOF
+without ``message_stop`` is ``Failure(UPSTREAM)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+import msgspec
+
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.errors import ServerBusy
+from tokenwire.gateway.ir import (
+    ChatMessage,
+    ChatPrompt,
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    IdsSource,
+    ImagePart,
+    PromptText,
+    ReasoningDelta,
+    TokenDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from tokenwire.gateway.sse import SSEEvent
+from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth
+from tokenwire.gateway.upstreams.sse_http import (
+    FailedStream,
+    SSEUpstreamStream,
+    api_key_from_env,
+    context_overflow_counts,
+    error_fields,
+    failure_from_status,
+    http_client,
+    probe_models,
+    retry_after_seconds,
+)
+
+__all__ = [
+    "ANTHROPIC_VERSION",
+    "DEFAULT_BASE_URL",
+    "THINKING_BUDGETS",
+    "AnthropicUpstream",
+    "MessagesStreamParser",
+    "build_messages_body",
+]
+
+#: The API version every current Messages feature used here is available under.
+ANTHROPIC_VERSION = "2023-06-01"
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+#: ``reasoning_effort`` -> thinking ``budget_tokens``. 1024 is the API's minimum; the
+#: others follow Anthropic's guidance to start small and raise for hard problems.
+THINKING_BUDGETS = {"minimal": 1024, "low": 1024, "medium": 4096, "high": 16384,
+                    "xhigh": 32768}
+_DATA_URL = re.compile(r"^data:(?P<media>[^;,]+);base64,(?P<data>.*)$", re.S)
+#: The one property a freeform (custom) tool is declared with.
+_CUSTOM_INPUT = "input"
+
+
+# -- request body ------------------------------------------------------------------------------
+
+
+def build_messages_body(request: GenerationRequest, *, model: str,
+                        upstream_name: str) -> dict[str, Any]:
+    """The Messages API body for ``request``; raises ``ValueError`` when it cannot be sent."""
+    system, messages = _conversation(request, upstream_name)
+    body: dict[str, Any] = {"model": model, "messages": messages,
+                            "max_tokens": max(request.max_tokens, 1), "stream": True}
+    if system:
+        body["system"] = system
+    if request.stop:
+        body["stop_sequences"] = list(request.stop)
+    if request.reasoning_effort:
+        budget = THINKING_BUDGETS.get(request.reasoning_effort, THINKING_BUDGETS["medium"])
+        body["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        body["max_tokens"] += budget  # budget_tokens must be < max_tokens; keep the answer's
+    elif request.temperature != 1.0:  # Anthropic's range is 0..1 (OpenAI's 0..2)
+        body["temperature"] = min(request.temperature, 1.0)
+    elif request.top_p != 1.0:  # newer models refuse temperature and top_p together
+        body["top_p"] = request.top_p
+    if request.tools:
+        body["tools"] = [_tool(t) for t in request.tools]
+        choice = _tool_choice(request)
+        if choice is not None:
+            body["tool_choice"] = choice
+    return body
+
+
+def _conversation(request: GenerationRequest,
+                  upstream_name: str) -> tuple[str, list[dict[str, Any]]]:
+    prompt = request.prompt
+    if isinstance(prompt, PromptText):
+        return "", [{"role": "user", "content": [{"type": "text", "text": prompt.text}]}]
+    if not isinstance(prompt, ChatPrompt):
+        raise ValueError("an Anthropic Messages upstream takes text, not token ids")
+    kinds = {c.id: c.kind for m in prompt.messages for c in m.tool_calls}
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for msg in prompt.messages:
+        if msg.role in ("system", "developer"):
+            system.append(msg.text)
+            continue
+        role = "assistant" if msg.role == "assistant" else "user"
+        blocks = (_assistant_blocks(msg, kinds, upstream_name) if role == "assistant"
+                  else _user_blocks(msg))
+        if not blocks:
+            continue  # the API refuses empty content
+        if turns and turns[-1]["role"] == role:  # roles must alternate: merge
+            turns[-1]["content"] += blocks
+        else:
+            turns.append({"role": role, "content": blocks})
+    return "\n\n".join(s for s in system if s), turns
+
+
+def _user_blocks(msg: ChatMessage) -> list[dict[str, Any]]:
+    if msg.role == "tool":
+        return [{"type": "tool_result", "tool_use_id": msg.tool_call_id or "",
+                 "content": msg.text}]
+    if isinstance(msg.content, str):
+        return [{"type": "text", "text": msg.content}] if msg.content else []
+    return [_image(p) if isinstance(p, ImagePart) else {"type": "text", "text": p.text}
+            for p in msg.content if isinstance(p, ImagePart) or p.text]
+
+
+def _image(part: ImagePart) -> dict[str, Any]:
+    if part.url.startswith("data:"):
+        m = _DATA_URL.match(part.url)
+        if m is None:
+            raise ValueError("an image data: URL must be base64 (data:<type>;base64,...)")
+        source = {"type": "base64", "media_type": m["media"], "data": m["data"]}
+    else:
+        source = {"type": "url", "url": part.url}
+    return {"type": "image", "source": source}
+
+
+def _assistant_blocks(msg: ChatMessage, kinds: dict[str, str],
+                      upstream_name: str) -> list[dict[str, Any]]:
+    # Thinking blocks first, exactly as produced: the API checks their signatures.
+    blocks = [msgspec.json.decode(blob) for name, blob in msg.reasoning_encrypted
+              if name == upstream_name]
+    if msg.text:
+        blocks.append({"type": "text", "text": msg.text})
+    for call in msg.tool_calls:
+        if kinds.get(call.id) == "custom" or call.kind == "custom":
+            tool_input: Any = {_CUSTOM_INPUT: call.arguments}
+        else:
+            try:
+                tool_input = msgspec.json.decode(call.arguments or "{}")
+            except msgspec.DecodeError:
+                raise ValueError(f"tool call {call.id!r}: arguments are not JSON") from None
+            if not isinstance(tool_input, dict):
+                raise ValueError(f"tool call {call.id!r}: arguments are not a JSON object")
+        blocks.append({"type": "tool_use", "id": call.id, "name": call.name,
+                       "input": tool_input})
+    return blocks
+
+
+def _tool(tool: ToolSpec) -> dict[str, Any]:
+    if tool.kind == "custom":
+        schema: dict[str, Any] = {
+            "type": "object", "required": [_CUSTOM_INPUT],
+            "properties": {_CUSTOM_INPUT: {"type": "string",
+                                           "description": "the tool's raw input text"}}}
+    else:
+        schema = tool.parameters or {"type": "object", "properties": {}}
+    out: dict[str, Any] = {"name": tool.name, "input_schema": schema}
+    if tool.description:
+        out["description"] = tool.description
+    return out
+
+
+def _tool_choice(request: GenerationRequest) -> dict[str, Any] | None:
+    choice = request.tool_choice
+    out: dict[str, Any] | None
+    if choice is None or choice == "auto":
+        out = {"type": "auto"} if request.parallel_tool_calls is False else None
+    elif choice == "none":
+        return {"type": "none"}
+    elif choice == "required":
+        out = {"type": "any"}
+    elif isinstance(choice, dict):
+        name = choice.get("name") or (choice.get("function") or {}).get("name")
+        out = {"type": "tool", "name": name}
+    else:
+        raise ValueError(f"tool_choice {choice!r} is not understood")
+    if out is not None and request.parallel_tool_calls is False:
+        out["disable_parallel_tool_use"] = True
+    return out
+
+
+# -- stream parser ---------------------------------------------------------------------------
+
+#: ``error.type`` -> (class, status we answer with) (Anthropic "Errors" page).
+_ERROR_TYPES: dict[str, tuple[FailureClass, int]] = {
+    "invalid_request_error": (FailureClass.INVALID_REQUEST, 400),
+    "authentication_error": (FailureClass.AUTHENTICATION, 502),
+    "permission_error": (FailureClass.AUTHENTICATION, 502),
+    "billing_error": (FailureClass.QUOTA, 402),
+    "not_found_error": (FailureClass.INVALID_REQUEST, 404),
+    "request_too_large": (FailureClass.INVALID_REQUEST, 413),
+    "rate_limit_error": (FailureClass.RATE_LIMITED, 429),
+    "api_error": (FailureClass.UPSTREAM, 502),
+    "overloaded_error": (FailureClass.CAPACITY, 503),
+    "timeout_error": (FailureClass.TIMEOUT, 504),
+}
+_STOP_REASONS = {
+    "end_turn": FinishKind.EOS,
+    "pause_turn": FinishKind.EOS,  # a server tool paused the turn; the client continues it
+    "stop_sequence": FinishKind.STOP_SEQUENCE,
+    "max_tokens": FinishKind.LENGTH,
+    "model_context_window_exceeded": FinishKind.LENGTH,
+    "tool_use": FinishKind.TOOL_CALLS,
+    "refusal": FinishKind.CONTENT_FILTER,
+}
+
+
+class _Block:
+    __slots__ = ("call", "custom", "kind", "parts", "signature", "start")
+
+    def __init__(self, kind: str, *, call: int = -1, custom: bool = False,
+                 start: Any = None) -> None:
+        self.kind, self.call, self.custom, self.start = kind, call, custom, start
+        self.parts: list[str] = []  # streamed tool JSON or thinking text
+        self.signature = ""
+
+
+class MessagesStreamParser:
+    """Sans-IO: one Messages SSE event in, IR events out (see the module docstring)."""
+
+    def __init__(self, upstream_name: str, custom_tools: frozenset[str] = frozenset()) -> None:
+        self._name = upstream_name
+        self._custom = custom_tools
+        self._blocks: dict[int, _Block] = {}
+        self._calls = 0
+        self._prompt = self._output = 0
+        self._stop_reason: str | None = None
+        self._stop_sequence: str | None = None
+        self.unknown: Counter[str] = Counter()
+        self.done = False
+
+    def on_sse(self, sse: SSEEvent) -> list[Event]:
+        if self.done:
+            return []
+        try:
+            data = msgspec.json.decode(sse.data)
+        except msgspec.DecodeError:
+            return self._end(_failure(FailureClass.UPSTREAM,
+                                      f"malformed JSON in a {sse.event!r} event", 502))
+        if not isinstance(data, dict):
+            return self._end(_failure(FailureClass.UPSTREAM, "an event that is not an object",
+                                      502))
+        kind = str(data.get("type") or sse.event)
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            self.unknown[kind] += 1
+            return []
+        try:
+            return handler(self, data)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            # A field of the wrong JSON type: the upstream broke its format, not us.
+            return self._end(_failure(
+                FailureClass.UPSTREAM, f"a malformed {kind!r} event: {type(exc).__name__}", 502))
+
+    def on_eof(self) -> list[Event]:
+        if self.done:
+            return []
+        return self._end(_failure(FailureClass.UPSTREAM,
+                                  "the upstream closed the stream before message_stop", 502))
+
+    def _end(self, event: Event) -> list[Event]:
+        self.done = True
+        return [event]
+
+    def _usage(self, usage: Any) -> None:
+        if not isinstance(usage, dict):
+            return
+        # input_tokens excludes cached tokens; the prompt is all three.
+        prompt = [usage.get(k) for k in ("input_tokens", "cache_creation_input_tokens",
+                                         "cache_read_input_tokens")]
+        if prompt[0] is not None:
+            self._prompt = sum(int(p or 0) for p in prompt)
+        if usage.get("output_tokens") is not None:
+            self._output = int(usage["output_tokens"])
+
+    def _message_start(self, data: dict[str, Any]) -> list[Event]:
+        self._usage((data.get("message") or {}).get("usage"))
+        return []
+
+    def _block_start(self, data: dict[str, Any]) -> list[Event]:
+        cb, i = data.get("content_block") or {}, int(data.get("index", 0))
+        kind = str(cb.get("type"))
+        if kind == "tool_use":
+            name = str(cb.get("name", ""))
+            block = _Block(kind, call=self._calls, custom=name in self._custom,
+                           start=cb.get("input"))
+            self._blocks[i], self._calls = block, self._calls + 1
+            return [ToolCallDelta(index=block.call, id=cb.get("id"), name=name,
+                                  kind="custom" if block.custom else "function")]
+        self._blocks[i] = _Block(kind, start=cb)
+        if kind == "text" and cb.get("text"):
+            return [TokenDelta(text=str(cb["text"]))]
+        if kind == "thinking":
+            self._blocks[i].signature = str(cb.get("signature") or "")
+            if cb.get("thinking"):
+                self._blocks[i].parts.append(str(cb["thinking"]))
+                return [ReasoningDelta(text=str(cb["thinking"]))]
+        elif kind not in ("text", "redacted_thinking"):
+            self.unknown["content_block:" + kind] += 1  # server tools etc.: not ours to show
+        return []
+
+    def _block_delta(self, data: dict[str, Any]) -> list[Event]:
+        delta, block = data.get("delta") or {}, self._blocks.get(int(data.get("index", -1)))
+        kind = str(delta.get("type"))
+        if block is None:
+            self.unknown[kind + " (unannounced block)"] += 1
+            return []
+        if kind == "text_delta":
+            return [TokenDelta(text=str(delta.get("text", "")))]
+        if kind == "input_json_delta" and block.kind == "tool_use":
+            piece = str(delta.get("partial_json", ""))
+            block.parts.append(piece)
+            if block.custom or not piece:  # custom input is unwrapped at content_block_stop
+                return []
+            return [ToolCallDelta(index=block.call, arguments=piece)]
+        if kind == "thinking_delta":
+            block.parts.append(str(delta.get("thinking", "")))
+            return [ReasoningDelta(text=block.parts[-1])]
+        if kind == "signature_delta":
+            block.signature += str(delta.get("signature", ""))
+            return []
+        self.unknown[kind] += 1
+        return []
+
+    def _block_stop(self, data: dict[str, Any]) -> list[Event]:
+        block = self._blocks.get(int(data.get("index", -1)))
+        if block is None:
+            return []
+        if block.kind == "tool_use":
+            return self._finish_call(block)
+        if block.kind == "thinking" and block.signature:
+            keep = {"type": "thinking", "thinking": "".join(block.parts),
+                    "signature": block.signature}
+        elif block.kind == "redacted_thinking":
+            keep = {"type": "redacted_thinking", "data": block.start.get("data", "")}
+        else:
+            return []
+        blob = msgspec.json.encode(keep).decode()
+        return [ReasoningDelta(text="", encrypted=((self._name, blob),))]
+
+    def _finish_call(self, block: _Block) -> list[Event]:
+        raw = "".join(block.parts)
+        if not block.custom:
+            # No deltas at all: the whole input came with content_block_start.
+            if not raw and block.start:
+                return [ToolCallDelta(index=block.call,
+                                      arguments=msgspec.json.encode(block.start).decode())]
+            return []
+        try:
+            value = msgspec.json.decode(raw or "{}") if raw or not block.start else block.start
+        except msgspec.DecodeError:
+            return self._end(_failure(FailureClass.UPSTREAM,
+                                      "a custom tool call's input is not JSON", 502))
+        text = value.get(_CUSTOM_INPUT, "") if isinstance(value, dict) else ""
+        return [ToolCallDelta(index=block.call, arguments=str(text), kind="custom")]
+
+    def _message_delta(self, data: dict[str, Any]) -> list[Event]:
+        delta = data.get("delta") or {}
+        self._stop_reason = delta.get("stop_reason") or self._stop_reason
+        self._stop_sequence = delta.get("stop_sequence") or self._stop_sequence
+        self._usage(data.get("usage"))
+        return []
+
+    def _message_stop(self, data: dict[str, Any]) -> list[Event]:
+        reason = _STOP_REASONS.get(self._stop_reason or "")
+        if reason is None:
+            reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
+        matched = self._stop_sequence if reason is FinishKind.STOP_SEQUENCE else None
+        usage = Usage(prompt_tokens=self._prompt, completion_tokens=self._output)
+        return [usage, *self._end(Finish(reason=reason, matched_stop=matched))]
+
+    def _ping(self, data: dict[str, Any]) -> list[Event]:
+        return []
+
+    def _error(self, data: dict[str, Any]) -> list[Event]:
+        err = data.get("error") if isinstance(data.get("error"), dict) else data
+        kind = str(err.get("type") or "api_error")
+        return self._end(classify_error(kind, str(err.get("message") or kind)))
+
+
+def classify_error(kind: str, message: str, *, status: int | None = None,
+                   retry_after: float | None = None) -> Failure:
+    """A Failure from Anthropic's ``error.type`` (and the HTTP status when there was one);
+    "prompt is too long" is the one wording read, for the context-overflow counts."""
+    known = _ERROR_TYPES.get(kind)
+    if status is not None:
+        return failure_from_status(status, message, code=kind, known=known,
+                                   retry_after=retry_after)
+    cls, answer = known or (FailureClass.UPSTREAM, 502)
+    prompt = ctx = None
+    if cls is FailureClass.INVALID_REQUEST and (counts := context_overflow_counts(message)):
+        cls, answer, (prompt, ctx) = FailureClass.CONTEXT_LENGTH, 400, counts
+    return Failure(failure_class=cls, message=message, status=answer, code=kind,
+                   prompt_tokens=prompt, context_tokens=ctx)
+
+
+def _failure(cls: FailureClass, message: str, status: int) -> Failure:
+    return Failure(failure_class=cls, message=message, status=status)
+
+
+_P = MessagesStreamParser
+_HANDLERS: dict[str, Callable[[MessagesStreamParser, dict[str, Any]], list[Event]]] = {
+    "message_start": _P._message_start,
+    "content_block_start": _P._block_start,
+    "content_block_delta": _P._block_delta,
+    "content_block_stop": _P._block_stop,
+    "message_delta": _P._message_delta,
+    "message_stop": _P._message_stop,
+    "ping": _P._ping,
+    "error": _P._error,
+}
+
+
+# -- the adapter -----------------------------------------------------------------------------
+
+
+class AnthropicUpstream:
+    """Every model of one Anthropic Messages upstream (implements ``ir.Upstream``)."""
+
+    kind = "anthropic"
+
+    def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient,
+                 maps: Mapping[str, TokenizerMap] | None = None) -> None:
+        self.name = config.name
+        self.config = config
+        self._client = client
+        self._maps = dict(maps or {})
+        base = (config.base_url or DEFAULT_BASE_URL).rstrip("/")
+        self._api = base if base.endswith("/v1") else base + "/v1"
+        self._routes = {m.name: m for m in config.models}
+        self.model_id = config.models[0].name if config.models else config.name
+        # Text only: ids exist only where a model's map lets the router retokenize the text.
+        self.ids_source = IdsSource.RETOKENIZED if self._maps else IdsSource.NONE
+        self.active = 0
+        self.unknown_events: Counter[str] = Counter()
+
+    @classmethod
+    def from_config(cls, config: UpstreamConfig, *,
+                    transport: httpx.AsyncBaseTransport | None = None,
+                    maps: Mapping[str, TokenizerMap] | None = None) -> AnthropicUpstream:
+        key = api_key_from_env(config)
+        headers = {"Accept": "text/event-stream", "anthropic-version": ANTHROPIC_VERSION}
+        if key is not None:
+            headers["x-api-key"] = key
+        return cls(config, http_client(config, headers, transport), maps)
+
+    def __repr__(self) -> str:
+        return f"<AnthropicUpstream {self.name!r} {self._api}>"
+
+    def ids_source_for(self, model: str) -> IdsSource:
+        return IdsSource.RETOKENIZED if model in self._maps else IdsSource.NONE
+
+    def upstream_model(self, model: str) -> str:
+        route = self._routes.get(model or self.model_id)
+        return route.sent_as if route is not None else model
+
+    def submit(self, request: GenerationRequest) -> SSEUpstreamStream | FailedStream:
+        if self.active >= self.config.max_concurrent:
+            raise ServerBusy(f"upstream {self.name!r} has {self.active} requests in flight")
+        try:
+            body = build_messages_body(request, model=self.upstream_model(request.model),
+                                       upstream_name=self.name)
+        except ValueError as exc:
+            return FailedStream(Failure(failure_class=FailureClass.INVALID_REQUEST,
+                                        message=str(exc), status=400))
+        custom = frozenset(t.name for t in request.tools if t.kind == "custom")
+        parser = MessagesStreamParser(self.name, custom)
+        self.active += 1
+        return SSEUpstreamStream(
+            client=self._client, url=f"{self._api}/messages", body=body, parser=parser,
+            classify_http=_classify_http, on_done=lambda: self._release(parser))
+
+    def _release(self, parser: MessagesStreamParser) -> None:
+        self.active -= 1
+        self.unknown_events.update(parser.unknown)
+
+    async def probe(self) -> UpstreamHealth:
+        return await probe_models(self._client, f"{self._api}/models", self)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _classify_http(status: int, headers: httpx.Headers, body: bytes) -> Failure:
+    message, _code, kind = error_fields(body)
+    return classify_error(kind or "", message, status=status,
+                          retry_after=retry_after_seconds(headers))

@@ -1,0 +1,461 @@
+"""OpenAI-compatible upstreams: vLLM, llama.cpp (``llama-server``, ``python -m llama_cpp.server``),
+Ollama, LM Studio and hosted Chat Completions / Completions APIs (``kind = "openai"``).
+
+A :class:`~tokenwire.gateway.ir.ChatPrompt` goes to ``/chat/completions``; a text or ids prompt
+to ``/completions`` (option ``api``: ``"auto"`` (default), or ``"chat"`` / ``"completions"``
+for an upstream that serves only one; the other prompt kind is then refused). Always
+``stream: true`` with ``stream_options.include_usage`` so usage arrives in a final chunk
+(gateway-research §5.8).
+
+Ids (option ``ids``), asked for only when ``request.want_ids``:
+
+* ``"vllm"``: ``"return_token_ids": true``; chunks carry ``choices[i].token_ids`` (vLLM >= 0.10.2).
+* ``"llama.cpp"``: ``"return_tokens": true``; chunks carry ``tokens`` (choice or top level).
+* ``"none"``: text only; with a tokenizer map the gateway retokenizes (``retokenized``).
+* ``"auto"`` (default): ``none`` until :meth:`OpenAICompatUpstream.probe` reads ``owned_by``
+  of ``GET /models`` (``vllm`` -> vllm, ``llamacpp`` -> llama.cpp).
+
+If ids were asked for but a chunk with text has none (an older server), the stream falls back
+to retokenizing with the model's map when it has one, else it fails: a Codec client never
+gets text without ids.
+
+Failures are classified here, from structured fields first (:mod:`._openai_errors`). Ollama
+answers an over-long prompt by silently dropping its start (gateway-research §3.4): when the
+model has a map and the final usage reports fewer prompt tokens than the prompt certainly has
+(ids prompt: its length; text: its encoding; chat: the sum of the message texts' encodings,
+a lower bound of the templated prompt), the stream ends with ``Failure(CONTEXT_LENGTH)``
+instead of ``Finish`` (option ``truncation = "ignore"`` turns this off). The answer has been
+streamed by then; there is no pre-flight (Ollama's context size is per request and per model
+and not reported by the OpenAI layer), so this is the earliest point it is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import msgspec
+
+from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
+from tokenwire.errors import ConfigError, RemoteProtocolError
+from tokenwire.gateway.ir import (
+    ChatPrompt,
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    IdsSource,
+    PromptIds,
+    PromptText,
+    ReasoningDelta,
+    TokenDelta,
+    ToolCallDelta,
+    Usage,
+)
+from tokenwire.gateway.retokenize import Retokenizer, tokenizer_for
+from tokenwire.gateway.sse import SSEDecoder
+from tokenwire.gateway.upstreams._openai_body import chat_body, completions_body
+from tokenwire.gateway.upstreams._openai_errors import (
+    failure_from_error_object,
+    failure_from_exception,
+    failure_from_response,
+)
+from tokenwire.gateway.upstreams.base import (
+    ModelRoute,
+    UpstreamConfig,
+    UpstreamHealth,
+    UpstreamState,
+)
+
+__all__ = ["IDS_MODES", "OpenAICompatUpstream", "OpenAIStream"]
+
+log = logging.getLogger(__name__)
+
+IDS_MODES = ("auto", "vllm", "llama.cpp", "none")
+_APIS = ("auto", "chat", "completions")
+#: ``owned_by`` values of ``GET /models`` that identify a server that returns ids.
+_OWNERS = {"vllm": "vllm", "llamacpp": "llama.cpp"}
+#: Events produced but not yet read; the reader is the client connection, so a full queue
+#: means a slow client, and the pump waits (back-pressure reaches the upstream socket).
+_QUEUE_EVENTS = 256
+_FINISH = {"stop": FinishKind.EOS, "length": FinishKind.LENGTH,
+           "tool_calls": FinishKind.TOOL_CALLS, "function_call": FinishKind.TOOL_CALLS,
+           "content_filter": FinishKind.CONTENT_FILTER}
+_json = msgspec.json.Decoder()
+
+
+class OpenAICompatUpstream:
+    """Every model of one OpenAI-compatible server (implements ``ir.Upstream``)."""
+
+    kind = "openai"
+
+    def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient,
+                 maps: Mapping[str, TokenizerMap]) -> None:
+        opts = config.options
+        self.name = config.name
+        self.config = config
+        self.ids_mode = str(opts.get("ids", "auto"))
+        self.api = str(opts.get("api", "auto"))
+        self.truncation = str(opts.get("truncation", "fail"))
+        if self.ids_mode not in IDS_MODES:
+            raise ConfigError(f"upstream {config.name!r}: ids must be one of {IDS_MODES}")
+        if self.api not in _APIS:
+            raise ConfigError(f"upstream {config.name!r}: api must be one of {_APIS}")
+        self._detected: str | None = None  # what probe() found for ids="auto"
+        self._client = client
+        self._routes = {r.name: r for r in config.models}
+        self._maps = {r.name: _route_map(r, maps) for r in config.models}
+        self._slots = asyncio.Semaphore(max(1, config.max_concurrent))
+
+    @classmethod
+    def from_config(cls, config: UpstreamConfig, *,
+                    transport: httpx.AsyncBaseTransport | None = None,
+                    maps: Mapping[str, TokenizerMap] | None = None) -> OpenAICompatUpstream:
+        headers = dict(config.headers)
+        if config.api_key_env:
+            key = os.environ.get(config.api_key_env)
+            if not key:
+                raise ConfigError(f"upstream {config.name!r}: environment variable "
+                                  f"{config.api_key_env} is not set")
+            headers["Authorization"] = f"Bearer {key}"
+        timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+        client = httpx.AsyncClient(base_url=config.base_url.rstrip("/") + "/", headers=headers,
+                                   timeout=timeout, transport=transport)
+        return cls(config, client, maps or {})
+
+    def __repr__(self) -> str:  # never the headers: they hold the key
+        return f"OpenAICompatUpstream(name={self.name!r}, base_url={self.config.base_url!r})"
+
+    # -- what the router reads -------------------------------------------------------------
+
+    @property
+    def model_id(self) -> str:
+        return self.config.models[0].name if self.config.models else self.name
+
+    @property
+    def effective_ids(self) -> str:
+        """The ids mode in force: ``auto`` resolves to what the last probe found."""
+        if self.ids_mode == "auto":
+            return self._detected or "none"
+        return self.ids_mode
+
+    def ids_source_for(self, model: str) -> IdsSource:
+        if self.effective_ids != "none":
+            return IdsSource.UPSTREAM
+        return IdsSource.RETOKENIZED if self._maps.get(model) is not None else IdsSource.NONE
+
+    @property
+    def ids_source(self) -> IdsSource:
+        return self.ids_source_for(self.model_id)
+
+    def tmap_for(self, model: str) -> TokenizerMap | None:
+        return self._maps.get(model)
+
+    # -- the Upstream protocol -------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest) -> OpenAIStream:
+        return OpenAIStream(self, request)
+
+    async def probe(self) -> UpstreamHealth:
+        try:
+            resp = await self._client.get("models")
+        except httpx.HTTPError as exc:
+            return self._health(UpstreamState.DOWN, (), f"{type(exc).__name__}: {exc}")
+        if resp.status_code != 200:
+            return self._health(UpstreamState.DOWN, (), f"GET /models answered "
+                                                        f"{resp.status_code}")
+        try:
+            data = _json.decode(resp.content).get("data") or []
+            listed = tuple(str(m["id"]) for m in data)
+            owners = {str(m.get("owned_by", "")) for m in data}
+        except (msgspec.DecodeError, AttributeError, KeyError, TypeError):
+            return self._health(UpstreamState.DEGRADED, (), "GET /models is not a model list")
+        self._detected = next((_OWNERS[o] for o in owners if o in _OWNERS), None)
+        missing = [r.sent_as for r in self.config.models if r.sent_as not in listed]
+        if missing and listed:
+            return self._health(UpstreamState.DEGRADED, listed,
+                                f"models not served upstream: {', '.join(missing)}")
+        return self._health(UpstreamState.UP, listed, "")
+
+    def _health(self, state: UpstreamState, models: tuple[str, ...],
+                detail: str) -> UpstreamHealth:
+        return UpstreamHealth(name=self.name, kind=self.kind, state=state, models=models,
+                              detail=detail)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # -- request building ------------------------------------------------------------------
+
+    def build(self, request: GenerationRequest) -> tuple[str, dict[str, Any]] | Failure:
+        """(path, JSON body) for ``request``, or the Failure that refuses it."""
+        route = self._routes.get(request.model) or ModelRoute(name=request.model)
+        chat = isinstance(request.prompt, ChatPrompt)
+        if self.api != "auto" and (self.api == "chat") != chat:
+            return Failure(failure_class=FailureClass.INVALID_REQUEST, status=400,
+                           message=f"upstream {self.name!r} serves only the {self.api} API")
+        ids = self.effective_ids if request.want_ids else "none"
+        if chat:
+            body = chat_body(request, route.sent_as, self.config.options)
+        else:
+            body = completions_body(request, route.sent_as, self.config.options)
+        if ids == "vllm":
+            body["return_token_ids"] = True
+        elif ids == "llama.cpp":
+            body["return_tokens"] = True
+        return ("chat/completions" if chat else "completions"), body
+
+    def prompt_lower_bound(self, request: GenerationRequest) -> int | None:
+        """Tokens the prompt certainly has, counted with the model's map, else None."""
+        tmap = self._maps.get(request.model)
+        prompt = request.prompt
+        if isinstance(prompt, PromptIds):
+            return len(prompt.ids)
+        if tmap is None:
+            return None
+        tok = tokenizer_for(tmap)
+        if isinstance(prompt, PromptText):
+            return len(tok.encode(prompt.text))
+        return sum(len(tok.encode(m.text)) for m in prompt.messages if m.text)
+
+
+def _route_map(route: ModelRoute, maps: Mapping[str, TokenizerMap]) -> TokenizerMap | None:
+    """The route's map: given by id (or by model name) in ``maps``, bundled, or a file."""
+    for key in (route.map_id, route.name):
+        if key and key in maps:
+            return maps[key]
+    if route.map_path:
+        return load_map_file(route.map_path)
+    if route.map_id:
+        return load_map_file(bundled_map_path(route.map_id))
+    return None
+
+
+class OpenAIStream:
+    """One generation. The HTTP request starts on the first ``next_event()``; a pump task
+    reads the SSE body into a queue, so a cancelled wait loses nothing."""
+
+    def __init__(self, upstream: OpenAICompatUpstream, request: GenerationRequest) -> None:
+        self._up = upstream
+        self._req = request
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(_QUEUE_EVENTS)
+        self._task: asyncio.Task[None] | None = None
+        self._done = False
+        self._cancelled = False
+        self.parser = ChunkParser(request, upstream)
+
+    async def next_event(self) -> Event:
+        if self._done:
+            raise RuntimeError("the stream already ended")
+        if self._cancelled and self._queue.empty():
+            self._done = True
+            return Finish(reason=FinishKind.ABORT)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._pump())
+        event = await self._queue.get()
+        if isinstance(event, Finish | Failure):
+            self._done = True
+        return event
+
+    def cancel(self) -> None:
+        """Close the upstream response (the client went away); the stream ends with ABORT."""
+        self._cancelled = True
+        if self._task is not None:
+            self._task.cancel()
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(Finish(reason=FinishKind.ABORT))
+
+    async def _pump(self) -> None:
+        try:
+            async with self._up._slots:
+                terminal = await self._run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must still end the stream
+            log.exception("openai upstream %s: stream pump failed", self._up.name)
+            terminal = Failure(failure_class=FailureClass.INTERNAL, message=str(exc))
+        await self._queue.put(terminal)
+
+    async def _run(self) -> Event:
+        built = self._up.build(self._req)
+        if isinstance(built, Failure):
+            return built
+        path, body = built
+        started = False
+        try:
+            async with self._up._client.stream("POST", path, json=body) as resp:
+                if resp.status_code != 200:
+                    await resp.aread()
+                    return failure_from_response(resp.status_code, resp.headers, resp.content)
+                decoder = SSEDecoder()
+                async for chunk in resp.aiter_bytes():
+                    for sse in decoder.feed(chunk):
+                        for event in self.parser.on_data(sse.data):
+                            started = True
+                            if isinstance(event, Finish | Failure):
+                                return event
+                            await self._queue.put(event)
+                for sse in decoder.feed_eof():
+                    for event in self.parser.on_data(sse.data):
+                        if isinstance(event, Finish | Failure):
+                            return event
+                        await self._queue.put(event)
+        except RemoteProtocolError as exc:  # our SSE decoder: a cut line or an oversize one
+            return Failure(failure_class=FailureClass.UPSTREAM, status=502,
+                           message=f"broken SSE stream from upstream: {exc}")
+        except httpx.HTTPError as exc:
+            return failure_from_exception(exc, started=started)
+        for event in self.parser.on_eof():
+            if isinstance(event, Finish | Failure):
+                return event
+            await self._queue.put(event)
+        raise AssertionError("on_eof always ends with a terminal")  # pragma: no cover
+
+
+class ChunkParser:
+    """Chat / Completions chunks (JSON text of one SSE ``data``) -> IR events. Sans-IO.
+
+    The terminal is held until ``[DONE]`` (or EOF) so that the usage chunk, which OpenAI
+    sends after the chunk with ``finish_reason``, comes out before it as the IR requires.
+    """
+
+    def __init__(self, request: GenerationRequest, upstream: OpenAICompatUpstream) -> None:
+        self._req = request
+        self._up = upstream
+        self._finish: Finish | None = None
+        self._usage: Usage | None = None
+        self._expect_ids = request.want_ids and upstream.effective_ids != "none"
+        self._seen_ids = False
+        self._retok: Retokenizer | None = None
+        self._ended = False
+
+    def on_data(self, data: str) -> list[Event]:
+        if self._ended:
+            return []
+        if data.strip() == "[DONE]":
+            return self._terminal()
+        try:
+            chunk = _json.decode(data)
+        except msgspec.DecodeError:
+            return self._fail(f"upstream sent a chunk that is not JSON: {data[:200]!r}")
+        if not isinstance(chunk, dict):
+            return self._fail("upstream sent a chunk that is not a JSON object")
+        if "error" in chunk or chunk.get("object") == "error":
+            self._ended = True
+            err = chunk.get("error", chunk)
+            return [failure_from_error_object(err if isinstance(err, dict) else
+                                              {"message": str(err)}, status=None)]
+        out: list[Event] = []
+        usage = chunk.get("usage")
+        if isinstance(usage, dict) and "prompt_tokens" in usage:
+            self._usage = Usage(prompt_tokens=int(usage.get("prompt_tokens") or 0),
+                                completion_tokens=int(usage.get("completion_tokens") or 0))
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, dict) and choice.get("index", 0) == 0:
+                out += self._choice(choice, chunk)
+        return out
+
+    def on_eof(self) -> list[Event]:
+        """The body ended: a stream with a ``finish_reason`` but no ``[DONE]`` is complete;
+        one without is a broken stream, never a Finish."""
+        if self._ended:
+            return []
+        if self._finish is None:
+            return self._fail("upstream stream ended without a finish_reason")
+        return self._terminal()
+
+    def _choice(self, choice: dict, chunk: dict) -> list[Event]:
+        out: list[Event] = []
+        delta = choice.get("delta")
+        if isinstance(delta, dict):  # chat
+            text = delta.get("content") or ""
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            if reasoning:
+                out.append(ReasoningDelta(text=reasoning))
+            for call in delta.get("tool_calls") or ():
+                out.append(_tool_call(call))
+        else:  # completions
+            text = choice.get("text") or ""
+        ids = choice.get("token_ids") or choice.get("tokens") or chunk.get("tokens")
+        out += self._tokens(text, ids)
+        reason = choice.get("finish_reason")
+        if reason:
+            self._finish = _finish(reason, choice.get("stop_reason"))
+        return out
+
+    def _tokens(self, text: str, ids: Any) -> list[Event]:
+        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+            self._seen_ids = True
+            return [TokenDelta(ids=tuple(ids), text=text)]
+        if not text:
+            return []
+        if self._expect_ids and self._retok is None:
+            tmap = self._up.tmap_for(self._req.model)
+            if self._seen_ids or tmap is None:
+                self._expect_ids = False
+                return self._fail("upstream returned text without its token ids")
+            log.warning("upstream %s returned no token ids; retokenizing", self._up.name)
+            self._retok = Retokenizer(tmap)
+        if self._retok is not None:
+            return [TokenDelta(ids=self._retok.feed(text), text=text)]
+        return [TokenDelta(text=text)]
+
+    def _terminal(self) -> list[Event]:
+        self._ended = True
+        out: list[Event] = []
+        if self._retok is not None:
+            rest = self._retok.flush()
+            if rest:
+                out.append(TokenDelta(ids=rest))
+        if self._finish is None:
+            return [*out, _broken("upstream stream ended ([DONE]) without a finish_reason")]
+        if self._usage is not None:
+            out.append(self._usage)
+            truncated = self._truncation()
+            if truncated is not None:
+                return [*out, truncated]
+        return [*out, self._finish]
+
+    def _truncation(self) -> Failure | None:
+        if self._up.truncation == "ignore" or self._usage is None:
+            return None
+        bound = self._up.prompt_lower_bound(self._req)
+        got = self._usage.prompt_tokens
+        if bound is None or got <= 0 or got >= bound:
+            return None
+        return Failure(failure_class=FailureClass.CONTEXT_LENGTH, status=400,
+                       code="prompt_truncated", prompt_tokens=bound, context_tokens=got,
+                       message=f"the upstream read only {got} of the prompt's at least "
+                               f"{bound} tokens (it truncated the prompt to its context)")
+
+    def _fail(self, message: str) -> list[Event]:
+        self._ended = True
+        return [_broken(message)]
+
+
+def _broken(message: str) -> Failure:
+    return Failure(failure_class=FailureClass.UPSTREAM, status=502, message=message)
+
+
+def _finish(reason: str, stop_reason: Any) -> Finish:
+    kind = _FINISH.get(reason, FinishKind.EOS)
+    # vLLM names the stop string that fired (a str) or the stop token id (an int).
+    if kind is FinishKind.EOS and isinstance(stop_reason, str):
+        return Finish(reason=FinishKind.STOP_SEQUENCE, matched_stop=stop_reason)
+    return Finish(reason=kind)
+
+
+def _tool_call(call: Any) -> ToolCallDelta:
+    call = call if isinstance(call, dict) else {}
+    kind = "custom" if call.get("type") == "custom" else "function"
+    fn = call.get(kind) or call.get("function") or {}
+    args = fn.get("input" if kind == "custom" else "arguments") or ""
+    return ToolCallDelta(index=int(call.get("index") or 0), id=call.get("id") or None,
+                         name=fn.get("name") or None, arguments=str(args), kind=kind)

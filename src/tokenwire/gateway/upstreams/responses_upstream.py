@@ -1,0 +1,516 @@
+"""OpenAI Responses API upstreams (``kind = "responses"``): IR requests in, IR events out.
+
+Request: ``POST {base_url}/responses`` with ``stream: true`` and ``store: false`` (we keep no
+server-side state, so the whole conversation goes as ``input`` items every turn, as Codex
+does; gateway-research §2). Call ids go back exactly as the client sent them
+(``function_call`` / ``function_call_output``, ``custom_tool_call`` / ``..._output`` for
+freeform tools). Reasoning items are replayed only from
+:attr:`~tokenwire.gateway.ir.ChatMessage.reasoning_encrypted` pairs that name *this*
+upstream: ``encrypted_content`` can only be decrypted by the organisation that produced it,
+so another upstream's blob would be a 400 (``invalid_encrypted_content``).
+
+Stream (gateway-research §5.3-§5.6): ``output_text.delta`` is text;
+``output_item.added`` opens a function or custom tool call (our own index, counted per
+call, with the upstream's ``call_id``), its argument / input deltas follow, and the
+``.done`` events and ``output_item.done`` are authoritative: anything they hold beyond what
+was streamed is sent as one more fragment (some servers stream no argument deltas at all,
+vllm#36073). Reasoning summary and raw reasoning deltas are reasoning text; a finished
+reasoning item with ``encrypted_content`` becomes an opaque ``(upstream, blob)`` pair.
+Terminals: ``response.completed`` (usage, then ``tool_calls`` or ``eos``),
+``response.incomplete`` (``length`` / ``content_filter``), ``response.failed`` and ``error``
+events (classified by ``error.code``). EOF or ``[DONE]`` without one of them is a
+``Failure(UPSTREAM)``, never a finish (§5.1). Unknown event types are counted and ignored.
+
+The Responses API has no stop sequences, so ``request.stop`` is applied here on the text
+(:class:`~tokenwire.gateway.stops.StopMatcher`); a match ends the generation and closes the
+upstream response.
+
+The HTTP side (one request, SSE in, events out, cancellation, transport failures, status
+classification) is :mod:`.sse_http`, shared with the Anthropic adapter.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import httpx
+import msgspec
+
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.errors import ServerBusy
+from tokenwire.gateway.ir import (
+    ChatMessage,
+    ChatPrompt,
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    IdsSource,
+    ImagePart,
+    PromptText,
+    ReasoningDelta,
+    TokenDelta,
+    ToolCallDelta,
+    Usage,
+)
+from tokenwire.gateway.sse import SSEEvent
+from tokenwire.gateway.stops import StopMatcher
+from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth
+from tokenwire.gateway.upstreams.sse_http import (
+    FailedStream,
+    SSEUpstreamStream,
+    api_key_from_env,
+    context_overflow_counts,
+    error_fields,
+    failure_from_status,
+    http_client,
+    probe_models,
+    retry_after_seconds,
+)
+
+__all__ = [
+    "ResponsesStreamParser",
+    "ResponsesUpstream",
+    "build_responses_body",
+    "code_class",
+]
+
+#: What the upstream is told we accept; some proxies answer JSON without it.
+_SSE_ACCEPT = "text/event-stream"
+
+
+# -- request body ------------------------------------------------------------------------------
+
+
+def build_responses_body(request: GenerationRequest, *, model: str,
+                         upstream_name: str) -> dict[str, Any]:
+    """The Responses API body for ``request``; raises ``ValueError`` for token-id prompts."""
+    body: dict[str, Any] = {"model": model, "input": _input_items(request, upstream_name),
+                            "stream": True, "store": False,
+                            "max_output_tokens": request.max_tokens}
+    # Reasoning models reject temperature / top_p outright ("Unsupported parameter"), and
+    # 1.0 is the API's default anyway: send them only when the client changed them.
+    if request.temperature != 1.0:
+        body["temperature"] = request.temperature
+    if request.top_p != 1.0:
+        body["top_p"] = request.top_p
+    if request.tools:
+        body["tools"] = [_tool(t) for t in request.tools]
+    if request.tool_choice is not None:
+        body["tool_choice"] = _tool_choice(request)
+    if request.parallel_tool_calls is not None:
+        body["parallel_tool_calls"] = request.parallel_tool_calls
+    if request.reasoning_effort:
+        body["reasoning"] = {"effort": request.reasoning_effort, "summary": "auto"}
+        # store=false keeps no reasoning server-side: ask for it encrypted, to replay it.
+        body["include"] = ["reasoning.encrypted_content"]
+    return body
+
+
+def _input_items(request: GenerationRequest, upstream_name: str) -> list[dict[str, Any]]:
+    prompt = request.prompt
+    if isinstance(prompt, PromptText):
+        return [{"type": "message", "role": "user", "content": prompt.text}]
+    if not isinstance(prompt, ChatPrompt):
+        raise ValueError("a Responses API upstream takes text, not token ids")
+    kinds = {c.id: c.kind for m in prompt.messages for c in m.tool_calls}
+    items: list[dict[str, Any]] = []
+    for msg in prompt.messages:
+        items += _message_items(msg, kinds, upstream_name)
+    return items
+
+
+def _message_items(msg: ChatMessage, kinds: dict[str, str],
+                   upstream_name: str) -> list[dict[str, Any]]:
+    if msg.role == "tool":
+        custom = kinds.get(msg.tool_call_id or "") == "custom"
+        return [{"type": "custom_tool_call_output" if custom else "function_call_output",
+                 "call_id": msg.tool_call_id or "", "output": msg.text}]
+    if msg.role != "assistant":
+        return [{"type": "message", "role": msg.role, "content": _content(msg)}]
+    items = [msgspec.json.decode(blob) for name, blob in msg.reasoning_encrypted
+             if name == upstream_name]
+    if msg.text:
+        items.append({"type": "message", "role": "assistant", "content": msg.text})
+    for call in msg.tool_calls:
+        if call.kind == "custom":
+            items.append({"type": "custom_tool_call", "call_id": call.id, "name": call.name,
+                          "input": call.arguments})
+        else:
+            items.append({"type": "function_call", "call_id": call.id, "name": call.name,
+                          "arguments": call.arguments})
+    return items
+
+
+def _content(msg: ChatMessage) -> str | list[dict[str, Any]]:
+    if isinstance(msg.content, str):
+        return msg.content
+    return [{"type": "input_image", "image_url": p.url, "detail": p.detail or "auto"}
+            if isinstance(p, ImagePart) else {"type": "input_text", "text": p.text}
+            for p in msg.content]
+
+
+def _tool(tool: Any) -> dict[str, Any]:
+    if tool.kind == "custom":
+        out = {"type": "custom", "name": tool.name, "description": tool.description}
+        if tool.format is not None:
+            out["format"] = tool.format
+        return out
+    # Responses function tools are strict unless told otherwise; Chat clients expect not.
+    return {"type": "function", "name": tool.name, "description": tool.description,
+            "parameters": tool.parameters or {"type": "object", "properties": {}},
+            "strict": bool(tool.strict)}
+
+
+def _tool_choice(request: GenerationRequest) -> str | dict[str, Any]:
+    choice = request.tool_choice
+    if isinstance(choice, str):
+        return choice
+    assert isinstance(choice, dict)
+    name = choice.get("name") or (choice.get("function") or {}).get("name")
+    kind = next((t.kind for t in request.tools if t.name == name), "function")
+    return {"type": kind, "name": name}
+
+
+# -- stream parser ---------------------------------------------------------------------------
+
+#: ``error.code`` (or ``type``) -> (class, status we answer with); gateway-research §2, §5.6.
+_CODE_CLASSES: dict[str, tuple[FailureClass, int]] = {
+    "context_length_exceeded": (FailureClass.CONTEXT_LENGTH, 400),
+    "rate_limit_exceeded": (FailureClass.RATE_LIMITED, 429),
+    "rate_limit_error": (FailureClass.RATE_LIMITED, 429),
+    "insufficient_quota": (FailureClass.QUOTA, 429),
+    "usage_not_included": (FailureClass.QUOTA, 429),
+    "usage_limit_reached": (FailureClass.QUOTA, 429),
+    "server_error": (FailureClass.UPSTREAM, 502),
+    "server_is_overloaded": (FailureClass.CAPACITY, 503),
+    "slow_down": (FailureClass.CAPACITY, 503),
+    "invalid_prompt": (FailureClass.INVALID_REQUEST, 400),
+    "invalid_request_error": (FailureClass.INVALID_REQUEST, 400),
+    "invalid_encrypted_content": (FailureClass.INVALID_REQUEST, 400),
+    "model_not_found": (FailureClass.INVALID_REQUEST, 404),
+    "invalid_api_key": (FailureClass.AUTHENTICATION, 502),
+    "bio_policy": (FailureClass.CONTENT_FILTER, 400),
+    "cyber_policy": (FailureClass.CONTENT_FILTER, 400),
+    "misalignment_policy_violation": (FailureClass.CONTENT_FILTER, 400),
+    "image_content_policy_violation": (FailureClass.CONTENT_FILTER, 400),
+    "content_filter": (FailureClass.CONTENT_FILTER, 400),
+}
+#: ``incomplete_details.reason`` values that are a normal (if early) end.
+_INCOMPLETE_FINISH = {"max_output_tokens": FinishKind.LENGTH,
+                      "content_filter": FinishKind.CONTENT_FILTER}
+#: Event types we read nothing from (everything else unlisted is counted as unknown).
+_IGNORED = frozenset({
+    "response.created", "response.in_progress", "response.queued",
+    "response.content_part.added", "response.content_part.done", "response.output_text.done",
+    "response.refusal.done", "response.reasoning_summary_text.done",
+    "response.reasoning_summary_part.done", "response.reasoning_text.done",
+    "response.output_text.annotation.added", "response.metadata",
+})
+
+
+def code_class(code: str | None, kind: str | None) -> tuple[FailureClass, int] | None:
+    for key in (code, kind):
+        if key in _CODE_CLASSES:
+            return _CODE_CLASSES[key]
+    if code and code.startswith(("invalid_", "image_")):  # the per-image input errors
+        return FailureClass.INVALID_REQUEST, 400
+    return None
+
+
+class _Call:
+    __slots__ = ("args", "id", "index", "kind", "name")
+
+    def __init__(self, index: int, kind: str, id: str | None, name: str | None) -> None:
+        self.index, self.kind, self.id, self.name, self.args = index, kind, id, name, ""
+
+
+class ResponsesStreamParser:
+    """Sans-IO: one Responses SSE event in, IR events out (see the module docstring)."""
+
+    def __init__(self, upstream_name: str, stop: tuple[str, ...] = ()) -> None:
+        self._name = upstream_name
+        self._calls: dict[int, _Call] = {}  # output_index -> call
+        self._texts: dict[int, str] = {}  # output_index -> text sent (before stop trimming)
+        self._reasoned: set[int] = set()  # reasoning items whose blob was sent
+        self._reasoning_text = False
+        self._stops = StopMatcher(stop)
+        self.unknown: Counter[str] = Counter()
+        self.done = False
+
+    def on_sse(self, sse: SSEEvent) -> list[Event]:
+        if self.done or sse.data.strip() == "[DONE]":
+            return []  # [DONE] is not a terminal (§5.1): on_eof decides
+        try:
+            data = msgspec.json.decode(sse.data)
+        except msgspec.DecodeError:
+            return self._end(_upstream_failure(f"malformed JSON in a {sse.event!r} event"))
+        if not isinstance(data, dict):
+            return self._end(_upstream_failure("an event that is not a JSON object"))
+        kind = str(data.get("type") or sse.event)
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            if kind not in _IGNORED:
+                self.unknown[kind] += 1
+            return []
+        try:
+            return handler(self, data)
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            # A field of the wrong JSON type: the upstream broke its format, not us.
+            return self._end(_upstream_failure(f"a malformed {kind!r} event: {type(exc).__name__}"))
+
+    def on_eof(self) -> list[Event]:
+        if self.done:
+            return []
+        return self._end(_upstream_failure(
+            "the upstream closed the stream before response.completed"))
+
+    def _end(self, *events: Event) -> list[Event]:
+        self.done = True
+        return list(events)
+
+    # -- text and reasoning ----------------------------------------------------------------
+
+    def _text(self, data: dict[str, Any]) -> list[Event]:
+        oi, delta = data.get("output_index", 0), str(data.get("delta", ""))
+        self._texts[oi] = self._texts.get(oi, "") + delta
+        return self._show(delta)
+
+    def _show(self, text: str) -> list[Event]:
+        shown = self._stops.feed(text)
+        out: list[Event] = [TokenDelta(text=shown)] if shown else []
+        if self._stops.matched is not None:  # the API cannot stop itself: we do
+            out += self._end(Finish(reason=FinishKind.STOP_SEQUENCE,
+                                    matched_stop=self._stops.matched))
+        return out
+
+    def _reasoning(self, data: dict[str, Any]) -> list[Event]:
+        self._reasoning_text = True
+        return [ReasoningDelta(text=str(data.get("delta", "")))]
+
+    def _summary_part(self, data: dict[str, Any]) -> list[Event]:
+        # Summary parts are separate paragraphs; keep them apart in the one reasoning text.
+        return [ReasoningDelta(text="\n\n")] if self._reasoning_text else []
+
+    # -- tool calls ------------------------------------------------------------------------
+
+    def _item_added(self, data: dict[str, Any]) -> list[Event]:
+        item = data.get("item") or {}
+        if item.get("type") in ("function_call", "custom_tool_call"):
+            return self._open_call(data.get("output_index", 0), item)
+        return []
+
+    def _open_call(self, oi: int, item: dict[str, Any]) -> list[Event]:
+        if oi in self._calls:
+            return []
+        kind = "custom" if item["type"] == "custom_tool_call" else "function"
+        call = _Call(len(self._calls), kind, item.get("call_id") or item.get("id"),
+                     item.get("name"))
+        self._calls[oi] = call
+        call.args = str(item.get("input" if kind == "custom" else "arguments") or "")
+        return [ToolCallDelta(index=call.index, id=call.id, name=call.name,
+                              arguments=call.args, kind=kind)]
+
+    def _args_delta(self, data: dict[str, Any]) -> list[Event]:
+        call = self._calls.get(data.get("output_index", -1))
+        if call is None:  # a delta for a call never announced: nothing to attach it to
+            self.unknown[str(data.get("type")) + " (unannounced item)"] += 1
+            return []
+        delta = str(data.get("delta", ""))
+        call.args += delta
+        return [ToolCallDelta(index=call.index, arguments=delta, kind=call.kind)]
+
+    def _args_done(self, data: dict[str, Any]) -> list[Event]:
+        call = self._calls.get(data.get("output_index", -1))
+        full = data.get("input" if call and call.kind == "custom" else "arguments")
+        return [] if call is None or full is None else self._complete(call, str(full))
+
+    def _complete(self, call: _Call, full: str) -> list[Event]:
+        """The final arguments: send what the deltas did not; a contradiction is a failure."""
+        if not full.startswith(call.args):
+            return self._end(_upstream_failure(
+                f"tool call {call.id!r}: final arguments contradict the streamed ones"))
+        rest, call.args = full[len(call.args):], full
+        return [ToolCallDelta(index=call.index, arguments=rest, kind=call.kind)] if rest else []
+
+    # -- finished items (also replayed from response.completed's output) --------------------
+
+    def _item_done(self, data: dict[str, Any]) -> list[Event]:
+        return self._finish_item(data.get("output_index", 0), data.get("item") or {})
+
+    def _finish_item(self, oi: int, item: dict[str, Any]) -> list[Event]:
+        kind = item.get("type")
+        if kind in ("function_call", "custom_tool_call"):
+            out = self._open_call(oi, item)
+            full = item.get("input" if kind == "custom_tool_call" else "arguments")
+            return out + ([] if full is None else self._complete(self._calls[oi], str(full)))
+        if kind == "message":
+            full = "".join(str(p.get("text") or p.get("refusal") or "")
+                           for p in item.get("content") or () if isinstance(p, dict))
+            sent = self._texts.get(oi, "")
+            if full.startswith(sent) and len(full) > len(sent):
+                self._texts[oi] = full
+                return self._show(full[len(sent):])
+            return []
+        if kind == "reasoning" and item.get("encrypted_content") and oi not in self._reasoned:
+            self._reasoned.add(oi)
+            keep = {k: item[k] for k in ("type", "summary", "encrypted_content") if k in item}
+            blob = msgspec.json.encode(keep).decode()
+            return [ReasoningDelta(text="", encrypted=((self._name, blob),))]
+        return []
+
+    # -- terminals -------------------------------------------------------------------------
+
+    def _completed(self, data: dict[str, Any]) -> list[Event]:
+        response = data.get("response") or {}
+        out: list[Event] = []
+        for oi, item in enumerate(response.get("output") or ()):
+            if isinstance(item, dict) and not self.done:
+                out += self._finish_item(oi, item)
+        if self.done:  # a stop sequence fired, or the snapshot contradicted the stream
+            return out
+        out += self._flush(response)
+        reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
+        return out + self._end(Finish(reason=reason))
+
+    def _flush(self, response: dict[str, Any]) -> list[Event]:
+        held = self._stops.flush()
+        out: list[Event] = [TokenDelta(text=held)] if held else []
+        usage = response.get("usage")
+        if isinstance(usage, dict):
+            out.append(Usage(prompt_tokens=int(usage.get("input_tokens") or 0),
+                             completion_tokens=int(usage.get("output_tokens") or 0)))
+        return out
+
+    def _incomplete(self, data: dict[str, Any]) -> list[Event]:
+        response = data.get("response") or {}
+        reason = str((response.get("incomplete_details") or {}).get("reason") or "")
+        out = self._flush(response)
+        if reason in _INCOMPLETE_FINISH:
+            return out + self._end(Finish(reason=_INCOMPLETE_FINISH[reason]))
+        return out + self._end(_upstream_failure(
+            f"the upstream returned an incomplete response (reason {reason or 'unknown'})",
+            code=reason or None))
+
+    def _failed(self, data: dict[str, Any]) -> list[Event]:
+        err = (data.get("response") or {}).get("error") or {}
+        return self._end(_stream_error(err if isinstance(err, dict) else {}))
+
+    def _error(self, data: dict[str, Any]) -> list[Event]:
+        nested = data.get("error")  # the newer shape nests the fields under "error" (§5.6)
+        return self._end(_stream_error(nested if isinstance(nested, dict) else data))
+
+
+def _stream_error(err: dict[str, Any]) -> Failure:
+    code = None if err.get("code") is None else str(err["code"])
+    kind = None if err.get("type") in (None, "error") else str(err["type"])
+    message = str(err.get("message") or "the upstream reported an error")
+    cls, status = code_class(code, kind) or (FailureClass.UPSTREAM, 502)
+    prompt = ctx = None
+    if cls is FailureClass.CONTEXT_LENGTH:
+        prompt, ctx = context_overflow_counts(message) or (None, None)
+    return Failure(failure_class=cls, message=message, status=status, code=code or kind,
+                   prompt_tokens=prompt, context_tokens=ctx)
+
+
+def _upstream_failure(message: str, code: str | None = None) -> Failure:
+    return Failure(failure_class=FailureClass.UPSTREAM, message=message, status=502, code=code)
+
+
+_P = ResponsesStreamParser
+_HANDLERS: dict[str, Callable[[ResponsesStreamParser, dict[str, Any]], list[Event]]] = {
+    "response.output_text.delta": _P._text,
+    "response.refusal.delta": _P._text,
+    "response.reasoning_summary_text.delta": _P._reasoning,
+    "response.reasoning_text.delta": _P._reasoning,
+    "response.reasoning_summary_part.added": _P._summary_part,
+    "response.output_item.added": _P._item_added,
+    "response.output_item.done": _P._item_done,
+    "response.function_call_arguments.delta": _P._args_delta,
+    "response.custom_tool_call_input.delta": _P._args_delta,
+    "response.function_call_arguments.done": _P._args_done,
+    "response.custom_tool_call_input.done": _P._args_done,
+    "response.completed": _P._completed,
+    "response.incomplete": _P._incomplete,
+    "response.failed": _P._failed,
+    "error": _P._error,
+}
+
+
+# -- the adapter -----------------------------------------------------------------------------
+class ResponsesUpstream:
+    """Every model of one Responses API upstream (implements ``ir.Upstream``)."""
+
+    kind = "responses"
+
+    def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient,
+                 maps: Mapping[str, TokenizerMap] | None = None) -> None:
+        self.name = config.name
+        self.config = config
+        self._client = client
+        self._maps = dict(maps or {})
+        self._base = config.base_url.rstrip("/")
+        self._routes = {m.name: m for m in config.models}
+        self.model_id = config.models[0].name if config.models else config.name
+        # Text only: ids exist only where a model's map lets the router retokenize the text.
+        self.ids_source = IdsSource.RETOKENIZED if self._maps else IdsSource.NONE
+        self.active = 0
+        self.unknown_events: Counter[str] = Counter()
+
+    @classmethod
+    def from_config(cls, config: UpstreamConfig, *,
+                    transport: httpx.AsyncBaseTransport | None = None,
+                    maps: Mapping[str, TokenizerMap] | None = None) -> ResponsesUpstream:
+        key = api_key_from_env(config)
+        headers = {"Accept": _SSE_ACCEPT}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        return cls(config, http_client(config, headers, transport), maps)
+
+    def __repr__(self) -> str:
+        return f"<ResponsesUpstream {self.name!r} {self._base}>"
+
+    def ids_source_for(self, model: str) -> IdsSource:
+        return IdsSource.RETOKENIZED if model in self._maps else IdsSource.NONE
+
+    def upstream_model(self, model: str) -> str:
+        route = self._routes.get(model or self.model_id)
+        return route.sent_as if route is not None else model
+
+    def submit(self, request: GenerationRequest) -> SSEUpstreamStream | FailedStream:
+        if self.active >= self.config.max_concurrent:
+            raise ServerBusy(f"upstream {self.name!r} has {self.active} requests in flight")
+        try:
+            body = build_responses_body(request, model=self.upstream_model(request.model),
+                                        upstream_name=self.name)
+            parser = ResponsesStreamParser(self.name, request.stop)
+        except ValueError as exc:
+            return FailedStream(Failure(failure_class=FailureClass.INVALID_REQUEST,
+                                        message=str(exc), status=400))
+        self.active += 1
+        stream = SSEUpstreamStream(
+            client=self._client, url=f"{self._base}/responses", body=body, parser=parser,
+            classify_http=_classify_http, on_done=lambda: self._release(parser))
+        return stream
+
+    def _release(self, parser: ResponsesStreamParser) -> None:
+        self.active -= 1
+        self.unknown_events.update(parser.unknown)
+
+    async def probe(self) -> UpstreamHealth:
+        return await probe_models(self._client, f"{self._base}/models", self)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+def _classify_http(status: int, headers: httpx.Headers, body: bytes) -> Failure:
+    message, code, kind = error_fields(body)
+    return failure_from_status(status, message, code=code or kind,
+                               known=code_class(code, kind),
+                               retry_after=retry_after_seconds(headers))
+

@@ -1,0 +1,328 @@
+"""Configuration errors are clear, found at start-up, and never show a secret (issue 4 item 3).
+
+The table holds bad files and flags, each with its exact message. Start-up checks that
+need the upstream (reachable, serving the configured model) run ``build_gateway`` with
+fake adapter classes in place of the registry.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from tokenwire.cli import serve as serve_cmd
+from tokenwire.errors import ConfigError
+from tokenwire.gateway.config import (
+    ENV_CONFIG,
+    ENV_UPSTREAM,
+    load_config_file,
+    parse_config,
+    resolve,
+)
+from tokenwire.gateway.ir import IdsSource
+from tokenwire.gateway.server import build_gateway
+from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams import ADAPTERS
+from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
+
+FIXTURE_MAP = Path(__file__).parent.parent / "fixtures" / "maps" / "openai" / "r50k_base.json"
+SECRET = "sk-live-DO-NOT-PRINT-0123456789"
+ENV = {"VLLM_KEY": SECRET}
+
+GOOD = """
+[server]
+port = 9000
+[[upstreams]]
+name = "vllm"
+kind = "openai"
+base_url = "http://10.0.0.5:8000/v1/"
+api_key_env = "VLLM_KEY"
+max_concurrent = 8
+connect_timeout_s = 5
+read_timeout_s = 120
+[[upstreams.models]]
+name = "smol"
+upstream_model = "HuggingFaceTB/SmolLM2-135M-Instruct"
+map = "huggingfacetb/smollm2"
+"""
+
+_UP = '[[upstreams]]\nname = "u"\nkind = "openai"\nbase_url = "http://h:1/v1"\n'
+
+BAD_FILES = [
+    ("top-level typo", "[sever]\nport = 1\n" + _UP,
+     "{f}: unknown key 'sever'; expected one of server, upstreams"),
+    ("server typo", "[server]\nprot = 1\n" + _UP,
+     "{f}: [server]: unknown key 'prot'; expected one of host, port, coalesce_ms, queue_size, "
+     "max_body_bytes, legacy_finish_reason, public_url, default_model, probe, "
+     "health_interval_s"),
+    ("server type", "[server]\nport = \"80\"\n" + _UP,
+     "{f}: [server]: port must be an integer, got '80'"),
+    ("bool is not int", "[server]\nport = true\n" + _UP,
+     "{f}: [server]: port must be an integer, got True"),
+    ("no upstreams", "[server]\nport = 1\n", "{f}: no [[upstreams]]; declare at least one"),
+    ("upstream typo", _UP + "base-url = \"x\"\n",
+     "{f}: [[upstreams]] #1: unknown key 'base-url'; expected one of name, kind, base_url, "
+     "api_key_env, max_concurrent, connect_timeout_s, read_timeout_s, probe, headers, "
+     "options, models"),
+    ("no name", "[[upstreams]]\nkind = \"openai\"\n", "{f}: [[upstreams]] #1: name is required"),
+    ("unknown kind", "[[upstreams]]\nname = \"u\"\nkind = \"grpc\"\n",
+     "{f}: upstream 'u': unknown kind 'grpc'; expected one of embedded, openai, codec, "
+     "responses, anthropic"),
+    ("bad url", "[[upstreams]]\nname = \"u\"\nkind = \"openai\"\nbase_url = \"localhost:8000\"\n",
+     "{f}: upstream 'u': base_url 'localhost:8000' is not an http:// or https:// URL with "
+     "a host"),
+    ("missing url", "[[upstreams]]\nname = \"u\"\nkind = \"openai\"\n",
+     "{f}: upstream 'u': base_url '' is not an http:// or https:// URL with a host"),
+    ("embedded url", "[[upstreams]]\nname = \"e\"\nkind = \"embedded\"\nbase_url = \"http://h\"\n",
+     "{f}: upstream 'e': an embedded upstream has no base_url"),
+    ("missing key env", _UP + "api_key_env = \"NOPE_KEY\"\n",
+     "{f}: upstream 'u': api_key_env names NOPE_KEY, which is not set"),
+    ("zero concurrency", _UP + "max_concurrent = 0\n",
+     "{f}: upstream 'u': max_concurrent must be at least 1"),
+    ("negative timeout", _UP + "read_timeout_s = -1\n",
+     "{f}: upstream 'u': read_timeout_s must be a positive number of seconds"),
+    ("header value", _UP + "[upstreams.headers]\nx-a = 1\n",
+     "{f}: upstream 'u': header values must be strings"),
+    ("duplicate upstream", _UP + _UP, "{f}: two upstreams are named 'u'"),
+    ("duplicate model", _UP + "[[upstreams.models]]\nname = \"m\"\n"
+     + _UP.replace('"u"', '"v"') + "[[upstreams.models]]\nname = \"m\"\n",
+     "{f}: model 'm' is declared by upstreams 'u' and 'v'; model names must be unique"),
+    ("model typo", _UP + "[[upstreams.models]]\nname = \"m\"\nmap_id = \"x\"\n",
+     "{f}: upstream 'u' model #1: unknown key 'map_id'; expected one of name, "
+     "upstream_model, map, map_path"),
+    ("model without name", _UP + "[[upstreams.models]]\nmap = \"x\"\n",
+     "{f}: upstream 'u' model #1: name is required"),
+    ("unknown map id", _UP + "[[upstreams.models]]\nname = \"m\"\nmap = \"acme/nope\"\n",
+     "{f}: upstream 'u' model #1 ('m'): unknown map id 'acme/nope' (no bundled map "
+     "'acme/nope')"),
+    ("map and map_path", _UP + "[[upstreams.models]]\nname = \"m\"\nmap = \"a/b\"\n"
+     "map_path = \"x.json\"\n",
+     "{f}: upstream 'u' model #1 ('m'): give map or map_path, not both"),
+    ("unreadable map file", _UP + "[[upstreams.models]]\nname = \"m\"\n"
+     "map_path = \"/nonexistent/m.json\"\n",
+     "{f}: upstream 'u' model #1 ('m'): cannot read map file '/nonexistent/m.json': "
+     "No such file or directory"),
+    ("default not configured", "[server]\ndefault_model = \"z\"\n" + _UP
+     + "[[upstreams.models]]\nname = \"m\"\n",
+     "{f}: [server] default_model 'z' is not a configured model; configured: m"),
+    ("not toml", "[[upstreams]\n", "{f}: not valid TOML: Expected ']]' at the end of an array "
+     "declaration (at line 1, column 12)"),
+]
+
+
+@pytest.mark.parametrize(("case", "text", "message"), BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_bad_config_files_fail_at_startup_with_their_message(tmp_path, case, text,
+                                                             message) -> None:
+    f = tmp_path / "tokenwire.toml"
+    f.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config_file(f, env=ENV)
+    assert str(info.value) == message.format(f=f)
+
+
+def test_missing_config_file_names_the_path(tmp_path) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config_file(tmp_path / "nope.toml")
+    assert str(info.value) == f"cannot read config file {tmp_path / 'nope.toml'}: " \
+                              "No such file or directory"
+
+
+def test_good_file_gives_upstream_configs_and_loaded_maps(tmp_path) -> None:
+    f = tmp_path / "t.toml"
+    f.write_text(GOOD)
+    cfg = load_config_file(f, env=ENV)
+    (up,) = cfg.upstreams
+    assert (up.name, up.kind, up.base_url, up.api_key_env) == (
+        "vllm", "openai", "http://10.0.0.5:8000/v1", "VLLM_KEY")
+    assert (up.max_concurrent, up.connect_timeout_s, up.read_timeout_s) == (8, 5.0, 120.0)
+    assert up.models[0].sent_as == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert cfg.maps["smol"].id == "huggingfacetb/smollm2" and cfg.server == {"port": 9000}
+
+
+def test_map_path_loads_a_map_file() -> None:
+    doc = {"upstreams": [{"name": "u", "kind": "openai", "base_url": "http://h/v1",
+                          "models": [{"name": "g", "map_path": str(FIXTURE_MAP)}]}]}
+    assert parse_config(doc, env={}).maps["g"].id == "openai/r50k_base"
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+BAD_FLAGS = [
+    (["--config", "x.toml", "--upstream", "http://h/v1"], {},
+     "--config and --upstream cannot be combined; declare the upstream in the config file"),
+    (["--upstream-kind", "openai"], {},
+     "--upstream-kind, --upstream-api-key-env and --upstream-max-concurrent need --upstream "
+     "URL"),
+    (["--config", "x.toml", "--upstream-max-concurrent", "8"], {},
+     "--upstream-kind, --upstream-api-key-env and --upstream-max-concurrent apply to "
+     "--upstream; set them in the config file"),
+    (["--upstream", "http://h/v1", "--upstream-max-concurrent", "0"], {},
+     "--upstream: upstream 'h': max_concurrent must be at least 1"),
+    (["--upstream", "ftp://h/v1"], {},
+     "--upstream: upstream 'h': base_url 'ftp://h/v1' is not an http:// or https:// URL "
+     "with a host"),
+    (["--upstream", "http://h/v1", "--upstream-kind", "soap"], {},
+     "--upstream: upstream 'h': unknown kind 'soap'; expected one of embedded, openai, "
+     "codec, responses, anthropic"),
+    (["--upstream", "http://h/v1", "--upstream-api-key-env", "MISSING"], {},
+     "--upstream: upstream 'h': api_key_env names MISSING, which is not set"),
+    ([], {ENV_UPSTREAM: "h:8000"},
+     "--upstream: upstream 'upstream': base_url 'h:8000' is not an http:// or https:// URL "
+     "with a host"),
+    ([], {ENV_CONFIG: "/nonexistent/t.toml"},
+     "cannot read config file /nonexistent/t.toml: No such file or directory"),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "message"), BAD_FLAGS,
+                         ids=[" ".join(a) or next(iter(e)) for a, e, _ in BAD_FLAGS])
+def test_bad_flags_and_environment_fail_with_their_message(argv, env, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        serve_cmd.gateway_config_from_args(_args(*argv), env=env)
+    assert str(info.value) == message
+
+
+def test_no_flags_and_no_environment_serve_the_embedded_engine() -> None:
+    assert serve_cmd.gateway_config_from_args(_args(), env={}) is None
+
+
+def test_flags_override_the_environment_and_environment_gives_upstreams() -> None:
+    cfg = resolve(upstream_urls=["http://a:1/v1"], env={ENV_UPSTREAM: "http://b:2/v1"})
+    assert [u.base_url for u in cfg.upstreams] == ["http://a:1/v1"]
+    cfg = resolve(env={ENV_UPSTREAM: "http://b:2/v1, http://c:3/v1"})
+    assert [u.name for u in cfg.upstreams] == ["b:2#1", "c:3#2"]
+    assert cfg.upstreams[0].kind == "openai" and not cfg.no_probe
+    assert resolve(upstream_urls=["http://a:1/v1"], probe=False, env={}).no_probe == {"a:1"}
+
+
+def test_server_flags_override_the_files_server_table(tmp_path) -> None:
+    file_server = {"port": 9000, "host": "0.0.0.0", "coalesce_ms": 10}
+    s = serve_cmd.settings_from_args(_args("--port", "9100"), file_server)
+    assert (s.host, s.port, s.window_s) == ("0.0.0.0", 9100, 0.01)
+
+
+# -- start-up checks that need the upstream ------------------------------------------------
+
+
+class FakeAdapter:
+    """An adapter whose probe reports ``options['lists']`` and ``options['state']``."""
+
+    kind = "openai"
+    ids_source = IdsSource.RETOKENIZED
+    built: ClassVar[list[FakeAdapter]] = []
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config, self.name, self.closed = config, config.name, False
+        self.model_id = config.name
+
+    @classmethod
+    def from_config(cls, config, *, transport=None, maps=None) -> FakeAdapter:
+        cls.built.append(adapter := cls(config))
+        return adapter
+
+    def submit(self, request):  # pragma: no cover - routing is tested elsewhere
+        raise NotImplementedError
+
+    async def probe(self) -> UpstreamHealth:
+        opts = self.config.options
+        return UpstreamHealth(
+            name=self.name, kind=self.kind, state=UpstreamState(opts.get("state", "up")),
+            models=tuple(opts.get("lists", ())), detail=str(opts.get("detail", "")))
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _build(doc: dict, env: dict | None = None):
+    cfg = parse_config(doc, source="t.toml", env=env or {})
+    return asyncio.run(build_gateway(cfg, ServerSettings(), adapters={"openai": FakeAdapter}))
+
+
+def _up(**kw) -> dict:
+    return {"name": "u", "kind": "openai", "base_url": "http://h:1/v1", **kw}
+
+
+STARTUP = [
+    ("unreachable", _up(options={"state": "down", "detail": "connection refused"}),
+     "upstream 'u' (openai at http://h:1/v1) is unreachable: connection refused; start it "
+     "first, or set probe = false (--no-probe) if it starts later"),
+    ("model not listed", _up(options={"lists": ["a", "b"]},
+                             models=[{"name": "m", "upstream_model": "c"}]),
+     "upstream 'u' (openai at http://h:1/v1) does not serve model 'c' (configured as 'm'); "
+     "it lists: a, b"),
+    ("nothing to discover", _up(options={"lists": []}),
+     "upstream 'u' lists no models; name them under [[upstreams.models]]"),
+    ("not probed, no models", _up(probe=False),
+     "upstream 'u' declares no models and is not probed: list them under [[upstreams.models]]"),
+]
+
+
+@pytest.mark.parametrize(("case", "up", "message"), STARTUP, ids=[c[0] for c in STARTUP])
+def test_startup_probe_failures_are_config_errors(case, up, message) -> None:
+    FakeAdapter.built.clear()
+    with pytest.raises(ConfigError) as info:
+        _build({"upstreams": [up]})
+    assert str(info.value) == message
+    assert all(a.closed for a in FakeAdapter.built)  # nothing left open after a failed start
+
+
+def test_probe_false_skips_the_check_for_an_upstream_started_later() -> None:
+    gw = _build({"upstreams": [_up(probe=False, options={"state": "down"},
+                                   models=[{"name": "m"}])]})
+    assert gw.state.router.names == ("m",) and gw.probes == ()
+
+
+def test_models_are_discovered_with_the_alias_map_or_none() -> None:
+    gw = _build({"upstreams": [_up(options={"lists": ["HuggingFaceTB/SmolLM2-135M", "x"]})]})
+    smol, x = gw.state.router.models
+    assert smol.tmap is not None and smol.tmap.id == "huggingfacetb/smollm2"
+    assert smol.ids_source is IdsSource.RETOKENIZED
+    assert x.tmap is None and x.ids_source is IdsSource.NONE  # text only, nothing to tokenize
+    assert [m.name for m in FakeAdapter.built[-1].config.models] == [smol.name, "x"]
+
+
+def test_discovered_duplicates_across_upstreams_are_config_errors() -> None:
+    with pytest.raises(ConfigError, match="model 'x' is served twice"):
+        _build({"upstreams": [_up(options={"lists": ["x"]}),
+                              _up(name="v", options={"lists": ["x"]})]})
+
+
+def test_secrets_never_appear_in_errors_or_reprs(tmp_path) -> None:
+    f = tmp_path / "t.toml"
+    texts = []
+    for bad in ("api_key_env = \"VLLM_KEY\"\nbase_url = \"nope\"\n",
+                "api_key_env = \"VLLM_KEY\"\nprobe = 3\n"):
+        f.write_text("[[upstreams]]\nname = \"u\"\nkind = \"openai\"\n" + bad)
+        with pytest.raises(ConfigError) as info:
+            load_config_file(f, env=ENV)
+        texts += [str(info.value), repr(info.value)]
+    f.write_text(GOOD)
+    cfg = load_config_file(f, env=ENV)
+    texts += [repr(cfg), repr(cfg.upstreams)]
+    with pytest.raises(ConfigError) as info:
+        _build({"upstreams": [_up(api_key_env="VLLM_KEY",
+                                  options={"state": "down", "detail": "401"})]}, env=ENV)
+    texts.append(str(info.value))
+    for kind, cls in ADAPTERS.items():  # every registered remote adapter keeps its key hidden
+        if kind == "embedded":
+            continue
+        up = UpstreamConfig(name="u", kind=kind, base_url="http://127.0.0.1:9/v1",
+                            api_key_env="VLLM_KEY")
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("VLLM_KEY", SECRET)
+            try:
+                adapter = cls.from_config(up)
+            except ConfigError as exc:  # a kind may need options; its error must not leak
+                texts.append(str(exc))
+                continue
+            texts += [repr(adapter), str(vars(adapter).get("config", ""))]
+            asyncio.run(adapter.aclose())
+    assert texts and not [t for t in texts if SECRET in t]

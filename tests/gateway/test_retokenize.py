@@ -1,0 +1,145 @@
+"""Streaming retokenization gives the ids of the whole text, for any split into deltas."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import corpus
+from tokenwire.codec.maps import TokenizerMap, load_map_file
+from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.gateway.ir import Failure, FailureClass, Finish, FinishKind, TokenDelta, Usage
+from tokenwire.gateway.retokenize import Retokenizer, RetokenizingStream
+
+MAPS = Path(__file__).resolve().parents[1] / "fixtures" / "maps"
+MAP_IDS = ["huggingfacetb/smollm2", "openai/cl100k_base"]
+_SAMPLES = [s for samples in corpus().values() for s in samples if s]
+# Characters around the pre-tokenizers' look-aheads: contractions, whitespace before words
+# and digits, newlines, digit runs, punctuation runs, multi-byte letters.
+_TRICKY = st.text(alphabet=list("'resvltdm \t\n\r1234a!?.é😀中"), max_size=40)
+
+
+@pytest.fixture(scope="module", params=MAP_IDS)
+def tmap(request) -> TokenizerMap:
+    return load_map_file(MAPS / f"{request.param}.json")
+
+
+def stream(tmap: TokenizerMap, deltas: list[str]) -> list[int]:
+    r = Retokenizer(tmap)
+    out: list[int] = []
+    for d in deltas:
+        out += r.feed(d)
+    return out + list(r.flush())
+
+
+def split_at(text: str, cuts: list[int]) -> list[str]:
+    bounds = [0, *sorted(set(cuts)), len(text)]
+    return [text[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+@st.composite
+def text_and_cuts(draw):
+    text = draw(st.one_of(st.sampled_from(_SAMPLES), _TRICKY))
+    cuts = draw(st.lists(st.integers(0, len(text)), max_size=min(len(text), 60)))
+    return text, cuts
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=text_and_cuts())
+def test_streamed_ids_equal_whole_text_ids_for_any_split(tmap, case):
+    text, cuts = case
+    assert stream(tmap, split_at(text, cuts)) == _whole(tmap, text)
+
+
+_WHOLE: dict[str, Tokenizer] = {}
+
+
+def _whole(tmap: TokenizerMap, text: str) -> list[int]:
+    tok = _WHOLE.get(tmap.id)
+    if tok is None:
+        tok = _WHOLE[tmap.id] = Tokenizer.from_map(tmap)
+    return tok.encode(text)
+
+
+@pytest.mark.parametrize("text", ["x're", "a      b", "don't 12345 stop", "a  \t\nb",
+                                  "it'll  9 lives'", "x \r\n y"])
+def test_character_by_character_equals_whole_text(tmap, text):
+    assert stream(tmap, list(text)) == _whole(tmap, text)
+
+
+def test_every_corpus_sample_character_by_character(tmap):
+    for text in _SAMPLES[:40]:
+        assert stream(tmap, list(text)) == _whole(tmap, text)
+
+
+def test_finished_pieces_are_emitted_before_flush(tmap):
+    r = Retokenizer(tmap)
+    ids = r.feed("Hello world, this is a streamed answer")
+    # Everything but the held-back tail is out already (ids stream, they are not batched).
+    assert ids and len(ids) >= 5
+    assert list(ids) + list(r.flush()) == _whole(tmap, "Hello world, this is a streamed answer")
+
+
+class _Events:
+    def __init__(self, events):
+        self.events = list(events)
+        self.cancelled = False
+
+    async def next_event(self):
+        return self.events.pop(0)
+
+    def cancel(self):
+        self.cancelled = True
+
+
+def _drain(s) -> list:
+    async def run():
+        out = []
+        while True:
+            ev = await s.next_event()
+            out.append(ev)
+            if isinstance(ev, Finish | Failure):
+                return out
+    return asyncio.run(run())
+
+
+def test_stream_fills_ids_and_releases_the_tail_before_usage(tmap):
+    text = ["Hel", "lo wor", "ld, again"]
+    events = [TokenDelta(text=t) for t in text] + [
+        Usage(prompt_tokens=3, completion_tokens=4), Finish(reason=FinishKind.EOS)]
+    out = _drain(RetokenizingStream(_Events(events), Retokenizer(tmap)))
+    ids = [i for e in out if isinstance(e, TokenDelta) for i in e.ids]
+    assert ids == _whole(tmap, "".join(text))
+    assert "".join(e.text for e in out if isinstance(e, TokenDelta)) == "".join(text)
+    tail = out.index(next(e for e in out if isinstance(e, Usage)))
+    assert isinstance(out[tail - 1], TokenDelta) and out[tail - 1].text == ""
+
+
+def test_stream_releases_the_tail_before_a_failure(tmap):
+    events = [TokenDelta(text="partial answ"),
+              Failure(failure_class=FailureClass.UPSTREAM, message="x")]
+    out = _drain(RetokenizingStream(_Events(events), Retokenizer(tmap)))
+    assert [i for e in out if isinstance(e, TokenDelta) for i in e.ids] == _whole(
+        tmap, "partial answ")
+    assert isinstance(out[-1], Failure)
+
+
+def test_deltas_with_upstream_ids_are_never_tokenized(tmap):
+    tok = Tokenizer.from_map(tmap)
+    events = [TokenDelta(ids=(1, 2), text="ab"), TokenDelta(ids=(3,), text="c"),
+              Usage(prompt_tokens=1, completion_tokens=3), Finish(reason=FinishKind.EOS)]
+    r = Retokenizer(tmap, tokenizer=tok)
+    out = _drain(RetokenizingStream(_Events(events), r))
+    assert out == events
+    assert tok.calls == 0 and r.calls == 0
+
+
+def test_cancel_reaches_the_upstream_stream(tmap):
+    inner = _Events([])
+    RetokenizingStream(inner, Retokenizer(tmap)).cancel()
+    assert inner.cancelled

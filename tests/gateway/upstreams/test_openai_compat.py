@@ -1,0 +1,419 @@
+"""The OpenAI-compatible adapter against scripted vLLM / Ollama / llama.cpp servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway.upstreams.fakes import (
+    Reply,
+    ToolScript,
+    chat_stream,
+    completion_stream,
+    error_reply,
+    sse,
+    start_fake,
+)
+from tokenwire.codec.maps import load_map_file
+from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.gateway.ir import (
+    ChatMessage,
+    ChatPrompt,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    IdsSource,
+    ImagePart,
+    MessageToolCall,
+    PromptIds,
+    PromptText,
+    ReasoningDelta,
+    TextPart,
+    TokenDelta,
+    ToolCallDelta,
+    ToolSpec,
+    Usage,
+)
+from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig, UpstreamState
+from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
+
+SMOL = load_map_file(Path(__file__).resolve().parents[2] / "fixtures" / "maps" /
+                     "huggingfacetb" / "smollm2.json")
+CHAT = ChatPrompt(messages=(ChatMessage(role="user", content="hi"),))
+
+
+@pytest.fixture(scope="module")
+def fake():
+    server = start_fake(lambda path, body: Reply())
+    yield server
+    server.stop()
+
+
+def upstream(url: str, *, map_id: str | None = None, transport=None, **options):
+    cfg = UpstreamConfig(name="up", kind="openai", base_url=url, options=options,
+                         models=(ModelRoute(name="m", map_id=map_id),))
+    return OpenAICompatUpstream.from_config(cfg, transport=transport,
+                                            maps={SMOL.id: SMOL})
+
+
+def run(fake, reply: Reply | None, request: GenerationRequest, **kw) -> list:
+    if reply is not None:
+        fake.respond = lambda path, body: reply
+
+    async def go():
+        up = upstream(fake.url, **kw)
+        try:
+            return await drain(up.submit(request))
+        finally:
+            await up.aclose()
+    return asyncio.run(go())
+
+
+async def drain(stream) -> list:
+    out = []
+    while True:
+        ev = await stream.next_event()
+        out.append(ev)
+        if isinstance(ev, Finish | Failure):
+            return out
+
+
+def req(prompt=CHAT, **kw) -> GenerationRequest:
+    return GenerationRequest(prompt=prompt, model="m", **kw)
+
+
+def text_of(events) -> str:
+    return "".join(e.text for e in events if isinstance(e, TokenDelta))
+
+
+def ids_of(events) -> list[int]:
+    return [i for e in events if isinstance(e, TokenDelta) for i in e.ids]
+
+
+# -- request bodies ----------------------------------------------------------------------
+
+
+def test_chat_body_has_messages_tools_sampling_and_asks_for_usage(fake):
+    prompt = ChatPrompt(messages=(
+        ChatMessage(role="developer", content="be brief"),
+        ChatMessage(role="user", content=(TextPart(text="see"),
+                                          ImagePart(url="data:image/png;base64,AA"))),
+        ChatMessage(role="assistant", tool_calls=(
+            MessageToolCall(id="c1", name="get", arguments='{"a":1}'),)),
+        ChatMessage(role="tool", tool_call_id="c1", content="42"),
+    ))
+    tool = ToolSpec(name="get", description="d", parameters={"type": "object"})
+    run(fake, Reply(chunks=chat_stream("vllm", ["x"])),
+        req(prompt, tools=(tool,), tool_choice={"name": "get"}, parallel_tool_calls=True,
+            reasoning_effort="low", stop=("END",), seed=7, temperature=0.0, top_p=0.5,
+            max_tokens=9))
+    path, body = fake.requests[-1]
+    assert path == "/v1/chat/completions"
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert [m["role"] for m in body["messages"]] == ["system", "user", "assistant", "tool"]
+    assert body["messages"][1]["content"][1] == {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}
+    assert body["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "get", "arguments": '{"a":1}'}}]}
+    assert body["messages"][3]["tool_call_id"] == "c1"
+    assert body["tools"][0]["function"]["name"] == "get"
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "get"}}
+    assert (body["parallel_tool_calls"], body["reasoning_effort"], body["stop"],
+            body["seed"], body["temperature"], body["top_p"], body["max_tokens"]) == (
+        True, "low", ["END"], 7, 0.0, 0.5, 9)
+    assert "return_token_ids" not in body  # ids were not asked for
+
+
+def test_text_prompt_goes_to_completions_and_ids_prompt_as_a_list(fake):
+    out = run(fake, Reply(chunks=completion_stream("vllm", ["a", "b"])),
+              req(PromptText(text="Once")))
+    assert fake.requests[-1][0] == "/v1/completions"
+    assert fake.requests[-1][1]["prompt"] == "Once" and text_of(out) == "ab"
+    run(fake, None, req(PromptIds(ids=(1, 2, 3))))
+    assert fake.requests[-1][1]["prompt"] == [1, 2, 3]
+
+
+def test_api_option_refuses_the_other_prompt_kind(fake):
+    out = run(fake, None, req(PromptText(text="x")), api="chat")
+    assert out[-1].failure_class is FailureClass.INVALID_REQUEST
+
+
+# -- vLLM ----------------------------------------------------------------------------------
+
+
+def test_vllm_token_ids_become_delta_ids_when_ids_are_wanted(fake):
+    chunks = chat_stream("vllm", ["Hel", "lo"], ids=[[10, 11], [12]], prompt_ids=[1, 2])
+    out = run(fake, Reply(chunks=chunks), req(want_ids=True), ids="vllm")
+    assert fake.requests[-1][1]["return_token_ids"] is True
+    assert ids_of(out) == [10, 11, 12] and text_of(out) == "Hello"
+    assert out[-2:] == [Usage(prompt_tokens=5, completion_tokens=3),
+                        Finish(reason=FinishKind.EOS)]
+
+
+def test_vllm_stop_reason_string_is_a_stop_sequence_finish(fake):
+    out = run(fake, Reply(chunks=chat_stream("vllm", ["a"], stop_reason="END")), req())
+    assert out[-1] == Finish(reason=FinishKind.STOP_SEQUENCE, matched_stop="END")
+
+
+@pytest.mark.parametrize(("reason", "kind"), [("length", FinishKind.LENGTH),
+                                              ("content_filter", FinishKind.CONTENT_FILTER),
+                                              ("tool_calls", FinishKind.TOOL_CALLS)])
+def test_finish_reason_maps_to_the_ir_vocabulary(fake, reason, kind):
+    assert run(fake, Reply(chunks=chat_stream("vllm", ["a"], finish=reason)),
+               req())[-1] == Finish(reason=kind)
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "ollama", "llamacpp"])
+def test_reasoning_deltas_come_before_the_answer(fake, flavor):
+    out = run(fake, Reply(chunks=chat_stream(flavor, ["42"], reasoning=["think", "ing"])),
+              req())
+    assert [e.text for e in out if isinstance(e, ReasoningDelta)] == ["think", "ing"]
+    assert text_of(out) == "42"
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "ollama", "llamacpp"])
+def test_parallel_tool_calls_keep_their_index_id_name_and_arguments(fake, flavor):
+    calls = [ToolScript(0, "call_a", "weather", ('{"city"', ': "Oslo"}')),
+             ToolScript(1, "call_b", "time", ('{"tz": ', '"UTC"}'))]
+    out = run(fake, Reply(chunks=chat_stream(flavor, tools=calls, finish="tool_calls")),
+              req())
+    got: dict[int, list] = {}
+    for e in out:
+        if isinstance(e, ToolCallDelta):
+            entry = got.setdefault(e.index, [None, None, ""])
+            entry[0] = entry[0] or e.id
+            entry[1] = entry[1] or e.name
+            entry[2] += e.arguments
+    assert got == {0: ["call_a", "weather", '{"city": "Oslo"}'],
+                   1: ["call_b", "time", '{"tz": "UTC"}']}
+    assert out[-1] == Finish(reason=FinishKind.TOOL_CALLS)
+
+
+def test_vllm_mid_stream_error_is_a_failure_after_the_text_so_far(fake):
+    err = {"message": "CUDA out of memory", "type": "InternalServerError", "code": 500}
+    out = run(fake, Reply(chunks=chat_stream("vllm", ["par", "tial"], error=err)), req())
+    assert text_of(out) == "partial"
+    assert isinstance(out[-1], Failure) and out[-1].failure_class is FailureClass.UPSTREAM
+    assert "out of memory" in out[-1].message
+
+
+@pytest.mark.parametrize(("message", "prompt", "ctx"), [
+    ("This model's maximum context length is 2048 tokens. However, you requested 3000 tokens "
+     "(2900 in the messages, 100 in the completion). Please reduce the length of the "
+     "messages or completion.", 2900, 2048),
+    ("'max_tokens' or 'max_completion_tokens' is too large: 100. This model's maximum context "
+     "length is 2048 tokens and your request has 2000 input tokens (100 > 2048 - 2000).",
+     2000, 2048),
+    ("You passed 3000 input tokens and requested 16 output tokens. However, the model's "
+     "context length is only 2048 tokens, resulting in a maximum input length of 2032 "
+     "tokens. Please reduce the length of the input prompt. (parameter=input_tokens, "
+     "value=3000)", 3000, 2048),
+])
+def test_vllm_context_overflow_wordings_are_context_length_with_counts(fake, message,
+                                                                       prompt, ctx):
+    body = {"error": {"message": message, "type": "BadRequestError", "param": None,
+                      "code": 400}}
+    out = run(fake, error_reply(400, body), req())
+    f = out[-1]
+    assert (f.failure_class, f.status, f.prompt_tokens, f.context_tokens) == (
+        FailureClass.CONTEXT_LENGTH, 400, prompt, ctx)
+
+
+def test_llama_cpp_exceed_context_size_error_counts_are_read_from_fields(fake):
+    body = {"error": {"code": 400, "type": "exceed_context_size_error",
+                      "message": "request (3000 tokens) exceeds the available context size "
+                                 "(2048 tokens), try increasing it",
+                      "n_prompt_tokens": 3000, "n_ctx": 2048}}
+    f = run(fake, error_reply(400, body), req())[-1]
+    assert (f.failure_class, f.prompt_tokens, f.context_tokens, f.code) == (
+        FailureClass.CONTEXT_LENGTH, 3000, 2048, "exceed_context_size_error")
+
+
+@pytest.mark.parametrize(("status", "error", "headers", "cls", "retry"), [
+    (429, {"message": "slow down", "type": "rate_limit_error"}, [("retry-after", "7")],
+     FailureClass.RATE_LIMITED, 7.0),
+    (429, {"message": "no money", "code": "insufficient_quota"}, [], FailureClass.QUOTA, None),
+    (503, {"message": "busy"}, [("retry-after", "2")], FailureClass.CAPACITY, 2.0),
+    (401, {"message": "bad key", "type": "invalid_request_error"}, [],
+     FailureClass.AUTHENTICATION, None),
+    (500, {"message": "boom"}, [], FailureClass.UPSTREAM, None),
+    (404, {"message": "model not found"}, [], FailureClass.INVALID_REQUEST, None),
+])
+def test_http_errors_before_the_stream_are_classified_from_status_and_code(
+        fake, status, error, headers, cls, retry):
+    f = run(fake, error_reply(status, {"error": error}, headers), req())[-1]
+    assert (f.failure_class, f.retry_after) == (cls, retry)
+    assert f.status != 401  # our upstream credentials are not the client's problem
+
+
+# -- stream endings --------------------------------------------------------------------------
+
+
+def test_eof_without_finish_reason_is_an_upstream_failure(fake):
+    out = run(fake, Reply(chunks=chat_stream("vllm", ["a"], finish=None, usage=None,
+                                             done=False)), req())
+    assert isinstance(out[-1], Failure) and out[-1].failure_class is FailureClass.UPSTREAM
+
+
+def test_done_without_finish_reason_is_an_upstream_failure(fake):
+    out = run(fake, Reply(chunks=chat_stream("vllm", ["a"], finish=None)), req())
+    assert isinstance(out[-1], Failure)
+
+
+def test_line_cut_off_at_eof_is_an_upstream_failure(fake):
+    out = run(fake, Reply(chunks=(*chat_stream("vllm", ["a"], finish=None, done=False),
+                                  b'data: {"choi')), req())
+    assert isinstance(out[-1], Failure) and out[-1].failure_class is FailureClass.UPSTREAM
+
+
+def test_keepalive_comments_and_crlf_are_tolerated(fake):
+    body = b"".join(chat_stream("vllm", ["a", "b"])).replace(b"\n", b"\r\n")
+    out = run(fake, Reply(chunks=(b": ping\r\n\r\n", body)), req())
+    assert text_of(out) == "ab" and out[-1] == Finish(reason=FinishKind.EOS)
+
+
+def test_not_json_chunk_is_an_upstream_failure(fake):
+    out = run(fake, Reply(chunks=sse("not json")), req())
+    assert out[-1].failure_class is FailureClass.UPSTREAM
+
+
+def test_cancel_closes_the_upstream_connection(fake):
+    reply = Reply(chunks=chat_stream("vllm", ["a", "b"], finish=None, usage=None,
+                                     done=False), hold_open=True)
+    fake.respond = lambda path, body: reply
+    before = fake.disconnects
+
+    async def go():
+        up = upstream(fake.url)
+        stream = up.submit(req())
+        assert isinstance(await stream.next_event(), TokenDelta)
+        stream.cancel()
+        last = await drain(stream)
+        # Checked before aclose(): closing the client would close the socket anyway.
+        deadline = time.monotonic() + 10
+        while fake.disconnects == before and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        closed = fake.disconnects - before
+        await up.aclose()
+        return last, closed
+    last, closed = asyncio.run(go())
+    assert last[-1] == Finish(reason=FinishKind.ABORT)
+    assert closed == 1
+
+
+def test_unreachable_upstream_is_a_connection_failure():
+    async def go():
+        up = upstream("http://127.0.0.1:9/v1")
+        try:
+            return await drain(up.submit(req()))
+        finally:
+            await up.aclose()
+    assert asyncio.run(go())[-1].failure_class is FailureClass.CONNECTION
+
+
+# -- llama.cpp and Ollama --------------------------------------------------------------------
+
+
+def test_llama_cpp_tokens_become_ids_and_usage_on_the_finish_chunk_counts(fake):
+    chunks = chat_stream("llamacpp", ["Hi", "!"], ids=[[7], [8]], usage=(4, 2))
+    out = run(fake, Reply(chunks=chunks), req(want_ids=True), ids="llama.cpp")
+    assert fake.requests[-1][1]["return_tokens"] is True
+    assert ids_of(out) == [7, 8]
+    assert out[-2:] == [Usage(prompt_tokens=4, completion_tokens=2),
+                        Finish(reason=FinishKind.EOS)]
+
+
+def test_ollama_silent_prompt_truncation_is_a_context_length_failure(fake):
+    prompt = PromptText(text="word " * 300)
+    sent = len(Tokenizer.from_map(SMOL).encode(prompt.text))
+    chunks = completion_stream("ollama", ["ok"], usage=(128, 1))
+    out = run(fake, Reply(chunks=chunks), req(prompt), map_id=SMOL.id)
+    f = out[-1]
+    assert text_of(out) == "ok"
+    assert (f.failure_class, f.prompt_tokens, f.context_tokens) == (
+        FailureClass.CONTEXT_LENGTH, sent, 128)
+    ignored = run(fake, None, req(prompt), map_id=SMOL.id, truncation="ignore")
+    assert ignored[-1] == Finish(reason=FinishKind.EOS)
+
+
+def test_ollama_full_prompt_usage_is_not_truncation(fake):
+    out = run(fake, Reply(chunks=chat_stream("ollama", ["ok"], usage=(40, 1))), req(),
+              map_id=SMOL.id)
+    assert out[-1] == Finish(reason=FinishKind.EOS)
+
+
+def test_missing_upstream_ids_fall_back_to_retokenizing_with_the_map(fake):
+    out = run(fake, Reply(chunks=chat_stream("vllm", ["Hello", " world"])),
+              req(want_ids=True), ids="vllm", map_id=SMOL.id)
+    assert ids_of(out) == Tokenizer.from_map(SMOL).encode("Hello world")
+    assert out[-1] == Finish(reason=FinishKind.EOS)
+
+
+def test_missing_upstream_ids_without_a_map_is_a_failure(fake):
+    out = run(fake, Reply(chunks=chat_stream("vllm", ["Hello"])), req(want_ids=True),
+              ids="vllm")
+    assert isinstance(out[-1], Failure)
+
+
+# -- probe, ids source, credentials ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("owned_by", "source"), [("vllm", IdsSource.UPSTREAM),
+                                                  ("llamacpp", IdsSource.UPSTREAM),
+                                                  ("library", IdsSource.RETOKENIZED)])
+def test_probe_reads_models_and_auto_ids_follow_the_server(fake, owned_by, source):
+    fake.owned_by = owned_by
+
+    async def go():
+        up = upstream(fake.url, map_id=SMOL.id)
+        assert up.ids_source is IdsSource.RETOKENIZED  # before any probe
+        health = await up.probe()
+        await up.aclose()
+        return up, health
+    up, health = asyncio.run(go())
+    fake.owned_by = "vllm"
+    assert health.state is UpstreamState.UP and health.models == ("m",)
+    assert up.ids_source is source
+
+
+def test_probe_reports_down_and_degraded(fake):
+    async def go(url, name):
+        cfg = UpstreamConfig(name="up", kind="openai", base_url=url,
+                             models=(ModelRoute(name=name),))
+        up = OpenAICompatUpstream.from_config(cfg)
+        try:
+            return await up.probe()
+        finally:
+            await up.aclose()
+    assert asyncio.run(go("http://127.0.0.1:9/v1", "m")).state is UpstreamState.DOWN
+    degraded = asyncio.run(go(fake.url, "other"))
+    assert degraded.state is UpstreamState.DEGRADED and "other" in degraded.detail
+
+
+def test_api_key_is_sent_as_bearer_and_never_in_repr_or_failures(monkeypatch):
+    monkeypatch.setenv("TW_TEST_KEY", "sk-secret-123")
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get("authorization"))
+        return httpx.Response(401, json={"error": {"message": "invalid key"}})
+
+    cfg = UpstreamConfig(name="up", kind="openai", base_url="http://x/v1",
+                         api_key_env="TW_TEST_KEY", models=(ModelRoute(name="m"),))
+
+    async def go():
+        up = OpenAICompatUpstream.from_config(cfg, transport=httpx.MockTransport(handler))
+        out = await drain(up.submit(req()))
+        await up.aclose()
+        return up, out
+    up, out = asyncio.run(go())
+    assert seen == ["Bearer sk-secret-123"]
+    assert "sk-secret" not in repr(up) and "sk-secret" not in json.dumps(
+        [str(e) for e in out])
