@@ -19,7 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "BENCHMARKS.md"
-MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames", "bench_serve"]
+MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames", "bench_serve",
+           "bench_upstreams"]
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
