@@ -42,6 +42,10 @@ The tree::
         ContentTypeMismatch           not the binary type asked for (e.g. a JSON-SSE fallback)
     and, for the gateway's routing:
         UnknownModel                  the request names a model not served here (404)
+    and, for the Responses API (an OpenAI error with ``param`` and ``code``):
+        ResponsesRequestError         a Responses request refused before any upstream
+            CompactionRefused         a ``compaction_trigger`` item: final, never retried
+            PreviousResponseNotFound  ``previous_response_id`` unknown or expired
 
 Other libraries' exceptions (msgspec, zstandard, json, ...) are translated at the
 boundary of the layer that calls them, always with ``raise ... from exc``; anything
@@ -280,3 +284,30 @@ class UnknownModel(RemoteProtocolError):
     """The request names a model this gateway does not serve (404, OpenAI ``model_not_found``)."""
 
     status_hint = 404
+
+
+class ResponsesRequestError(RemoteProtocolError):
+    """A Responses request refused before any upstream; ``code``/``param`` as OpenAI sends."""
+
+    code: str | None = None
+
+    def __init__(self, msg: str, *, status_hint: int | None = None, code: str | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(msg, status_hint=status_hint)
+        if code is not None:
+            self.code = code
+        self.param = param
+
+
+class CompactionRefused(ResponsesRequestError):
+    """A ``compaction_trigger`` input item: refused as final (400; ``invalid_prompt`` in-stream)."""
+
+    code = "invalid_request"
+    #: The code a stream's ``response.failed`` carries: Codex does not retry it.
+    stream_code = "invalid_prompt"
+
+
+class PreviousResponseNotFound(ResponsesRequestError):
+    """``previous_response_id`` names no stored response (unknown, expired, or not stored)."""
+
+    code = "previous_response_not_found"

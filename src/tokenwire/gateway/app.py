@@ -59,6 +59,7 @@ from tokenwire.codec.versioning import (
 from tokenwire.errors import (
     ConfigError,
     ProtocolError,
+    ResponsesRequestError,
     ServerBusy,
     TokenwireError,
     UnknownModel,
@@ -70,6 +71,7 @@ from tokenwire.gateway.apis.errors import error_body
 from tokenwire.gateway.apis.params import JSON_FORMAT, SUPPORTED_STREAM_FORMATS, bad_request
 from tokenwire.gateway.http_streaming import EventResponse, Renderer
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, PromptIds, Upstream
+from tokenwire.gateway.response_store import ResponseStore, SQLiteResponseStore
 from tokenwire.gateway.router import HealthMonitor, Router, ServedModel, overall_status
 from tokenwire.gateway.schema import PROTO_SCHEMA
 from tokenwire.gateway.settings import ServerSettings
@@ -106,6 +108,8 @@ class GatewayState:
     clock: Callable[[], float] = time.monotonic
     router: Router = field(default=None)  # type: ignore[assignment]  # set in __post_init__
     health: HealthMonitor = field(default=None)  # type: ignore[assignment]
+    #: Stored Responses (``store``, ``previous_response_id``, ``GET /v1/responses/{id}``).
+    response_store: ResponseStore = field(default_factory=SQLiteResponseStore)
 
     def __post_init__(self) -> None:
         if self.router is None:
@@ -243,8 +247,12 @@ def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], byt
 def _start_generation(
     state: GatewayState, request: Request, served: ServedModel, gen: GenerationRequest,
     renderer: Renderer, format_key: str, *, streaming: bool,
+    on_failure: Callable[[Failure], tuple[int, list[tuple[str, str]], bytes]] | None = None,
 ) -> Response | EventResponse:
-    """Negotiate the coding (§4.3), admit the request, and return the streaming response."""
+    """Negotiate the coding (§4.3), admit the request, and return the streaming response.
+
+    ``on_failure`` builds the error response for a failure before any byte was sent: an
+    API with its own error shape (Anthropic Messages) passes one; the default is OpenAI's."""
     cv = client_version(request)
     policy = state.policy_for(served)
     gen = msgspec.structs.replace(
@@ -271,7 +279,7 @@ def _start_generation(
         headers=_generation_headers(state, served, cv, renderer, pick.encoding, zdict,
                                     pick.reason_code.value, gen.request_id),
         compressor=new_compressor(pick.encoding, dictionary=zdict),
-        on_failure=_failure_response, window=state.settings.window_s,
+        on_failure=on_failure or _failure_response, window=state.settings.window_s,
         streaming=streaming, clock=state.clock,
     )
 
@@ -455,23 +463,30 @@ def _discovery_routes(state: GatewayState) -> list[BaseRoute]:
 
 def create_app(state: GatewayState) -> Starlette:
     """The ASGI app over ``state`` (the upstream must already be started)."""
+    from tokenwire.gateway.apis.messages import messages_endpoint  # issue 5 item 5
+    from tokenwire.gateway.apis.responses_get import get_response, responses_error_response
+    from tokenwire.gateway.apis.responses_route import responses_routes  # issue 5 item 1
     from tokenwire.gateway.tokenize_routes import detokenize, tokenize
 
     routes: list[BaseRoute] = [
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/completions/codec", completions_codec, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/messages", messages_endpoint, methods=["POST"]),  # Anthropic Messages
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/codec/schema", codec_schema, methods=["GET"]),
         Route("/codec/version", codec_version, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
+        *responses_routes(),  # POST /v1/responses (OpenAI Responses)
+        Route("/v1/responses/{response_id}", get_response, methods=["GET"]),  # stored ones
         *_discovery_routes(state),
     ]
     app = Starlette(routes=routes, exception_handlers={
         ProtocolError: _protocol_error, TokenwireError: _tokenwire_error,
         HTTPException: _http_error,
+        ResponsesRequestError: responses_error_response,  # OpenAI shape with param/code
     })
     app.state.gateway = state
     return app

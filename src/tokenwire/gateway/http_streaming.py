@@ -28,7 +28,14 @@ from typing import Any, Protocol
 import anyio
 
 from tokenwire.codec.compression import Coalescer, Compressor
-from tokenwire.gateway.ir import Event, EventStream, Failure, is_terminal
+from tokenwire.gateway.ir import (
+    Event,
+    EventStream,
+    Failure,
+    MessageStart,
+    ResponseMeta,
+    is_terminal,
+)
 
 __all__ = ["ErrorFactory", "EventResponse", "Renderer"]
 
@@ -131,6 +138,12 @@ class EventResponse:
 
     async def _stream_body(self, send: Send) -> None:
         event = await self._next()
+        held: list[Event] = []
+        # Facts and message boundaries, not output: a failure after them still gets its
+        # real status.
+        while isinstance(event, ResponseMeta | MessageStart):
+            held.append(event)
+            event = await self._next()
         if isinstance(event, Failure):
             await self._send_failure(send, event)
             return
@@ -139,7 +152,9 @@ class EventResponse:
         coalescer = Coalescer(self._compressor, window=self._window)
         try:
             while True:
-                out = self._feed(coalescer, self._renderer.on_event(event))
+                chunks = [c for ev in held for c in self._renderer.on_event(ev)]
+                held = []
+                out = self._feed(coalescer, chunks + self._renderer.on_event(event))
                 if is_terminal(event):
                     await self._body(send, out + coalescer.close(self._clock()), more=False)
                     return

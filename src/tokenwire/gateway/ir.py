@@ -33,11 +33,13 @@ __all__ = [
     "GenerationRequest",
     "IdsSource",
     "ImagePart",
+    "MessageStart",
     "MessageToolCall",
     "Prompt",
     "PromptIds",
     "PromptText",
     "ReasoningDelta",
+    "ResponseMeta",
     "TextPart",
     "TokenDelta",
     "ToolCallDelta",
@@ -161,7 +163,39 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True, tag="failure"):
     context_tokens: int | None = None
 
 
-Event = TokenDelta | ToolCallDelta | ReasoningDelta | Usage | Finish | Failure
+class ResponseMeta(msgspec.Struct, frozen=True, kw_only=True, tag="meta"):
+    """Facts the upstream reported about the response itself, not content; ``None`` = not said.
+
+    ``service_tier`` is the tier the upstream says it *served* (a recognised public value,
+    never the requested tier echoed back); ``end_turn`` is the upstream's actual boolean (a
+    continuation vs the end of a turn); ``turn_state`` is the upstream's
+    ``x-codex-turn-state`` already wrapped with the scope naming that upstream
+    (``gateway/affinity.py``), opaque to every API and never logged. Seed, "Service tiers on
+    Responses upstreams", "Replayed items and turn terminals", "Response ids, cache
+    affinity, and turn state". APIs without a place for these ignore the event; several may
+    arrive (the turn state with the response head, the rest just before the terminal).
+    """
+
+    service_tier: str | None = None
+    end_turn: bool | None = None
+    turn_state: str | None = None
+
+
+class MessageStart(msgspec.Struct, frozen=True, kw_only=True, tag="message_start"):
+    """A new assistant message begins here: the text that follows is a separate message.
+
+    ``phase`` is the upstream's own label for it (``commentary``, ``final_answer`` or
+    ``partial_answer``), ``None`` when it gave none or an unknown one. Only a Responses
+    upstream says this and only the Responses API shows it (one ``message`` item each, its
+    phase kept); every other API ignores the event (seed, "Replayed items and turn
+    terminals": message boundaries and phases are retained).
+    """
+
+    phase: str | None = None
+
+
+Event = (TokenDelta | ToolCallDelta | ReasoningDelta | Usage | ResponseMeta | MessageStart
+         | Finish | Failure)
 
 
 def is_terminal(event: Event) -> bool:
@@ -282,12 +316,22 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     parallel_tool_calls: bool | None = None
     #: "low" / "medium" / "high" where the upstream supports reasoning effort.
     reasoning_effort: str | None = None
+    #: The service tier the client asked for; only Responses upstreams receive it (the
+    #: tier actually served comes back in :class:`ResponseMeta`, never assumed).
+    service_tier: str | None = None
     #: The client wants token ids (a Codec stream_format, or ``return_token_ids``): upstreams
     #: that can return their ids should be asked for them.
     want_ids: bool = False
     #: The client shows text (every JSON API). False when the response is Codec frames, which
     #: carry ids only (codec-spec §2.3): an upstream that returns ids then need not detokenize.
     want_text: bool = True
+    #: The client's exact Responses request bytes, set only when the gateway changed nothing
+    #: in them (seed: "forwarded as the same object"): a Responses upstream sends them as is
+    #: when it serves the model under the client's name. ``None`` for every other request.
+    passthrough_body: bytes | None = None
+    #: Cache-affinity hints from the client, ``(name, value)`` pairs already checked for
+    #: form; which reach an upstream is decided per upstream kind (``gateway/affinity.py``).
+    affinity: tuple[tuple[str, str], ...] = ()
 
 
 # -- the upstream interface ------------------------------------------------------------------

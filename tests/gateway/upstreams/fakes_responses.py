@@ -35,7 +35,8 @@ def sse(event: str, data: Any) -> bytes:
 
 @dataclass
 class Script:
-    """What one request gets: ``chunks`` as an SSE body, or ``status`` with ``body``.
+    """What one request gets: ``chunks`` as an SSE body, or ``status`` with ``body``;
+    ``headers`` go on either answer (e.g. ``x-codex-turn-state`` on a stream).
 
     ``hold`` keeps the response open after the chunks (until the client disconnects), to
     test cancellation; ``delay`` paces the chunks so they arrive as separate reads.
@@ -121,7 +122,8 @@ class ScriptedServer:
                 self.disconnected.set()
                 raise
 
-        return StreamingResponse(gen(), media_type="text/event-stream")
+        return StreamingResponse(gen(), media_type="text/event-stream",
+                                 headers=script.headers)
 
 
 class ResponsesStream:
@@ -163,10 +165,13 @@ class ResponsesStream:
         self.output.append(done)
         return self
 
-    def message(self, pieces: list[str]) -> ResponsesStream:
+    def message(self, pieces: list[str], phase: str | None = None) -> ResponsesStream:
+        """``phase`` (``commentary``, ``final_answer``...) goes on every snapshot of it."""
         oi, mid = len(self.output), f"msg_{len(self.output)}"
         item = {"type": "message", "id": mid, "status": "in_progress", "role": "assistant",
                 "content": []}
+        if phase is not None:
+            item["phase"] = phase
         self.emit("response.output_item.added", output_index=oi, item=item)
         part = {"type": "output_text", "text": "", "annotations": []}
         self.emit("response.content_part.added", item_id=mid, output_index=oi,
@@ -222,10 +227,12 @@ class ResponsesStream:
                 "output_tokens_details": {"reasoning_tokens": 0},
                 "total_tokens": input_tokens + output_tokens}
 
-    def completed(self, input_tokens: int = 11, output_tokens: int = 7) -> ResponsesStream:
+    def completed(self, input_tokens: int = 11, output_tokens: int = 7,
+                  **extra: Any) -> ResponsesStream:
+        """``extra``: more snapshot fields (``service_tier``, ``end_turn``)."""
         return self.emit("response.completed", response={
             **self._resp, "status": "completed", "output": self.output,
-            "usage": self._usage(input_tokens, output_tokens)})
+            "usage": self._usage(input_tokens, output_tokens), **extra})
 
     def incomplete(self, reason: str) -> ResponsesStream:
         return self.emit("response.incomplete", response={

@@ -35,6 +35,7 @@ from tokenwire.gateway.ir import (
     Usage,
     is_terminal,
 )
+from tokenwire.gateway.server import _check_probe
 from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams.anthropic_upstream import (
     _HANDLERS,
@@ -293,7 +294,10 @@ def test_temperature_is_clamped_to_anthropic_range() -> None:
 
 def test_probe_lists_models_under_v1(fake: ScriptedServer) -> None:
     health = run(fake.url, lambda up: up.probe())
-    assert health.state is UpstreamState.UP and health.models == ("sonnet",)
+    # What the upstream lists (``sent_as``), which start-up checks each route against: a
+    # model served under another name than the upstream's passes that check.
+    assert health.state is UpstreamState.UP and health.models == ("claude-test",)
+    _check_probe(config(fake.url), health)
     assert fake.requests[-1].path == "/v1/models"
     assert fake.requests[-1].headers["x-api-key"] == SECRET
     fake.models_status = 401

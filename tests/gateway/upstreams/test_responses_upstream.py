@@ -28,6 +28,7 @@ from tokenwire.gateway.ir import (
     FinishKind,
     GenerationRequest,
     ImagePart,
+    MessageStart,
     MessageToolCall,
     PromptIds,
     ReasoningDelta,
@@ -111,7 +112,7 @@ HELLO = chat(ChatMessage(role="user", content="Hi"))
 def test_text_deltas_then_usage_then_eos(fake: ScriptedServer) -> None:
     s = ResponsesStream().message(["Hel", "lo", "!"]).completed(11, 3)
     assert generate(fake, HELLO, Script(s.chunks())) == [
-        TokenDelta(text="Hel"), TokenDelta(text="lo"), TokenDelta(text="!"),
+        MessageStart(), TokenDelta(text="Hel"), TokenDelta(text="lo"), TokenDelta(text="!"),
         Usage(prompt_tokens=11, completion_tokens=3), Finish(reason=FinishKind.EOS)]
 
 
@@ -154,9 +155,9 @@ def test_reasoning_summary_is_reasoning_and_encrypted_content_is_scoped_to_upstr
     blob = json.dumps({"type": "reasoning", "summary": [{"type": "summary_text",
                                                           "text": "Thinking."}],
                        "encrypted_content": "gAAAA-blob"}, separators=(",", ":"))
-    assert events[:4] == [ReasoningDelta(text="Think"), ReasoningDelta(text="ing."),
+    assert events[:5] == [ReasoningDelta(text="Think"), ReasoningDelta(text="ing."),
                           ReasoningDelta(text="", encrypted=(("oai", blob),)),
-                          TokenDelta(text="Hi")]
+                          MessageStart(), TokenDelta(text="Hi")]
 
 
 def test_unknown_events_are_ignored_and_counted(fake: ScriptedServer) -> None:
@@ -176,7 +177,7 @@ def test_stop_sequences_are_applied_locally_since_the_api_has_none(fake: Scripte
     s = ResponsesStream().message(["one EN", "D two"]).completed()
     events = generate(fake, chat(ChatMessage(role="user", content="x"), stop=("END",)),
                       Script(s.chunks()))
-    assert events == [TokenDelta(text="one "),
+    assert events == [MessageStart(), TokenDelta(text="one "),
                       Finish(reason=FinishKind.STOP_SEQUENCE, matched_stop="END")]
 
 
@@ -202,8 +203,8 @@ def test_mid_stream_failure_is_classified_by_error_code(fake: ScriptedServer, co
                                                        cls: FailureClass) -> None:
     s = ResponsesStream().message(["partial"]).failed(code, "it broke")
     events = generate(fake, HELLO, Script(s.chunks()))
-    assert events[0] == TokenDelta(text="partial")
-    assert isinstance(events[-1], Failure) and len(events) == 2
+    assert events[:2] == [MessageStart(), TokenDelta(text="partial")]
+    assert isinstance(events[-1], Failure) and len(events) == 3
     assert (events[-1].failure_class, events[-1].code) == (cls, code)
 
 
@@ -220,7 +221,7 @@ def test_stream_ending_without_terminal_is_upstream_failure(fake: ScriptedServer
                                                             done: bool) -> None:
     s = ResponsesStream().message(["half"])
     events = generate(fake, HELLO, Script(s.chunks(done=done)))
-    assert events[0] == TokenDelta(text="half")
+    assert events[:2] == [MessageStart(), TokenDelta(text="half")]
     assert isinstance(events[-1], Failure)
     assert events[-1].failure_class is FailureClass.UPSTREAM
 
@@ -285,14 +286,15 @@ def test_cancel_closes_the_upstream_response_and_ends_with_abort(fake: ScriptedS
 
     async def body(up: ResponsesUpstream) -> list[Event]:
         stream = up.submit(HELLO)
-        got = [await asyncio.wait_for(stream.next_event(), 10)]
+        got = [await asyncio.wait_for(stream.next_event(), 10) for _ in range(2)]
         stream.cancel()
         got.append(await asyncio.wait_for(stream.next_event(), 10))
         assert up.active == 0
         return got
 
     fake.push(Script(s.chunks(), hold=True))
-    assert run(fake.url, body) == [TokenDelta(text="first"), Finish(reason=FinishKind.ABORT)]
+    assert run(fake.url, body) == [MessageStart(), TokenDelta(text="first"),
+                                   Finish(reason=FinishKind.ABORT)]
     assert fake.disconnected.wait(10), "the upstream never saw the disconnect"
 
 
@@ -400,7 +402,7 @@ def test_mock_transport_is_used_when_given(monkeypatch: pytest.MonkeyPatch) -> N
         finally:
             await up.aclose()
 
-    assert asyncio.run(main())[0] == TokenDelta(text="mock")
+    assert asyncio.run(main())[:2] == [MessageStart(), TokenDelta(text="mock")]
 
 
 # -- through the gateway ---------------------------------------------------------------------

@@ -59,16 +59,13 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth
+from tokenwire.gateway.upstreams.failures import classify_error, failure_from_response
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
     api_key_from_env,
-    context_overflow_counts,
-    error_fields,
-    failure_from_status,
     http_client,
     probe_models,
-    retry_after_seconds,
 )
 
 __all__ = [
@@ -225,19 +222,6 @@ def _tool_choice(request: GenerationRequest) -> dict[str, Any] | None:
 
 # -- stream parser ---------------------------------------------------------------------------
 
-#: ``error.type`` -> (class, status we answer with) (Anthropic "Errors" page).
-_ERROR_TYPES: dict[str, tuple[FailureClass, int]] = {
-    "invalid_request_error": (FailureClass.INVALID_REQUEST, 400),
-    "authentication_error": (FailureClass.AUTHENTICATION, 502),
-    "permission_error": (FailureClass.AUTHENTICATION, 502),
-    "billing_error": (FailureClass.QUOTA, 402),
-    "not_found_error": (FailureClass.INVALID_REQUEST, 404),
-    "request_too_large": (FailureClass.INVALID_REQUEST, 413),
-    "rate_limit_error": (FailureClass.RATE_LIMITED, 429),
-    "api_error": (FailureClass.UPSTREAM, 502),
-    "overloaded_error": (FailureClass.CAPACITY, 503),
-    "timeout_error": (FailureClass.TIMEOUT, 504),
-}
 _STOP_REASONS = {
     "end_turn": FinishKind.EOS,
     "pause_turn": FinishKind.EOS,  # a server tool paused the turn; the client continues it
@@ -418,24 +402,7 @@ class MessagesStreamParser:
 
     def _error(self, data: dict[str, Any]) -> list[Event]:
         err = data.get("error") if isinstance(data.get("error"), dict) else data
-        kind = str(err.get("type") or "api_error")
-        return self._end(classify_error(kind, str(err.get("message") or kind)))
-
-
-def classify_error(kind: str, message: str, *, status: int | None = None,
-                   retry_after: float | None = None) -> Failure:
-    """A Failure from Anthropic's ``error.type`` (and the HTTP status when there was one);
-    "prompt is too long" is the one wording read, for the context-overflow counts."""
-    known = _ERROR_TYPES.get(kind)
-    if status is not None:
-        return failure_from_status(status, message, code=kind, known=known,
-                                   retry_after=retry_after)
-    cls, answer = known or (FailureClass.UPSTREAM, 502)
-    prompt = ctx = None
-    if cls is FailureClass.INVALID_REQUEST and (counts := context_overflow_counts(message)):
-        cls, answer, (prompt, ctx) = FailureClass.CONTEXT_LENGTH, 400, counts
-    return Failure(failure_class=cls, message=message, status=answer, code=kind,
-                   prompt_tokens=prompt, context_tokens=ctx)
+        return self._end(classify_error({"type": "api_error", **err}, status=None))
 
 
 def _failure(cls: FailureClass, message: str, status: int) -> Failure:
@@ -512,7 +479,7 @@ class AnthropicUpstream:
         self.active += 1
         return SSEUpstreamStream(
             client=self._client, url=f"{self._api}/messages", body=body, parser=parser,
-            classify_http=_classify_http, on_done=lambda: self._release(parser))
+            classify_http=failure_from_response, on_done=lambda: self._release(parser))
 
     def _release(self, parser: MessagesStreamParser) -> None:
         self.active -= 1
@@ -523,9 +490,3 @@ class AnthropicUpstream:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-
-
-def _classify_http(status: int, headers: httpx.Headers, body: bytes) -> Failure:
-    message, _code, kind = error_fields(body)
-    return classify_error(kind or "", message, status=status,
-                          retry_after=retry_after_seconds(headers))

@@ -9,21 +9,20 @@ socket (STYLE §3, §6 item 11):
 * :class:`FrameTranslator` and :func:`terminal_for`: decoded frames to IR events, finish
   reasons in the spec's and the engines' words (codec-spec §5.7);
 * :func:`classify_http` and :func:`classify_exception`: every upstream failure to a
-  :class:`~tokenwire.gateway.ir.Failure` class from structured fields (status, error
-  ``type``/``code``, ``Retry-After``), message text only as the last resort for context
-  overflow (gateway-research 3.2/3.3), with the counts extracted.
+  :class:`~tokenwire.gateway.ir.Failure`, by the rules every HTTP adapter shares
+  (:mod:`.failures`), plus the Codec-only cases (426 version mandate, map mismatch, ...).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import msgspec
 
 from tokenwire.client._base import (
     DEFAULT_CLIENT_VERSION,
@@ -66,6 +65,7 @@ from tokenwire.gateway.ir import (
     Usage,
 )
 from tokenwire.gateway.stops import StopMatcher
+from tokenwire.gateway.upstreams.failures import failure_from_exception, failure_from_response
 
 __all__ = [
     "CodecOptions",
@@ -345,75 +345,14 @@ def _new_call_id() -> str:
 
 # -- failures --------------------------------------------------------------------------------
 
-_STATUS_CLASSES = {
-    400: FailureClass.INVALID_REQUEST, 404: FailureClass.INVALID_REQUEST,
-    405: FailureClass.INVALID_REQUEST, 409: FailureClass.INVALID_REQUEST,
-    413: FailureClass.INVALID_REQUEST, 415: FailureClass.INVALID_REQUEST,
-    422: FailureClass.INVALID_REQUEST, 401: FailureClass.AUTHENTICATION,
-    403: FailureClass.AUTHENTICATION, 402: FailureClass.QUOTA, 408: FailureClass.TIMEOUT,
-    429: FailureClass.RATE_LIMITED, 503: FailureClass.CAPACITY, 529: FailureClass.CAPACITY,
-    504: FailureClass.TIMEOUT,
-}
-_CLASS_VALUES = {c.value: c for c in FailureClass}
-#: Last resort for upstreams that report context overflow only in prose (gateway-research
-#: 3.2): several wordings, with the counts pulled out.
-_OVERFLOW = re.compile(r"context (length|window|size)|maximum context|exceeds the available "
-                       r"context", re.IGNORECASE)
-_CTX_COUNT = re.compile(r"(?:context length is(?: only)?|context window is|context size \()"
-                        r" ?(\d+)", re.IGNORECASE)
-_PROMPT_COUNT = re.compile(r"(?:has|contains(?: \(at least\))?|passed|prompt is|request \()"
-                           r" ?(\d+)(?: input)? tokens", re.IGNORECASE)
-
-
-def _error_fields(body: bytes) -> dict[str, Any]:
-    """The error object of an OpenAI-, vLLM-, llama.cpp- or FastAPI-shaped error body."""
-    try:
-        doc = json.loads(body)
-    except ValueError:
-        return {"message": body[:300].decode("utf-8", "replace").strip()}
-    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-        return doc["error"]
-    if isinstance(doc, dict):
-        msg = doc.get("error") or doc.get("detail") or doc.get("message") or ""
-        return {"message": msg if isinstance(msg, str) else json.dumps(msg)}
-    return {"message": str(doc)[:300]}
-
-
-def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("retry-after")
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:
-        return None  # an HTTP date: rare from engines, and not worth a parser here
-
-
 def classify_http(status: int, headers: Mapping[str, str], body: bytes,
                   upstream: str) -> Failure:
     """A non-200 answer before any frame, classified from structured fields first."""
     if status == 426:
         return _version_failure(status, headers, body, upstream)
-    err = _error_fields(body)
-    message = str(err.get("message") or f"HTTP {status}")
-    code = err.get("code")
-    code = code if isinstance(code, str) else None  # vLLM puts the int status there
-    etype = err.get("type") if isinstance(err.get("type"), str) else None
-    cls = _CLASS_VALUES.get(code or "") or _STATUS_CLASSES.get(status) or FailureClass.UPSTREAM
-    if code == "insufficient_quota":
-        cls = FailureClass.QUOTA
-    prompt_n = err.get("n_prompt_tokens") if isinstance(err.get("n_prompt_tokens"), int) else None
-    ctx_n = err.get("n_ctx") if isinstance(err.get("n_ctx"), int) else None
-    if etype == "exceed_context_size_error" or (
-            cls is FailureClass.INVALID_REQUEST and _OVERFLOW.search(message)):
-        cls = FailureClass.CONTEXT_LENGTH
-    if cls is FailureClass.CONTEXT_LENGTH:
-        if prompt_n is None and (m := _PROMPT_COUNT.search(message)):
-            prompt_n = int(m.group(1))
-        if ctx_n is None and (m := _CTX_COUNT.search(message)):
-            ctx_n = int(m.group(1))
-    out_status = status if 400 <= status < 500 else (503 if cls is FailureClass.CAPACITY else 502)
-    return Failure(failure_class=cls, status=out_status, retry_after=_retry_after(headers),
-                   code=code or etype, prompt_tokens=prompt_n, context_tokens=ctx_n,
-                   message=f"upstream {upstream!r} answered {status}: {message}")
+    failure = failure_from_response(status, headers, body)
+    return msgspec.structs.replace(
+        failure, message=f"upstream {upstream!r} answered {status}: {failure.message}")
 
 
 def _version_failure(status: int, headers: Mapping[str, str], body: bytes,
@@ -440,15 +379,11 @@ def _version_failure(status: int, headers: Mapping[str, str], body: bytes,
 def classify_exception(exc: BaseException, upstream: str) -> Failure:
     """Transport and protocol errors after the request was sent (§2.7: abandon the stream)."""
     where = f"upstream {upstream!r}"
-    if isinstance(exc, httpx.TimeoutException):
-        return Failure(failure_class=FailureClass.TIMEOUT, status=504,
-                       message=f"{where} timed out: {type(exc).__name__}")
-    if isinstance(exc, httpx.ConnectError | CodecTransportError):
+    if isinstance(exc, httpx.HTTPError):  # sent: a break is the upstream's, not a refusal
+        return failure_from_exception(exc, started=True, where=where)
+    if isinstance(exc, CodecTransportError):
         return Failure(failure_class=FailureClass.CONNECTION, status=502,
                        message=f"cannot connect to {where}: {exc}")
-    if isinstance(exc, httpx.HTTPError):
-        return Failure(failure_class=FailureClass.UPSTREAM, status=502,
-                       message=f"{where} broke the stream: {type(exc).__name__}: {exc}")
     if isinstance(exc, ContentTypeMismatch):
         return Failure(failure_class=FailureClass.UPSTREAM, status=502,
                        code="content_type_mismatch",

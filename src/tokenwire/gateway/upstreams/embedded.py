@@ -137,6 +137,16 @@ class _JobStream:
         self._job.cancelled.set()
 
 
+
+class _ContextOverflow(ValueError):
+    """The prompt alone fills the context window (no room for one generated token)."""
+
+    def __init__(self, prompt_tokens: int, context_tokens: int) -> None:
+        super().__init__(f"the prompt is {prompt_tokens} tokens; the context window is "
+                         f"{context_tokens}")
+        self.prompt_tokens = prompt_tokens
+        self.context_tokens = context_tokens
+
 class EmbeddedEngine:
     """One ``Llama`` behind a worker thread and a bounded FIFO queue (an ``Upstream``)."""
 
@@ -265,6 +275,12 @@ class EmbeddedEngine:
             return
         try:
             prompt = self._prompt_ids(req.prompt)
+        except _ContextOverflow as exc:  # a client that compacts history acts on this class
+            job.emit(Failure(failure_class=FailureClass.CONTEXT_LENGTH, message=str(exc),
+                             status=400, code="context_length_exceeded",
+                             prompt_tokens=exc.prompt_tokens, context_tokens=exc.context_tokens))
+            self._record(job, "failed", "context_length_exceeded", 0, [], [], started)
+            return
         except ValueError as exc:
             job.emit(Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc),
                              status=400))
@@ -341,9 +357,7 @@ class EmbeddedEngine:
         if not out:
             raise ValueError("the prompt is empty")
         if len(out) >= self.n_ctx:
-            raise ValueError(
-                f"the prompt is {len(out)} tokens; the context window is {self.n_ctx}"
-            )
+            raise _ContextOverflow(len(out), self.n_ctx)
         return out
 
     def _render_chat(self, messages: tuple[Any, ...]) -> str:

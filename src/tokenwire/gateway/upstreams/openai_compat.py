@@ -19,8 +19,11 @@ If ids were asked for but a chunk with text has none (an older server), the stre
 to retokenizing with the model's map when it has one, else it fails: a Codec client never
 gets text without ids.
 
-Failures are classified here, from structured fields first (:mod:`._openai_errors`). Ollama
-answers an over-long prompt by silently dropping its start (gateway-research §3.4): when the
+The HTTP side (one ``POST``, SSE in, cancellation, the concurrency cap) is
+:class:`.sse_http.SSEUpstreamStream` around :class:`ChunkParser`; failures are classified from
+structured fields first (:mod:`.failures`).
+
+Ollama answers an over-long prompt by silently dropping its start (gateway-research §3.4): when the
 model has a map and the final usage reports fewer prompt tokens than the prompt certainly has
 (ids prompt: its length; text: its encoding; chat: the sum of the message texts' encodings,
 a lower bound of the templated prompt), the stream ends with ``Failure(CONTEXT_LENGTH)``
@@ -32,9 +35,7 @@ and not reported by the OpenAI layer), so this is the earliest point it is known
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,7 +43,7 @@ import httpx
 import msgspec
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
-from tokenwire.errors import ConfigError, RemoteProtocolError
+from tokenwire.errors import ConfigError
 from tokenwire.gateway.ir import (
     ChatPrompt,
     Event,
@@ -60,21 +61,23 @@ from tokenwire.gateway.ir import (
     Usage,
 )
 from tokenwire.gateway.retokenize import Retokenizer, tokenizer_for
-from tokenwire.gateway.sse import SSEDecoder
+from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams._openai_body import chat_body, completions_body
-from tokenwire.gateway.upstreams._openai_errors import (
-    failure_from_error_object,
-    failure_from_exception,
-    failure_from_response,
-)
 from tokenwire.gateway.upstreams.base import (
     ModelRoute,
     UpstreamConfig,
     UpstreamHealth,
-    UpstreamState,
+)
+from tokenwire.gateway.upstreams.failures import classify_error, failure_from_response
+from tokenwire.gateway.upstreams.sse_http import (
+    FailedStream,
+    SSEUpstreamStream,
+    api_key_from_env,
+    http_client,
+    probe_models,
 )
 
-__all__ = ["IDS_MODES", "OpenAICompatUpstream", "OpenAIStream"]
+__all__ = ["IDS_MODES", "ChunkParser", "OpenAICompatUpstream"]
 
 log = logging.getLogger(__name__)
 
@@ -82,9 +85,6 @@ IDS_MODES = ("auto", "vllm", "llama.cpp", "none")
 _APIS = ("auto", "chat", "completions")
 #: ``owned_by`` values of ``GET /models`` that identify a server that returns ids.
 _OWNERS = {"vllm": "vllm", "llamacpp": "llama.cpp"}
-#: Events produced but not yet read; the reader is the client connection, so a full queue
-#: means a slow client, and the pump waits (back-pressure reaches the upstream socket).
-_QUEUE_EVENTS = 256
 _FINISH = {"stop": FinishKind.EOS, "length": FinishKind.LENGTH,
            "tool_calls": FinishKind.TOOL_CALLS, "function_call": FinishKind.TOOL_CALLS,
            "content_filter": FinishKind.CONTENT_FILTER}
@@ -110,6 +110,7 @@ class OpenAICompatUpstream:
             raise ConfigError(f"upstream {config.name!r}: api must be one of {_APIS}")
         self._detected: str | None = None  # what probe() found for ids="auto"
         self._client = client
+        self._base = config.base_url.rstrip("/")
         self._routes = {r.name: r for r in config.models}
         self._maps = {r.name: _route_map(r, maps) for r in config.models}
         self._slots = asyncio.Semaphore(max(1, config.max_concurrent))
@@ -118,17 +119,9 @@ class OpenAICompatUpstream:
     def from_config(cls, config: UpstreamConfig, *,
                     transport: httpx.AsyncBaseTransport | None = None,
                     maps: Mapping[str, TokenizerMap] | None = None) -> OpenAICompatUpstream:
-        headers = dict(config.headers)
-        if config.api_key_env:
-            key = os.environ.get(config.api_key_env)
-            if not key:
-                raise ConfigError(f"upstream {config.name!r}: environment variable "
-                                  f"{config.api_key_env} is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
-        client = httpx.AsyncClient(base_url=config.base_url.rstrip("/") + "/", headers=headers,
-                                   timeout=timeout, transport=transport)
-        return cls(config, client, maps or {})
+        key = api_key_from_env(config)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return cls(config, http_client(config, headers, transport), maps or {})
 
     def __repr__(self) -> str:  # never the headers: they hold the key
         return f"OpenAICompatUpstream(name={self.name!r}, base_url={self.config.base_url!r})"
@@ -160,34 +153,23 @@ class OpenAICompatUpstream:
 
     # -- the Upstream protocol -------------------------------------------------------------
 
-    def submit(self, request: GenerationRequest) -> OpenAIStream:
-        return OpenAIStream(self, request)
+    def submit(self, request: GenerationRequest) -> SSEUpstreamStream | FailedStream:
+        built = self.build(request)
+        if isinstance(built, Failure):
+            return FailedStream(built)
+        path, body = built
+        return SSEUpstreamStream(client=self._client, url=f"{self._base}/{path}", body=body,
+                                 parser=ChunkParser(request, self),
+                                 classify_http=failure_from_response, slots=self._slots)
 
     async def probe(self) -> UpstreamHealth:
-        try:
-            resp = await self._client.get("models")
-        except httpx.HTTPError as exc:
-            return self._health(UpstreamState.DOWN, (), f"{type(exc).__name__}: {exc}")
-        if resp.status_code != 200:
-            return self._health(UpstreamState.DOWN, (), f"GET /models answered "
-                                                        f"{resp.status_code}")
-        try:
-            data = _json.decode(resp.content).get("data") or []
-            listed = tuple(str(m["id"]) for m in data)
-            owners = {str(m.get("owned_by", "")) for m in data}
-        except (msgspec.DecodeError, AttributeError, KeyError, TypeError):
-            return self._health(UpstreamState.DEGRADED, (), "GET /models is not a model list")
-        self._detected = next((_OWNERS[o] for o in owners if o in _OWNERS), None)
-        missing = [r.sent_as for r in self.config.models if r.sent_as not in listed]
-        if missing and listed:
-            return self._health(UpstreamState.DEGRADED, listed,
-                                f"models not served upstream: {', '.join(missing)}")
-        return self._health(UpstreamState.UP, listed, "")
+        return await probe_models(self._client, f"{self._base}/models", self,
+                                  on_listing=self._read_owners)
 
-    def _health(self, state: UpstreamState, models: tuple[str, ...],
-                detail: str) -> UpstreamHealth:
-        return UpstreamHealth(name=self.name, kind=self.kind, state=state, models=models,
-                              detail=detail)
+    def _read_owners(self, data: list[Any]) -> None:
+        """``ids = "auto"``: the server that ``owned_by`` names decides."""
+        owners = {str(m.get("owned_by", "")) for m in data}
+        self._detected = next((_OWNERS[o] for o in owners if o in _OWNERS), None)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -238,87 +220,6 @@ def _route_map(route: ModelRoute, maps: Mapping[str, TokenizerMap]) -> Tokenizer
     return None
 
 
-class OpenAIStream:
-    """One generation. The HTTP request starts on the first ``next_event()``; a pump task
-    reads the SSE body into a queue, so a cancelled wait loses nothing."""
-
-    def __init__(self, upstream: OpenAICompatUpstream, request: GenerationRequest) -> None:
-        self._up = upstream
-        self._req = request
-        self._queue: asyncio.Queue[Event] = asyncio.Queue(_QUEUE_EVENTS)
-        self._task: asyncio.Task[None] | None = None
-        self._done = False
-        self._cancelled = False
-        self.parser = ChunkParser(request, upstream)
-
-    async def next_event(self) -> Event:
-        if self._done:
-            raise RuntimeError("the stream already ended")
-        if self._cancelled and self._queue.empty():
-            self._done = True
-            return Finish(reason=FinishKind.ABORT)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._pump())
-        event = await self._queue.get()
-        if isinstance(event, Finish | Failure):
-            self._done = True
-        return event
-
-    def cancel(self) -> None:
-        """Close the upstream response (the client went away); the stream ends with ABORT."""
-        self._cancelled = True
-        if self._task is not None:
-            self._task.cancel()
-        with contextlib.suppress(asyncio.QueueFull):
-            self._queue.put_nowait(Finish(reason=FinishKind.ABORT))
-
-    async def _pump(self) -> None:
-        try:
-            async with self._up._slots:
-                terminal = await self._run()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug here must still end the stream
-            log.exception("openai upstream %s: stream pump failed", self._up.name)
-            terminal = Failure(failure_class=FailureClass.INTERNAL, message=str(exc))
-        await self._queue.put(terminal)
-
-    async def _run(self) -> Event:
-        built = self._up.build(self._req)
-        if isinstance(built, Failure):
-            return built
-        path, body = built
-        started = False
-        try:
-            async with self._up._client.stream("POST", path, json=body) as resp:
-                if resp.status_code != 200:
-                    await resp.aread()
-                    return failure_from_response(resp.status_code, resp.headers, resp.content)
-                decoder = SSEDecoder()
-                async for chunk in resp.aiter_bytes():
-                    for sse in decoder.feed(chunk):
-                        for event in self.parser.on_data(sse.data):
-                            started = True
-                            if isinstance(event, Finish | Failure):
-                                return event
-                            await self._queue.put(event)
-                for sse in decoder.feed_eof():
-                    for event in self.parser.on_data(sse.data):
-                        if isinstance(event, Finish | Failure):
-                            return event
-                        await self._queue.put(event)
-        except RemoteProtocolError as exc:  # our SSE decoder: a cut line or an oversize one
-            return Failure(failure_class=FailureClass.UPSTREAM, status=502,
-                           message=f"broken SSE stream from upstream: {exc}")
-        except httpx.HTTPError as exc:
-            return failure_from_exception(exc, started=started)
-        for event in self.parser.on_eof():
-            if isinstance(event, Finish | Failure):
-                return event
-            await self._queue.put(event)
-        raise AssertionError("on_eof always ends with a terminal")  # pragma: no cover
-
-
 class ChunkParser:
     """Chat / Completions chunks (JSON text of one SSE ``data``) -> IR events. Sans-IO.
 
@@ -336,6 +237,9 @@ class ChunkParser:
         self._retok: Retokenizer | None = None
         self._ended = False
 
+    def on_sse(self, sse: SSEEvent) -> list[Event]:
+        return self.on_data(sse.data)
+
     def on_data(self, data: str) -> list[Event]:
         if self._ended:
             return []
@@ -350,8 +254,8 @@ class ChunkParser:
         if "error" in chunk or chunk.get("object") == "error":
             self._ended = True
             err = chunk.get("error", chunk)
-            return [failure_from_error_object(err if isinstance(err, dict) else
-                                              {"message": str(err)}, status=None)]
+            return [classify_error(err if isinstance(err, dict) else {"message": str(err)},
+                                   status=None)]
         out: list[Event] = []
         usage = chunk.get("usage")
         if isinstance(usage, dict) and "prompt_tokens" in usage:

@@ -16,17 +16,25 @@ call, with the upstream's ``call_id``), its argument / input deltas follow, and 
 was streamed is sent as one more fragment (some servers stream no argument deltas at all,
 vllm#36073). Reasoning summary and raw reasoning deltas are reasoning text; a finished
 reasoning item with ``encrypted_content`` becomes an opaque ``(upstream, blob)`` pair.
+Each assistant ``message`` item starts with a ``MessageStart`` carrying its ``phase`` when
+that is a known one (seed, "Replayed items and turn terminals": boundaries and phases are
+retained); a phase that changes between an item's snapshots is a failure, not a guess.
 Terminals: ``response.completed`` (usage, then ``tool_calls`` or ``eos``),
 ``response.incomplete`` (``length`` / ``content_filter``), ``response.failed`` and ``error``
-events (classified by ``error.code``). EOF or ``[DONE]`` without one of them is a
-``Failure(UPSTREAM)``, never a finish (§5.1). Unknown event types are counted and ignored.
+events (classified by ``error.code``). Facts about the response go out as one
+``ResponseMeta``: the ``x-codex-turn-state`` response header (wrapped with this upstream's
+name, as soon as the head arrives) and, just before a completion's ``Finish``, the served
+``service_tier`` and the actual ``end_turn`` of the ``response.completed`` snapshot. EOF
+or ``[DONE]`` without a terminal is a ``Failure(UPSTREAM)``, never a finish (§5.1).
+Unknown event types are counted and ignored.
 
 The Responses API has no stop sequences, so ``request.stop`` is applied here on the text
 (:class:`~tokenwire.gateway.stops.StopMatcher`); a match ends the generation and closes the
 upstream response.
 
 The HTTP side (one request, SSE in, events out, cancellation, transport failures, status
-classification) is :mod:`.sse_http`, shared with the Anthropic adapter.
+classification) is :mod:`.sse_http`, shared with the Anthropic adapter; failures are classified
+by :mod:`.failures`, shared with every HTTP adapter.
 """
 
 from __future__ import annotations
@@ -40,6 +48,12 @@ import msgspec
 
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ServerBusy
+from tokenwire.gateway.affinity import (
+    TURN_STATE_HEADER,
+    affinity_body,
+    affinity_headers,
+    wrap_turn_state,
+)
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -51,8 +65,10 @@ from tokenwire.gateway.ir import (
     GenerationRequest,
     IdsSource,
     ImagePart,
+    MessageStart,
     PromptText,
     ReasoningDelta,
+    ResponseMeta,
     TokenDelta,
     ToolCallDelta,
     Usage,
@@ -60,23 +76,20 @@ from tokenwire.gateway.ir import (
 from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.stops import StopMatcher
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth
+from tokenwire.gateway.upstreams.failures import classify_error, failure_from_response
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
     api_key_from_env,
-    context_overflow_counts,
-    error_fields,
-    failure_from_status,
     http_client,
     probe_models,
-    retry_after_seconds,
 )
 
 __all__ = [
+    "PUBLIC_SERVICE_TIERS",
     "ResponsesStreamParser",
     "ResponsesUpstream",
     "build_responses_body",
-    "code_class",
 ]
 
 #: What the upstream is told we accept; some proxies answer JSON without it.
@@ -108,6 +121,8 @@ def build_responses_body(request: GenerationRequest, *, model: str,
         body["reasoning"] = {"effort": request.reasoning_effort, "summary": "auto"}
         # store=false keeps no reasoning server-side: ask for it encrypted, to replay it.
         body["include"] = ["reasoning.encrypted_content"]
+    if request.service_tier is not None:  # kept for Responses upstreams (seed: service tiers)
+        body["service_tier"] = request.service_tier
     return body
 
 
@@ -178,31 +193,14 @@ def _tool_choice(request: GenerationRequest) -> str | dict[str, Any]:
 
 # -- stream parser ---------------------------------------------------------------------------
 
-#: ``error.code`` (or ``type``) -> (class, status we answer with); gateway-research §2, §5.6.
-_CODE_CLASSES: dict[str, tuple[FailureClass, int]] = {
-    "context_length_exceeded": (FailureClass.CONTEXT_LENGTH, 400),
-    "rate_limit_exceeded": (FailureClass.RATE_LIMITED, 429),
-    "rate_limit_error": (FailureClass.RATE_LIMITED, 429),
-    "insufficient_quota": (FailureClass.QUOTA, 429),
-    "usage_not_included": (FailureClass.QUOTA, 429),
-    "usage_limit_reached": (FailureClass.QUOTA, 429),
-    "server_error": (FailureClass.UPSTREAM, 502),
-    "server_is_overloaded": (FailureClass.CAPACITY, 503),
-    "slow_down": (FailureClass.CAPACITY, 503),
-    "invalid_prompt": (FailureClass.INVALID_REQUEST, 400),
-    "invalid_request_error": (FailureClass.INVALID_REQUEST, 400),
-    "invalid_encrypted_content": (FailureClass.INVALID_REQUEST, 400),
-    "model_not_found": (FailureClass.INVALID_REQUEST, 404),
-    "invalid_api_key": (FailureClass.AUTHENTICATION, 502),
-    "bio_policy": (FailureClass.CONTENT_FILTER, 400),
-    "cyber_policy": (FailureClass.CONTENT_FILTER, 400),
-    "misalignment_policy_violation": (FailureClass.CONTENT_FILTER, 400),
-    "image_content_policy_violation": (FailureClass.CONTENT_FILTER, 400),
-    "content_filter": (FailureClass.CONTENT_FILTER, 400),
-}
 #: ``incomplete_details.reason`` values that are a normal (if early) end.
 _INCOMPLETE_FINISH = {"max_output_tokens": FinishKind.LENGTH,
                       "content_filter": FinishKind.CONTENT_FILTER}
+#: The public ``service_tier`` values (seed, "Service tiers on Responses upstreams"): the tier
+#: served is reported only when the upstream names one of these, never anything else.
+PUBLIC_SERVICE_TIERS = frozenset({"auto", "default", "flex", "priority", "scale"})
+#: The assistant message phases kept (seed, "Replayed items"); any other value is dropped.
+_PHASES = frozenset({"commentary", "final_answer", "partial_answer"})
 #: Event types we read nothing from (everything else unlisted is counted as unknown).
 _IGNORED = frozenset({
     "response.created", "response.in_progress", "response.queued",
@@ -211,15 +209,6 @@ _IGNORED = frozenset({
     "response.reasoning_summary_part.done", "response.reasoning_text.done",
     "response.output_text.annotation.added", "response.metadata",
 })
-
-
-def code_class(code: str | None, kind: str | None) -> tuple[FailureClass, int] | None:
-    for key in (code, kind):
-        if key in _CODE_CLASSES:
-            return _CODE_CLASSES[key]
-    if code and code.startswith(("invalid_", "image_")):  # the per-image input errors
-        return FailureClass.INVALID_REQUEST, 400
-    return None
 
 
 class _Call:
@@ -236,6 +225,7 @@ class ResponsesStreamParser:
         self._name = upstream_name
         self._calls: dict[int, _Call] = {}  # output_index -> call
         self._texts: dict[int, str] = {}  # output_index -> text sent (before stop trimming)
+        self._messages: dict[int, str | None] = {}  # output_index -> phase, once announced
         self._reasoned: set[int] = set()  # reasoning items whose blob was sent
         self._reasoning_text = False
         self._stops = StopMatcher(stop)
@@ -263,6 +253,13 @@ class ResponsesStreamParser:
             # A field of the wrong JSON type: the upstream broke its format, not us.
             return self._end(_upstream_failure(f"a malformed {kind!r} event: {type(exc).__name__}"))
 
+    def on_head(self, headers: Mapping[str, str]) -> list[Event]:
+        """The upstream's response head: its ``x-codex-turn-state``, wrapped with our name
+        (``gateway/affinity.py``); a malformed or oversized value is dropped, unlogged."""
+        value = headers.get(TURN_STATE_HEADER)
+        wrapped = wrap_turn_state(self._name, value) if value else None
+        return [ResponseMeta(turn_state=wrapped)] if wrapped else []
+
     def on_eof(self) -> list[Event]:
         if self.done:
             return []
@@ -278,7 +275,22 @@ class ResponsesStreamParser:
     def _text(self, data: dict[str, Any]) -> list[Event]:
         oi, delta = data.get("output_index", 0), str(data.get("delta", ""))
         self._texts[oi] = self._texts.get(oi, "") + delta
-        return self._show(delta)
+        out = [] if oi in self._messages else self._announce(oi, {})  # no added event seen
+        return out + self._show(delta)
+
+    def _announce(self, oi: int, item: dict[str, Any]) -> list[Event]:
+        """A ``MessageStart`` for message item ``oi`` the first time it is seen; later, only
+        a check that its phase did not change (a contradiction fails, seed "Replayed items")."""
+        phase = item.get("phase")
+        phase = phase if isinstance(phase, str) and phase in _PHASES else None
+        if oi not in self._messages:
+            self._messages[oi] = phase
+            return [MessageStart(phase=phase)]
+        known = self._messages[oi]
+        if phase is not None and known is not None and phase != known:
+            return self._end(_upstream_failure(
+                f"message item {oi}: its phase changed from {known!r} to {phase!r}"))
+        return []
 
     def _show(self, text: str) -> list[Event]:
         shown = self._stops.feed(text)
@@ -302,6 +314,8 @@ class ResponsesStreamParser:
         item = data.get("item") or {}
         if item.get("type") in ("function_call", "custom_tool_call"):
             return self._open_call(data.get("output_index", 0), item)
+        if item.get("type") == "message":
+            return self._announce(data.get("output_index", 0), item)
         return []
 
     def _open_call(self, oi: int, item: dict[str, Any]) -> list[Event]:
@@ -349,19 +363,25 @@ class ResponsesStreamParser:
             full = item.get("input" if kind == "custom_tool_call" else "arguments")
             return out + ([] if full is None else self._complete(self._calls[oi], str(full)))
         if kind == "message":
-            full = "".join(str(p.get("text") or p.get("refusal") or "")
-                           for p in item.get("content") or () if isinstance(p, dict))
-            sent = self._texts.get(oi, "")
-            if full.startswith(sent) and len(full) > len(sent):
-                self._texts[oi] = full
-                return self._show(full[len(sent):])
-            return []
+            return self._finish_message(oi, item)
         if kind == "reasoning" and item.get("encrypted_content") and oi not in self._reasoned:
             self._reasoned.add(oi)
             keep = {k: item[k] for k in ("type", "summary", "encrypted_content") if k in item}
             blob = msgspec.json.encode(keep).decode()
             return [ReasoningDelta(text="", encrypted=((self._name, blob),))]
         return []
+
+    def _finish_message(self, oi: int, item: dict[str, Any]) -> list[Event]:
+        full = "".join(str(p.get("text") or p.get("refusal") or "")
+                       for p in item.get("content") or () if isinstance(p, dict))
+        sent = self._texts.get(oi, "")
+        fresh = full.startswith(sent) and len(full) > len(sent)
+        # Announced before (phase check only), or first seen here with text to show.
+        out = self._announce(oi, item) if fresh or oi in self._messages else []
+        if self.done or not fresh:
+            return out
+        self._texts[oi] = full
+        return out + self._show(full[len(sent):])
 
     # -- terminals -------------------------------------------------------------------------
 
@@ -373,7 +393,7 @@ class ResponsesStreamParser:
                 out += self._finish_item(oi, item)
         if self.done:  # a stop sequence fired, or the snapshot contradicted the stream
             return out
-        out += self._flush(response)
+        out += self._flush(response) + _completion_meta(response)
         reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
         return out + self._end(Finish(reason=reason))
 
@@ -398,23 +418,24 @@ class ResponsesStreamParser:
 
     def _failed(self, data: dict[str, Any]) -> list[Event]:
         err = (data.get("response") or {}).get("error") or {}
-        return self._end(_stream_error(err if isinstance(err, dict) else {}))
+        return self._end(classify_error(err if isinstance(err, dict) else {}, status=None))
 
     def _error(self, data: dict[str, Any]) -> list[Event]:
         nested = data.get("error")  # the newer shape nests the fields under "error" (§5.6)
-        return self._end(_stream_error(nested if isinstance(nested, dict) else data))
+        return self._end(classify_error(nested if isinstance(nested, dict) else data,
+                                        status=None))
 
 
-def _stream_error(err: dict[str, Any]) -> Failure:
-    code = None if err.get("code") is None else str(err["code"])
-    kind = None if err.get("type") in (None, "error") else str(err["type"])
-    message = str(err.get("message") or "the upstream reported an error")
-    cls, status = code_class(code, kind) or (FailureClass.UPSTREAM, 502)
-    prompt = ctx = None
-    if cls is FailureClass.CONTEXT_LENGTH:
-        prompt, ctx = context_overflow_counts(message) or (None, None)
-    return Failure(failure_class=cls, message=message, status=status, code=code or kind,
-                   prompt_tokens=prompt, context_tokens=ctx)
+def _completion_meta(response: dict[str, Any]) -> list[Event]:
+    """The served tier (a public value only) and the actual boolean ``end_turn`` of a completed
+    snapshot; absent stays absent (seed, "Replayed items and turn terminals")."""
+    tier = response.get("service_tier")
+    tier = tier if isinstance(tier, str) and tier in PUBLIC_SERVICE_TIERS else None
+    end_turn = response.get("end_turn")
+    end_turn = end_turn if isinstance(end_turn, bool) else None
+    if tier is None and end_turn is None:
+        return []
+    return [ResponseMeta(service_tier=tier, end_turn=end_turn)]
 
 
 def _upstream_failure(message: str, code: str | None = None) -> Failure:
@@ -484,9 +505,12 @@ class ResponsesUpstream:
     def submit(self, request: GenerationRequest) -> SSEUpstreamStream | FailedStream:
         if self.active >= self.config.max_concurrent:
             raise ServerBusy(f"upstream {self.name!r} has {self.active} requests in flight")
+        model = self.upstream_model(request.model)
         try:
-            body = build_responses_body(request, model=self.upstream_model(request.model),
-                                        upstream_name=self.name)
+            body: dict[str, Any] | bytes | None = _passthrough(request, model)
+            if body is None:
+                body = build_responses_body(request, model=model, upstream_name=self.name)
+                body.update(affinity_body(self.kind, request.affinity))
             parser = ResponsesStreamParser(self.name, request.stop)
         except ValueError as exc:
             return FailedStream(Failure(failure_class=FailureClass.INVALID_REQUEST,
@@ -494,7 +518,8 @@ class ResponsesUpstream:
         self.active += 1
         stream = SSEUpstreamStream(
             client=self._client, url=f"{self._base}/responses", body=body, parser=parser,
-            classify_http=_classify_http, on_done=lambda: self._release(parser))
+            classify_http=failure_from_response, on_done=lambda: self._release(parser),
+            headers=affinity_headers(self.kind, self.name, request.affinity))
         return stream
 
     def _release(self, parser: ResponsesStreamParser) -> None:
@@ -508,9 +533,21 @@ class ResponsesUpstream:
         await self._client.aclose()
 
 
-def _classify_http(status: int, headers: httpx.Headers, body: bytes) -> Failure:
-    message, code, kind = error_fields(body)
-    return failure_from_status(status, message, code=code or kind,
-                               known=code_class(code, kind),
-                               retry_after=retry_after_seconds(headers))
+class _PassthroughHead(msgspec.Struct):
+    """The two fields of a passthrough body that decide whether it can go as is."""
 
+    model: str = ""
+    stream: bool = False
+
+
+def _passthrough(request: GenerationRequest, model: str) -> bytes | None:
+    """The client's untouched bytes when this upstream serves the model under the client's
+    own name and the client asked for a stream (we parse SSE only); else None."""
+    raw = request.passthrough_body
+    if raw is None or model != request.model:
+        return None
+    try:
+        head = msgspec.json.decode(raw, type=_PassthroughHead)
+    except msgspec.DecodeError:
+        return None
+    return raw if head.model == model and head.stream is True else None

@@ -1,0 +1,403 @@
+"""Anthropic Messages (``POST /v1/messages``): the sans-IO renderer and the route.
+
+Requests are parsed by :mod:`.messages_request` (gateway-research §5.8); the routed
+upstream's kind decides whether signed thinking may travel (only to and from an Anthropic
+upstream, the only kind that can verify a signature).
+
+Stream (what the ``anthropic`` SDK's accumulator expects): ``message_start``, then per block
+``content_block_start`` / ``content_block_delta`` / ``content_block_stop`` with rising
+``index``, ``message_delta`` (``stop_reason``, usage) and ``message_stop``. A failure after
+the headers is one ``error`` event; before them, an HTTP error in Anthropic's shape
+``{"type": "error", "error": {"type", "message"}}`` with Anthropic's statuses (529 for
+overloaded). Every error of this route uses that shape, never OpenAI's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from typing import Any
+
+import msgspec
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenwire.errors import ProtocolError, TokenwireError, UnknownModel
+from tokenwire.gateway.apis.messages_request import parse_messages_request
+from tokenwire.gateway.apis.params import bad_request
+from tokenwire.gateway.apis.sse import json_bytes
+from tokenwire.gateway.ir import (
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    ReasoningDelta,
+    TokenDelta,
+    ToolCallDelta,
+    Usage,
+)
+
+__all__ = [
+    "MessagesRenderer",
+    "anthropic_error_body",
+    "failure_error",
+    "messages_endpoint",
+]
+
+log = logging.getLogger(__name__)
+
+SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
+_ANTHROPIC_KIND = "anthropic"
+_STOP_REASONS: dict[FinishKind, str] = {
+    FinishKind.EOS: "end_turn",
+    FinishKind.STOP_SEQUENCE: "stop_sequence",
+    FinishKind.LENGTH: "max_tokens",
+    FinishKind.TOOL_CALLS: "tool_use",
+    FinishKind.POLICY_VIOLATION: "refusal",
+    FinishKind.CONTENT_FILTER: "refusal",
+    FinishKind.ABORT: "end_turn",  # only seen when the client has already gone
+}
+_ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+    529: "overloaded_error",
+}
+#: Anthropic's status for "overloaded" (its documented, non-standard 529).
+OVERLOADED = 529
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def anthropic_error_body(type_: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": type_, "message": message}}
+
+
+def _type_for_status(status: int) -> str:
+    return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def failure_error(failure: Failure) -> tuple[int, str, str]:
+    """(HTTP status, Anthropic error type, message) for an IR failure."""
+    cls, message = failure.failure_class, failure.message
+    if cls is FailureClass.CAPACITY:
+        return OVERLOADED, "overloaded_error", message
+    if cls is FailureClass.RATE_LIMITED:
+        return 429, "rate_limit_error", message
+    if cls is FailureClass.CONTEXT_LENGTH:
+        if failure.prompt_tokens is not None and failure.context_tokens is not None:
+            # Anthropic's own wording, which Claude clients match to trigger compaction.
+            message = (f"prompt is too long: {failure.prompt_tokens} tokens > "
+                       f"{failure.context_tokens} maximum")
+        return 400, "invalid_request_error", message
+    if cls in (FailureClass.INVALID_REQUEST, FailureClass.CONTENT_FILTER):
+        status = failure.status if 400 <= failure.status < 500 else 400
+        return status, _type_for_status(status), message
+    status = failure.status if 400 <= failure.status <= 599 else 500
+    return status, _type_for_status(status) if status < 500 else "api_error", message
+
+
+def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
+    status, type_, message = failure_error(failure)
+    headers = [("Content-Type", "application/json")]
+    if failure.retry_after is not None:
+        headers.append(("Retry-After", str(max(1, round(failure.retry_after)))))
+    return status, headers, json_bytes(anthropic_error_body(type_, message))
+
+
+def _error_response(status: int, message: str, *, type_: str | None = None,
+                    headers: dict[str, str] | None = None) -> Response:
+    body = json_bytes(anthropic_error_body(type_ or _type_for_status(status), message))
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+# -- the renderer ------------------------------------------------------------------------------
+
+
+def _sse(type_: str, data: dict[str, Any]) -> bytes:
+    return b"event: " + type_.encode() + b"\ndata: " + json_bytes({"type": type_, **data}) \
+        + b"\n\n"
+
+
+class _Tool:
+    __slots__ = ("args", "block", "id", "kind", "name", "sent")
+
+    def __init__(self, d: ToolCallDelta) -> None:
+        self.id = d.id if d.id else "toolu_" + secrets.token_hex(12)
+        self.name, self.kind, self.args = d.name or "", d.kind, [d.arguments]
+        self.block: int | None = None  # the content block index, once opened
+        self.sent = 0  # how many argument fragments went out
+
+    def input_json(self) -> str:
+        raw = "".join(self.args)
+        if self.kind == "custom":  # freeform input has no JSON form; wrap it in one
+            return msgspec.json.encode({"input": raw}).decode()
+        return raw
+
+
+class MessagesRenderer:
+    """IR -> Messages SSE events, or one ``message`` JSON body when not streaming.
+
+    Blocks never interleave: tool calls that start while another is open wait (buffered)
+    until it closes, because Anthropic streams one block at a time. ``signed_by`` names the
+    upstream whose opaque thinking blobs may go to the client (an Anthropic upstream).
+    """
+
+    def __init__(self, *, message_id: str, model: str, stream: bool,
+                 signed_by: str | None = None) -> None:
+        self.stream = stream
+        self.content_type = SSE_CONTENT_TYPE if stream else "application/json"
+        self._id, self._model, self._signed_by = message_id, model, signed_by
+        self._started = False
+        self.done = False
+        self._blocks: list[dict[str, Any]] = []  # the assembled content, by index
+        self._open: str | None = None  # kind of the open block: text, thinking, tool_use
+        self._signed = False  # the open thinking block got its signature
+        self._tools: dict[int, _Tool] = {}
+        self._tool_order: list[int] = []
+        self._block_tool: dict[int, _Tool] = {}  # content block index -> its call
+        self._usage: Usage | None = None
+        self._body: dict[str, Any] | None = None  # the non-streamed answer, when complete
+
+    # -- events --
+
+    def on_event(self, event: Event) -> list[bytes]:
+        out = self._start() if not self._started else []
+        match event:
+            case TokenDelta(text=text) if text:
+                out += self._text(text)
+            case ReasoningDelta():
+                out += self._reasoning(event)
+            case ToolCallDelta():
+                out += self._tool(event)
+            case Usage():
+                self._usage = event
+            case Finish():
+                out += self._finish(event)
+            case Failure():
+                out += self._fail(*failure_error(event)[1:])
+        return out if self.stream else self._take_body()
+
+    def on_error(self, exc: BaseException) -> list[bytes]:
+        if self.done:
+            return []
+        out = self._start() if not self._started else []
+        out += self._fail("api_error", f"the generation failed: {type(exc).__name__}")
+        return out if self.stream else self._take_body()
+
+    def _take_body(self) -> list[bytes]:
+        """The one JSON body of a non-streamed answer, once the terminal event has come."""
+        body, self._body = self._body, None
+        return [] if body is None else [json_bytes(body)]
+
+    # -- blocks --
+
+    def _start(self) -> list[bytes]:
+        self._started = True
+        return [_sse("message_start", {"message": {
+            "id": self._id, "type": "message", "role": "assistant", "model": self._model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            # The prompt's count is known only at the end; message_delta repeats it there.
+            "usage": {"input_tokens": 0, "output_tokens": 0}}})]
+
+    def _open_block(self, block: dict[str, Any]) -> bytes:
+        self._blocks.append(block)
+        self._open = block["type"]
+        start = {**block, "input": {}} if block["type"] == "tool_use" else dict(block)
+        return _sse("content_block_start", {"index": len(self._blocks) - 1,
+                                            "content_block": start})
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return _sse("content_block_delta", {"index": len(self._blocks) - 1, "delta": delta})
+
+    def _close(self) -> list[bytes]:
+        """Close the open block, then every tool call waiting behind it."""
+        out = self._stop()
+        for tool in (self._tools[i] for i in self._tool_order):
+            if tool.block is None:
+                out += self._open_tool(tool)
+                out += self._stop()
+        return out
+
+    def _stop(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        last = len(self._blocks) - 1
+        out = []
+        tool = self._block_tool.get(last)
+        if tool is not None and tool.kind == "custom":  # its one delta, now it is whole
+            out.append(self._delta({"type": "input_json_delta",
+                                    "partial_json": tool.input_json()}))
+        self._open, self._signed = None, False
+        return [*out, _sse("content_block_stop", {"index": last})]
+
+    def _text(self, text: str) -> list[bytes]:
+        out = [] if self._open == "text" else [
+            *self._close(), self._open_block({"type": "text", "text": ""})]
+        self._blocks[-1]["text"] += text
+        return [*out, self._delta({"type": "text_delta", "text": text})]
+
+    def _reasoning(self, event: ReasoningDelta) -> list[bytes]:
+        out: list[bytes] = []
+        if event.text:
+            if self._open != "thinking" or self._signed:
+                out += self._close()
+                out.append(self._open_block({"type": "thinking", "thinking": "",
+                                             "signature": ""}))
+            self._blocks[-1]["thinking"] += event.text
+            out.append(self._delta({"type": "thinking_delta", "thinking": event.text}))
+        for name, blob in event.encrypted:
+            if name == self._signed_by:  # other upstreams' blobs mean nothing to a client
+                out += self._signed_blob(blob)
+        return out
+
+    def _signed_blob(self, blob: str) -> list[bytes]:
+        try:
+            block = json.loads(blob)
+        except ValueError:
+            return []
+        if block.get("type") == "redacted_thinking":
+            out = self._close()
+            out.append(self._open_block({"type": "redacted_thinking",
+                                         "data": str(block.get("data", ""))}))
+            return [*out, *self._close()]
+        signature = str(block.get("signature", ""))
+        if block.get("type") != "thinking" or not signature:
+            return []
+        out = []
+        if self._open != "thinking" or self._signed:  # a signed block with no text seen
+            out = [*self._close(), self._open_block({"type": "thinking", "thinking": "",
+                                                     "signature": ""})]
+        self._blocks[-1]["signature"] = signature
+        self._signed = True
+        return [*out, self._delta({"type": "signature_delta", "signature": signature})]
+
+    def _tool(self, d: ToolCallDelta) -> list[bytes]:
+        tool = self._tools.get(d.index)
+        if tool is None:
+            tool = self._tools[d.index] = _Tool(d)
+            if self._open == "tool_use":
+                self._tool_order.append(d.index)
+                return []  # waits until the open call closes
+            out = self._close()
+            self._tool_order.append(d.index)
+            return out + self._open_tool(tool)
+        tool.name = tool.name or d.name or ""
+        tool.args.append(d.arguments)
+        if tool.block is not None and tool.block == len(self._blocks) - 1 \
+                and self._open == "tool_use":
+            return self._flush_args(tool)
+        # Waiting calls send their fragments when they open. A call whose block has
+        # closed (text came between its fragments) cannot stream them any more; the
+        # non-streamed body still has them.
+        return []
+
+    def _open_tool(self, tool: _Tool) -> list[bytes]:
+        out = [self._open_block({"type": "tool_use", "id": tool.id, "name": tool.name,
+                                 "input": {}})]
+        tool.block = len(self._blocks) - 1
+        self._block_tool[tool.block] = tool
+        return out + self._flush_args(tool)
+
+    def _flush_args(self, tool: _Tool) -> list[bytes]:
+        if tool.kind == "custom":
+            return []  # sent whole at the end (its JSON wrapper needs all of it)
+        new = "".join(tool.args[tool.sent:])
+        tool.sent = len(tool.args)
+        return [self._delta({"type": "input_json_delta", "partial_json": new})] if new else []
+
+    # -- the end --
+
+    def _finish(self, event: Finish) -> list[bytes]:
+        self.done = True
+        out = self._close()
+        reason = _STOP_REASONS[event.reason]
+        if reason == "end_turn" and self._tools:  # some upstreams say "stop" after calls
+            reason = "tool_use"
+        stop_seq = event.matched_stop if reason == "stop_sequence" else None
+        usage = self._usage_dict()
+        if not self.stream:
+            self._body = self._message(reason, stop_seq, usage)
+            return []
+        out.append(_sse("message_delta", {
+            "delta": {"stop_reason": reason, "stop_sequence": stop_seq}, "usage": usage}))
+        return [*out, _sse("message_stop", {})]
+
+    def _fail(self, type_: str, message: str) -> list[bytes]:
+        self.done = True
+        body = anthropic_error_body(type_, message)
+        if not self.stream:
+            self._body = body
+            return []
+        return [*self._close(), _sse("error", {"error": body["error"]})]
+
+    def _usage_dict(self) -> dict[str, int]:
+        if self._usage is None:
+            return {"input_tokens": 0, "output_tokens": 0}
+        return {"input_tokens": self._usage.prompt_tokens,
+                "output_tokens": self._usage.completion_tokens}
+
+    def _message(self, reason: str, stop_seq: str | None,
+                 usage: dict[str, int]) -> dict[str, Any]:
+        content = [{**block, "input": _parse_input(self._block_tool[i].input_json())}
+                   if block["type"] == "tool_use" else block
+                   for i, block in enumerate(self._blocks)]
+        return {"id": self._id, "type": "message", "role": "assistant", "model": self._model,
+                "content": content, "stop_reason": reason, "stop_sequence": stop_seq,
+                "usage": usage}
+
+
+def _parse_input(raw: str) -> Any:
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {}  # malformed arguments cannot be an input object; the stream shows them
+
+
+# -- the route ---------------------------------------------------------------------------------
+
+
+async def messages_endpoint(request: Request) -> Response:
+    """``POST /v1/messages``; every error in Anthropic's shape."""
+    from tokenwire.gateway import app as gw  # the app imports this module from create_app
+
+    state = request.app.state.gateway
+    try:
+        if (upgrade := gw._upgrade_response(state, request)) is not None:
+            return upgrade
+        body = await gw.read_json(request, state.settings.max_body_bytes)
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        model = body.get("model")
+        served = gw._route(state, model if isinstance(model, str) else None, None)
+        upstream = served.upstream
+        signed_by = getattr(upstream, "name", served.upstream_name) \
+            if getattr(upstream, "kind", None) == _ANTHROPIC_KIND else None
+        rid = "msg_" + secrets.token_hex(12)
+        call = parse_messages_request(body, request_id=rid, encrypted_for=signed_by)
+        for note in call.notes:
+            log.info("%s: %s", rid, note)
+        renderer = MessagesRenderer(message_id=rid, model=served.name, stream=call.stream,
+                                    signed_by=signed_by)
+        resp = gw._start_generation(state, request, served, call.request, renderer, "json",
+                                    streaming=call.stream, on_failure=_failure_response)
+    except UnknownModel as exc:
+        return _error_response(404, str(exc), type_="not_found_error")
+    except ProtocolError as exc:
+        status = exc.status_hint if 400 <= exc.status_hint <= 599 else 400
+        return _error_response(status, str(exc))
+    except HTTPException as exc:
+        return _error_response(exc.status_code, str(exc.detail))
+    except TokenwireError as exc:
+        status = getattr(exc, "status_hint", 500)
+        return _error_response(status if 400 <= status <= 599 else 500, str(exc))
+    if isinstance(resp, Response) and resp.status_code == 503:  # the queue is full
+        return _error_response(OVERLOADED, "the upstream is overloaded; retry shortly",
+                               headers={"Retry-After": str(gw.RETRY_AFTER_S)})
+    return resp  # type: ignore[return-value]  # an EventResponse is an ASGI app too
+

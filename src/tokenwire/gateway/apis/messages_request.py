@@ -1,0 +1,280 @@
+"""Anthropic Messages requests (``POST /v1/messages``) -> the IR :class:`GenerationRequest`.
+
+``max_tokens`` is required (a 400 without it, as the API does); ``system`` is a string or text
+blocks; ``messages`` hold user/assistant turns whose content is a string or blocks. Tool ids
+(``tool_use.id``, ``tool_result.tool_use_id``) are kept exactly. A signed thinking block or a
+redacted one is opaque state that only the Anthropic deployment that signed it can verify: it
+becomes ``reasoning_encrypted`` tagged with the routed upstream's name when that upstream is
+an Anthropic one, and is otherwise reduced to its readable text. Errors are
+:class:`~tokenwire.errors.RemoteProtocolError` with the status in ``status_hint``; the
+route renders them in Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from tokenwire.gateway.apis.params import MAX_MAX_TOKENS, bad_request
+from tokenwire.gateway.ir import (
+    ChatMessage,
+    ChatPrompt,
+    ContentPart,
+    GenerationRequest,
+    ImagePart,
+    MessageToolCall,
+    TextPart,
+    ToolSpec,
+)
+from tokenwire.gateway.stops import validate_stops
+
+__all__ = ["MessagesCall", "parse_messages_request"]
+
+#: ``thinking.budget_tokens`` -> ``reasoning_effort``: the inverse of the budgets the
+#: Anthropic adapter sends (1024 / 4096 / 16384), so a budget survives a round trip.
+_EFFORT_BY_BUDGET = ((2048, "low"), (8192, "medium"))
+#: Newer clients send ``thinking: {type: adaptive}`` (or ``between_tools``) with an optional
+#: ``output_config.effort``; the IR's levels end at "high" (ir.GenerationRequest).
+_THINKING_TYPES = frozenset({"enabled", "disabled", "adaptive", "between_tools"})
+_ADAPTIVE_EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high",
+                    "max": "high"}
+
+
+class MessagesCall:
+    """A parsed Messages body: the IR request plus how to answer it."""
+
+    __slots__ = ("model", "notes", "request", "stream")
+
+    def __init__(self, request: GenerationRequest, *, model: str | None, stream: bool,
+                 notes: tuple[str, ...]) -> None:
+        self.request, self.model, self.stream, self.notes = request, model, stream, notes
+
+
+def parse_messages_request(body: Any, *, request_id: str = "",
+                           encrypted_for: str | None = None) -> MessagesCall:
+    """Validate ``body``. ``encrypted_for`` names the routed upstream when it is an Anthropic
+    one: signed thinking blocks are kept for it; otherwise only their text survives."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model: must be a string")
+    max_tokens = body.get("max_tokens")
+    if max_tokens is None:
+        raise bad_request("max_tokens: Field required")
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) \
+            or not 1 <= max_tokens <= MAX_MAX_TOKENS:
+        raise bad_request(f"max_tokens: must be an integer between 1 and {MAX_MAX_TOKENS}")
+    notes = []
+    if body.get("top_k") is not None:
+        notes.append("top_k is ignored: upstreams are sampled with temperature and top_p only")
+    messages = (*_system(body.get("system")), *_turns(body.get("messages"), encrypted_for))
+    tools, choice, parallel = _tools(body.get("tools")), *_tool_choice(body.get("tool_choice"))
+    request = GenerationRequest(
+        prompt=ChatPrompt(messages=messages), model=model or "", max_tokens=max_tokens,
+        temperature=_num(body, "temperature", 1.0), top_p=_num(body, "top_p", 1.0),
+        stop=_stops(body.get("stop_sequences")), request_id=request_id, tools=tools,
+        tool_choice=choice, parallel_tool_calls=parallel,
+        reasoning_effort=_effort(body.get("thinking"), body.get("output_config")))
+    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
+        raise bad_request("metadata: must be an object")
+    return MessagesCall(request, model=model, stream=bool(body.get("stream", False)),
+                        notes=tuple(notes))
+
+
+def _num(body: dict[str, Any], key: str, default: float) -> float:
+    value = body.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise bad_request(f"{key}: must be a number between 0 and 1")
+    return float(value)
+
+
+def _stops(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
+        raise bad_request("stop_sequences: must be a list of strings")
+    try:
+        return validate_stops(value)
+    except ValueError as exc:
+        raise bad_request(f"stop_sequences: {exc}") from None
+
+
+def _effort(value: Any, output_config: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict) or value.get("type") not in _THINKING_TYPES:
+        raise bad_request("thinking: must be {type: enabled, budget_tokens}, adaptive or "
+                          "disabled")
+    if value["type"] == "disabled":
+        return None
+    if value["type"] != "enabled":  # adaptive: the model decides; output_config.effort hints
+        effort = output_config.get("effort") if isinstance(output_config, dict) else None
+        return _ADAPTIVE_EFFORT.get(effort, "medium") if isinstance(effort, str) else "medium"
+    budget = value.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise bad_request("thinking.budget_tokens: must be a positive integer")
+    return next((effort for limit, effort in _EFFORT_BY_BUDGET if budget <= limit), "high")
+
+
+def _system(value: Any) -> tuple[ChatMessage, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return (ChatMessage(role="system", content=value),)
+    if isinstance(value, list) and all(isinstance(b, dict) and b.get("type") == "text"
+                                       and isinstance(b.get("text"), str) for b in value):
+        return (ChatMessage(role="system", content="\n\n".join(b["text"] for b in value)),)
+    raise bad_request("system: must be a string or a list of text blocks")
+
+
+def _turns(value: Any, encrypted_for: str | None) -> tuple[ChatMessage, ...]:
+    if not isinstance(value, list) or not value:
+        raise bad_request("messages: must be a non-empty list")
+    out: list[ChatMessage] = []
+    for i, msg in enumerate(value):
+        role = msg.get("role") if isinstance(msg, dict) else None
+        if role not in ("user", "assistant"):
+            raise bad_request(f"messages.{i}.role: must be 'user' or 'assistant'")
+        content = msg.get("content")
+        if isinstance(content, str):
+            out.append(ChatMessage(role=role, content=content))
+            continue
+        if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
+            raise bad_request(f"messages.{i}.content: must be a string or a list of blocks")
+        if role == "user":
+            out += _user_turn(content, i)
+        else:
+            out.append(_assistant_turn(content, i, encrypted_for))
+    return tuple(out)
+
+
+def _image(block: dict[str, Any], where: str) -> ImagePart:
+    src = block.get("source")
+    if isinstance(src, dict) and src.get("type") == "base64" \
+            and isinstance(src.get("data"), str) and isinstance(src.get("media_type"), str):
+        return ImagePart(url=f"data:{src['media_type']};base64,{src['data']}")
+    if isinstance(src, dict) and src.get("type") == "url" and isinstance(src.get("url"), str):
+        return ImagePart(url=src["url"])
+    raise bad_request(f"{where}.source: must be a base64 or url image source")
+
+
+def _parts(blocks: list[Any], where: str) -> list[ContentPart]:
+    parts: list[ContentPart] = []
+    for j, block in enumerate(blocks):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind == "text" and isinstance(block.get("text"), str):
+            parts.append(TextPart(text=block["text"]))
+        elif kind == "image":
+            parts.append(_image(block, f"{where}.{j}"))
+        else:
+            raise bad_request(f"{where}.{j}: expected a text or image block")
+    return parts
+
+
+def _content(parts: list[ContentPart]) -> str | tuple[ContentPart, ...]:
+    if all(isinstance(p, TextPart) for p in parts):  # plain text stays a string
+        return "".join(p.text for p in parts)  # type: ignore[union-attr]
+    return tuple(parts)
+
+
+def _user_turn(blocks: list[dict[str, Any]], i: int) -> list[ChatMessage]:
+    """A user turn: tool results become tool messages, in order, around the user's parts."""
+    out: list[ChatMessage] = []
+    pending: list[ContentPart] = []
+    for j, block in enumerate(blocks):
+        if block.get("type") != "tool_result":
+            pending += _parts([block], f"messages.{i}.content")
+            continue
+        if pending:
+            out.append(ChatMessage(role="user", content=_content(pending)))
+            pending = []
+        out.append(_tool_result(block, f"messages.{i}.content.{j}"))
+    if pending or not out:
+        out.append(ChatMessage(role="user", content=_content(pending)))
+    return out
+
+
+def _tool_result(block: dict[str, Any], where: str) -> ChatMessage:
+    call_id = block.get("tool_use_id")
+    if not isinstance(call_id, str):
+        raise bad_request(f"{where}.tool_use_id: Field required")
+    raw = block.get("content", "")
+    parts = [TextPart(text=raw)] if isinstance(raw, str) else \
+        _parts(raw, f"{where}.content") if isinstance(raw, list) else None
+    if parts is None:
+        raise bad_request(f"{where}.content: must be a string or a list of blocks")
+    if block.get("is_error") is True:
+        # The IR's tool message has no error flag; a visible prefix keeps the meaning.
+        parts.insert(0, TextPart(text="Error: "))
+    return ChatMessage(role="tool", tool_call_id=call_id, content=_content(parts))
+
+
+def _assistant_turn(blocks: list[dict[str, Any]], i: int,
+                    encrypted_for: str | None) -> ChatMessage:
+    text: list[str] = []
+    calls: list[MessageToolCall] = []
+    reasoning: list[str] = []
+    kept: list[tuple[str, str]] = []
+    for j, block in enumerate(blocks):
+        kind, where = block.get("type"), f"messages.{i}.content.{j}"
+        if kind == "text" and isinstance(block.get("text"), str):
+            text.append(block["text"])
+        elif kind == "tool_use":
+            if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
+                raise bad_request(f"{where}: tool_use needs id and name")
+            args = msgspec.json.encode(block.get("input", {})).decode()
+            calls.append(MessageToolCall(id=block["id"], name=block["name"], arguments=args))
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            reasoning.append(block["thinking"])
+            if encrypted_for is not None and block.get("signature"):
+                keep = {"type": "thinking", "thinking": block["thinking"],
+                        "signature": block["signature"]}
+                kept.append((encrypted_for, msgspec.json.encode(keep).decode()))
+        elif kind == "redacted_thinking" and isinstance(block.get("data"), str):
+            if encrypted_for is not None:
+                keep = {"type": "redacted_thinking", "data": block["data"]}
+                kept.append((encrypted_for, msgspec.json.encode(keep).decode()))
+        else:
+            raise bad_request(f"{where}: expected text, tool_use, thinking or "
+                              "redacted_thinking in an assistant turn")
+    return ChatMessage(role="assistant", content="".join(text), tool_calls=tuple(calls),
+                       reasoning="".join(reasoning) or None, reasoning_encrypted=tuple(kept))
+
+
+def _tools(value: Any) -> tuple[ToolSpec, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad_request("tools: must be a list")
+    specs = []
+    for j, tool in enumerate(value):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) \
+                or tool.get("type", "custom") != "custom":
+            raise bad_request(f"tools.{j}: needs a name; server tools are not supported")
+        schema = tool.get("input_schema")
+        if not isinstance(schema, dict):
+            raise bad_request(f"tools.{j}.input_schema: Field required")
+        specs.append(ToolSpec(name=tool["name"], description=str(tool.get("description") or ""),
+                              parameters=schema))
+    return tuple(specs)
+
+
+def _tool_choice(value: Any) -> tuple[str | dict | None, bool | None]:
+    """(IR ``tool_choice``, ``parallel_tool_calls``) from Anthropic's ``tool_choice``."""
+    if value is None:
+        return None, None
+    kind = value.get("type") if isinstance(value, dict) else None
+    parallel = None
+    if isinstance(value, dict) and value.get("disable_parallel_tool_use") is True:
+        parallel = False
+    if kind in ("auto", "none"):
+        return kind, parallel
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool" and isinstance(value.get("name"), str):
+        return {"name": value["name"]}, parallel
+    raise bad_request("tool_choice: must be {type: auto | any | none} or {type: tool, name}")

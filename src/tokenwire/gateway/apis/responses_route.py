@@ -1,0 +1,264 @@
+"""``POST /v1/responses``: the Starlette handler over :mod:`.responses_render`.
+
+Streaming (the Codex path): the request is parsed (:mod:`.responses_request`: hygiene,
+``previous_response_id``), routed and admitted; then the response head and
+``response.created`` + ``response.in_progress`` go out at once, *before* the upstream
+answers (seed, "Streaming, reasoning summaries, and heartbeats"), and every later failure is
+a ``response.failed`` inside the stream. While the upstream is quiet a genuine
+``response.in_progress`` data event is sent every :data:`HEARTBEAT_S` seconds (Codex's idle
+timer ignores SSE comments, gateway-research §2). Validation, routing and capacity failures
+happen before the head and are HTTP errors in OpenAI's shape; the one exception is the
+seed's ``compaction_trigger`` refusal, which a stream reports as ``response.failed`` with
+``invalid_prompt`` so Codex stops instead of retrying.
+
+Not streaming: one ``response`` object, or the failure as an HTTP error with its status and
+the Responses error code (:func:`~.responses_render.failure_error_body`). Either way a
+finished response is stored when the request asked (``store``, default true) for
+``previous_response_id`` and ``GET /v1/responses/{id}`` (:mod:`.responses_get`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, MutableMapping
+from functools import partial
+from typing import Any
+
+import anyio
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from tokenwire.errors import CompactionRefused, ResponsesRequestError, ServerBusy
+from tokenwire.gateway.affinity import TURN_STATE_HEADER
+from tokenwire.gateway.apis.responses_get import (
+    get_response,
+    response_store_of,
+    responses_error_response,
+)
+from tokenwire.gateway.apis.responses_hygiene import collaboration_call_fields
+from tokenwire.gateway.apis.responses_render import (
+    ResponsesRenderer,
+    failure_error_body,
+    new_response_id,
+)
+from tokenwire.gateway.apis.responses_request import ResponsesCall, parse_responses_request
+from tokenwire.gateway.http_streaming import EventResponse
+from tokenwire.gateway.ir import EventStream, Failure, FailureClass, is_terminal
+
+__all__ = ["HEARTBEAT_S", "create_response", "responses_routes"]
+
+log = logging.getLogger(__name__)
+
+#: The seed's heartbeat interval: well inside Codex's 300 s idle window, and the "at most
+#: one heartbeat interval" the seed lets a response head wait.
+HEARTBEAT_S = 15.0
+#: Request fields echoed into the ``response`` object, as OpenAI does. ``service_tier`` is
+#: not: the tier served is reported only when the upstream says so (``ResponseMeta``).
+_ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
+           "temperature", "tool_choice", "tools", "top_p", "metadata", "text")
+_SSE_HEADERS = (("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"))
+
+
+async def create_response(request: Request) -> Response | EventResponse | _SSEResponse:
+    from tokenwire.gateway.app import json_error, read_body
+
+    state = request.app.state.gateway
+    raw = await read_body(request, state.settings.max_body_bytes)
+    try:
+        body = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        return json_error(400, f"the request body is not valid JSON: {exc}",
+                          code="invalid_json")
+    rid = new_response_id()
+    store = response_store_of(request)
+    try:
+        call = parse_responses_request(body, headers=request.headers, store=store, raw=raw,
+                                       request_id=rid)
+    except CompactionRefused as exc:
+        if isinstance(body, dict) and body.get("stream") is True:
+            return _refused_stream(rid, body, exc)
+        return await responses_error_response(request, exc)
+    except ResponsesRequestError as exc:
+        return await responses_error_response(request, exc)
+    served = state.router.route(call.model)
+    renderer = ResponsesRenderer(
+        response_id=rid, model=served.name, created_at=int(time.time()), stream=call.stream,
+        reasoning_summary=call.reasoning_summary or "auto", echo=_echo(call),
+        # A Responses upstream's end_turn is its own (ResponseMeta): never invent one for it.
+        derive_end_turn=getattr(served.upstream, "kind", "") != "responses",
+        call_fields=partial(collaboration_call_fields,
+                            collaboration_tools=call.collaboration_tools))
+    gen = msgspec.structs.replace(call.request, model=served.name, request_id=rid,
+                                  want_ids=False, want_text=True)
+    try:
+        stream = served.submit(gen)
+    except ServerBusy as exc:  # capacity before any byte: a retryable HTTP 429 (seed)
+        return json_error(429, str(exc), code="rate_limit_exceeded",
+                          headers={"Retry-After": "1"})
+    headers = [("Content-Type", renderer.content_type), *_SSE_HEADERS, ("X-Request-Id", rid)]
+    on_final = _store_hook(store, call)
+    if call.stream:
+        return _SSEResponse(stream, renderer, headers=headers, on_final=on_final)
+    from tokenwire.codec.compression import new_compressor
+
+    return EventResponse(stream, _StoringRenderer(renderer, on_final, headers), headers=headers,
+                         compressor=new_compressor("identity"), on_failure=_failure_response,
+                         window=0.0, streaming=False)
+
+
+def _echo(call: ResponsesCall) -> dict[str, Any]:
+    echo = {k: call.body[k] for k in _ECHOED if k in call.body}
+    echo["store"] = call.store
+    summary = call.reasoning_summary
+    echo["reasoning"] = {"effort": call.request.reasoning_effort,
+                         "summary": None if summary == "none" else summary}
+    return echo
+
+
+def _refused_stream(rid: str, body: dict[str, Any], exc: CompactionRefused) -> _SSEResponse:
+    """The seed's final refusal as a stream: created, in_progress, failed (invalid_prompt);
+    no upstream is called."""
+    model = body.get("model") if isinstance(body.get("model"), str) else ""
+    renderer = ResponsesRenderer(response_id=rid, model=model, created_at=int(time.time()),
+                                 stream=True)
+    failure = Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc), status=400)
+    return _SSEResponse(_Ended(failure), renderer, on_final=None,
+                        headers=[("Content-Type", renderer.content_type), *_SSE_HEADERS,
+                                 ("X-Request-Id", rid)])
+
+
+class _Ended:
+    """An event stream that is one terminal event (a refusal decided before any upstream)."""
+
+    def __init__(self, event: Failure) -> None:
+        self._event = event
+
+    async def next_event(self) -> Failure:
+        return self._event
+
+    def cancel(self) -> None:
+        pass
+
+
+def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
+    status, body = failure_error_body(failure)
+    return status, [("Content-Type", "application/json")], body
+
+
+def _store_hook(store: Any, call: ResponsesCall) -> Callable[[dict[str, Any]], None] | None:
+    """Saves a finished response when the client asked to (``store`` defaults to true)."""
+    if store is None or not call.store:
+        return None
+
+    def put(response: dict[str, Any]) -> None:
+        try:
+            store.put(response["id"], input_items=list(call.input_items), response=response)
+        except Exception:  # the answer was delivered; a store failure must not undo it
+            log.exception("could not store response %s", response.get("id"))
+
+    return put
+
+
+class _StoringRenderer:
+    """The renderer, plus (non-streaming) the store call and the turn-state header once the
+    terminal was rendered.
+
+    ``headers`` is the very list the :class:`EventResponse` sends: a whole body is rendered
+    before its head goes out, so the upstream's wrapped ``x-codex-turn-state`` is appended
+    to it here (a stream carries it as ``response.metadata`` instead).
+    """
+
+    def __init__(self, inner: ResponsesRenderer,
+                 on_final: Callable[[dict[str, Any]], None] | None,
+                 headers: list[tuple[str, str]]) -> None:
+        self._inner, self._on_final, self._headers = inner, on_final, headers
+        self.content_type = inner.content_type
+
+    def on_event(self, event: Any) -> list[bytes]:
+        out = self._inner.on_event(event)
+        if not is_terminal(event):
+            return out
+        if self._on_final and self._inner.final_response is not None:
+            self._on_final(self._inner.final_response)
+        if self._inner.turn_state is not None:
+            self._headers.append((TURN_STATE_HEADER, self._inner.turn_state))
+        return out
+
+    def on_error(self, exc: BaseException) -> list[bytes]:
+        return self._inner.on_error(exc)
+
+
+Send = Callable[[MutableMapping[str, Any]], Any]
+
+
+class _SSEResponse:
+    """The streaming answer as plain ASGI: head and ``response.created`` first, then events
+    as they come, heartbeats while the upstream is quiet; a disconnect cancels upstream."""
+
+    def __init__(self, stream: EventStream, renderer: ResponsesRenderer, *,
+                 headers: list[tuple[str, str]],
+                 on_final: Callable[[dict[str, Any]], None] | None,
+                 heartbeat_s: float = HEARTBEAT_S) -> None:
+        self._stream, self._renderer, self._headers = stream, renderer, headers
+        self._on_final, self._heartbeat_s = on_final, heartbeat_s
+        self._finished = False
+
+    async def __call__(self, scope: Any, receive: Callable[[], Any], send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
+                try:
+                    await self._run(send)
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            if not self._finished:  # disconnect, send failure or cancellation
+                self._stream.cancel()
+        final = self._renderer.final_response
+        if self._on_final is not None and final is not None:
+            self._on_final(final)
+
+    async def _watch_disconnect(self, receive: Callable[[], Any],
+                                scope: anyio.CancelScope) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self._stream.cancel()
+        scope.cancel()
+
+    async def _run(self, send: Send) -> None:
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._headers]
+        await send({"type": "http.response.start", "status": 200, "headers": raw})
+        await self._body(send, self._renderer.created_events())
+        try:
+            while True:
+                event = None
+                with anyio.move_on_after(self._heartbeat_s):
+                    event = await self._stream.next_event()
+                if event is None:  # quiet: a real data event keeps Codex's idle timer fed
+                    await self._body(send, self._renderer.heartbeat())
+                    continue
+                self._finished = is_terminal(event)
+                await self._body(send, self._renderer.on_event(event))
+                if self._finished:
+                    break
+        except Exception as exc:  # after the head: report in-stream (never a 500)
+            log.exception("responses stream failed after the response started")
+            self._stream.cancel()
+            self._finished = True
+            await self._body(send, self._renderer.on_error(exc))
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    @staticmethod
+    async def _body(send: Send, chunks: list[bytes]) -> None:
+        if chunks:
+            await send({"type": "http.response.body", "body": b"".join(chunks),
+                        "more_body": True})
+
+
+def responses_routes() -> list[BaseRoute]:
+    """The routes to mount in :func:`tokenwire.gateway.app.create_app`."""
+    return [Route("/v1/responses", create_response, methods=["POST"]),
+            Route("/v1/responses/{response_id}", get_response, methods=["GET"])]

@@ -1,0 +1,264 @@
+"""Upstream failures -> classified :class:`~tokenwire.gateway.ir.Failure` values, for every
+HTTP adapter (OpenAI-compatible, Responses, Anthropic Messages, Codec-native).
+
+The class comes from structured fields first: the error body's ``code`` / ``type`` (OpenAI,
+vLLM, llama.cpp, Anthropic's ``{"type": "error", "error": {...}}``), then the HTTP status,
+then ``Retry-After``. Context overflow is the one case many servers report only in prose, so
+its wordings (gateway-research §3.2-3.4) are matched here, at the adapter boundary and as the
+last resort, and only the counts are kept. Transport exceptions (httpx) are translated here
+too (STYLE §6 item 3).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import msgspec
+
+from tokenwire.gateway.ir import Failure, FailureClass
+
+__all__ = [
+    "CODE_CLASSES",
+    "MAX_ERROR_BODY_BYTES",
+    "MAX_MESSAGE_CHARS",
+    "classify_error",
+    "context_overflow_counts",
+    "error_object",
+    "failure_from_exception",
+    "failure_from_response",
+    "read_capped",
+    "retry_after_seconds",
+]
+
+#: An error body is a small JSON object; a proxy's HTML error page can be large. 64 KiB keeps
+#: every real error message and bounds what a broken upstream makes us buffer.
+MAX_ERROR_BODY_BYTES = 64 * 1024
+#: Longest upstream message we keep: enough for any real error, not a whole HTML page.
+MAX_MESSAGE_CHARS = 1000
+
+_C = FailureClass
+#: HTTP status -> (class, status we answer with). Our own credentials being refused, or the
+#: upstream failing, is the gateway's problem (502), not the client's.
+_STATUS_CLASSES: dict[int, tuple[FailureClass, int]] = {
+    400: (_C.INVALID_REQUEST, 400), 401: (_C.AUTHENTICATION, 502), 402: (_C.QUOTA, 402),
+    403: (_C.AUTHENTICATION, 502), 404: (_C.INVALID_REQUEST, 404),
+    405: (_C.INVALID_REQUEST, 400), 408: (_C.TIMEOUT, 504), 409: (_C.INVALID_REQUEST, 400),
+    413: (_C.INVALID_REQUEST, 413), 415: (_C.INVALID_REQUEST, 400),
+    422: (_C.INVALID_REQUEST, 400), 429: (_C.RATE_LIMITED, 429), 500: (_C.UPSTREAM, 502),
+    502: (_C.UPSTREAM, 502), 503: (_C.CAPACITY, 503), 504: (_C.TIMEOUT, 504),
+    529: (_C.CAPACITY, 503),  # Anthropic "overloaded"
+}
+#: The status we answer with for a class known from a code alone.
+_ANSWER = {
+    _C.INVALID_REQUEST: 400, _C.CONTEXT_LENGTH: 400, _C.AUTHENTICATION: 502,
+    _C.RATE_LIMITED: 429, _C.QUOTA: 429, _C.CONTENT_FILTER: 400, _C.CAPACITY: 503,
+    _C.CONNECTION: 502, _C.TIMEOUT: 504, _C.UPSTREAM: 502, _C.INTERNAL: 500,
+}
+
+#: The error body's ``code`` / ``type`` -> (class, status we answer with): OpenAI Chat and
+#: Responses (gateway-research §2, §5.6), Anthropic's ``error.type``, llama.cpp, and a Codec
+#: peer's own class names (``"capacity"``, ``"context_length"``, ...).
+CODE_CLASSES: dict[str, tuple[FailureClass, int]] = {
+    **{c.value: (c, _ANSWER[c]) for c in FailureClass},
+    "context_length_exceeded": (_C.CONTEXT_LENGTH, 400),
+    "exceed_context_size_error": (_C.CONTEXT_LENGTH, 400),
+    "rate_limit_exceeded": (_C.RATE_LIMITED, 429),
+    "rate_limit_error": (_C.RATE_LIMITED, 429),
+    "insufficient_quota": (_C.QUOTA, 429),
+    "usage_not_included": (_C.QUOTA, 429),
+    "usage_limit_reached": (_C.QUOTA, 429),
+    "billing_hard_limit_reached": (_C.QUOTA, 429),
+    "billing_error": (_C.QUOTA, 402),
+    "server_error": (_C.UPSTREAM, 502),
+    "api_error": (_C.UPSTREAM, 502),
+    "server_is_overloaded": (_C.CAPACITY, 503),
+    "server_overloaded": (_C.CAPACITY, 503),
+    "overloaded_error": (_C.CAPACITY, 503),
+    "slow_down": (_C.CAPACITY, 503),
+    "timeout_error": (_C.TIMEOUT, 504),
+    "invalid_prompt": (_C.INVALID_REQUEST, 400),
+    "invalid_request_error": (_C.INVALID_REQUEST, 400),
+    "invalid_encrypted_content": (_C.INVALID_REQUEST, 400),
+    "model_not_found": (_C.INVALID_REQUEST, 404),
+    "not_found_error": (_C.INVALID_REQUEST, 404),
+    "request_too_large": (_C.INVALID_REQUEST, 413),
+    "invalid_api_key": (_C.AUTHENTICATION, 502),
+    "authentication_error": (_C.AUTHENTICATION, 502),
+    "permission_error": (_C.AUTHENTICATION, 502),
+    "bio_policy": (_C.CONTENT_FILTER, 400),
+    "cyber_policy": (_C.CONTENT_FILTER, 400),
+    "misalignment_policy_violation": (_C.CONTENT_FILTER, 400),
+    "image_content_policy_violation": (_C.CONTENT_FILTER, 400),
+    "content_policy_violation": (_C.CONTENT_FILTER, 400),
+    "content_filter": (_C.CONTENT_FILTER, 400),
+}
+#: Catch-all codes that say less than an HTTP status: with a status, the status decides
+#: (OpenAI sends ``invalid_request_error`` with a 401; vLLM ``BadRequestError`` with a 500).
+_GENERIC_CODES = frozenset({"invalid_request_error", "api_error", "server_error", "error"})
+
+# Context-overflow wordings: vLLM (several releases), llama.cpp, Anthropic, Ollama, OpenAI.
+_OVERFLOW = re.compile(
+    r"maximum context length|context (?:length|window|size)|maximum context"
+    r"|exceeds? (?:the )?(?:available )?context|prompt is too long|input length exceeds"
+    r"|parameter=input_tokens|too many tokens|maximum input length", re.IGNORECASE)
+#: The prompt's count, most specific wording first (OpenAI's "N in the messages" beats its
+#: "requested N", which includes the completion).
+_PROMPT = (
+    re.compile(r"(\d+) in the messages|(\d+) input tokens|request \((\d+) tokens\)"
+               r"|prompt is too long: (\d+) tokens|passed (\d+) input"
+               r"|exceed context limit: (\d+) \+", re.IGNORECASE),
+    re.compile(r"maximum context length is \d+ tokens.*?(?:resulted in|requested|has"
+               r"|contains(?: \(at least\))?) (\d+)", re.IGNORECASE | re.DOTALL),
+    re.compile(r"(?:has|contains(?: \(at least\))?|passed|prompt is|request \() ?(\d+)"
+               r"(?: input)? tokens", re.IGNORECASE),
+)
+_CTX = (
+    re.compile(r"prompt is too long: \d+ tokens > (\d+)|tokens > (\d+) maximum"
+               r"|exceed context limit: \d+ \+ \d+ > (\d+)", re.IGNORECASE),
+    re.compile(r"(?:maximum context length|context length|context size|context window)"
+               r"(?: is)?(?: only)?\D{0,12}?(\d+)", re.IGNORECASE),
+)
+
+
+def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds from ``Retry-After`` (delta-seconds or HTTP-date, RFC 9110 §10.2.3), or from
+    the ``retry-after-ms`` header some OpenAI-compatible APIs send."""
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            return max(0.0, float(ms) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def context_overflow_counts(message: str, err: Mapping[str, Any] | None = None,
+                            ) -> tuple[int | None, int | None] | None:
+    """``(prompt_tokens, context_tokens)`` if ``message`` reports a context overflow (either
+    count None when not stated), else None. See :func:`_counts`."""
+    return _counts(err or {}, message) if _OVERFLOW.search(message) else None
+
+
+def _counts(err: Mapping[str, Any], message: str) -> tuple[int | None, int | None]:
+    """(prompt tokens, context tokens): llama.cpp's fields, else the message's numbers."""
+    prompt, ctx = err.get("n_prompt_tokens"), err.get("n_ctx")
+    if isinstance(prompt, int) and isinstance(ctx, int):
+        return prompt, ctx
+    return _first_number(_PROMPT, message), _first_number(_CTX, message)
+
+
+def _first_number(patterns: tuple[re.Pattern[str], ...], message: str) -> int | None:
+    for pattern in patterns:
+        if m := pattern.search(message):
+            return next(int(g) for g in m.groups() if g)
+    return None
+
+
+def error_object(body: bytes) -> dict[str, Any]:
+    """The error object of an error body: OpenAI / vLLM / llama.cpp ``{"error": {...}}``,
+    Anthropic ``{"type": "error", "error": {...}}``, FastAPI ``{"detail": ...}``, a bare
+    object, or text (its start becomes the message)."""
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return {"message": body[:MAX_MESSAGE_CHARS].decode("utf-8", "replace").strip()}
+    if not isinstance(doc, dict):
+        return {"message": str(doc)[:MAX_MESSAGE_CHARS]}
+    inner = doc.get("error", doc)
+    err = dict(inner) if isinstance(inner, dict) else {"message": str(inner)}
+    if not err.get("message") and doc.get("detail"):
+        detail = doc["detail"]
+        err["message"] = detail if isinstance(detail, str) else msgspec.json.encode(
+            detail).decode()
+    return err
+
+
+def classify_error(err: Mapping[str, Any], *, status: int | None,
+                   retry_after: float | None = None) -> Failure:
+    """The Failure for an error object, from an HTTP error body (``status``) or from a
+    mid-stream error event (``status`` None; vLLM puts the HTTP status in an integer
+    ``code``, gateway-research §3.2).
+
+    ``code``, then ``type``, decide the class when they are known and specific; else the
+    status does. Overflow wording turns an invalid request into ``CONTEXT_LENGTH``.
+    """
+    raw_code, kind = err.get("code"), err.get("type")
+    code = raw_code if isinstance(raw_code, str) else None
+    kind = kind if isinstance(kind, str) and kind != "error" else None
+    if status is None and isinstance(raw_code, int) and not isinstance(raw_code, bool):
+        status = raw_code
+    message = str(err.get("message") or (f"upstream answered HTTP {status}" if status
+                                         else "the upstream reported an error"))
+    cls, answer = _class_of(code, kind, status)
+    prompt = ctx = None
+    if cls is _C.INVALID_REQUEST and status in (None, 400, 413, 422) and _OVERFLOW.search(
+            message):
+        cls, answer = _C.CONTEXT_LENGTH, 400
+    if cls is _C.CONTEXT_LENGTH:
+        prompt, ctx = _counts(err, message)
+    return Failure(failure_class=cls, message=message[:MAX_MESSAGE_CHARS], status=answer,
+                   retry_after=retry_after, code=code or kind, prompt_tokens=prompt,
+                   context_tokens=ctx)
+
+
+def _class_of(code: str | None, kind: str | None,
+              status: int | None) -> tuple[FailureClass, int]:
+    for key in (code, kind):
+        if key in CODE_CLASSES and not (status is not None and key in _GENERIC_CODES):
+            return CODE_CLASSES[key]
+    if code and code.startswith(("invalid_", "image_")):  # OpenAI's per-field input errors
+        return _C.INVALID_REQUEST, 400
+    if status is None:
+        return _C.UPSTREAM, 502  # a mid-stream error with no status: the engine failed
+    if status in _STATUS_CLASSES:
+        return _STATUS_CLASSES[status]
+    return (_C.INVALID_REQUEST, 400) if status < 500 else (_C.UPSTREAM, 502)
+
+
+def failure_from_response(status: int, headers: Mapping[str, str], body: bytes) -> Failure:
+    """The Failure for an error status answered before the stream started."""
+    return classify_error(error_object(body), status=status,
+                          retry_after=retry_after_seconds(headers))
+
+
+def failure_from_exception(exc: httpx.HTTPError, *, started: bool,
+                           where: str = "upstream") -> Failure:
+    """httpx's errors, translated at this boundary (STYLE §6 item 3). A connection that
+    broke before any byte came back is CONNECTION (safe to retry elsewhere); after, UPSTREAM.
+    httpx messages name the URL at most, never headers, so no key can leak through them."""
+    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError):
+        cls, what = _C.CONNECTION, "could not connect"
+    elif isinstance(exc, httpx.TimeoutException):
+        cls, what = _C.TIMEOUT, "timed out"
+    else:
+        cls = _C.UPSTREAM if started else _C.CONNECTION
+        what = "broke the stream" if started else "connection lost"
+    return Failure(failure_class=cls, status=_ANSWER[cls],
+                   message=f"{where} {what}: {type(exc).__name__}: {exc}".rstrip(": ")[
+                       :MAX_MESSAGE_CHARS])
+
+
+async def read_capped(resp: httpx.Response, limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
+    """At most ``limit`` bytes of an error response's body."""
+    out = bytearray()
+    async for chunk in resp.aiter_bytes():
+        out += chunk[: limit - len(out)]
+        if len(out) >= limit:
+            break
+    return bytes(out)

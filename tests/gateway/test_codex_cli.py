@@ -1,0 +1,383 @@
+"""The Codex CLI (``@openai/codex`` 0.171.0, from npm) as a real client of ``POST /v1/responses``.
+
+``scripts/codex-install.sh`` (run by ``./dev``) puts the CLI in ``.codex-cli/``; without it
+these tests skip. Each test runs ``codex exec --json`` against tokenwire on a loopback port,
+with a throw-away ``CODEX_HOME`` whose ``config.toml`` (``_config`` below) declares one
+provider, ``[model_providers.tw]`` with ``wire_api = "responses"``, Codex's default retry
+budget (``stream_max_retries = 5``, ``request_max_retries = 4``: a reconnect caused by the
+gateway must show), no approvals and no sandbox (the only command is the scripted
+``echo hello``, run in a temp dir). Offline: under ``strace`` this CLI ran
+``git ls-remote https://github.com/openai/plugins.git`` and resolved ``api.github.com``
+until the ``plugins``, ``remote_plugin``, ``plugin_sharing``, ``apps`` and
+``in_app_updates`` features were turned off; ``analytics``/``feedback`` are off and
+``check_for_update_on_startup = false``. After that its only connection is to the gateway.
+``shell_snapshot`` is off and ``HOME`` is a temp dir so no user ``.bashrc`` runs.
+
+What this Codex sends (recorded with a logging server, 2026-11; the gateway must accept it):
+
+* ``POST {base_url}/responses`` only: no ``/models`` call, nothing else. Headers:
+  ``authorization: Bearer <env_key value>``, ``accept: text/event-stream``,
+  ``accept-encoding: zstd,gzip``, ``originator: codex_exec``, ``session-id``,
+  ``thread-id``, ``x-client-request-id``, ``x-codex-window-id``,
+  ``x-codex-beta-features: remote_compaction_v2``, ``x-codex-turn-metadata`` (JSON).
+* Body keys: ``model``, ``stream: true``, ``store: false``, ``tool_choice: "auto"``,
+  ``parallel_tool_calls: true``, ``reasoning: {"summary": "auto"}`` (a model it knows,
+  e.g. ``gpt-5.5``, gets ``{"effort": "medium"}`` and ``text: {"verbosity": "low"}``),
+  ``include: ["reasoning.encrypted_content"]``, ``prompt_cache_key`` (the thread id),
+  ``client_metadata`` (string map), ``input``, ``tools``. No ``instructions``: the
+  ~20 kB system prompt is the first ``developer`` message. The body is ~42 kB (~10k
+  tokens), more than the embedded engine's 4096-token context.
+* ``input``: ``message`` items (``developer`` x2, ``user`` x2: environment context, then
+  the prompt) with ``input_text`` parts. On the turn after a tool call it replays the
+  ``reasoning`` item (``summary``, ``content: null``, ``encrypted_content``), the
+  ``function_call`` item (``id``, ``call_id``, ``name``, ``arguments``, ``status``), and a
+  ``function_call_output`` (``id: "fco_..."``, same ``call_id``, ``output`` a string:
+  ``"Chunk ID: ..\\nWall time: ..\\nProcess exited with code 0\\n...Output:\\nhello\\n"``).
+* ``tools`` (unknown model): functions ``exec_command`` (``{"cmd": str, "workdir"?,
+  "yield_time_ms"?, "max_output_tokens"?, "tty"?, "shell"?, "login"?, ...}``, ``strict:
+  false``), ``write_stdin``, ``request_user_input``, ``view_image``, ``get_goal``,
+  ``create_goal``, ``update_goal``; a ``{"type": "namespace", "name": "multi_agent_v1",
+  "tools": [functions...]}``; a hosted ``{"type": "web_search", "external_web_access":
+  true}``. A known model (``gpt-5.5``) also gets the custom ``apply_patch`` (``{"type":
+  "custom", "format": {"type": "grammar", "syntax": "lark", "definition": ...}}``) and
+  ``tool_search``.
+* Retries: a stream that ends without ``response.completed`` is retried
+  (``"Reconnecting... n/5"`` error events, 6 requests in all); ``response.failed`` with
+  ``context_length_exceeded`` ends the turn at once (one request, ``turn.failed``, "ran
+  out of room in the model's context window"); an HTTP 400 is not retried either (one
+  request, its body shown as the error). Through tokenwire the first request of a turn is
+  4587 SmolLM2 tokens with this config (6015 as ``gpt-5.5``), over the 4096 window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import uvicorn
+
+from tests.gateway.upstreams.fakes import Reply, ToolScript, chat_stream, start_fake
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.gateway.app import GatewayState, create_app
+from tokenwire.gateway.ir import IdsSource
+from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
+from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
+
+from .conftest import _PROBE
+
+REPO = Path(__file__).resolve().parents[2]
+CODEX = REPO / ".codex-cli" / "node_modules" / ".bin" / "codex"
+#: Generous: Codex itself answers in well under a second against a local server, but the
+#: embedded engine shares 2 cores with the rest of the suite.
+CODEX_TIMEOUT_S = 300
+#: Codex's own default; a gateway-caused reconnect would show as up to 6 requests.
+STREAM_MAX_RETRIES = 5
+KEY_ENV = "TW_CODEX_KEY"
+
+# In CI the CLI must be there (./dev installs it): a skipped interop test would hide that.
+if not CODEX.exists() and os.environ.get("CI") == "true":
+    raise RuntimeError(f"{CODEX} is absent in CI: scripts/codex-install.sh failed")
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CODEX.exists(), reason=(
+        "the Codex CLI is not installed: run scripts/codex-install.sh (needs node + npm)")),
+]
+
+
+# -- running Codex ---------------------------------------------------------------------------
+
+
+def _config(base_url: str, model: str) -> str:
+    features = ("plugins", "remote_plugin", "plugin_sharing", "apps", "in_app_updates",
+                "shell_snapshot")
+    return "\n".join([
+        f'model = "{model}"', 'model_provider = "tw"', 'approval_policy = "never"',
+        'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
+        "[analytics]", "enabled = false", "", "[feedback]", "enabled = false", "",
+        "[features]", *(f"{f} = false" for f in features), "",
+        "[model_providers.tw]", 'name = "tokenwire"', f'base_url = "{base_url}/v1"',
+        'wire_api = "responses"', f'env_key = "{KEY_ENV}"',
+        f"stream_max_retries = {STREAM_MAX_RETRIES}", "request_max_retries = 4",
+        "stream_idle_timeout_ms = 300000", ""])
+
+
+@dataclass
+class CodexRun:
+    returncode: int
+    events: list[dict]
+    stdout: str
+    stderr: str
+
+    def of_type(self, type_: str) -> list[dict]:
+        return [e for e in self.events if e.get("type") == type_]
+
+    def items(self, type_: str) -> list[dict]:
+        return [e["item"] for e in self.of_type("item.completed") if e["item"]["type"] == type_]
+
+    @property
+    def reconnected(self) -> bool:
+        """A top-level ``error`` event is what Codex prints for each retry ("Reconnecting")."""
+        return "Reconnecting" in self.stdout or bool(self.of_type("error"))
+
+
+def run_codex(base_url: str, model: str, prompt: str, tmp: Path) -> CodexRun:
+    home, work = tmp / "codex-home", tmp / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(_config(base_url, model))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp),
+           "CODEX_HOME": str(home), KEY_ENV: "tw-dummy-key", "LANG": "C.UTF-8"}
+    cmd = [str(CODEX), "exec", "--json", "--strict-config", "--skip-git-repo-check",
+           "--ephemeral", "--color", "never", "-C", str(work), prompt]
+    # Its own process group, so teardown kills Codex and whatever it spawned.
+    proc = subprocess.Popen(cmd, env=env, cwd=work, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=CODEX_TIMEOUT_S)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return CodexRun(proc.returncode, events, out, err)
+
+
+# -- tokenwire on a loopback port, recording what it was sent --------------------------------
+
+
+@dataclass
+class Recording:
+    """An ASGI wrapper that keeps each ``POST /v1/responses`` body and the SSE answer."""
+
+    app: Callable
+    bodies: list[dict] = field(default_factory=list)
+    answers: list[bytearray] = field(default_factory=list)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/v1/responses":
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        answer = bytearray()
+        self.answers.append(answer)
+
+        async def spy_receive():
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            if msg["type"] == "http.request" and not msg.get("more_body"):
+                raw = b"".join(chunks)
+                self.bodies.append(json.loads(raw) if raw else {})
+            return msg
+
+        async def spy_send(msg) -> None:
+            if msg["type"] == "http.response.body":
+                answer.extend(msg.get("body", b""))
+            await send(msg)
+
+        await self.app(scope, spy_receive, spy_send)
+
+    def events(self, n: int) -> list[dict]:
+        """The SSE events of answer ``n``, parsed."""
+        return [json.loads(line[5:]) for line in bytes(self.answers[n]).decode().splitlines()
+                if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]")]
+
+
+@dataclass
+class Gateway:
+    url: str
+    recording: Recording
+    server: uvicorn.Server
+    thread: threading.Thread
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def serve_gateway(state: GatewayState) -> Gateway:
+    app = create_app(state)
+    if not any(getattr(r, "path", None) == "/v1/responses" for r in app.routes):
+        pytest.skip("tokenwire has no POST /v1/responses route yet (apis/responses_route.py)")
+    recording = Recording(app)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    server = uvicorn.Server(uvicorn.Config(recording, log_level="warning", lifespan="off",
+                                           timeout_graceful_shutdown=2))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.02)
+    return Gateway(f"http://127.0.0.1:{sock.getsockname()[1]}", recording, server, thread)
+
+
+@pytest.fixture
+def compat_gateway() -> Iterator[Callable[..., tuple]]:
+    """``start(respond, model="m") -> (fake, gateway)``: tokenwire over a scripted Chat
+    Completions server (vLLM-shaped) serving ``model``."""
+    stops: list[Callable[[], None]] = []
+
+    def start(respond: Callable[[str, dict], Reply], model: str = "m"):
+        fake = start_fake(respond, models=(model,))
+        stops.append(fake.stop)
+        cfg = UpstreamConfig(name="up", kind="openai", base_url=fake.url,
+                             models=(ModelRoute(name=model),))
+        up = OpenAICompatUpstream.from_config(cfg)
+        router = Router([ServedModel(name=model, upstream=up, ids_source=IdsSource.NONE,
+                                     upstream_name="up")])
+        gw = serve_gateway(GatewayState(settings=ServerSettings(), router=router))
+        stops.insert(0, gw.stop)
+        return fake, gw
+
+    yield start
+    for stop in stops:
+        stop()
+
+
+# -- a plain answer --------------------------------------------------------------------------
+
+
+def test_codex_exec_completes_a_text_turn_through_the_responses_route(compat_gateway,
+                                                                     tmp_path) -> None:
+    fake, gw = compat_gateway(lambda path, body: Reply(chunks=chat_stream(
+        "vllm", ["Hi ", "from ", "tokenwire."])))
+    run = run_codex(gw.url, "m", "say hi", tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [m["text"] for m in run.items("agent_message")] == ["Hi from tokenwire."]
+    assert run.of_type("turn.completed") and not run.of_type("turn.failed")
+    assert not run.reconnected, run.stdout
+    assert len(gw.recording.bodies) == 1 and len(fake.requests) == 1
+    assert gw.recording.bodies[0]["stream"] is True
+
+
+def test_codex_with_a_model_it_knows_sends_its_full_tool_set_and_completes(
+        compat_gateway, tmp_path) -> None:
+    """Served as ``gpt-5.5``, Codex adds the custom (grammar) ``apply_patch`` and the
+    client-executed ``tool_search`` tool, reasoning effort and text verbosity."""
+    fake, gw = compat_gateway(lambda path, body: Reply(chunks=chat_stream(
+        "vllm", ["Hi."])), model="gpt-5.5")
+    run = run_codex(gw.url, "gpt-5.5", "say hi", tmp_path)
+    sent = gw.recording.bodies[0]
+    kinds = {(t["type"], t.get("name")) for t in sent["tools"]}
+    assert {("custom", "apply_patch"), ("tool_search", None)} <= kinds
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [m["text"] for m in run.items("agent_message")] == ["Hi."]
+    assert not run.reconnected and len(gw.recording.bodies) == len(fake.requests) == 1
+
+
+# -- a tool turn -----------------------------------------------------------------------------
+
+
+def _command_call(tools: list[dict]) -> tuple[str, str]:
+    """Codex's command tool as the gateway forwarded it, and ``echo hello`` in its shape."""
+    fns = {t["function"]["name"]: t["function"] for t in tools if t.get("type") == "function"}
+    name = next(n for n in ("exec_command", "shell", "local_shell") if n in fns)
+    props = fns[name].get("parameters", {}).get("properties", {})
+    if "cmd" in props:
+        return name, json.dumps({"cmd": "echo hello"})
+    if props.get("command", {}).get("type") == "array":
+        return name, json.dumps({"command": ["bash", "-lc", "echo hello"]})
+    return name, json.dumps({"command": "echo hello"})
+
+
+def test_codex_runs_a_tool_call_and_returns_its_output_with_the_same_call_id(
+        compat_gateway, tmp_path) -> None:
+    def respond(path: str, body: dict) -> Reply:
+        if body["messages"][-1]["role"] == "tool":
+            return Reply(chunks=chat_stream("vllm", ["The command printed hello."]))
+        name, args = _command_call(body.get("tools") or [])
+        return Reply(chunks=chat_stream("vllm", tools=[ToolScript(
+            0, "call_tw1", name, (args[:6], args[6:]))], finish="tool_calls"))
+
+    fake, gw = compat_gateway(respond)
+    run = run_codex(gw.url, "m", "run echo hello", tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    [cmd] = run.items("command_execution")
+    assert "echo hello" in cmd["command"] and cmd["exit_code"] == 0
+    assert cmd["aggregated_output"].strip() == "hello"
+    assert [m["text"] for m in run.items("agent_message")] == ["The command printed hello."]
+    assert not run.reconnected, run.stdout
+    assert len(gw.recording.bodies) == 2 and len(fake.requests) == 2
+    # Codex replays the call and answers it under the id the upstream chose...
+    second = gw.recording.bodies[1]["input"]
+    [call] = [i for i in second if i.get("type") == "function_call"]
+    [output] = [i for i in second if i.get("type") == "function_call_output"]
+    assert call["call_id"] == output["call_id"] == "call_tw1"
+    assert "hello" in output["output"]
+    # ...and the gateway hands both back to the Chat Completions upstream under that id.
+    msgs = fake.requests[1][1]["messages"]
+    [asked] = [m for m in msgs if m["role"] == "assistant" and m.get("tool_calls")]
+    [answered] = [m for m in msgs if m["role"] == "tool"]
+    assert asked["tool_calls"][0]["id"] == answered["tool_call_id"] == "call_tw1"
+    assert "hello" in json.dumps(answered["content"])
+
+
+# -- the embedded engine: Codex's prompt does not fit ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine_4096(smollm2_map: TokenizerMap):
+    """The real embedded SmolLM2 at its default context (4096), once for this module."""
+    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {probe.returncode})")
+    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+
+    eng = EmbeddedEngine.load(smollm2_map, n_ctx=4096, n_threads=1, queue_size=4)
+    eng.start()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def embedded_gateway(engine_4096, smollm2_map) -> Iterator[Gateway]:
+    router = Router([ServedModel(name=engine_4096.model_id, upstream=engine_4096,
+                                 tmap=smollm2_map, max_model_len=engine_4096.n_ctx,
+                                 ids_source=IdsSource.ENGINE, upstream_name="embedded")])
+    gw = serve_gateway(GatewayState(settings=ServerSettings(), router=router))
+    yield gw
+    gw.stop()
+
+
+def test_context_overflow_is_final_for_codex_not_retried_six_times(
+        engine_4096, embedded_gateway, tmp_path) -> None:
+    run = run_codex(embedded_gateway.url, engine_4096.model_id, "say hi", tmp_path)
+    assert run.returncode != 0
+    assert len(run.of_type("turn.failed")) == 1, run.stdout
+    # One request; a few if Codex compacted and gave up; never 1 + STREAM_MAX_RETRIES.
+    n = len(embedded_gateway.recording.bodies)
+    assert 1 <= n <= 3 and n != 1 + STREAM_MAX_RETRIES, (n, run.stdout)
+    assert "Reconnecting" not in run.stdout
+    failed = [e for e in embedded_gateway.recording.events(0) if e["type"] == "response.failed"]
+    assert len(failed) == 1 and failed[0]["response"]["status"] == "failed"
+
+
+def test_context_overflow_reaches_codex_as_context_length_exceeded(
+        engine_4096, embedded_gateway, tmp_path) -> None:
+    run = run_codex(embedded_gateway.url, engine_4096.model_id, "say hi", tmp_path)
+    [failed] = [e for e in embedded_gateway.recording.events(0)
+                if e["type"] == "response.failed"]
+    assert failed["response"]["error"]["code"] == "context_length_exceeded"
+    # Codex words this code itself ("Codex ran out of room in the model's context window").
+    [turn] = run.of_type("turn.failed")
+    assert "ran out of room" in turn["error"]["message"], run.stdout

@@ -1,0 +1,148 @@
+"""The embedded response store: what ``previous_response_id`` and ``GET /v1/responses/{id}``
+read (issue 5 item 4). Expiry and eviction are driven by an injected clock, never by waiting."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenwire.gateway.response_store import ResponseStore, SQLiteResponseStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def response(rid: str, text: str = "hi") -> dict:
+    return {"id": rid, "object": "response", "status": "completed",
+            "output": [{"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text}]}]}
+
+
+def test_sqlite_store_implements_the_protocol() -> None:
+    store: ResponseStore = SQLiteResponseStore()
+    assert store.get("resp_missing") is None
+
+
+def test_a_stored_response_reads_back_with_its_input_and_output() -> None:
+    store = SQLiteResponseStore()
+    items = [{"type": "message", "role": "user", "content": "hello"}]
+    store.put("resp_1", input_items=items, response=response("resp_1"))
+    got = store.get("resp_1")
+    assert got is not None
+    assert got.response == response("resp_1")
+    assert got.input == tuple(items)
+    assert got.conversation() == [*items, *response("resp_1")["output"]]
+
+
+def test_an_unknown_id_reads_as_absent() -> None:
+    assert SQLiteResponseStore().get("resp_nope") is None
+
+
+def test_a_response_past_its_ttl_reads_as_absent() -> None:
+    clock = Clock()
+    store = SQLiteResponseStore(ttl_s=60, clock=clock)
+    store.put("resp_1", input_items=[], response=response("resp_1"))
+    clock.now += 59
+    assert store.get("resp_1") is not None
+    clock.now += 2
+    assert store.get("resp_1") is None
+
+
+def test_expired_rows_are_deleted_on_the_next_put() -> None:
+    clock = Clock()
+    store = SQLiteResponseStore(ttl_s=60, clock=clock)
+    store.put("resp_old", input_items=[], response=response("resp_old"))
+    clock.now += 120
+    store.put("resp_new", input_items=[], response=response("resp_new"))
+    assert len(store) == 1
+
+
+def test_rows_are_bounded_and_the_oldest_go_first() -> None:
+    clock = Clock()
+    store = SQLiteResponseStore(max_rows=3, clock=clock)
+    for i in range(5):
+        clock.now += 1
+        store.put(f"resp_{i}", input_items=[], response=response(f"resp_{i}"))
+    assert len(store) == 3
+    assert [store.get(f"resp_{i}") is not None for i in range(5)] == [False, False, True,
+                                                                       True, True]
+
+
+def test_putting_the_same_id_replaces_it() -> None:
+    store = SQLiteResponseStore()
+    store.put("resp_1", input_items=[], response=response("resp_1", "a"))
+    store.put("resp_1", input_items=[], response=response("resp_1", "b"))
+    got = store.get("resp_1")
+    assert got is not None and got.output[0]["content"][0]["text"] == "b"
+    assert len(store) == 1
+
+
+def test_a_response_without_an_id_is_refused() -> None:
+    with pytest.raises(ValueError):
+        SQLiteResponseStore().put("", input_items=[], response={"object": "response"})
+
+
+def test_bounds_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        SQLiteResponseStore(max_rows=0)
+    with pytest.raises(ValueError):
+        SQLiteResponseStore(ttl_s=0)
+
+
+def test_a_file_store_survives_reopening(tmp_path: Path) -> None:
+    path = str(tmp_path / "responses.sqlite3")
+    first = SQLiteResponseStore(path)
+    first.put("resp_1", input_items=[{"role": "user", "content": "x"}],
+              response=response("resp_1"))
+    first.close()
+    second = SQLiteResponseStore(path)
+    got = second.get("resp_1")
+    assert got is not None and got.input == ({"role": "user", "content": "x"},)
+    second.close()
+
+
+def test_the_store_is_safe_to_share_between_threads() -> None:
+    store = SQLiteResponseStore(max_rows=10_000)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(50):
+                store.put(f"resp_{t}_{i}", input_items=[{"n": i}],
+                          response=response(f"resp_{t}_{i}"))
+                assert store.get(f"resp_{t}_{i}") is not None
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    assert len(store) == 200
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53) | st.text(),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=10)
+
+
+@settings(max_examples=100, deadline=None)
+@given(items=st.lists(_json, max_size=4), extra=st.dictionaries(st.text(max_size=5), _json,
+                                                                 max_size=3))
+def test_stored_json_round_trips_exactly(items: list, extra: dict) -> None:
+    store = SQLiteResponseStore()
+    resp = {**extra, "id": "resp_x", "output": []}
+    store.put("resp_x", input_items=items, response=resp)
+    got = store.get("resp_x")
+    assert got is not None and got.response == resp and list(got.input) == items

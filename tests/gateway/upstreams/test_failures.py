@@ -1,0 +1,93 @@
+"""The one failure classification every HTTP upstream adapter uses (``upstreams/failures``)."""
+
+from __future__ import annotations
+
+import email.utils
+import json
+
+import httpx
+import pytest
+
+from tokenwire.gateway.ir import FailureClass
+from tokenwire.gateway.upstreams.failures import (
+    classify_error,
+    context_overflow_counts,
+    error_object,
+    failure_from_exception,
+    failure_from_response,
+    retry_after_seconds,
+)
+
+
+def test_retry_after_is_read_as_seconds_as_an_http_date_and_as_milliseconds() -> None:
+    now = 1_700_000_000.0
+    date = email.utils.formatdate(now + 30, usegmt=True)
+    assert retry_after_seconds({"retry-after": "7"}) == 7.0
+    assert retry_after_seconds({"retry-after": date}, now=now) == pytest.approx(30.0)
+    assert retry_after_seconds({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
+    assert retry_after_seconds({"retry-after": "soon"}) is None
+    assert retry_after_seconds({}) is None
+
+
+def test_anthropic_error_shape_is_classified_by_its_type() -> None:
+    body = json.dumps({"type": "error", "error": {"type": "overloaded_error",
+                                                  "message": "Overloaded"}}).encode()
+    f = failure_from_response(529, {}, body)
+    assert (f.failure_class, f.status, f.code, f.message) == (
+        FailureClass.CAPACITY, 503, "overloaded_error", "Overloaded")
+
+
+def test_generic_type_does_not_override_the_status() -> None:
+    # OpenAI answers a bad key with 401 and type invalid_request_error.
+    f = failure_from_response(401, {}, b'{"error": {"message": "bad key", '
+                                       b'"type": "invalid_request_error"}}')
+    assert (f.failure_class, f.status) == (FailureClass.AUTHENTICATION, 502)
+
+
+def test_vllm_integer_code_mid_stream_is_the_http_status() -> None:
+    f = classify_error({"message": "CUDA out of memory", "type": "InternalServerError",
+                        "code": 500}, status=None)
+    assert f.failure_class is FailureClass.UPSTREAM
+    overflow = classify_error({"message": "This model's maximum context length is 2048 "
+                                          "tokens. However, you requested 3000 tokens.",
+                               "code": 400}, status=None)
+    assert (overflow.failure_class, overflow.context_tokens) == (
+        FailureClass.CONTEXT_LENGTH, 2048)
+
+
+@pytest.mark.parametrize(("message", "counts"), [
+    ("prompt is too long: 208310 tokens > 200000 maximum", (208310, 200000)),
+    ("input length and `max_tokens` exceed context limit: 197000 + 8192 > 200000",
+     (197000, 200000)),
+    ("This model's maximum context length is 8192 tokens. However, your messages resulted "
+     "in 9000 tokens.", (9000, 8192)),
+    ("request (9000 tokens) exceeds the available context size (4096 tokens)", (9000, 4096)),
+    ("the context window was exceeded", (None, None)),
+    ("messages: field required", None),
+])
+def test_context_overflow_wordings_yield_their_counts(message, counts) -> None:
+    assert context_overflow_counts(message) == counts
+
+
+def test_overflow_wording_does_not_turn_a_rate_limit_into_context_length() -> None:
+    f = failure_from_response(429, {"retry-after": "3"}, b'{"error": {"message": '
+                                                         b'"too many tokens per minute"}}')
+    assert (f.failure_class, f.retry_after) == (FailureClass.RATE_LIMITED, 3.0)
+
+
+def test_fastapi_detail_and_plain_text_bodies_become_the_message() -> None:
+    assert error_object(b'{"detail": "boom"}')["message"] == "boom"
+    assert error_object(b"<html>Bad Gateway</html>")["message"] == "<html>Bad Gateway</html>"
+    assert failure_from_response(502, {}, b"").message == "upstream answered HTTP 502"
+
+
+@pytest.mark.parametrize(("exc", "started", "cls"), [
+    (httpx.ConnectError("refused"), False, FailureClass.CONNECTION),
+    (httpx.ConnectTimeout("slow"), False, FailureClass.CONNECTION),
+    (httpx.ReadTimeout("slow"), True, FailureClass.TIMEOUT),
+    (httpx.ReadError("reset"), False, FailureClass.CONNECTION),
+    (httpx.ReadError("reset"), True, FailureClass.UPSTREAM),
+])
+def test_transport_errors_are_connection_before_output_and_upstream_after(
+        exc, started, cls) -> None:
+    assert failure_from_exception(exc, started=started).failure_class is cls
