@@ -31,14 +31,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-import httpx
 import msgspec
 
-from tokenwire.codec.maps import TokenizerMap
-from tokenwire.errors import ServerBusy
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -48,7 +45,6 @@ from tokenwire.gateway.ir import (
     Finish,
     FinishKind,
     GenerationRequest,
-    IdsSource,
     ImagePart,
     PromptText,
     ReasoningDelta,
@@ -58,14 +54,12 @@ from tokenwire.gateway.ir import (
     Usage,
 )
 from tokenwire.gateway.sse import SSEEvent
-from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth
+from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import classify_error, failure_from_response
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
-    api_key_from_env,
-    http_client,
-    probe_models,
+    TextUpstream,
 )
 
 __all__ = [
@@ -425,49 +419,24 @@ _HANDLERS: dict[str, Callable[[MessagesStreamParser, dict[str, Any]], list[Event
 # -- the adapter -----------------------------------------------------------------------------
 
 
-class AnthropicUpstream:
+class AnthropicUpstream(TextUpstream):
     """Every model of one Anthropic Messages upstream (implements ``ir.Upstream``)."""
 
     kind = "anthropic"
 
-    def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient,
-                 maps: Mapping[str, TokenizerMap] | None = None) -> None:
-        self.name = config.name
-        self.config = config
-        self._client = client
-        self._maps = dict(maps or {})
+    @staticmethod
+    def api_base_for(config: UpstreamConfig) -> str:
         base = (config.base_url or DEFAULT_BASE_URL).rstrip("/")
-        self._api = base if base.endswith("/v1") else base + "/v1"
-        self._routes = {m.name: m for m in config.models}
-        self.model_id = config.models[0].name if config.models else config.name
-        # Text only: ids exist only where a model's map lets the router retokenize the text.
-        self.ids_source = IdsSource.RETOKENIZED if self._maps else IdsSource.NONE
-        self.active = 0
-        self.unknown_events: Counter[str] = Counter()
+        return base if base.endswith("/v1") else base + "/v1"
 
-    @classmethod
-    def from_config(cls, config: UpstreamConfig, *,
-                    transport: httpx.AsyncBaseTransport | None = None,
-                    maps: Mapping[str, TokenizerMap] | None = None) -> AnthropicUpstream:
-        key = api_key_from_env(config)
+    @staticmethod
+    def auth_headers(key: str | None) -> dict[str, str]:
         headers = {"Accept": "text/event-stream", "anthropic-version": ANTHROPIC_VERSION}
         if key is not None:
             headers["x-api-key"] = key
-        return cls(config, http_client(config, headers, transport), maps)
-
-    def __repr__(self) -> str:
-        return f"<AnthropicUpstream {self.name!r} {self._api}>"
-
-    def ids_source_for(self, model: str) -> IdsSource:
-        return IdsSource.RETOKENIZED if model in self._maps else IdsSource.NONE
-
-    def upstream_model(self, model: str) -> str:
-        route = self._routes.get(model or self.model_id)
-        return route.sent_as if route is not None else model
+        return headers
 
     def submit(self, request: GenerationRequest) -> SSEUpstreamStream | FailedStream:
-        if self.active >= self.config.max_concurrent:
-            raise ServerBusy(f"upstream {self.name!r} has {self.active} requests in flight")
         try:
             body = build_messages_body(request, model=self.upstream_model(request.model),
                                        upstream_name=self.name)
@@ -476,17 +445,7 @@ class AnthropicUpstream:
                                         message=str(exc), status=400))
         custom = frozenset(t.name for t in request.tools if t.kind == "custom")
         parser = MessagesStreamParser(self.name, custom)
-        self.active += 1
+        self._admit()
         return SSEUpstreamStream(
-            client=self._client, url=f"{self._api}/messages", body=body, parser=parser,
+            client=self._client, url=f"{self.api_base}/messages", body=body, parser=parser,
             classify_http=failure_from_response, on_done=lambda: self._release(parser))
-
-    def _release(self, parser: MessagesStreamParser) -> None:
-        self.active -= 1
-        self.unknown_events.update(parser.unknown)
-
-    async def probe(self) -> UpstreamHealth:
-        return await probe_models(self._client, f"{self._api}/models", self)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()

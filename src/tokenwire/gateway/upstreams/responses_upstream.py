@@ -43,11 +43,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
 import msgspec
 
-from tokenwire.codec.maps import TokenizerMap
-from tokenwire.errors import ServerBusy
 from tokenwire.gateway.affinity import (
     TURN_STATE_HEADER,
     affinity_body,
@@ -63,7 +60,6 @@ from tokenwire.gateway.ir import (
     Finish,
     FinishKind,
     GenerationRequest,
-    IdsSource,
     ImagePart,
     MessageStart,
     PromptText,
@@ -75,14 +71,11 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.stops import StopMatcher
-from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth
 from tokenwire.gateway.upstreams.failures import classify_error, failure_from_response
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
-    api_key_from_env,
-    http_client,
-    probe_models,
+    TextUpstream,
 )
 
 __all__ = [
@@ -463,48 +456,19 @@ _HANDLERS: dict[str, Callable[[ResponsesStreamParser, dict[str, Any]], list[Even
 
 
 # -- the adapter -----------------------------------------------------------------------------
-class ResponsesUpstream:
+class ResponsesUpstream(TextUpstream):
     """Every model of one Responses API upstream (implements ``ir.Upstream``)."""
 
     kind = "responses"
 
-    def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient,
-                 maps: Mapping[str, TokenizerMap] | None = None) -> None:
-        self.name = config.name
-        self.config = config
-        self._client = client
-        self._maps = dict(maps or {})
-        self._base = config.base_url.rstrip("/")
-        self._routes = {m.name: m for m in config.models}
-        self.model_id = config.models[0].name if config.models else config.name
-        # Text only: ids exist only where a model's map lets the router retokenize the text.
-        self.ids_source = IdsSource.RETOKENIZED if self._maps else IdsSource.NONE
-        self.active = 0
-        self.unknown_events: Counter[str] = Counter()
-
-    @classmethod
-    def from_config(cls, config: UpstreamConfig, *,
-                    transport: httpx.AsyncBaseTransport | None = None,
-                    maps: Mapping[str, TokenizerMap] | None = None) -> ResponsesUpstream:
-        key = api_key_from_env(config)
+    @staticmethod
+    def auth_headers(key: str | None) -> dict[str, str]:
         headers = {"Accept": _SSE_ACCEPT}
         if key is not None:
             headers["Authorization"] = f"Bearer {key}"
-        return cls(config, http_client(config, headers, transport), maps)
-
-    def __repr__(self) -> str:
-        return f"<ResponsesUpstream {self.name!r} {self._base}>"
-
-    def ids_source_for(self, model: str) -> IdsSource:
-        return IdsSource.RETOKENIZED if model in self._maps else IdsSource.NONE
-
-    def upstream_model(self, model: str) -> str:
-        route = self._routes.get(model or self.model_id)
-        return route.sent_as if route is not None else model
+        return headers
 
     def submit(self, request: GenerationRequest) -> SSEUpstreamStream | FailedStream:
-        if self.active >= self.config.max_concurrent:
-            raise ServerBusy(f"upstream {self.name!r} has {self.active} requests in flight")
         model = self.upstream_model(request.model)
         try:
             body: dict[str, Any] | bytes | None = _passthrough(request, model)
@@ -515,22 +479,11 @@ class ResponsesUpstream:
         except ValueError as exc:
             return FailedStream(Failure(failure_class=FailureClass.INVALID_REQUEST,
                                         message=str(exc), status=400))
-        self.active += 1
-        stream = SSEUpstreamStream(
-            client=self._client, url=f"{self._base}/responses", body=body, parser=parser,
+        self._admit()
+        return SSEUpstreamStream(
+            client=self._client, url=f"{self.api_base}/responses", body=body, parser=parser,
             classify_http=failure_from_response, on_done=lambda: self._release(parser),
             headers=affinity_headers(self.kind, self.name, request.affinity))
-        return stream
-
-    def _release(self, parser: ResponsesStreamParser) -> None:
-        self.active -= 1
-        self.unknown_events.update(parser.unknown)
-
-    async def probe(self) -> UpstreamHealth:
-        return await probe_models(self._client, f"{self._base}/models", self)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
 
 
 class _PassthroughHead(msgspec.Struct):

@@ -14,14 +14,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, Self
 
 import httpx
 import msgspec
 
-from tokenwire.errors import ConfigError, RemoteProtocolError
-from tokenwire.gateway.ir import Event, Failure, FailureClass, Finish, FinishKind, is_terminal
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.errors import ConfigError, RemoteProtocolError, ServerBusy
+from tokenwire.gateway.ir import (
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    IdsSource,
+    is_terminal,
+)
 from tokenwire.gateway.sse import SSEDecoder, SSEEvent
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 from tokenwire.gateway.upstreams.failures import failure_from_exception, read_capped
@@ -32,6 +42,7 @@ __all__ = [
     "HttpClassifier",
     "SSEUpstreamStream",
     "StreamParser",
+    "TextUpstream",
     "api_key_from_env",
     "http_client",
     "probe_models",
@@ -249,3 +260,67 @@ async def probe_models(
         return health(UpstreamState.DEGRADED, "not listed upstream: " + ", ".join(missing),
                       listed)
     return health(UpstreamState.UP, "", listed)
+
+
+class TextUpstream:
+    """What the text-only SSE adapters (Responses, Anthropic) share: the client's model name
+    mapped to the upstream's, a cap on requests in flight, ids by retokenizing (only for
+    models with a map), probing and closing. Subclasses set ``kind``, name their endpoint
+    base (:meth:`api_base_for`) and auth headers (:meth:`auth_headers`), and build requests
+    in ``submit``, which calls :meth:`_admit` and hands :meth:`_release` to the stream."""
+
+    kind: ClassVar[str] = ""
+
+    def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient,
+                 maps: Mapping[str, TokenizerMap] | None = None) -> None:
+        self.name = config.name
+        self.config = config
+        self._client = client
+        self._maps = dict(maps or {})
+        self.api_base = self.api_base_for(config)
+        self._routes = {m.name: m for m in config.models}
+        self.model_id = config.models[0].name if config.models else config.name
+        # Text only: ids exist only where a model's map lets the router retokenize the text.
+        self.ids_source = IdsSource.RETOKENIZED if self._maps else IdsSource.NONE
+        self.active = 0
+        self.unknown_events: Counter[str] = Counter()
+
+    @staticmethod
+    def api_base_for(config: UpstreamConfig) -> str:
+        return config.base_url.rstrip("/")
+
+    @staticmethod
+    def auth_headers(key: str | None) -> dict[str, str]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_config(cls, config: UpstreamConfig, *,
+                    transport: httpx.AsyncBaseTransport | None = None,
+                    maps: Mapping[str, TokenizerMap] | None = None) -> Self:
+        headers = cls.auth_headers(api_key_from_env(config))
+        return cls(config, http_client(config, headers, transport), maps)
+
+    def __repr__(self) -> str:  # never the headers: they hold the key
+        return f"<{type(self).__name__} {self.name!r} {self.api_base}>"
+
+    def ids_source_for(self, model: str) -> IdsSource:
+        return IdsSource.RETOKENIZED if model in self._maps else IdsSource.NONE
+
+    def upstream_model(self, model: str) -> str:
+        route = self._routes.get(model or self.model_id)
+        return route.sent_as if route is not None else model
+
+    def _admit(self) -> None:
+        if self.active >= self.config.max_concurrent:
+            raise ServerBusy(f"upstream {self.name!r} has {self.active} requests in flight")
+        self.active += 1
+
+    def _release(self, parser: StreamParser) -> None:
+        self.active -= 1
+        self.unknown_events.update(getattr(parser, "unknown", ()))
+
+    async def probe(self) -> UpstreamHealth:
+        return await probe_models(self._client, f"{self.api_base}/models", self)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
