@@ -5,6 +5,8 @@ The tree::
     TokenwireError
     ├── ProtocolError                 (abstract: carries the HTTP status to answer with)
     │   ├── LocalProtocolError        we were asked to produce something the protocol forbids
+    │   │   └── RetryStateError       a retry state machine driven out of order
+    │   │       └── RetryDeadlinePassed  an attempt started past its budget's deadline
     │   └── RemoteProtocolError       the peer sent bytes that break the protocol
     │       ├── FrameTooLarge         a frame (or buffered partial frame) over the size limit
     │       ├── VarintOverflow        a varint longer than its type allows (5 bytes for uint32)
@@ -311,3 +313,11 @@ class PreviousResponseNotFound(ResponsesRequestError):
     """``previous_response_id`` names no stored response (unknown, expired, or not stored)."""
 
     code = "previous_response_not_found"
+
+
+class RetryStateError(LocalProtocolError):
+    """A ``gateway.retry.RetryState`` method called out of order (a bug in the caller)."""
+
+
+class RetryDeadlinePassed(RetryStateError):
+    """An attempt was started at or after its retry budget's or the request's deadline."""

@@ -1,0 +1,171 @@
+"""Request hardening in front of every API: target, Origin, bearer, upgrade refusal.
+
+A pure ASGI middleware (STYLE §6 item 13). The checks run in the order the gateway seed
+fixes ("WebSocket refusals"): an unparsable request target 400, any disallowed ``Origin``
+403, a missing or wrong key 401, then for upgrades a 404 on any path but ``/v1/responses``
+and a 426 with no body and ``Connection: close`` there. An upgrade is an ASGI
+``websocket`` scope, or an ``http`` scope whose ``Connection`` names ``upgrade`` beside an
+``Upgrade`` header (uvicorn hands those to the app when no WebSocket library is installed,
+like the Node request handler the seed describes); the latter on other paths is served as
+an ordinary request. Keys are never logged or echoed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from tokenwire.errors import ConfigError
+
+__all__ = ["RESPONSES_PATH", "SecurityMiddleware"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+RESPONSES_PATH = "/v1/responses"
+# Bounded identifiers in logs (seed privacy rules): a path is cut, the query never logged.
+MAX_LOGGED_PATH = 120
+# The ASGI extension that lets a websocket scope answer with a plain HTTP response.
+_DENIAL_EXT = "websocket.http.response"
+_log = logging.getLogger(__name__)
+
+
+def _error(status: int, message: str, type_: str, code: str) -> tuple[int, dict[str, Any]]:
+    return status, {"error": {"message": message, "type": type_, "code": code}}
+
+
+_INVALID = "invalid_request_error"
+_BAD_TARGET = _error(400, "The request target cannot be parsed.", _INVALID, "invalid_request")
+_BAD_ORIGIN = _error(403, "Cross-origin requests are not allowed.", "permission_error",
+                     "origin_not_allowed")
+_BAD_KEY = _error(401, "Missing or invalid API key.", "authentication_error", "invalid_api_key")
+_NOT_FOUND = _error(404, "No upgrade is served at this path.", _INVALID, "not_found")
+
+
+def _is_loopback(client: Any) -> bool:
+    try:
+        addr = ipaddress.ip_address(client[0])
+    except (TypeError, ValueError, IndexError):
+        return False  # unix sockets and unknown peers are never "localhost"
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1 (3.11 says not loopback)
+    return addr.is_loopback  # 127.0.0.0/8 or ::1
+
+
+def _target_path(scope: Scope) -> str | None:
+    """The path the request target names, or None if the target cannot be parsed."""
+    raw = scope.get("raw_path") or scope.get("path", "").encode("latin-1")
+    try:
+        target = raw.decode("ascii")
+        if target.startswith("/"):
+            return str(scope.get("path", target))
+        parts = urlsplit(target)  # absolute-form (RFC 9112 §3.2.2); raises on "http://["
+        _ = parts.port  # raises on a non-numeric port
+        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+            return None
+        return parts.path or "/"
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def _headers(scope: Scope) -> dict[bytes, list[bytes]]:
+    out: dict[bytes, list[bytes]] = {}
+    for name, value in scope.get("headers", ()):
+        out.setdefault(name.lower(), []).append(value)
+    return out
+
+
+def _asks_upgrade(headers: dict[bytes, list[bytes]]) -> bool:
+    tokens = {t.strip().lower() for v in headers.get(b"connection", []) for t in v.split(b",")}
+    return b"upgrade" in tokens and bool(headers.get(b"upgrade"))
+
+
+def _presented_keys(headers: dict[bytes, list[bytes]]) -> list[bytes]:
+    keys = list(headers.get(b"x-api-key", []))  # what Anthropic clients send
+    for value in headers.get(b"authorization", []):
+        scheme, _, cred = value.strip().partition(b" ")
+        if scheme.lower() == b"bearer" and cred.strip():  # scheme is case-insensitive
+            keys.append(cred.strip())
+    return keys
+
+
+class SecurityMiddleware:
+    """Refuse what the seed's check order refuses; pass everything else to ``app``."""
+
+    def __init__(self, app: ASGIApp, *, bearer_tokens: Sequence[str] | None,
+                 allowed_origins: Sequence[str] = (),
+                 allow_unauthenticated_localhost: bool = False) -> None:
+        tokens = [t.encode() for t in (bearer_tokens or ()) if t]
+        if not tokens and not allow_unauthenticated_localhost:
+            # Fail closed: an open gateway must be asked for, never the default.
+            raise ConfigError("no bearer token configured; set one or explicitly allow "
+                              "unauthenticated localhost")
+        self.app = app
+        self._tokens = tokens
+        self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+        self._localhost_open = allow_unauthenticated_localhost
+
+    def _authorized(self, scope: Scope, headers: dict[bytes, list[bytes]]) -> bool:
+        if self._localhost_open and _is_loopback(scope.get("client")):
+            return True
+        ok = False
+        for key in _presented_keys(headers):
+            for token in self._tokens:  # every token, no early exit: time says nothing
+                ok |= hmac.compare_digest(key, token)
+        return ok
+
+    def _refusal(self, scope: Scope) -> tuple[int, dict[str, Any] | None] | None:
+        path = _target_path(scope)
+        if path is None:
+            return _BAD_TARGET
+        headers = _headers(scope)
+        origins = headers.get(b"origin", [])
+        if any(o.decode("latin-1").rstrip("/").lower() not in self._origins for o in origins):
+            return _BAD_ORIGIN
+        if not self._authorized(scope, headers):
+            return _BAD_KEY
+        upgrade = scope["type"] == "websocket" or _asks_upgrade(headers)
+        if upgrade and path == RESPONSES_PATH:
+            return 426, None  # the seed: no body, Connection: close
+        if scope["type"] == "websocket":
+            return _NOT_FOUND
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        refusal = self._refusal(scope)
+        if refusal is None:
+            await self.app(scope, receive, send)
+            return
+        status, body = refusal
+        _log.info("refused status=%d path=%r", status, str(scope.get("path", ""))[:MAX_LOGGED_PATH])
+        await _respond(scope, send, status, body)
+
+
+async def _respond(scope: Scope, send: Send, status: int, body: dict[str, Any] | None) -> None:
+    payload = json.dumps(body).encode() if body is not None else b""
+    headers = [(b"content-length", str(len(payload)).encode()), (b"connection", b"close")]
+    if body is not None:
+        headers.append((b"content-type", b"application/json"))
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload})
+    elif _DENIAL_EXT in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": payload})
+    else:
+        # Without the denial extension, closing before accept makes the server send 403.
+        await send({"type": "websocket.close", "code": 1008})
