@@ -16,7 +16,7 @@ from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
 from tokenwire.gateway.apis.errors import error_object
-from tokenwire.gateway.apis.params import bad_request, parse_sampling, parse_stream_format
+from tokenwire.gateway.apis.params import bad_request, parse_openai_fields
 from tokenwire.gateway.apis.sse import (
     SSE_CONTENT_TYPE,
     SSE_DONE,
@@ -64,25 +64,16 @@ def parse_completions_request(
     body: Any, *, request_id: str = "", default_max_tokens: int = DEFAULT_MAX_TOKENS
 ) -> CompletionsCall:
     """Validate a decoded JSON body (codec-spec §2.3); raise a 400-class error."""
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
-    sampling = parse_sampling(body, default_max_tokens=default_max_tokens)
-    fmt = parse_stream_format(body.get("stream_format"), n=sampling.n)
-    if sampling.n != 1:
-        raise bad_request("this engine generates one choice per request; n must be 1")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("model must be a string")
-    options = body.get("stream_options") or {}
+    common = parse_openai_fields(body, default_max_tokens=default_max_tokens)
+    sampling, fmt, model = common.sampling, common.stream_format, common.model
     request = GenerationRequest(
         prompt=_prompt(body.get("prompt")), max_tokens=sampling.max_tokens,
         temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
         stop=sampling.stop, ignore_eos=sampling.ignore_eos, request_id=request_id,
     )
     return CompletionsCall(
-        request, model=model, stream=bool(body.get("stream", False)) or fmt is not None,
-        stream_format=fmt, include_usage=bool(isinstance(options, dict)
-                                              and options.get("include_usage")),
+        request, model=model, stream=common.stream, stream_format=fmt,
+        include_usage=common.include_usage,
         return_token_ids=bool(body.get("return_token_ids", False)),
     )
 

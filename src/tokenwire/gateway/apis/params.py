@@ -20,8 +20,10 @@ __all__ = [
     "JSON_FORMAT",
     "MAX_MAX_TOKENS",
     "SUPPORTED_STREAM_FORMATS",
+    "OpenAIFields",
     "Sampling",
     "bad_request",
+    "parse_openai_fields",
     "parse_sampling",
     "parse_stream_format",
 ]
@@ -77,6 +79,33 @@ class Sampling:
 
 def parse_sampling(body: Mapping[str, Any], *, default_max_tokens: int) -> Sampling:
     return Sampling(body, default_max_tokens=default_max_tokens)
+
+
+class OpenAIFields:
+    """What Completions and Chat Completions bodies share, validated in one place."""
+
+    __slots__ = ("include_usage", "model", "sampling", "stream", "stream_format")
+
+    def __init__(self, body: Any, *, default_max_tokens: int) -> None:
+        if not isinstance(body, dict):
+            raise bad_request("the request body must be a JSON object")
+        self.sampling = parse_sampling(body, default_max_tokens=default_max_tokens)
+        self.stream_format = parse_stream_format(body.get("stream_format"),
+                                                 n=self.sampling.n)
+        if self.sampling.n != 1:
+            raise bad_request("this engine generates one choice per request; n must be 1")
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise bad_request("model must be a string")
+        self.model: str | None = model
+        # A binary stream_format is always streamed (codec-spec §2.3).
+        self.stream = bool(body.get("stream", False)) or self.stream_format is not None
+        options = body.get("stream_options") or {}
+        self.include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+
+
+def parse_openai_fields(body: Any, *, default_max_tokens: int) -> OpenAIFields:
+    return OpenAIFields(body, default_max_tokens=default_max_tokens)
 
 
 def _int(body: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
