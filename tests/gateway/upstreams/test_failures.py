@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import email.utils
 import json
+import socket
+import ssl
 
 import httpx
 import pytest
@@ -91,3 +93,50 @@ def test_fastapi_detail_and_plain_text_bodies_become_the_message() -> None:
 def test_transport_errors_are_connection_before_output_and_upstream_after(
         exc, started, cls) -> None:
     assert failure_from_exception(exc, started=started).failure_class is cls
+
+
+def _chained(outer: Exception, cause: BaseException) -> Exception:
+    outer.__cause__ = cause
+    return outer
+
+
+@pytest.mark.parametrize(("cause", "code"), [
+    (ConnectionRefusedError(111, "refused"), "connection_refused"),
+    (ConnectionResetError(104, "reset"), "connection_reset"),
+    (socket.gaierror(socket.EAI_AGAIN, "try again"), "dns_temporary"),
+    (socket.gaierror(socket.EAI_NONAME, "no such host"), "dns_permanent"),
+    (ssl.SSLCertVerificationError("certificate verify failed"), "certificate_error"),
+    (OSError("something else"), "unknown_network_fault"),
+])
+def test_connect_failures_name_their_fault_for_the_retry_budget(cause, code) -> None:
+    """Seed, retry budgets: resets and temporary DNS failures are transient; certificate
+    failures, permanent DNS failures, refused connections and unknown faults are final. The
+    adapter names which, from the exception chain httpx keeps."""
+    exc = _chained(httpx.ConnectError("could not connect"), cause)
+    failure = failure_from_exception(exc, started=False)
+    assert failure.failure_class is FailureClass.CONNECTION and failure.code == code
+
+
+def test_a_real_refused_connection_is_named_refused() -> None:
+    with socket.socket() as s:  # a port nobody listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+        except httpx.ConnectError as exc:
+            assert failure_from_exception(exc, started=False).code == "connection_refused"
+        else:  # pragma: no cover
+            raise AssertionError("the connection should have been refused")
+
+
+@pytest.mark.parametrize(("cause", "budget"), [
+    (ConnectionResetError(104, "reset"), "CONNECTION"),
+    (socket.gaierror(socket.EAI_AGAIN, "try again"), "CONNECTION"),
+    (ConnectionRefusedError(111, "refused"), "FINAL"),
+    (ssl.SSLCertVerificationError("certificate verify failed"), "FINAL"),
+])
+def test_the_retry_budget_reads_the_named_fault(cause, budget) -> None:
+    from tokenwire.gateway.retry import Budget, budget_for
+
+    failure = failure_from_exception(_chained(httpx.ConnectError("x"), cause), started=False)
+    assert budget_for(failure) is Budget[budget]

@@ -12,7 +12,10 @@ too (STYLE §6 item 3).
 from __future__ import annotations
 
 import email.utils
+import errno
 import re
+import socket
+import ssl
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +30,7 @@ __all__ = [
     "MAX_ERROR_BODY_BYTES",
     "MAX_MESSAGE_CHARS",
     "classify_error",
+    "connection_fault",
     "context_overflow_counts",
     "error_object",
     "failure_from_exception",
@@ -241,17 +245,49 @@ def failure_from_exception(exc: httpx.HTTPError, *, started: bool,
                            where: str = "upstream") -> Failure:
     """httpx's errors, translated at this boundary (STYLE §6 item 3). A connection that
     broke before any byte came back is CONNECTION (safe to retry elsewhere); after, UPSTREAM.
+    CONNECTION failures carry a ``code`` naming the fault (:func:`connection_fault`), which is
+    what the retry budget reads to tell transient faults from final ones.
     httpx messages name the URL at most, never headers, so no key can leak through them."""
-    if isinstance(exc, httpx.ConnectTimeout | httpx.ConnectError):
-        cls, what = _C.CONNECTION, "could not connect"
+    code = None
+    if isinstance(exc, httpx.ConnectTimeout):
+        cls, what, code = _C.CONNECTION, "could not connect", "connect_timeout"
+    elif isinstance(exc, httpx.ConnectError):
+        cls, what, code = _C.CONNECTION, "could not connect", connection_fault(exc)
     elif isinstance(exc, httpx.TimeoutException):
         cls, what = _C.TIMEOUT, "timed out"
+    elif started:
+        cls, what = _C.UPSTREAM, "broke the stream"
     else:
-        cls = _C.UPSTREAM if started else _C.CONNECTION
-        what = "broke the stream" if started else "connection lost"
-    return Failure(failure_class=cls, status=_ANSWER[cls],
+        cls, what, code = _C.CONNECTION, "connection lost", "connection_reset"
+    return Failure(failure_class=cls, status=_ANSWER[cls], code=code,
                    message=f"{where} {what}: {type(exc).__name__}: {exc}".rstrip(": ")[
                        :MAX_MESSAGE_CHARS])
+
+
+#: getaddrinfo results that may clear by themselves (the seed's "temporary DNS failures").
+_TEMPORARY_DNS = frozenset({socket.EAI_AGAIN})
+
+
+def connection_fault(exc: BaseException) -> str:
+    """Name the cause of a failed connect from the exception chain httpx keeps
+    (``__cause__`` / ``__context__``): ``connection_reset`` and ``dns_temporary`` are the
+    transient faults the seed retries on a budget; ``connection_refused``,
+    ``certificate_error``, ``dns_permanent`` and ``unknown_network_fault`` are final."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, ssl.SSLError | ssl.CertificateError):
+            return "certificate_error"
+        if isinstance(cause, socket.gaierror):
+            return "dns_temporary" if cause.errno in _TEMPORARY_DNS else "dns_permanent"
+        if isinstance(cause, ConnectionRefusedError) or getattr(cause, "errno", None) \
+                == errno.ECONNREFUSED:
+            return "connection_refused"
+        if isinstance(cause, ConnectionResetError | ConnectionAbortedError | BrokenPipeError):
+            return "connection_reset"
+        cause = cause.__cause__ or cause.__context__
+    return "unknown_network_fault"
 
 
 async def read_capped(resp: httpx.Response, limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
