@@ -417,3 +417,15 @@ def test_sdk_a_response_created_with_store_false_is_not_retrievable(gateway: Any
     created = client.responses.create(model="gpt-test", input="x", store=False)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(created.id)
+
+
+@pytest.mark.parametrize("item", [
+    {"type": ["message"], "role": "user", "content": "hi"},
+    {"role": ["user"], "content": "hi"},
+    {"role": "user", "content": [{"type": {"t": 1}, "text": "hi"}]},
+])
+def test_non_string_types_and_roles_are_client_errors(item: dict[str, Any]) -> None:
+    """Found by the fuzz test: an unhashable ``type`` or ``role`` hit a set lookup (a 500)."""
+    with pytest.raises(RemoteProtocolError) as info:
+        parse_responses_request({"model": "m", "input": [item]}, headers={})
+    assert info.value.status_hint == 400

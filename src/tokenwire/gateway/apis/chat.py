@@ -16,11 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
-from tokenwire.gateway.apis.errors import error_object
 from tokenwire.gateway.apis.params import bad_request, parse_openai_fields
 from tokenwire.gateway.apis.sse import (
     SSE_CONTENT_TYPE,
     SSE_DONE,
+    failure_output,
+    internal_error_output,
     json_bytes,
     openai_finish_reason,
     sse_data,
@@ -221,19 +222,16 @@ class ChatRenderer:
             case Finish(reason=reason):
                 self.done = True
                 return self._finish(openai_finish_reason(reason, chat=True))
-            case Failure(message=message, status=status):
+            case Failure():
                 self.done = True
-                err = error_object(message, status=status, code=event.failure_class.value)
-                return [sse_data(err), SSE_DONE] if self.stream else [json_bytes(err)]
+                return failure_output(event, stream=self.stream)
         return []
 
     def on_error(self, exc: BaseException) -> list[bytes]:
         if self.done:
             return []
         self.done = True
-        err = error_object(f"the generation failed: {type(exc).__name__}", status=500,
-                           code="internal")
-        return [sse_data(err), SSE_DONE] if self.stream else [json_bytes(err)]
+        return internal_error_output(exc, stream=self.stream)
 
     def _envelope(self, choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
         return {"id": self._id, "object": obj, "created": self._created, "model": self._model,

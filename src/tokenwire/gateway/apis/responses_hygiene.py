@@ -122,6 +122,7 @@ def flatten_agent_message(item: dict[str, Any]) -> str | None:
     texts: list[str] = []
     for part in parts:
         kind = part.get("type") if isinstance(part, dict) else None
+        kind = kind if isinstance(kind, str) else None  # unhashable JSON: a 400, not a crash
         if kind in _AGENT_TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind not in _AGENT_SILENT_PARTS:

@@ -244,7 +244,9 @@ class _Conversation:
     def add(self, item: Any) -> None:
         if not isinstance(item, dict):
             raise bad_request(f"input items must be objects, got {type(item).__name__}")
-        kind = item.get("type") or ("message" if "role" in item else None)
+        if item.get("type") is not None and _type_of(item) is None:
+            raise bad_request("an input item's type must be a string")
+        kind = _type_of(item) or ("message" if "role" in item else None)
         if kind == "message" and item.get("role") == "assistant":
             self._text.append(_text_of(item.get("content"), "assistant message"))
         elif kind in _CALLS:
@@ -325,9 +327,16 @@ def _call(item: dict[str, Any], kind: str) -> MessageToolCall:
     return MessageToolCall(id=call_id, name=name, arguments=args, kind=kind)
 
 
+def _type_of(obj: Any) -> str | None:
+    """An object's ``type`` when it is a string: client JSON may put anything there, and an
+    unhashable value must be a 400, not a crash in a set lookup."""
+    kind = obj.get("type") if isinstance(obj, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
 def _message(item: dict[str, Any]) -> ChatMessage:
     role = item.get("role")
-    if role not in _MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise bad_request(f"message role {role!r} is not one of "
                           + ", ".join(sorted(_MESSAGE_ROLES)))
     return ChatMessage(role=role, content=_content(item.get("content"), f"{role} message"))
@@ -361,7 +370,7 @@ def _content(content: Any, where: str) -> str | tuple[ContentPart, ...]:
 
 
 def _part(part: Any, where: str) -> ContentPart:
-    kind = part.get("type") if isinstance(part, dict) else None
+    kind = _type_of(part)
     if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
         return TextPart(text=part["text"])
     if kind == "refusal" and isinstance(part.get("refusal"), str):
@@ -404,7 +413,7 @@ class _Tools:
         self.specs, self.collaboration = tuple(specs), frozenset(collab)
 
     def _one(self, tool: dict[str, Any], ns: str | None) -> ToolSpec | None:
-        kind = tool.get("type")
+        kind = _type_of(tool)
         if kind in HOSTED_TOOLS:
             self.hosted += 1
             return None

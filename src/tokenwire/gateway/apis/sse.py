@@ -6,9 +6,18 @@ from typing import Any
 
 import msgspec
 
-from tokenwire.gateway.ir import FinishKind
+from tokenwire.gateway.apis.errors import error_object
+from tokenwire.gateway.ir import Failure, FinishKind
 
-__all__ = ["SSE_CONTENT_TYPE", "SSE_DONE", "json_bytes", "openai_finish_reason", "sse_data"]
+__all__ = [
+    "SSE_CONTENT_TYPE",
+    "SSE_DONE",
+    "failure_output",
+    "internal_error_output",
+    "json_bytes",
+    "openai_finish_reason",
+    "sse_data",
+]
 
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 #: The sentinel the ``openai`` SDK stops on (it never JSON-decodes it).
@@ -40,3 +49,18 @@ def sse_data(obj: Any) -> bytes:
 
 def json_bytes(obj: Any) -> bytes:
     return _encode(obj)
+
+
+def failure_output(failure: Failure, *, stream: bool) -> list[bytes]:
+    """A failure as the OpenAI APIs report it: an ``{"error": ...}`` event then ``[DONE]``
+    in a stream (the ``openai`` SDK raises on it), the error body otherwise."""
+    err = error_object(failure.message, status=failure.status,
+                       code=failure.failure_class.value)
+    return [sse_data(err), SSE_DONE] if stream else [json_bytes(err)]
+
+
+def internal_error_output(exc: BaseException, *, stream: bool) -> list[bytes]:
+    """An exception after the response started: named by type only (no message, no stack)."""
+    err = error_object(f"the generation failed: {type(exc).__name__}", status=500,
+                       code="internal")
+    return [sse_data(err), SSE_DONE] if stream else [json_bytes(err)]
