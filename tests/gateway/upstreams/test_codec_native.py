@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.conftest import ScriptedUpstream, make_state, start_server
+from tests.gateway.upstreams.streams import collect
 from tokenwire.client._base import TokenChunk
 from tokenwire.client.discovery import DiscoveryCache
 from tokenwire.codec import frames_msgpack
@@ -45,7 +46,6 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     ToolSpec,
     Usage,
-    is_terminal,
 )
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams import codec_native
@@ -99,18 +99,14 @@ def adapter(url: str, *, model: str = "scripted", map_id: str | None = MAP_ID,
     return CodecNativeUpstream.from_config(cfg)
 
 
-async def collect(up: CodecNativeUpstream, req: GenerationRequest) -> list[Event]:
-    stream = up.submit(req)
-    out = [await stream.next_event()]
-    while not is_terminal(out[-1]):
-        out.append(await stream.next_event())
-    return out
+async def collect_from(up: CodecNativeUpstream, req: GenerationRequest) -> list[Event]:
+    return await collect(up.submit(req))
 
 
 def run(up: CodecNativeUpstream, req: GenerationRequest) -> list[Event]:
     async def main() -> list[Event]:
         try:
-            return await collect(up, req)
+            return await collect_from(up, req)
         finally:
             await up.aclose()
     return asyncio.run(main())
@@ -381,7 +377,7 @@ def test_without_configured_models_probe_serves_the_upstreams_models(tokenwire_p
         try:
             health = await up.probe()
             req = GenerationRequest(prompt=PromptText(text="x"), model="scripted")
-            return health, await collect(up, req)
+            return health, await collect_from(up, req)
         finally:
             await up.aclose()
     health, events = asyncio.run(main())
@@ -423,7 +419,7 @@ def test_probe_map_mismatch_fails_every_request(raw_server, smollm2_map):
     async def main():
         try:
             health = await up.probe()
-            return health, await collect(up, ids_request())
+            return health, await collect_from(up, ids_request())
         finally:
             await up.aclose()
     health, events = asyncio.run(main())

@@ -19,6 +19,7 @@ from tests.gateway.upstreams.fakes import (
     sse,
     start_fake,
 )
+from tests.gateway.upstreams.streams import collect
 from tokenwire.codec.maps import load_map_file
 from tokenwire.codec.tokenizer import Tokenizer
 from tokenwire.gateway.ir import (
@@ -70,19 +71,10 @@ def run(fake, reply: Reply | None, request: GenerationRequest, **kw) -> list:
     async def go():
         up = upstream(fake.url, **kw)
         try:
-            return await drain(up.submit(request))
+            return await collect(up.submit(request))
         finally:
             await up.aclose()
     return asyncio.run(go())
-
-
-async def drain(stream) -> list:
-    out = []
-    while True:
-        ev = await stream.next_event()
-        out.append(ev)
-        if isinstance(ev, Finish | Failure):
-            return out
 
 
 def req(prompt=CHAT, **kw) -> GenerationRequest:
@@ -295,7 +287,7 @@ def test_cancel_closes_the_upstream_connection(fake):
         stream = up.submit(req())
         assert isinstance(await stream.next_event(), TokenDelta)
         stream.cancel()
-        last = await drain(stream)
+        last = await collect(stream)
         # Checked before aclose(): closing the client would close the socket anyway.
         deadline = time.monotonic() + 10
         while fake.disconnects == before and time.monotonic() < deadline:
@@ -312,7 +304,7 @@ def test_unreachable_upstream_is_a_connection_failure():
     async def go():
         up = upstream("http://127.0.0.1:9/v1")
         try:
-            return await drain(up.submit(req()))
+            return await collect(up.submit(req()))
         finally:
             await up.aclose()
     assert asyncio.run(go())[-1].failure_class is FailureClass.CONNECTION
@@ -410,7 +402,7 @@ def test_api_key_is_sent_as_bearer_and_never_in_repr_or_failures(monkeypatch):
 
     async def go():
         up = OpenAICompatUpstream.from_config(cfg, transport=httpx.MockTransport(handler))
-        out = await drain(up.submit(req()))
+        out = await collect(up.submit(req()))
         await up.aclose()
         return up, out
     up, out = asyncio.run(go())

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.gateway.upstreams.streams import collect
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
     Event,
-    EventStream,
     Failure,
     FailureClass,
     Finish,
@@ -85,13 +85,6 @@ def run(url: str, body: Callable[[ResponsesUpstream], Awaitable[Any]], **kw: Any
         finally:
             await up.aclose()
     return asyncio.run(main())
-
-
-async def collect(stream: EventStream) -> list[Event]:
-    out: list[Event] = []
-    while not out or not is_terminal(out[-1]):
-        out.append(await asyncio.wait_for(stream.next_event(), 10))
-    return out
 
 
 def generate(fake: ScriptedServer, request: GenerationRequest, *scripts: Script) -> list[Event]:
