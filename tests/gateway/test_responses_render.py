@@ -310,24 +310,39 @@ def test_a_failure_mid_call_does_not_dispatch_the_call() -> None:
     assert events[-1]["response"]["output"][0]["status"] == "incomplete"
 
 
-@pytest.mark.parametrize(("cls", "code"), [
-    (FailureClass.CONTEXT_LENGTH, "context_length_exceeded"),
-    (FailureClass.INVALID_REQUEST, "invalid_prompt"),
-    (FailureClass.AUTHENTICATION, "invalid_prompt"),
-    (FailureClass.QUOTA, "invalid_prompt"),
-    (FailureClass.RATE_LIMITED, "rate_limit_exceeded"),
-    (FailureClass.CAPACITY, "server_is_overloaded"),
-    (FailureClass.UPSTREAM, "server_error"),
-    (FailureClass.CONNECTION, "server_error"),
-    (FailureClass.TIMEOUT, "server_error"),
-    (FailureClass.INTERNAL, "server_error"),
+_QUOTA = "Provider credits or quota are exhausted"
+
+
+@pytest.mark.parametrize(("cls", "upstream_code", "code", "message"), [
+    (FailureClass.CONTEXT_LENGTH, None, "context_length_exceeded", "m"),
+    (FailureClass.INVALID_REQUEST, None, "invalid_prompt", "m"),
+    (FailureClass.AUTHENTICATION, None, "invalid_prompt", "m"),
+    # Seed: quota is final, with a fixed message (the upstream's prose is never shown).
+    (FailureClass.QUOTA, None, "invalid_prompt", _QUOTA),
+    (FailureClass.QUOTA, "usage_limit_reached", "invalid_prompt", "Provider usage limit reached"),
+    (FailureClass.RATE_LIMITED, "insufficient_quota", "insufficient_quota", _QUOTA),
+    (FailureClass.RATE_LIMITED, "rate_limit_exceeded", "rate_limit_exceeded", "m"),
+    # An unnamed 429 without a short Retry-After is a final usage limit (seed).
+    (FailureClass.RATE_LIMITED, None, "invalid_prompt", _QUOTA),
+    # Seed: content_filter stays retryable; the policy refusals that repeat are final.
+    (FailureClass.CONTENT_FILTER, None, "content_filter", "m"),
+    (FailureClass.CONTENT_FILTER, "cyber_policy", "cyber_policy",
+     "The provider refused this request under its cybersecurity policy."),
+    (FailureClass.CONTENT_FILTER, "misalignment_policy_violation", "invalid_prompt",
+     "The provider refused this request under its usage policy."),
+    (FailureClass.CAPACITY, None, "server_is_overloaded", "m"),
+    (FailureClass.UPSTREAM, None, "server_error", "m"),
+    (FailureClass.CONNECTION, None, "server_error", "m"),
+    (FailureClass.TIMEOUT, "idle_timeout", "server_error", "m"),
+    (FailureClass.INTERNAL, None, "server_error", "m"),
 ])
-def test_failure_codes_follow_codex_s_classification(cls: FailureClass, code: str) -> None:
-    failure = Failure(failure_class=cls, message="m", status=400)
+def test_failure_codes_follow_codex_s_classification(cls: FailureClass, upstream_code: str | None,
+                                                     code: str, message: str) -> None:
+    failure = Failure(failure_class=cls, message="m", status=400, code=upstream_code)
     events = render([failure])
     assert types(events) == ["created", "in_progress", "failed"]
     assert events[-1]["response"]["status"] == "failed"
-    assert events[-1]["response"]["error"] == {"code": code, "message": "m"}
+    assert events[-1]["response"]["error"] == {"code": code, "message": message}
     assert failure_code(failure) == code
 
 

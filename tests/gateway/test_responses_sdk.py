@@ -449,20 +449,18 @@ def test_compaction_trigger_streams_a_final_invalid_prompt_without_calling_upstr
 
 
 def test_a_quiet_upstream_gets_in_progress_heartbeats_in_sequence() -> None:
-    """The heartbeat is a data event that keeps the sequence (no timing is asserted: the
-    scripted stream answers only after it was interrupted once by the heartbeat wait)."""
+    """The supervisor's heartbeat is rendered as a data event that keeps the sequence (when
+    heartbeats are sent is the supervisor's business: tests/gateway/test_supervisor.py)."""
     from tokenwire.gateway.apis.responses_render import ResponsesRenderer
     from tokenwire.gateway.apis.responses_route import _SSEResponse
-    from tokenwire.gateway.ir import Finish, FinishKind
+    from tokenwire.gateway.ir import Finish, FinishKind, Heartbeat
 
     class Quiet:
         calls = 0
 
         async def next_event(self):
             self.calls += 1
-            if self.calls == 1:
-                await asyncio.Event().wait()  # silent until the heartbeat wait gives up
-            return Finish(reason=FinishKind.EOS)
+            return Heartbeat() if self.calls == 1 else Finish(reason=FinishKind.EOS)
 
         def cancel(self) -> None:
             pass
@@ -477,7 +475,7 @@ def test_a_quiet_upstream_gets_in_progress_heartbeats_in_sequence() -> None:
 
     renderer = ResponsesRenderer(response_id="resp_" + "1" * 32, model="m", created_at=0,
                                  stream=True)
-    app = _SSEResponse(Quiet(), renderer, headers=[], on_final=None, heartbeat_s=0.01)
+    app = _SSEResponse(Quiet(), renderer, headers=[], on_final=None)
     asyncio.run(app({"type": "http"}, receive, send))
     events = [json.loads(line[6:]) for line in b"".join(sent).decode().splitlines()
               if line.startswith("data: ")]

@@ -25,8 +25,10 @@ JSON requests too. Every 4xx/5xx before a stream starts has the OpenAI JSON erro
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +36,7 @@ from typing import Any
 import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -60,9 +63,15 @@ from tokenwire.errors import (
     ConfigError,
     ProtocolError,
     ResponsesRequestError,
-    ServerBusy,
     TokenwireError,
     UnknownModel,
+)
+from tokenwire.gateway.admission import (
+    TICKET_SCOPE_KEY,
+    Admission,
+    AdmissionMiddleware,
+    Ticket,
+    limits_of,
 )
 from tokenwire.gateway.apis.chat import ChatRenderer, parse_chat_request
 from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
@@ -71,16 +80,21 @@ from tokenwire.gateway.apis.errors import error_body
 from tokenwire.gateway.apis.params import JSON_FORMAT, SUPPORTED_STREAM_FORMATS, bad_request
 from tokenwire.gateway.http_streaming import EventResponse, Renderer
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, PromptIds, Upstream
+from tokenwire.gateway.observability import Observability, api_for_path
 from tokenwire.gateway.response_store import ResponseStore, SQLiteResponseStore
+from tokenwire.gateway.retry import RetryPolicy
 from tokenwire.gateway.router import HealthMonitor, Router, ServedModel, overall_status
 from tokenwire.gateway.schema import PROTO_SCHEMA
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.stops import validate_stops
+from tokenwire.gateway.supervisor import SupervisedStream, Timing
 
 __all__ = ["GatewayState", "create_app", "read_body"]
 
-#: Seconds a client should wait before retrying a 503 from a full queue.
-RETRY_AFTER_S = 1
+#: What this release guarantees, listed by /health so an operator can tell an updated
+#: server from an old one (seed: the ``features`` list of ``/health``).
+FEATURES = ("responses-ws-426", "openai-internal-strip", "retry-budgets-v1",
+            "admission-queue-v1", "heartbeats-v1", "metrics-v1")
 #: Server-side order of preference (codec-spec §4.1); availability is the registry's.
 _PREFERENCE = ("zstd", "br", "gzip", "identity")
 _BINARY_TYPES = {"application/x-msgpack": StreamFormat.MSGPACK,
@@ -110,6 +124,12 @@ class GatewayState:
     health: HealthMonitor = field(default=None)  # type: ignore[assignment]
     #: Stored Responses (``store``, ``previous_response_id``, ``GET /v1/responses/{id}``).
     response_store: ResponseStore = field(default_factory=SQLiteResponseStore)
+    #: The capacity bound (seed, "Capacity"); built from the settings and upstream limits.
+    admission: Admission = field(default=None)  # type: ignore[assignment]
+    #: Prometheus metrics and the request log (``gateway/observability.py``).
+    observability: Observability = field(default_factory=Observability)
+    #: Generations in flight, for graceful shutdown (weak: a finished one just disappears).
+    live_streams: weakref.WeakSet[SupervisedStream] = field(default_factory=weakref.WeakSet)
 
     def __post_init__(self) -> None:
         if self.router is None:
@@ -126,6 +146,41 @@ class GatewayState:
             self.max_model_len = primary.max_model_len
         if self.health is None:
             self.health = HealthMonitor(self.router.upstreams())
+        if self.admission is None:
+            self.admission = Admission(
+                max_concurrent=self.settings.max_concurrent, queue_size=self.settings.queue_size,
+                limits=limits_of(up for _, up in self.router.upstreams()))
+        self.observability.set_capacity_source(self.admission.counts)
+
+    def timing(self, *, streaming: bool) -> Timing:
+        """The request clocks; a non-streaming request has no stream to keep alive."""
+        s = self.settings
+        return Timing(heartbeat_s=s.heartbeat_s if streaming else None,
+                      idle_timeout_s=s.idle_timeout_s, request_cap_s=s.request_cap_s)
+
+    def supervise(self, request: Request, served: ServedModel, gen: GenerationRequest, *,
+                  streaming: bool, api: str) -> SupervisedStream:
+        """The generation as the APIs see it: queued, retried, timed (``supervisor.py``),
+        and recorded (``api`` names the surface in metrics and logs)."""
+        record = self.observability.new_request(
+            api=api, model=served.name, upstream=served.upstream_name or served.name,
+            request_id=gen.request_id, stream=streaming)
+        ticket = ticket_of(request)
+        ticket.supervised = True
+        stream = SupervisedStream(served, gen, ticket,
+                                  timing=self.timing(streaming=streaming),
+                                  policy=RetryPolicy(enabled=self.settings.retries),
+                                  observer=record)
+        self.live_streams.add(stream)
+        return stream
+
+    def abort_all(self, failure: Failure) -> int:
+        """End every running generation with ``failure`` (graceful shutdown's last step:
+        each client gets a terminal failure instead of a cut connection); how many."""
+        streams = list(self.live_streams)
+        for stream in streams:
+            stream.abort(failure)
+        return len(streams)
 
     @property
     def dicts(self) -> dict[str, ZstdDict]:
@@ -152,6 +207,14 @@ def client_version(request: Request) -> Version:
     return parse_version(request.headers.get(CLIENT_VERSION_HEADER))
 
 
+def ticket_of(request: Request) -> Ticket:
+    """The admission ticket :class:`~.admission.AdmissionMiddleware` took for the request."""
+    ticket = request.scope.get(TICKET_SCOPE_KEY)
+    if ticket is None:  # a route outside INFERENCE_PATHS asked: a wiring bug, say so
+        raise RuntimeError(f"no admission ticket for {request.url.path}")
+    return ticket
+
+
 def json_error(status: int, message: str, *, code: str | None = None,
                headers: dict[str, str] | None = None) -> Response:
     return Response(error_body(message, status=status, code=code), status_code=status,
@@ -169,16 +232,27 @@ def _upgrade_response(state: GatewayState, request: Request) -> Response | None:
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, at most ``limit`` bytes after an optional gzip coding (§4.1)."""
+    """The request body, at most ``limit`` bytes after an optional gzip coding (§4.1).
+
+    An inference request's upload counts against its silence bound (seed: ``timeoutMs``
+    "covers the upload and queue wait"): a client that stops sending gets a 408."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise bad_request(f"request body is {declared} bytes; the limit is {limit}", 413)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise bad_request(f"request body exceeds the {limit}-byte limit", 413)
-        chunks.append(chunk)
+    ticket = request.scope.get(TICKET_SCOPE_KEY)
+    settings = request.app.state.gateway.settings
+    deadline = ticket.arrived_at + settings.idle_timeout_s if ticket is not None else None
+    try:
+        async with asyncio.timeout_at(deadline):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise bad_request(f"request body exceeds the {limit}-byte limit", 413)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise bad_request(f"the request body did not arrive within "
+                          f"{settings.idle_timeout_s:g} s", 408) from None
     body = b"".join(chunks)
     coding = request.headers.get("content-encoding", "identity").strip().lower()
     if coding in ("", "identity"):
@@ -269,18 +343,15 @@ def _start_generation(
         server_supports=tuple(c for c in _PREFERENCE if c in COMPRESSORS),
     )
     zdict = zdict if pick.encoding == "zstd" else None
-    try:
-        stream = served.submit(gen)
-    except ServerBusy as exc:
-        return json_error(503, str(exc), code="queue_full",
-                          headers={"Retry-After": str(RETRY_AFTER_S)})
+    api = "codec" if isinstance(renderer, CodecStreamRenderer) else api_for_path(request.url.path)
+    stream = state.supervise(request, served, gen, streaming=streaming, api=api)
     return EventResponse(
         stream, renderer,
         headers=_generation_headers(state, served, cv, renderer, pick.encoding, zdict,
                                     pick.reason_code.value, gen.request_id),
         compressor=new_compressor(pick.encoding, dictionary=zdict),
         on_failure=on_failure or _failure_response, window=state.settings.window_s,
-        streaming=streaming, clock=state.clock,
+        streaming=streaming, clock=state.clock, record=stream.observer,
     )
 
 
@@ -406,12 +477,20 @@ async def health(request: Request) -> Response:
     state: GatewayState = request.app.state.gateway
     upstreams = await state.health.snapshot()
     status = overall_status(h.state for h in upstreams)
+    running, queued = state.admission.counts()
     body: dict[str, Any] = {"status": status, "upstreams": [{
         "name": h.name, "kind": h.kind, "state": h.state.value, "models": list(h.models),
-        "detail": h.detail} for h in upstreams]}
+        "detail": h.detail} for h in upstreams],
+        "running": running, "queued": queued, "features": list(FEATURES)}
     if state.router.default is not None:
         body["model"] = state.router.default.name
     return JSONResponse(body, status_code=503 if status == "down" else 200)
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text format (behind the same key as the APIs when auth is on)."""
+    body, content_type = request.app.state.gateway.observability.metrics_response_body()
+    return Response(body, headers={"content-type": content_type, "cache-control": "no-store"})
 
 
 async def codec_schema(request: Request) -> Response:
@@ -475,6 +554,7 @@ def create_app(state: GatewayState) -> Starlette:
         Route("/v1/messages", messages_endpoint, methods=["POST"]),  # Anthropic Messages
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/codec/schema", codec_schema, methods=["GET"]),
         Route("/codec/version", codec_version, methods=["GET"]),
         Route("/tokenize", tokenize, methods=["POST"]),
@@ -483,7 +563,12 @@ def create_app(state: GatewayState) -> Starlette:
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),  # stored ones
         *_discovery_routes(state),
     ]
-    app = Starlette(routes=routes, exception_handlers={
+    def rejected(path: str, status: int, reason: str) -> None:
+        state.observability.rejected(api=api_for_path(path), status=status, reason=reason)
+
+    app = Starlette(routes=routes, middleware=[
+        Middleware(AdmissionMiddleware, admission=state.admission, on_rejected=rejected)],
+        exception_handlers={
         ProtocolError: _protocol_error, TokenwireError: _tokenwire_error,
         HTTPException: _http_error,
         ResponsesRequestError: responses_error_response,  # OpenAI shape with param/code

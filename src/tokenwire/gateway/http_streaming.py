@@ -37,7 +37,7 @@ from tokenwire.gateway.ir import (
     is_terminal,
 )
 
-__all__ = ["ErrorFactory", "EventResponse", "Renderer"]
+__all__ = ["ErrorFactory", "EventResponse", "Renderer", "WireRecord"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,12 @@ Send = Callable[[Message], Any]
 Headers = list[tuple[str, str]]
 #: Builds the whole response for a failure that arrives before any byte was sent.
 ErrorFactory = Callable[[Failure], tuple[int, Headers, bytes]]
+
+
+class WireRecord(Protocol):
+    """Where the bytes written to the client are counted (an observability record)."""
+
+    def wire_bytes(self, encoding: str, n: int) -> None: ...
 
 
 class Renderer(Protocol):
@@ -72,8 +78,10 @@ class EventResponse:
         window: float,
         streaming: bool = True,
         clock: Callable[[], float] = time.monotonic,
+        record: WireRecord | None = None,
     ) -> None:
         self._stream = stream
+        self._record = record
         self._renderer = renderer
         self._headers = headers
         self._compressor = compressor
@@ -119,6 +127,7 @@ class EventResponse:
         raw.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+        self._count(body)
 
     async def _send_failure(self, send: Send, failure: Failure) -> None:
         status, headers, body = self._on_failure(failure)
@@ -187,6 +196,10 @@ class EventResponse:
             if out:
                 await self._body(send, out, more=True)
 
-    @staticmethod
-    async def _body(send: Send, data: bytes, *, more: bool) -> None:
+    async def _body(self, send: Send, data: bytes, *, more: bool) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": more})
+        self._count(data)
+
+    def _count(self, data: bytes) -> None:
+        if self._record is not None and data:
+            self._record.wire_bytes(self._compressor.encoding, len(data))

@@ -161,6 +161,9 @@ class RetryPolicy:
     jitter_fraction: float = JITTER_FRACTION
     min_retry_after_s: float = MIN_RETRY_AFTER_S
     unnamed_429_max_retry_after_s: float = UNNAMED_429_MAX_RETRY_AFTER_S
+    #: False: every failure goes to the client as it came (an operator whose clients retry
+    #: by themselves, or a test of status mapping).
+    enabled: bool = True
 
     def backoff(self, retries_so_far: int, rng: random.Random) -> float:
         """1, 2, 4, 8, 8 ... s for the n-th retry of a budget, each jittered by +-20%."""
@@ -326,7 +329,7 @@ class RetryState:
         if self._state is not _State.ATTEMPTING:
             return GiveUp(failure)  # _step raises for this call; never a retry here
         budget = budget_for(failure, self.policy)
-        if output_published or budget is Budget.FINAL:
+        if output_published or budget is Budget.FINAL or not self.policy.enabled:
             return GiveUp(failure)  # seed: never a replay once output was published
         if budget is Budget.SINGLE:
             if self._single_used:

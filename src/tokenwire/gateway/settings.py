@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from tokenwire.codec.compression import DEFAULT_WINDOW_S, ZstdDict
 from tokenwire.codec.safety_policy import (
@@ -23,14 +24,25 @@ from tokenwire.codec.safety_policy import (
 )
 from tokenwire.codec.versioning import VersionPolicy
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.admission import DEFAULT_MAX_CONCURRENT, DEFAULT_QUEUE_SIZE
 from tokenwire.gateway.apis.params import SUPPORTED_STREAM_FORMATS
+from tokenwire.gateway.supervisor import (
+    DEFAULT_HEARTBEAT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_REQUEST_CAP_S,
+)
 
 __all__ = [
+    "AUTH_KEYS",
+    "AUTH_LOCALHOST_OPEN",
+    "AUTH_MODES",
     "DEFAULT_HOST",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_PORT",
     "ServerSettings",
     "build_policy",
+    "check_api_key",
+    "check_origin",
     "load_zstd_dict_arg",
 ]
 
@@ -39,6 +51,12 @@ DEFAULT_PORT = 8080
 #: Largest request body accepted (after Content-Encoding). A 100K-token prompt as a JSON int
 #: array is ~700 KB (codec-spec §2.1); 8 MiB leaves room for long chat histories.
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+#: Every client needs an API key, loopback included.
+AUTH_KEYS = "keys"
+#: Loopback peers need no key; remote peers need one (all are refused when none is set).
+#: The default, so that a bare ``tokenwire serve`` keeps working for local clients.
+AUTH_LOCALHOST_OPEN = "localhost-open"
+AUTH_MODES = (AUTH_KEYS, AUTH_LOCALHOST_OPEN)
 
 
 @dataclass(frozen=True)
@@ -54,7 +72,20 @@ class ServerSettings:
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     #: Ids the safety policy bans; used only when ``version_policy.safety_policy_id`` is set.
     banned_ids: frozenset[int] = frozenset()
-    queue_size: int = 16
+    #: Seed, "Capacity": upstream requests running at once (each upstream may have its own,
+    #: smaller limit: the embedded engine runs one), and the FIFO queue of requests waiting
+    #: for one; beyond both, a 429 with ``Retry-After: 1`` before the body is read.
+    max_concurrent: int = DEFAULT_MAX_CONCURRENT
+    queue_size: int = DEFAULT_QUEUE_SIZE
+    #: Seed ``timeoutMs``: the longest silence (upload, queue wait, then between upstream
+    #: events) before a request fails; and the cap on every request's whole life.
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    request_cap_s: float = DEFAULT_REQUEST_CAP_S
+    #: A keep-alive goes to a streaming client after this much silence.
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    #: The seed's retry budgets for upstream failures before any output (``gateway/retry``);
+    #: False sends every failure to the client as it came.
+    retries: bool = True
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: Write ``stop`` instead of ``eos_token``/``stop_sequence`` like the engine forks (§5.7).
     legacy_finish_reason: bool = False
@@ -63,6 +94,15 @@ class ServerSettings:
     n_threads: int | None = None
     #: Public origin for URLs in published documents (``https://host``); empty = relative.
     public_base_url: str = ""
+    #: Accepted API keys (``Authorization: Bearer`` or ``x-api-key``). Never in repr: a
+    #: settings object is printed in tracebacks and logs.
+    api_keys: tuple[str, ...] = field(default=(), repr=False)
+    #: Browser origins (``scheme://host[:port]``) allowed to call; any other Origin is 403.
+    allowed_origins: tuple[str, ...] = ()
+    #: ``"keys"`` or ``"localhost-open"`` (see :data:`AUTH_MODES`). Left empty, it follows
+    #: the keys: ``"keys"`` when some are given, else ``"localhost-open"``, so giving keys
+    #: never silently leaves loopback open.
+    auth: str = ""
 
     def __post_init__(self) -> None:
         if self.window_s < 0:
@@ -75,8 +115,51 @@ class ServerSettings:
                 )
         if self.banned_ids and not self.version_policy.safety_policy_id:
             raise ConfigError("banned ids need a safety policy id (--safety-policy ID)")
-        if self.queue_size < 1:
-            raise ConfigError("the request queue must hold at least one request")
+        if self.queue_size < 0:
+            raise ConfigError("the request queue size must be >= 0")
+        if self.max_concurrent < 1:
+            raise ConfigError("max_concurrent must be at least 1")
+        for name in ("idle_timeout_s", "request_cap_s", "heartbeat_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be > 0 seconds")
+        self._check_auth()
+
+    def _check_auth(self) -> None:
+        if not self.auth:
+            derived = AUTH_KEYS if self.api_keys else AUTH_LOCALHOST_OPEN
+            object.__setattr__(self, "auth", derived)  # frozen: set once, before any reader
+        if self.auth not in AUTH_MODES:
+            raise ConfigError(f"auth must be one of {', '.join(AUTH_MODES)}, got {self.auth!r}")
+        if self.auth == AUTH_KEYS and not self.api_keys:
+            # Fail closed: "keys" with no key would refuse everyone, which is never meant.
+            raise ConfigError("auth 'keys' needs at least one API key (set TOKENWIRE_API_KEYS)")
+        for i, key in enumerate(self.api_keys):
+            check_api_key(key, f"API key #{i + 1}")
+        for origin in self.allowed_origins:
+            check_origin(origin)
+
+
+def check_api_key(key: str, where: str) -> None:
+    """A key a client can send in a header; the message never contains the key itself."""
+    if not key:
+        raise ConfigError(f"{where} is empty")
+    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise ConfigError(f"{where} contains whitespace or non-printable/non-ASCII characters")
+
+
+def check_origin(origin: str) -> None:
+    """An Origin as browsers send it: ``http(s)://host[:port]``, no path, query or wildcard."""
+    bad = ConfigError(f"allowed origin {origin!r} is not an http:// or https:// origin "
+                      "(scheme://host[:port], no path)")
+    try:
+        parts = urlsplit(origin)
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:
+        raise bad from None
+    if (not port_ok or parts.scheme not in ("http", "https") or not parts.hostname
+            or parts.path not in ("", "/") or parts.query or parts.fragment
+            or parts.username is not None or "*" in origin):
+        raise bad
 
 
 def load_zstd_dict_arg(arg: str) -> tuple[str, ZstdDict]:

@@ -20,6 +20,7 @@ from tokenwire.gateway.apis.params import bad_request, parse_openai_fields
 from tokenwire.gateway.apis.sse import (
     SSE_CONTENT_TYPE,
     SSE_DONE,
+    SSE_KEEPALIVE,
     failure_output,
     internal_error_output,
     json_bytes,
@@ -34,6 +35,7 @@ from tokenwire.gateway.ir import (
     Failure,
     Finish,
     GenerationRequest,
+    Heartbeat,
     ImagePart,
     MessageToolCall,
     ReasoningDelta,
@@ -225,6 +227,8 @@ class ChatRenderer:
             case Failure():
                 self.done = True
                 return failure_output(event, stream=self.stream)
+            case Heartbeat() if self.stream:
+                return [SSE_KEEPALIVE]
         return []
 
     def on_error(self, exc: BaseException) -> list[bytes]:

@@ -24,7 +24,7 @@ from tokenwire.codec import frames_delta, frames_msgpack, frames_protobuf
 from tokenwire.codec.finish_reason import POLICY_VIOLATION_VERSION, wire_finish_reason
 from tokenwire.codec.frames import Frame, StreamFormat, ToolCall
 from tokenwire.errors import LocalProtocolError
-from tokenwire.gateway.ir import Event, Failure, Finish, TokenDelta, ToolCallDelta
+from tokenwire.gateway.ir import Event, Failure, Finish, Heartbeat, TokenDelta, ToolCallDelta
 
 __all__ = ["CodecStreamRenderer", "new_frame_encoder"]
 
@@ -76,6 +76,8 @@ class CodecStreamRenderer:
                 return [self._terminal(finish)]
             case Failure():
                 return [self._terminal("error")]
+            case Heartbeat():  # a frame with no ids: decoders skip it, sockets stay warm
+                return [self._encoder.encode(Frame(ids=(), done=False))]
         return []
 
     def on_error(self, exc: BaseException) -> list[bytes]:

@@ -19,6 +19,7 @@ from tokenwire.gateway.apis.params import bad_request, parse_openai_fields
 from tokenwire.gateway.apis.sse import (
     SSE_CONTENT_TYPE,
     SSE_DONE,
+    SSE_KEEPALIVE,
     failure_output,
     internal_error_output,
     json_bytes,
@@ -30,6 +31,7 @@ from tokenwire.gateway.ir import (
     Failure,
     Finish,
     GenerationRequest,
+    Heartbeat,
     Prompt,
     PromptIds,
     PromptText,
@@ -130,6 +132,8 @@ class CompletionsRenderer:
             case Failure():
                 self.done = True
                 return failure_output(event, stream=self.stream)
+            case Heartbeat() if self.stream:
+                return [SSE_KEEPALIVE]
         return []
 
     def on_error(self, exc: BaseException) -> list[bytes]:

@@ -34,6 +34,7 @@ from tokenwire.gateway.ir import (
     FailureClass,
     Finish,
     FinishKind,
+    Heartbeat,
     ReasoningDelta,
     TokenDelta,
     ToolCallDelta,
@@ -179,6 +180,8 @@ class MessagesRenderer:
                 out += self._finish(event)
             case Failure():
                 out += self._fail(*failure_error(event)[1:])
+            case Heartbeat() if self.stream:  # Anthropic's own keep-alive event
+                out.append(_sse("ping", {}))
         return out if self.stream else self._take_body()
 
     def on_error(self, exc: BaseException) -> list[bytes]:
@@ -396,8 +399,5 @@ async def messages_endpoint(request: Request) -> Response:
     except TokenwireError as exc:
         status = getattr(exc, "status_hint", 500)
         return _error_response(status if 400 <= status <= 599 else 500, str(exc))
-    if isinstance(resp, Response) and resp.status_code == 503:  # the queue is full
-        return _error_response(OVERLOADED, "the upstream is overloaded; retry shortly",
-                               headers={"Retry-After": str(gw.RETRY_AFTER_S)})
     return resp  # type: ignore[return-value]  # an EventResponse is an ASGI app too
 

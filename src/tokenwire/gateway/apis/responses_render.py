@@ -67,6 +67,7 @@ from tokenwire.gateway.ir import (
     FailureClass,
     Finish,
     FinishKind,
+    Heartbeat,
     MessageStart,
     ReasoningDelta,
     ResponseMeta,
@@ -74,6 +75,7 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     Usage,
 )
+from tokenwire.gateway.retry import Budget, budget_for
 
 __all__ = [
     "ResponsesRenderer",
@@ -94,10 +96,33 @@ _FAILURE_CODES: dict[FailureClass, str] = {
     FailureClass.INVALID_REQUEST: "invalid_prompt",
     FailureClass.AUTHENTICATION: "invalid_prompt",
     FailureClass.QUOTA: "invalid_prompt",
-    FailureClass.CONTENT_FILTER: "invalid_prompt",  # the same content is refused again
+    # Seed: "content_filter, max_output_tokens and unknown stream codes stay retryable, as
+    # they are in native Codex"; the policy refusals that repeat are below.
+    FailureClass.CONTENT_FILTER: "content_filter",
     FailureClass.RATE_LIMITED: "rate_limit_exceeded",
     FailureClass.CAPACITY: "server_is_overloaded",
 }
+#: Codes Codex itself treats as final: an upstream's own is passed on as it is (seed: "as
+#: their own code when it is one of Codex's final codes, and as invalid_prompt otherwise").
+_CODEX_FINAL_CODES = frozenset({"context_length_exceeded", "insufficient_quota",
+                                "usage_not_included", "cyber_policy", "invalid_prompt",
+                                "bio_policy"})
+#: Seed: upstream rejections "that would repeat identically" are final with a fixed message
+#: per class; the upstream's private prose is never shown.
+_REJECTIONS = {
+    "invalid_prompt": "The provider rejected this request as invalid.",
+    "invalid_encrypted_content": "The provider could not use the encrypted content sent back "
+                                 "to it; start a new conversation.",
+    "cyber_policy": "The provider refused this request under its cybersecurity policy.",
+    "bio_policy": "The provider refused this request under its biosecurity policy.",
+    "misalignment_policy_violation": "The provider refused this request under its usage "
+                                     "policy.",
+    "usage_not_included": "Provider usage limit reached",
+}
+#: Seed: "Exhausted credits report ... ; a subscription usage limit reports ...".
+_USAGE_LIMIT_CODES = frozenset({"usage_limit_reached", "subscription_sharing_usage_limit_exceeded"})
+_QUOTA_MESSAGE = "Provider credits or quota are exhausted"
+_USAGE_LIMIT_MESSAGE = "Provider usage limit reached"
 #: Marks our wrapping of a Responses upstream's ``encrypted_content`` (versioned, so a
 #: future format can be told apart from this one).
 _WRAP_PREFIX = "twrs1."
@@ -153,12 +178,32 @@ def _responses_content(blob: str) -> str | None:
     return None
 
 
+def _is_final(failure: Failure) -> bool:
+    """A failure the same request would meet again (the retry module's own verdict)."""
+    return budget_for(failure) is Budget.FINAL
+
+
 def failure_code(failure: Failure) -> str:
-    """The Responses ``error.code`` for a failure (see ``_FAILURE_CODES``)."""
-    return _FAILURE_CODES.get(failure.failure_class, "server_error")
+    """The Responses ``error.code`` for a failure, chosen for what Codex does with it: its
+    own final codes as they are, any other final failure ``invalid_prompt``, retryable ones
+    a retryable code (``rate_limit_exceeded`` paces Codex's retry with "try again in")."""
+    if failure.code in _CODEX_FINAL_CODES:
+        return failure.code  # type: ignore[return-value]  # checked just above
+    cls = failure.failure_class
+    if cls is FailureClass.CONTENT_FILTER:
+        return "invalid_prompt" if failure.code in _REJECTIONS else "content_filter"
+    if cls is FailureClass.RATE_LIMITED and _is_final(failure):
+        return "invalid_prompt"  # a named quota, or a 429 asking for more than a minute
+    return _FAILURE_CODES.get(cls, "server_error")
 
 
 def _failure_message(failure: Failure) -> str:
+    code = failure.code or ""
+    if code in _REJECTIONS:
+        return _REJECTIONS[code]
+    if failure.failure_class is FailureClass.QUOTA or (
+            failure.failure_class is FailureClass.RATE_LIMITED and _is_final(failure)):
+        return _USAGE_LIMIT_MESSAGE if code in _USAGE_LIMIT_CODES else _QUOTA_MESSAGE
     if failure.failure_class is FailureClass.RATE_LIMITED and failure.retry_after:
         # Codex parses "try again in N s" for rate_limit_exceeded to pace its retry.
         return f"{failure.message} (try again in {failure.retry_after:g}s)"
@@ -280,6 +325,8 @@ class ResponsesRenderer:
                 out += self._finish(reason)
             case Failure():
                 out += self._failed(event)
+            case Heartbeat() if self.stream:
+                out += self.heartbeat()
         return out if self.stream else self._whole_body()
 
     def on_error(self, exc: BaseException) -> list[bytes]:

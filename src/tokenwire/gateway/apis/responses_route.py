@@ -4,9 +4,10 @@ Streaming (the Codex path): the request is parsed (:mod:`.responses_request`: hy
 ``previous_response_id``), routed and admitted; then the response head and
 ``response.created`` + ``response.in_progress`` go out at once, *before* the upstream
 answers (seed, "Streaming, reasoning summaries, and heartbeats"), and every later failure is
-a ``response.failed`` inside the stream. While the upstream is quiet a genuine
-``response.in_progress`` data event is sent every :data:`HEARTBEAT_S` seconds (Codex's idle
-timer ignores SSE comments, gateway-research §2). Validation, routing and capacity failures
+a ``response.failed`` inside the stream. While the request is queued, waiting to retry or
+the upstream is quiet, the supervisor (``gateway/supervisor.py``) sends a heartbeat every
+15 s, rendered as a genuine ``response.in_progress`` data event (Codex's idle timer ignores
+SSE comments, gateway-research §2). Validation, routing and capacity failures
 happen before the head and are HTTP errors in OpenAI's shape; the one exception is the
 seed's ``compaction_trigger`` refusal, which a stream reports as ``response.failed`` with
 ``invalid_prompt`` so Codex stops instead of retrying.
@@ -31,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from tokenwire.errors import CompactionRefused, ResponsesRequestError, ServerBusy
+from tokenwire.errors import CompactionRefused, ResponsesRequestError
 from tokenwire.gateway.affinity import TURN_STATE_HEADER
 from tokenwire.gateway.apis.responses_get import (
     get_response,
@@ -45,16 +46,13 @@ from tokenwire.gateway.apis.responses_render import (
     new_response_id,
 )
 from tokenwire.gateway.apis.responses_request import ResponsesCall, parse_responses_request
-from tokenwire.gateway.http_streaming import EventResponse
+from tokenwire.gateway.http_streaming import EventResponse, WireRecord
 from tokenwire.gateway.ir import EventStream, Failure, FailureClass, is_terminal
 
-__all__ = ["HEARTBEAT_S", "create_response", "responses_routes"]
+__all__ = ["create_response", "responses_routes"]
 
 log = logging.getLogger(__name__)
 
-#: The seed's heartbeat interval: well inside Codex's 300 s idle window, and the "at most
-#: one heartbeat interval" the seed lets a response head wait.
-HEARTBEAT_S = 15.0
 #: Request fields echoed into the ``response`` object, as OpenAI does. ``service_tier`` is
 #: not: the tier served is reported only when the upstream says so (``ResponseMeta``).
 _ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
@@ -93,20 +91,17 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
                             collaboration_tools=call.collaboration_tools))
     gen = msgspec.structs.replace(call.request, model=served.name, request_id=rid,
                                   want_ids=False, want_text=True)
-    try:
-        stream = served.submit(gen)
-    except ServerBusy as exc:  # capacity before any byte: a retryable HTTP 429 (seed)
-        return json_error(429, str(exc), code="rate_limit_exceeded",
-                          headers={"Retry-After": "1"})
+    stream = state.supervise(request, served, gen, streaming=call.stream, api="responses")
     headers = [("Content-Type", renderer.content_type), *_SSE_HEADERS, ("X-Request-Id", rid)]
     on_final = _store_hook(store, call)
     if call.stream:
-        return _SSEResponse(stream, renderer, headers=headers, on_final=on_final)
+        return _SSEResponse(stream, renderer, headers=headers, on_final=on_final,
+                            record=stream.observer)
     from tokenwire.codec.compression import new_compressor
 
     return EventResponse(stream, _StoringRenderer(renderer, on_final, headers), headers=headers,
                          compressor=new_compressor("identity"), on_failure=_failure_response,
-                         window=0.0, streaming=False)
+                         window=0.0, streaming=False, record=stream.observer)
 
 
 def _echo(call: ResponsesCall) -> dict[str, Any]:
@@ -196,14 +191,14 @@ Send = Callable[[MutableMapping[str, Any]], Any]
 
 class _SSEResponse:
     """The streaming answer as plain ASGI: head and ``response.created`` first, then events
-    as they come, heartbeats while the upstream is quiet; a disconnect cancels upstream."""
+    as they come (heartbeats included); a disconnect cancels the upstream."""
 
     def __init__(self, stream: EventStream, renderer: ResponsesRenderer, *,
                  headers: list[tuple[str, str]],
                  on_final: Callable[[dict[str, Any]], None] | None,
-                 heartbeat_s: float = HEARTBEAT_S) -> None:
+                 record: WireRecord | None = None) -> None:
         self._stream, self._renderer, self._headers = stream, renderer, headers
-        self._on_final, self._heartbeat_s = on_final, heartbeat_s
+        self._on_final, self._record = on_final, record
         self._finished = False
 
     async def __call__(self, scope: Any, receive: Callable[[], Any], send: Send) -> None:
@@ -234,12 +229,7 @@ class _SSEResponse:
         await self._body(send, self._renderer.created_events())
         try:
             while True:
-                event = None
-                with anyio.move_on_after(self._heartbeat_s):
-                    event = await self._stream.next_event()
-                if event is None:  # quiet: a real data event keeps Codex's idle timer fed
-                    await self._body(send, self._renderer.heartbeat())
-                    continue
+                event = await self._stream.next_event()
                 self._finished = is_terminal(event)
                 await self._body(send, self._renderer.on_event(event))
                 if self._finished:
@@ -251,11 +241,12 @@ class _SSEResponse:
             await self._body(send, self._renderer.on_error(exc))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    @staticmethod
-    async def _body(send: Send, chunks: list[bytes]) -> None:
+    async def _body(self, send: Send, chunks: list[bytes]) -> None:
         if chunks:
-            await send({"type": "http.response.body", "body": b"".join(chunks),
-                        "more_body": True})
+            data = b"".join(chunks)
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+            if self._record is not None:
+                self._record.wire_bytes("identity", len(data))
 
 
 def responses_routes() -> list[BaseRoute]:

@@ -12,6 +12,7 @@ from tokenwire.gateway.ir import Failure, FinishKind
 __all__ = [
     "SSE_CONTENT_TYPE",
     "SSE_DONE",
+    "SSE_KEEPALIVE",
     "failure_output",
     "internal_error_output",
     "json_bytes",
@@ -22,6 +23,9 @@ __all__ = [
 SSE_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 #: The sentinel the ``openai`` SDK stops on (it never JSON-decodes it).
 SSE_DONE = b"data: [DONE]\n\n"
+#: The Chat / Completions keep-alive: an SSE comment, which every SSE parser skips (a data
+#: chunk with no choices would break clients that read ``choices[0]``).
+SSE_KEEPALIVE = b": keep-alive\n\n"
 
 _encode = msgspec.json.Encoder().encode
 

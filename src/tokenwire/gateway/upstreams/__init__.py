@@ -45,6 +45,7 @@ class EmbeddedUpstream:
 
     kind = "embedded"
     ids_source = IdsSource.ENGINE
+    max_concurrent = 1  # one worker thread owns the model (see EmbeddedEngine)
 
     def __init__(self, name: str, engine: Any, tmap: TokenizerMap) -> None:
         self.name = name

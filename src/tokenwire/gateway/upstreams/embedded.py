@@ -150,6 +150,10 @@ class _ContextOverflow(ValueError):
 class EmbeddedEngine:
     """One ``Llama`` behind a worker thread and a bounded FIFO queue (an ``Upstream``)."""
 
+    #: One generation at a time (one worker thread owns the model): the gateway's admission
+    #: queue holds the others, with heartbeats, instead of this engine's own queue.
+    max_concurrent = 1
+
     def __init__(
         self,
         llm: Any,

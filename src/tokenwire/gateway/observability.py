@@ -1,0 +1,788 @@
+"""Per-request metrics and private structured logs for the gateway (issue 6 item 5).
+
+Two outputs, both fed by one :class:`RequestRecord` per admitted request:
+
+* **Prometheus metrics** on a private :class:`~prometheus_client.CollectorRegistry` (one per
+  app, so tests and several apps in one process never share counters), served as text by
+  :meth:`Observability.metrics_response_body`.
+* **One log line per request**, ``request_completed`` or ``request_failed`` (plus
+  ``request_rejected`` for requests refused before they became a record), through the stdlib
+  logger ``tokenwire.requests`` and rendered as one JSON object per line by
+  :class:`JsonLineFormatter`.
+
+Privacy, from the gateway seed ("Private failure logs contain a UTC timestamp, bounded
+request/provider/model identifiers, elapsed time, error code, and status, excluding request
+bodies, exception messages, stacks, and credentials"). The rules are enforced here, by
+construction, not left to callers:
+
+* nothing in this module accepts a body, a message, an exception, a header or a key, so none
+  can be logged; the formatter ignores ``exc_info``/``stack_info`` and never calls
+  ``getMessage()`` (a ``%s`` argument could carry anything);
+* free-form identifiers (request id, model, upstream) are cut to 128 characters of printable
+  ASCII; error codes appear only when they look like codes (``^[a-z0-9_.-]{1,64}$``), else as
+  ``"other"``; every other string field comes from a closed vocabulary (``"other"`` when not
+  in it);
+* numbers are clamped to finite values (counts and durations to non-negative ones), so a
+  line is always valid JSON.
+
+Cardinality: metric label values for open sets (model, upstream, rejection reason) are cut
+to 64 characters and at most 64 distinct values per label are kept, later ones becoming
+``"other"``: model names come from clients, who must not be able to grow the registry
+without bound. Request ids are never labels.
+
+Cost: label children are resolved once per record; streamed tokens reach the shared counter
+in batches (:data:`TOKEN_FLUSH_EVERY`). No method of a record raises: observability must
+never fail a request, so an internal error is counted in
+``tokenwire_observability_errors_total`` and dropped.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import math
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
+from typing import IO, Any, Concatenate, Final, ParamSpec, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from tokenwire.gateway.ir import FailureClass
+
+__all__ = [
+    "APIS", "API_BY_PATH", "BUDGETS", "DURATION_BUCKETS_S", "ENCODINGS", "FAILURE_CLASSES",
+    "LOGGER_NAME", "MAX_ID_CHARS", "MAX_LABEL_CHARS", "MAX_LABEL_VALUES", "MAX_LINE_CHARS",
+    "MAX_NOTES", "METRICS_CONTENT_TYPE", "OUTCOMES", "TOKEN_FLUSH_EVERY", "JsonLineFormatter",
+    "Observability", "RequestRecord", "api_for_path", "bounded_id", "configure_request_logging",
+    "safe_code",
+]
+
+# -- limits and vocabularies -----------------------------------------------------------------
+
+#: The logger every request record goes to; the CLI attaches the JSON handler to it.
+LOGGER_NAME: Final = "tokenwire.requests"
+#: Seed: "bounded request/provider/model identifiers". 128 keeps a UUID, a ``resp_`` id and
+#: any realistic model path whole while capping what a client-chosen string can cost.
+MAX_ID_CHARS: Final = 128
+#: Prometheus label values: shorter than log identifiers, because every value is a series.
+MAX_LABEL_CHARS: Final = 64
+#: Distinct values kept per open label before new ones fold into ``"other"``. Configured
+#: models and upstreams are far fewer; the cap only bites on client-invented names.
+MAX_LABEL_VALUES: Final = 64
+#: Defence in depth for the formatter: no line is longer, whatever a caller puts in a record.
+MAX_LINE_CHARS: Final = 4096
+#: Codes are kept in logs only in this shape (upstream codes such as ``rate_limit_exceeded``,
+#: ``exceed_context_size_error``): a sentence, a key or a token does not fit it.
+_CODE_RE: Final = re.compile(r"[a-z0-9_.-]{1,64}")
+OTHER: Final = "other"
+UNSPECIFIED: Final = "unspecified"
+
+#: The APIs tokenwire serves, as ``api`` label values. ``codec`` is any Codec binary stream
+#: (``/v1/completions`` with a binary ``stream_format`` and ``/v1/completions/codec``).
+APIS: Final = frozenset({"responses", "messages", "chat_completions", "completions", "codec"})
+#: The ``api`` of a request refused before its route ran (middleware rejections); a route
+#: that knows better (``/v1/completions`` with a binary ``stream_format``) passes ``codec``.
+API_BY_PATH: Final = {
+    "/v1/responses": "responses", "/v1/messages": "messages",
+    "/v1/chat/completions": "chat_completions", "/v1/completions": "completions",
+    "/v1/completions/codec": "codec",
+}
+#: Content codings of the bytes written to the client.
+ENCODINGS: Final = frozenset({"identity", "gzip", "br", "zstd"})
+#: The retry budgets of :mod:`tokenwire.gateway.retry` that can schedule a retry.
+BUDGETS: Final = frozenset({"single", "connection", "throttle"})
+#: How a request ended. ``cancelled`` means the client went away (see :meth:`finished`).
+OUTCOMES: Final = frozenset({"completed", "failed", "cancelled"})
+#: Failure classes: the IR's, plus ``cancelled`` for client disconnects and ``unspecified``
+#: when a caller reports a failure without a class.
+FAILURE_CLASSES: Final = frozenset({c.value for c in FailureClass} | {"cancelled", UNSPECIFIED})
+
+#: Histogram buckets for LLM latencies, 5 ms (a cached or tiny answer) to 10 min (a long
+#: reasoning turn); requests are capped at one hour, beyond which +Inf is enough.
+DURATION_BUCKETS_S: Final = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    600.0,
+)
+#: The classic text format, pinned rather than the library's version-dependent default
+#: (``version=1.0.0`` in 0.26): our names are legacy-valid, so the body is 0.0.4 either way.
+METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+#: Extra log facts per record (:meth:`RequestRecord.note`), and the shape of their keys.
+MAX_NOTES: Final = 16
+_NOTE_KEY_RE: Final = re.compile(r"[a-z][a-z0-9_]{0,39}")
+_RESERVED_NOTE_KEYS: Final = frozenset((  # the standard fields of a request record
+    "ts event request_id api model upstream stream outcome status failure_class code elapsed_ms "
+    "queue_wait_ms ttft_ms attempts retries retry_wait_ms heartbeats completion_tokens "
+    "usage_prompt_tokens usage_completion_tokens wire_bytes encoding retried_failure_class "
+    "retried_code").split())
+#: Streamed tokens are added to the shared counter in batches of this many (see ``tokens``).
+TOKEN_FLUSH_EVERY: Final = 32
+_MAX_COUNT: Final = 2**53  # exact in a JSON double; no real count gets near it
+_CANCEL_CODE: Final = "client_disconnected"
+
+_internal_log = logging.getLogger("tokenwire.observability")
+# A library does not print by default: the CLI decides where request records go.
+logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())
+
+
+# -- sanitising ------------------------------------------------------------------------------
+
+# Printable ASCII is kept; everything else (controls, newlines, non-ASCII) becomes "?", so an
+# identifier can neither break a line nor smuggle look-alike characters into a log search.
+_NON_PRINTABLE_RE: Final = re.compile(r"[^\x20-\x7e]")
+
+
+def api_for_path(path: object) -> str:
+    """The ``api`` label for a request path (``"other"`` for anything not an inference API)."""
+    return API_BY_PATH.get(path, OTHER) if isinstance(path, str) else OTHER
+
+
+def bounded_id(value: object, limit: int = MAX_ID_CHARS) -> str:
+    """``value`` cut to ``limit`` characters of printable ASCII; non-strings become ``""``.
+
+    Non-strings are not ``str()``-ed: the ``repr`` of an arbitrary object is exactly the kind
+    of text (headers, bodies) that must not reach a log.
+    """
+    if not isinstance(value, str):
+        return ""
+    cut = value[:limit]
+    if cut.isascii() and cut.isprintable():
+        return cut
+    return _NON_PRINTABLE_RE.sub("?", cut)
+
+
+def safe_code(value: object) -> str | None:
+    """An error code as logged: kept when it is code-shaped, else ``"other"``; None stays."""
+    if value is None:
+        return None
+    if isinstance(value, str) and _CODE_RE.fullmatch(value):
+        return str.__str__(value)  # a plain str, even from a StrEnum member
+    return OTHER
+
+
+def _closed(value: object, vocabulary: frozenset[str]) -> str:
+    """A value from a closed vocabulary (as a plain str, even from a StrEnum), or ``"other"``."""
+    return str.__str__(value) if isinstance(value, str) and value in vocabulary else OTHER
+
+
+def _count(n: object) -> int:
+    """A count as recorded: an int in ``[0, 2**53]`` (a bool is 0 or 1); anything else is 0."""
+    if isinstance(n, int):
+        return 0 if n < 0 else min(n, _MAX_COUNT)
+    if isinstance(n, float) and math.isfinite(n) and n > 0:
+        return min(int(n), _MAX_COUNT)
+    return 0
+
+
+def _seconds(s: object) -> float:
+    """A duration as recorded: finite and non-negative, else 0 (JSON has no NaN)."""
+    if isinstance(s, int | float) and math.isfinite(s) and s > 0:
+        return float(min(s, 1e9))
+    return 0.0
+
+
+def _ms(s: float) -> float:
+    return round(s * 1000.0, 1)
+
+
+class _LabelGuard:
+    """Bounds one open label: values cut to 64 characters, at most 64 distinct kept.
+
+    Raw strings are cached only for admitted labels, and the cache itself is capped, so a
+    flood of random names costs a string cut each and no memory.
+    """
+
+    def __init__(self, max_values: int = MAX_LABEL_VALUES, max_chars: int = MAX_LABEL_CHARS):
+        self._max_values = max_values
+        self._max_chars = max_chars
+        self._labels: set[str] = set()
+        self._cache: dict[str, str] = {}
+        self._lock = threading.Lock()  # scrapes and requests may run on different threads
+
+    def __call__(self, value: object) -> str:
+        if isinstance(value, str):
+            hit = self._cache.get(value)
+            if hit is not None:
+                return hit
+        bounded = bounded_id(value, self._max_chars) or "unknown"
+        if bounded == OTHER:
+            return OTHER
+        with self._lock:
+            if bounded not in self._labels:
+                if len(self._labels) >= self._max_values:
+                    return OTHER
+                self._labels.add(bounded)
+            if isinstance(value, str) and len(self._cache) < 4 * self._max_values:
+                self._cache[value] = bounded
+        return bounded
+
+
+# -- the "never raise" rule ------------------------------------------------------------------
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _never_raises(
+    fn: Callable[Concatenate[Any, _P], _R],
+) -> Callable[Concatenate[Any, _P], _R | None]:
+    """Observability must not fail a request: an error is counted, typed and dropped.
+
+    Only the exception's type name is logged (to ``tokenwire.observability``, at debug):
+    its message could quote anything the failing call was given.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(self: Any, *args: _P.args, **kwargs: _P.kwargs) -> _R | None:
+        try:
+            return fn(self, *args, **kwargs)
+        except Exception as exc:  # the point of the wrapper
+            obs = self if isinstance(self, Observability) else getattr(self, "_obs", None)
+            if obs is not None:
+                obs._internal_error(fn.__name__, exc)
+            return None
+
+    return wrapper
+
+
+# -- metrics ---------------------------------------------------------------------------------
+
+
+class _CapacityCollector(Collector):
+    """``tokenwire_requests_running`` / ``_queued``, read from the capacity gate at scrape
+    time, so the gauges are never stale and the gate needs no hook into this module."""
+
+    def __init__(self, on_error: Callable[[str, Exception], None]) -> None:
+        self.source: Callable[[], tuple[int, int]] | None = None
+        self._on_error = on_error
+
+    def describe(self) -> Iterable[Metric]:
+        # Names only, so registering does not call a source that is not set yet.
+        return self._families(0, 0)
+
+    def collect(self) -> Iterable[Metric]:
+        source = self.source
+        if source is None:
+            return []  # absent rather than a misleading 0
+        try:
+            running, queued = source()
+        except Exception as exc:  # a scrape must not fail on the gate's bug
+            self._on_error("capacity_source", exc)
+            return []
+        return self._families(_count(running), _count(queued))
+
+    @staticmethod
+    def _families(running: int, queued: int) -> list[Metric]:
+        return [GaugeMetricFamily("tokenwire_requests_running",
+                                  "Upstream requests holding a capacity slot.", value=running),
+                GaugeMetricFamily("tokenwire_requests_queued",
+                                  "Requests waiting in the capacity queue.", value=queued)]
+
+
+class _Metrics:
+    """The metric objects, created once per registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(name, doc, labels, registry=registry)
+
+        def histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
+            return Histogram(name, doc, labels, registry=registry, buckets=DURATION_BUCKETS_S)
+
+        self.requests = counter(
+            "tokenwire_requests_total", "Requests finished, by outcome.",
+            ("api", "model", "outcome"))
+        self.failures = counter(
+            "tokenwire_request_failures_total",
+            "Requests failed, by failure class (client disconnects are not failures).",
+            ("api", "model", "failure_class"))
+        self.rejected = counter(
+            "tokenwire_requests_rejected_total",
+            "Requests refused before admission (queue full, auth, origin, size...).",
+            ("api", "reason"))
+        self.attempts = counter(
+            "tokenwire_upstream_attempts_total", "Upstream attempts started.", ("upstream",))
+        self.retries = counter(
+            "tokenwire_retries_total", "Retries scheduled, by retry budget.",
+            ("upstream", "budget"))
+        self.retry_wait = counter(
+            "tokenwire_retry_wait_seconds_total", "Backoff scheduled before retries.",
+            ("budget",))
+        self.heartbeats = counter(
+            "tokenwire_heartbeats_total", "Keep-alive events sent to clients.", ("api",))
+        self.completion_tokens = counter(
+            "tokenwire_completion_tokens_total",
+            "Completion tokens: streamed, or the upstream's usage when it reports more.",
+            ("api", "model"))
+        self.prompt_tokens = counter(
+            "tokenwire_prompt_tokens_total", "Prompt tokens reported by upstreams.", ("model",))
+        self.wire_bytes = counter(
+            "tokenwire_wire_bytes_total",
+            "Response bytes written to clients after content-coding.", ("api", "encoding"))
+        self.errors = counter(
+            "tokenwire_observability_errors_total",
+            "Internal errors of the metrics and logging code (dropped, never raised).")
+        self.ttft = histogram(
+            "tokenwire_time_to_first_token_seconds",
+            "From request start (including the queue) to the first output.", ("api", "model"))
+        self.queue_wait = histogram(
+            "tokenwire_queue_wait_seconds", "Time spent in the capacity queue.")
+        self.duration = histogram(
+            "tokenwire_request_duration_seconds", "Request duration, by outcome.",
+            ("api", "outcome"))
+
+
+class _WithoutCreated(Collector):
+    """A view of a registry without the ``*_created`` samples prometheus_client adds to
+    every counter and histogram child: in the classic text format they are separate gauge
+    series that double the scrape for a timestamp nobody graphs."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            if len(samples) != len(metric.samples):
+                metric = copy.copy(metric)
+                metric.samples = samples
+            yield metric
+
+
+# -- the app-wide object ---------------------------------------------------------------------
+
+
+class Observability:
+    """One per app: a private prometheus registry + the structured request logger."""
+
+    def __init__(
+        self,
+        *,
+        registry: CollectorRegistry | None = None,
+        logger: logging.Logger | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        process_metrics: bool = True,
+    ) -> None:
+        own_registry = registry is None
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.logger = logger if logger is not None else logging.getLogger(LOGGER_NAME)
+        self.clock = clock
+        self._m = _Metrics(self.registry)
+        self._capacity = _CapacityCollector(self._internal_error)
+        self.registry.register(self._capacity)
+        if own_registry and process_metrics:
+            # Resident memory and open fds per app registry (the load test watches memory).
+            ProcessCollector(registry=self.registry)
+        self._model = _LabelGuard()
+        self._upstream = _LabelGuard()
+        self._reason = _LabelGuard()
+
+    def new_request(
+        self, *, api: str, model: str, upstream: str, request_id: str, stream: bool
+    ) -> RequestRecord:
+        """Start the record of one admitted request; its clock starts now."""
+        return RequestRecord(self, api=api, model=model, upstream=upstream,
+                             request_id=request_id, stream=stream)
+
+    def set_capacity_source(self, fn: Callable[[], tuple[int, int]]) -> None:
+        """``fn() -> (running, queued)``, called at scrape time only."""
+        self._capacity.source = fn
+
+    @_never_raises
+    def rejected(
+        self, *, api: str, status: int, reason: str, request_id: str | None = None
+    ) -> None:
+        """A request refused before it became a record (429 queue full, 401, 403, 413, 400).
+
+        ``reason`` is a code (``queue_full``, ``invalid_api_key``...): kept when code-shaped,
+        bounded in cardinality like a model name.
+        """
+        api_l = _closed(api, APIS)
+        reason_l = self._reason(safe_code(reason) or UNSPECIFIED)
+        self._m.rejected.labels(api_l, reason_l).inc()
+        fields: dict[str, Any] = {"event": "request_rejected", "api": api_l,
+                                  "status": _status(status), "reason": reason_l}
+        if request_id is not None:
+            fields["request_id"] = bounded_id(request_id)
+        self.logger.info("request_rejected", extra={"event": fields})
+
+    def metrics_response_body(self) -> tuple[bytes, str]:
+        """``(body, content_type)`` for ``GET /metrics`` in the Prometheus text format."""
+        return generate_latest(_WithoutCreated(self.registry)), METRICS_CONTENT_TYPE
+
+    def _internal_error(self, where: str, exc: Exception) -> None:
+        try:
+            self._m.errors.inc()
+            _internal_log.debug("observability error in %s: %s", where, type(exc).__name__)
+        except Exception:  # the last line of "never raise"
+            pass
+
+
+def _status(status: object) -> int:
+    return status if isinstance(status, int) and 0 <= status <= 999 else 0
+
+
+# -- one request -----------------------------------------------------------------------------
+
+
+class RequestRecord:
+    """Everything the gateway learns about one request, until :meth:`finished`.
+
+    Calls are cheap (the token and byte counters are called per token and per write) and
+    never raise. Metrics move as events happen (tokens in small batches), so a scrape during
+    a long stream sees it progress; the log line is written once, at :meth:`finished`.
+    """
+
+    __slots__ = (
+        "_api", "_attempts", "_c_bytes", "_c_heartbeats", "_c_tokens", "_done", "_encoding",
+        "_first_output_s", "_heartbeats", "_model", "_model_l", "_notes", "_obs", "_queue_wait_s",
+        "_request_id", "_retries", "_retry_class", "_retry_code", "_retry_wait_s", "_started",
+        "_stream", "_tokens", "_tokens_pending", "_upstream", "_upstream_l", "_usage",
+        "_wire_bytes",
+    )
+
+    def __init__(
+        self, obs: Observability, *, api: str, model: str, upstream: str, request_id: str,
+        stream: bool,
+    ) -> None:
+        self._obs = obs
+        self._done = False
+        self._started = _safe_clock(obs)
+        self._api = _closed(api, APIS)
+        # Labels are bounded for series (64/64); log identifiers keep more (128 chars).
+        self._model_l = obs._model(model)
+        self._upstream_l = obs._upstream(upstream)
+        self._model = bounded_id(model)
+        self._upstream = bounded_id(upstream)
+        self._request_id = bounded_id(request_id)
+        self._stream = stream is True
+        m = obs._m
+        self._c_tokens = m.completion_tokens.labels(self._api, self._model_l)
+        self._c_heartbeats = m.heartbeats.labels(self._api)
+        self._c_bytes: dict[str, Counter] = {}
+        self._queue_wait_s: float | None = None
+        self._first_output_s: float | None = None
+        self._attempts = 0
+        self._retries = dict.fromkeys(sorted(BUDGETS), 0)
+        self._retry_wait_s = 0.0
+        self._retry_class: str | None = None
+        self._retry_code: str | None = None
+        self._heartbeats = 0
+        self._tokens = 0
+        self._tokens_pending = 0
+        self._notes: dict[str, bool | int | str | None] | None = None
+        self._usage: tuple[int, int] | None = None
+        self._wire_bytes = 0
+        self._encoding: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether :meth:`finished` has run (later calls are ignored)."""
+        return self._done
+
+    @_never_raises
+    def admitted(self, waited_s: float) -> None:
+        """Left the capacity queue after ``waited_s`` (0 when a slot was free); once."""
+        if self._done or self._queue_wait_s is not None:
+            return
+        self._queue_wait_s = _seconds(waited_s)
+        self._obs._m.queue_wait.observe(self._queue_wait_s)
+
+    @_never_raises
+    def attempt_started(self, attempt: int) -> None:
+        """Upstream attempt number ``attempt`` (1, 2, ...) is starting."""
+        if self._done:
+            return
+        self._attempts = max(self._attempts + 1, min(_count(attempt), 1_000_000))
+        self._obs._m.attempts.labels(self._upstream_l).inc()
+
+    @_never_raises
+    def retry_scheduled(
+        self, budget: str, delay_s: float, failure_class: str, code: str | None
+    ) -> None:
+        """A retry from ``budget`` after ``delay_s``, for a failure of ``failure_class``."""
+        if self._done:
+            return
+        budget_l = _closed(budget, BUDGETS)
+        delay = _seconds(delay_s)
+        if budget_l in self._retries:
+            self._retries[budget_l] += 1
+        self._retry_wait_s += delay
+        self._retry_class = _closed(failure_class, FAILURE_CLASSES)
+        self._retry_code = safe_code(code)
+        m = self._obs._m
+        m.retries.labels(self._upstream_l, budget_l).inc()
+        m.retry_wait.labels(budget_l).inc(delay)
+
+    @_never_raises
+    def heartbeat(self) -> None:
+        """A keep-alive event went to the client."""
+        if self._done:
+            return
+        self._heartbeats += 1
+        self._c_heartbeats.inc()
+        self._flush_tokens()  # a quiet stream's tokens become visible within one interval
+
+    @_never_raises
+    def first_output(self) -> None:
+        """The first output reached the client; time to first token counts from creation
+        (queue wait included: that is what the client waited). Later calls are ignored."""
+        if self._done or self._first_output_s is not None:
+            return
+        self._first_output_s = max(0.0, _safe_clock(self._obs) - self._started)
+        self._obs._m.ttft.labels(self._api, self._model_l).observe(self._first_output_s)
+
+    def tokens(self, n: int) -> None:
+        """``n`` completion tokens were streamed (ids, or 1 per text delta without ids).
+
+        The hottest call, so no decorator: the count goes to the record and reaches the
+        shared counter every :data:`TOKEN_FLUSH_EVERY` tokens (a locked increment costs
+        ~0.6 us), on a heartbeat and at :meth:`finished`; a scrape mid-stream lags by at most
+        that many tokens per open stream.
+        """
+        try:
+            if self._done:
+                return
+            if type(n) is not int or not 0 < n < _MAX_COUNT:
+                n = _count(n)
+                if not n:
+                    return
+            self._tokens += n
+            self._tokens_pending += n
+            if self._tokens_pending >= TOKEN_FLUSH_EVERY:
+                self._flush_tokens()
+        except Exception as exc:
+            self._obs._internal_error("tokens", exc)
+
+    def _flush_tokens(self) -> None:
+        if self._tokens_pending:
+            pending, self._tokens_pending = self._tokens_pending, 0
+            self._c_tokens.inc(pending)
+
+    @_never_raises
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """The upstream's usage report; the last one wins (some upstreams repeat it
+        cumulatively), and it is counted once, at :meth:`finished`."""
+        if self._done:
+            return
+        self._usage = (_count(prompt_tokens), _count(completion_tokens))
+
+    def wire_bytes(self, encoding: str, n: int) -> None:
+        """``n`` bytes written to the client socket after content-coding (once per write,
+        i.e. per coalescing window, so counted straight into the shared counter)."""
+        try:
+            if self._done:
+                return
+            if type(n) is not int or not 0 < n < _MAX_COUNT:
+                n = _count(n)
+                if not n:
+                    return
+            enc = encoding if isinstance(encoding, str) and encoding in ENCODINGS else OTHER
+            child = self._c_bytes.get(enc)  # at most one child per vocabulary entry
+            if child is None:
+                child = self._c_bytes[enc] = self._obs._m.wire_bytes.labels(self._api, enc)
+            self._encoding = enc
+            self._wire_bytes += n
+            child.inc(n)
+        except Exception as exc:
+            self._obs._internal_error("wire_bytes", exc)
+
+    @_never_raises
+    def note(self, key: str, value: bool | int | str | None) -> None:
+        """An extra fact for the log line, such as the seed's ``turn_state_echoed`` (bool),
+        ``dropped_control_items`` (int) or ``translation_reason`` (a code).
+
+        Keys are ``^[a-z][a-z0-9_]{0,39}$`` and cannot replace a standard field; strings are
+        kept only when code-shaped (else ``"other"``), so a note cannot carry text; at most
+        :data:`MAX_NOTES` keys per record. Notes go to the log only, never to metrics.
+        """
+        if self._done or not isinstance(key, str) or not _NOTE_KEY_RE.fullmatch(key):
+            return
+        if key in _RESERVED_NOTE_KEYS:
+            return
+        notes = self._notes if self._notes is not None else {}
+        if key not in notes and len(notes) >= MAX_NOTES:
+            return
+        if value is None or isinstance(value, bool):
+            notes[key] = value
+        elif isinstance(value, int):
+            notes[key] = max(-_MAX_COUNT, min(value, _MAX_COUNT))
+        else:
+            notes[key] = safe_code(value)
+        self._notes = notes
+
+    @_never_raises
+    def finished(
+        self, *, outcome: str, status: int, failure_class: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        """The request ended; the first call wins and writes the one log line.
+
+        ``outcome`` is ``completed``, ``failed`` or ``cancelled`` (an unknown outcome counts
+        as ``failed``: nothing unexplained is reported as a success). A cancelled request
+        (the client went away) is logged as ``request_failed`` with failure class
+        ``cancelled`` and code ``client_disconnected`` unless a code is given; it counts in
+        ``tokenwire_requests_total{outcome="cancelled"}`` but not in
+        ``tokenwire_request_failures_total``, so failure-rate alerts see only the gateway's
+        and upstreams' failures.
+        """
+        if self._done:
+            return
+        self._done = True
+        outcome_l = outcome if outcome in OUTCOMES else "failed"
+        elapsed = max(0.0, _safe_clock(self._obs) - self._started)
+        m = self._obs._m
+        self._flush_tokens()
+        m.requests.labels(self._api, self._model_l, outcome_l).inc()
+        m.duration.labels(self._api, outcome_l).observe(elapsed)
+        if self._usage is not None:
+            prompt, completion = self._usage
+            if prompt:
+                m.prompt_tokens.labels(self._model_l).inc(prompt)
+            if completion > self._tokens:  # non-streamed paths report usage only
+                self._c_tokens.inc(completion - self._tokens)
+        fclass: str | None = None
+        fcode: str | None = None
+        if outcome_l == "failed":
+            fclass = _closed(failure_class, FAILURE_CLASSES) if failure_class else UNSPECIFIED
+            fcode = safe_code(code)
+            m.failures.labels(self._api, self._model_l, fclass).inc()
+        elif outcome_l == "cancelled":
+            fclass = "cancelled"
+            fcode = safe_code(code) or _CANCEL_CODE
+        self._log(outcome_l, _status(status), elapsed, fclass, fcode)
+
+    def _log(
+        self, outcome: str, status: int, elapsed: float, fclass: str | None, fcode: str | None
+    ) -> None:
+        completed = outcome == "completed"
+        name = "request_completed" if completed else "request_failed"
+        logger = self._obs.logger
+        level = logging.INFO if completed or outcome == "cancelled" else logging.WARNING
+        if not logger.isEnabledFor(level):
+            return
+        fields: dict[str, Any] = {
+            "event": name,
+            "request_id": self._request_id,
+            "api": self._api,
+            "model": self._model,
+            "upstream": self._upstream,
+            "stream": self._stream,
+            "outcome": outcome,
+            "status": status,
+        }
+        if not completed:
+            fields["failure_class"] = fclass
+            fields["code"] = fcode
+        fields.update({
+            "elapsed_ms": _ms(elapsed),
+            "queue_wait_ms": None if self._queue_wait_s is None else _ms(self._queue_wait_s),
+            "ttft_ms": None if self._first_output_s is None else _ms(self._first_output_s),
+            "attempts": self._attempts,
+            "retries": dict(self._retries),
+            "retry_wait_ms": _ms(self._retry_wait_s),
+            "heartbeats": self._heartbeats,
+            "completion_tokens": self._tokens,
+            "usage_prompt_tokens": None if self._usage is None else self._usage[0],
+            "usage_completion_tokens": None if self._usage is None else self._usage[1],
+            "wire_bytes": self._wire_bytes,
+            "encoding": self._encoding,
+        })
+        if self._retry_class is not None:
+            fields["retried_failure_class"] = self._retry_class
+            fields["retried_code"] = self._retry_code
+        fields.update(self._notes or {})  # note() refuses the standard keys
+        logger.log(level, name, extra={"event": fields})
+
+
+def _safe_clock(obs: Observability) -> float:
+    """The injected clock, or 0 if it fails or lies (a NaN would poison every duration)."""
+    try:
+        now = obs.clock()
+    except Exception as exc:  # a broken clock must not fail the request
+        obs._internal_error("clock", exc)
+        return 0.0
+    return now if isinstance(now, int | float) and math.isfinite(now) else 0.0
+
+
+# -- log rendering ---------------------------------------------------------------------------
+
+
+def _utc_timestamp(created: float) -> str:
+    """ISO 8601 in UTC with milliseconds and ``Z``: sortable, and no local zone to guess."""
+    dt = datetime.fromtimestamp(created, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
+
+
+def _payload(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields of a record: its ``event`` dict, or for any other record on this logger only
+    the level, the logger and the message *template* (never its arguments, which could be
+    anything, and never ``exc_info``/``stack_info``)."""
+    try:
+        ts = _utc_timestamp(record.created)
+    except (OverflowError, OSError, ValueError):
+        ts = "1970-01-01T00:00:00.000Z"
+    event = record.__dict__.get("event")
+    if isinstance(event, dict):
+        return {"ts": ts, **event}
+    template = record.msg if isinstance(record.msg, str) else ""
+    return {"ts": ts, "event": "log", "level": bounded_id(record.levelname, 16),
+            "logger": bounded_id(record.name), "msg": bounded_id(template, 200)}
+
+
+class JsonLineFormatter(logging.Formatter):
+    """One JSON object per line: ``{"ts": ..., "event": ..., ...fields}``.
+
+    ``ensure_ascii`` escapes every control character, so a line never contains a newline;
+    ``allow_nan=False`` plus the clamping in :class:`RequestRecord` keep it valid JSON. A
+    record that cannot be rendered, or renders too long, becomes a short
+    ``log_format_error`` line rather than an exception in the logging machinery.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        payload = _payload(record)
+        try:
+            line = json.dumps(payload, ensure_ascii=True, allow_nan=False,
+                              separators=(",", ":"))
+        except (TypeError, ValueError):
+            line = ""
+        if not line or len(line) > MAX_LINE_CHARS:
+            line = json.dumps({"ts": payload["ts"], "event": "log_format_error",
+                               "original_event": bounded_id(payload.get("event"), 64)},
+                              separators=(",", ":"))
+        return line
+
+
+_HANDLER_MARK: Final = "_tokenwire_request_log"
+
+
+def configure_request_logging(
+    stream: IO[str] | None = None,
+    level: int | str = logging.INFO,
+) -> logging.Handler:
+    """Send request records to ``stream`` (default: ``sys.stderr`` at call time), one line
+    each; calling again replaces the previous handler instead of doubling lines.
+
+    The logger stops propagating, so uvicorn's or the root logger's handlers never see these
+    records (and never re-render them with a formatter that would include ``exc_info``).
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    for old in list(logger.handlers):
+        if getattr(old, _HANDLER_MARK, False):
+            logger.removeHandler(old)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.setFormatter(JsonLineFormatter())
+    setattr(handler, _HANDLER_MARK, True)
+    logger.addHandler(handler)
+    logger.setLevel(level)
+    logger.propagate = False
+    return handler

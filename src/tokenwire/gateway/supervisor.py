@@ -1,0 +1,408 @@
+"""Between the upstreams and the APIs, written once: queue, retries, deadlines, heartbeats.
+
+Every generation, whatever API it came through and whatever upstream serves it, is a
+:class:`SupervisedStream`. It is an :class:`~tokenwire.gateway.ir.EventStream` like the
+upstream's own, so the APIs render it without knowing what it did (DESIGN.md: N upstreams
++ M APIs). Its one task, started by the first :meth:`~SupervisedStream.next_event`:
+
+1. **Waits for a slot** (:mod:`.admission`), in arrival order.
+2. **Runs attempts** under :class:`~tokenwire.gateway.retry.RetryState`: a failure before any
+   output was published may be retried on its budget (seed, "Provider failures and retry
+   budgets"); once text, reasoning or a tool call went to the client nothing is replayed,
+   and the failure goes to the client as the stream's terminal. Facts that are not output
+   (``ResponseMeta``, ``MessageStart``, ``Usage``) are held back until the first output, so
+   a retried attempt's facts never reach the client twice.
+3. **Keeps time** with the event loop's clock (tests run it under ``looptime``):
+   ``idle_timeout_s`` (the seed's ``timeoutMs``, ten minutes) bounds *silence*: it counts
+   from arrival (so the body upload and the queue wait are in it), restarts at admission and
+   on every upstream event, and a stalled upstream fails with ``idle_timeout``. Every request
+   also ends at ``request_cap_s`` (one hour) after arrival, ``request_timeout``. Both are
+   final here (a stall is not retried) and retryable for the client.
+4. **Sends heartbeats**: a :class:`~tokenwire.gateway.ir.Heartbeat` after every
+   ``heartbeat_s`` (15 s) in which nothing was sent, while queued, waiting to retry, or
+   waiting on a quiet upstream. They stop with the terminal, the deadline or a disconnect.
+
+:meth:`~SupervisedStream.cancel` (the client went away) cancels the task: an upstream
+attempt in flight is cancelled (its adapter closes the connection), a queued request leaves
+the line without touching an upstream, and the slot is given back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Protocol
+
+from tokenwire.errors import RetryDeadlinePassed, ServerBusy
+from tokenwire.gateway.admission import Ticket
+from tokenwire.gateway.ir import (
+    Event,
+    EventStream,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    Heartbeat,
+    ReasoningDelta,
+    TokenDelta,
+    ToolCallDelta,
+    Usage,
+)
+from tokenwire.gateway.retry import GiveUp, RetryPolicy, RetryState
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_S",
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_REQUEST_CAP_S",
+    "RequestObserver",
+    "SupervisedStream",
+    "Timing",
+    "is_output",
+]
+
+log = logging.getLogger(__name__)
+
+#: Seed: "genuine response.in_progress data events keep the Codex connection alive every
+#: fifteen seconds" (well inside Codex's 300 s idle window).
+DEFAULT_HEARTBEAT_S = 15.0
+#: Seed: "timeoutMs (ten minutes by default) bounds silence, not total length."
+DEFAULT_IDLE_TIMEOUT_S = 600.0
+#: Seed: "Every request also has a one-hour cap."
+DEFAULT_REQUEST_CAP_S = 3600.0
+#: Events buffered between the task and the response writer: enough to ride over a slow
+#: socket write, small enough that a stalled client pushes back on the upstream.
+_BUFFERED_EVENTS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The clocks of one request; defaults are the seed's. ``heartbeat_s=None`` sends none
+    (a non-streaming request has no open stream to keep alive)."""
+
+    heartbeat_s: float | None = DEFAULT_HEARTBEAT_S
+    idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S
+    request_cap_s: float = DEFAULT_REQUEST_CAP_S
+
+
+class RequestObserver(Protocol):
+    """What the supervisor reports about a request (metrics and the request log)."""
+
+    def admitted(self, waited_s: float) -> None: ...
+    def attempt_started(self, attempt: int) -> None: ...
+    def retry_scheduled(self, budget: str, delay_s: float, failure_class: str,
+                        code: str | None) -> None: ...
+    def heartbeat(self) -> None: ...
+    def first_output(self) -> None: ...
+    def tokens(self, n: int) -> None: ...
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> None: ...
+    def finished(self, *, outcome: str, status: int, failure_class: str | None = None,
+                 code: str | None = None) -> None: ...
+
+
+class _NoObserver:
+    def admitted(self, waited_s: float) -> None: pass
+    def attempt_started(self, attempt: int) -> None: pass
+    def retry_scheduled(self, budget: str, delay_s: float, failure_class: str,
+                        code: str | None) -> None: pass
+    def heartbeat(self) -> None: pass
+    def first_output(self) -> None: pass
+    def tokens(self, n: int) -> None: pass
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> None: pass
+    def finished(self, *, outcome: str, status: int, failure_class: str | None = None,
+                 code: str | None = None) -> None: pass
+
+
+def is_output(event: Event) -> bool:
+    """True for what the seed calls published output: text, reasoning state, tool calls."""
+    match event:
+        case TokenDelta(ids=ids, text=text):
+            return bool(ids or text)
+        case ReasoningDelta(text=text, encrypted=encrypted):
+            return bool(text or encrypted)
+        case ToolCallDelta():
+            return True
+    return False
+
+
+class Upstreamish(Protocol):
+    """What the supervisor needs of a routed model (a :class:`~.router.ServedModel`)."""
+
+    upstream: object
+
+    def submit(self, request: GenerationRequest) -> EventStream: ...
+
+
+class _Deadline(Exception):
+    """A request deadline passed; carries the failure to report."""
+
+    def __init__(self, failure: Failure) -> None:
+        super().__init__(failure.code)
+        self.failure = failure
+
+
+class SupervisedStream:
+    """One client request's generation, supervised (see the module docstring)."""
+
+    def __init__(self, served: Upstreamish, request: GenerationRequest, ticket: Ticket, *,
+                 timing: Timing = Timing(), policy: RetryPolicy | None = None,
+                 observer: RequestObserver | None = None,
+                 rng: random.Random | None = None) -> None:
+        self._served = served
+        self._request = request
+        self._ticket = ticket
+        self._timing = timing
+        self._policy = policy or RetryPolicy()
+        self._obs: RequestObserver = observer or _NoObserver()
+        #: The record the response writer reports wire bytes to (None: nobody listens).
+        self.observer = observer
+        self._rng = rng or random.Random()
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(_BUFFERED_EVENTS)
+        self._task: asyncio.Task[None] | None = None
+        self._upstream_stream: EventStream | None = None
+        self._published = False
+        self._held: list[Event] = []
+        self._cancelled = False
+        self._ended = False
+        #: Upstream attempts made (for tests, logs and the fault-injection report).
+        self.attempts = 0
+        # Clocks, in the event loop's time; set when the task starts.
+        self._last_sent = 0.0
+        self._idle_deadline = 0.0
+        self._hard_deadline = 0.0
+
+    # -- the EventStream interface ---------------------------------------------------------
+
+    async def next_event(self) -> Event:
+        if self._cancelled and self._queue.empty():
+            return Finish(reason=FinishKind.ABORT)
+        if self._task is None:  # the constructor runs outside the loop in some callers
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        return await self._queue.get()
+
+    def abort(self, failure: Failure) -> None:
+        """End the request with ``failure`` now (the server is shutting down): the upstream
+        attempt is cancelled and the client gets ``failure`` as the stream's terminal, so a
+        drained stream fails cleanly instead of being cut."""
+        if self._ended or self._cancelled:
+            return
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._ticket.release_slot()
+        self._ended = True
+        try:
+            self._queue.put_nowait(failure)
+        except asyncio.QueueFull:  # a stalled reader: make room, the terminal must get in
+            self._queue.get_nowait()
+            self._queue.put_nowait(failure)
+        self._obs.finished(outcome="failed", status=failure.status,
+                           failure_class=failure.failure_class.value, code=failure.code)
+
+    def cancel(self) -> None:
+        """The client went away: stop waiting or generating, give the slot back."""
+        if self._cancelled:
+            return
+        self._cancelled = True
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        else:
+            self._ticket.release_slot()
+        if self._queue.empty():  # a reader still waiting gets the documented ending
+            self._queue.put_nowait(Finish(reason=FinishKind.ABORT))
+        if not self._ended:
+            self._ended = True
+            self._obs.finished(outcome="cancelled", status=499, code="client_disconnected")
+
+    # -- the task --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        now = asyncio.get_running_loop().time
+        arrived = self._ticket.arrived_at
+        self._hard_deadline = arrived + self._timing.request_cap_s
+        self._idle_deadline = arrived + self._timing.idle_timeout_s
+        self._last_sent = now()
+        try:
+            try:
+                await self._admit()
+                terminal = await self._attempts()
+            except _Deadline as exc:
+                terminal = exc.failure
+            await self._emit_terminal(terminal)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must end the stream, not hang it
+            log.error("supervisor failed: %s", type(exc).__name__, exc_info=True)
+            await self._emit_terminal(Failure(failure_class=FailureClass.INTERNAL,
+                                              message="internal error in the gateway",
+                                              status=500, code="internal_error"))
+        finally:
+            if self._upstream_stream is not None:
+                self._upstream_stream.cancel()  # a no-op once it ended
+            self._ticket.release_slot()
+
+    async def _admit(self) -> None:
+        """Wait for a slot, sending heartbeats; the wait counts against the deadlines."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        granted = self._ticket.admission.enqueue(self._ticket, self._served.upstream)
+        try:
+            while not granted.done():
+                wake = self._next_wake()
+                await asyncio.wait({granted}, timeout=max(0.0, wake - loop.time()))
+                if not granted.done():
+                    await self._on_timer(queued=True)
+        finally:
+            if not granted.done():
+                granted.cancel()  # cancelled or failed while queued: leave the line
+        self._obs.admitted(loop.time() - started)
+        self._idle_deadline = loop.time() + self._timing.idle_timeout_s  # restart at admission
+
+    async def _attempts(self) -> Event:
+        """Attempts until a terminal: the Finish, or the Failure to report."""
+        loop = asyncio.get_running_loop()
+        state = RetryState(started_at=loop.time(), policy=self._policy,
+                           request_deadline=self._hard_deadline)
+        while True:
+            try:
+                state.on_attempt_started(loop.time())
+            except RetryDeadlinePassed:
+                raise _Deadline(self._cap_failure()) from None
+            self.attempts += 1
+            self._obs.attempt_started(self.attempts)
+            terminal = await self._attempt()
+            if isinstance(terminal, Finish) or self._published:
+                return terminal  # a failure after output is reported, never replayed
+            decision = state.on_failure(terminal, now=loop.time(), output_published=False,
+                                        rng=self._rng)
+            if isinstance(decision, GiveUp):
+                return decision.failure
+            self._held.clear()  # the failed attempt's facts are not the next one's
+            self._obs.retry_scheduled(decision.budget.value, decision.delay_s,
+                                      terminal.failure_class.value, terminal.code)
+            await self._sleep(decision.delay_s)
+            if not state.check_after_wait(loop.time()):
+                return state.abandon().failure
+
+    async def _attempt(self) -> Finish | Failure:
+        """One upstream attempt: forward its events until its terminal."""
+        loop = asyncio.get_running_loop()
+        try:
+            stream = self._served.submit(self._request)
+        except ServerBusy as exc:  # the upstream's own bound: its 503, retried once
+            return Failure(failure_class=FailureClass.CAPACITY, message=str(exc), status=503,
+                           code="upstream_busy")
+        self._upstream_stream = stream
+        try:
+            while True:
+                wake = self._next_wake()
+                try:
+                    async with asyncio.timeout_at(wake):
+                        event = await stream.next_event()
+                except TimeoutError:
+                    await self._on_timer(queued=False)
+                    continue
+                self._idle_deadline = loop.time() + self._timing.idle_timeout_s
+                if isinstance(event, Finish | Failure):
+                    if isinstance(event, Finish) or self._published:
+                        await self._flush_held()
+                    return event
+                await self._forward(event)
+        except _Deadline:
+            stream.cancel()
+            raise
+        except asyncio.CancelledError:
+            stream.cancel()
+            raise
+        except Exception as exc:  # an adapter bug: a failure, never a crashed stream
+            stream.cancel()
+            log.error("upstream stream raised %s", type(exc).__name__)
+            return Failure(failure_class=FailureClass.INTERNAL,
+                           message="the upstream adapter failed", status=502,
+                           code="adapter_error")
+        finally:
+            self._upstream_stream = None
+
+    async def _forward(self, event: Event) -> None:
+        if not is_output(event):
+            if self._published:
+                await self._put(event)
+            else:
+                self._held.append(event)  # facts wait for the first output
+            if isinstance(event, Usage):
+                self._obs.usage(event.prompt_tokens, event.completion_tokens)
+            return
+        if not self._published:
+            self._published = True
+            self._obs.first_output()
+            await self._flush_held()
+        if isinstance(event, TokenDelta):
+            self._obs.tokens(len(event.ids) if event.ids else 1)
+        await self._put(event)
+
+    async def _flush_held(self) -> None:
+        held, self._held = self._held, []
+        for event in held:
+            await self._put(event)
+
+    async def _emit_terminal(self, event: Event) -> None:
+        if isinstance(event, Failure):
+            await self._flush_held()  # facts (turn state) still belong to the answer
+        await self._put(event)
+        if self._ended:
+            return
+        self._ended = True
+        if isinstance(event, Failure):
+            self._obs.finished(outcome="failed", status=event.status,
+                               failure_class=event.failure_class.value, code=event.code)
+        else:
+            self._obs.finished(outcome="completed", status=200)
+
+    async def _put(self, event: Event) -> None:
+        await self._queue.put(event)
+        self._last_sent = asyncio.get_running_loop().time()
+
+    # -- time ------------------------------------------------------------------------------
+
+    def _next_wake(self) -> float:
+        """The earliest of: the next heartbeat, the idle deadline, the one-hour cap."""
+        wake = min(self._idle_deadline, self._hard_deadline)
+        if self._timing.heartbeat_s is not None:
+            wake = min(wake, self._last_sent + self._timing.heartbeat_s)
+        return wake
+
+    async def _on_timer(self, *, queued: bool) -> None:
+        """A wait reached :meth:`_next_wake`: a deadline fails the request, else a heartbeat."""
+        now = asyncio.get_running_loop().time()
+        if now >= self._hard_deadline:
+            raise _Deadline(self._cap_failure())
+        if now >= self._idle_deadline:
+            raise _Deadline(self._idle_failure(queued))
+        hb = self._timing.heartbeat_s
+        if hb is not None and now >= self._last_sent + hb:
+            self._obs.heartbeat()
+            await self._put(Heartbeat())
+
+    async def _sleep(self, delay: float) -> None:
+        """A retry wait: abortable (cancel), heartbeats inside, bounded by the cap."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + delay
+        while (left := until - loop.time()) > 0:
+            wake = self._next_wake()
+            await asyncio.sleep(max(0.0, min(left, wake - loop.time())))
+            if loop.time() < until:
+                await self._on_timer(queued=False)
+        # The wait is ours, not the upstream's silence: the next attempt gets a full window.
+        self._idle_deadline = loop.time() + self._timing.idle_timeout_s
+
+    def _cap_failure(self) -> Failure:
+        return Failure(failure_class=FailureClass.TIMEOUT, status=504, code="request_timeout",
+                       message=f"the request reached the gateway's "
+                               f"{self._timing.request_cap_s:g} s cap")
+
+    def _idle_failure(self, queued: bool) -> Failure:
+        where = "waiting for capacity" if queued else "waiting for the upstream"
+        return Failure(failure_class=FailureClass.TIMEOUT, status=504, code="idle_timeout",
+                       message=f"nothing happened for {self._timing.idle_timeout_s:g} s "
+                               f"while {where}")

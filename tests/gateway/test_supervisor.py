@@ -1,0 +1,383 @@
+"""The supervisor between upstreams and APIs: queue, retries, deadlines, heartbeats.
+
+Everything runs on a ``looptime`` event loop: the loop's clock is the only clock the
+supervisor reads, so a 120 s retry budget or a 600 s silence runs in milliseconds and the
+tests assert *loop* time exactly, never wall time. The upstreams here are in-memory scripts
+(the same scripts over real sockets and real APIs are in tests/gateway/faults).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import looptime
+import pytest
+
+from tokenwire.gateway.admission import Admission
+from tokenwire.gateway.ir import (
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    Heartbeat,
+    PromptText,
+    ResponseMeta,
+    TokenDelta,
+)
+from tokenwire.gateway.retry import THROTTLE_EXHAUSTED_MESSAGE
+from tokenwire.gateway.supervisor import SupervisedStream, Timing
+
+REQUEST = GenerationRequest(prompt=PromptText(text="hi"))
+EOS = Finish(reason=FinishKind.EOS)
+
+
+def run(coro: Coroutine[Any, Any, Any]) -> Any:
+    with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
+        return runner.run(coro)
+
+
+def now() -> float:
+    return asyncio.get_running_loop().time()
+
+
+# -- a scripted in-memory upstream -------------------------------------------------------------
+
+Step = tuple[float, Event]  # (seconds of silence before it, event); inf = never
+
+
+@dataclass
+class Script:
+    """Attempt n plays ``attempts[min(n, last)]``; records when each attempt started."""
+
+    attempts: list[list[Step]]
+    started_at: list[float] = field(default_factory=list)
+    cancelled: int = 0
+    upstream: object = field(default_factory=object)
+
+    def submit(self, request: GenerationRequest) -> _Play:
+        self.started_at.append(now())
+        steps = self.attempts[min(len(self.started_at) - 1, len(self.attempts) - 1)]
+        return _Play(self, list(steps))
+
+
+class _Play:
+    def __init__(self, script: Script, steps: list[Step]) -> None:
+        self._script, self._steps = script, steps
+        self._due: float | None = None
+
+    async def next_event(self) -> Event:
+        delay, event = self._steps[0]
+        if self._due is None:  # cancellation-safe: a retried wait keeps its due time
+            self._due = now() + delay
+        if self._due == float("inf"):
+            await asyncio.Event().wait()
+        await asyncio.sleep(max(0.0, self._due - now()))
+        self._steps.pop(0)
+        self._due = None
+        return event
+
+    def cancel(self) -> None:
+        self._script.cancelled += 1
+
+
+def fail(cls: FailureClass, status: int, **kw: Any) -> Failure:
+    return Failure(failure_class=cls, message="scripted", status=status, **kw)
+
+
+def tokens(*texts: str, gap: float = 0.0) -> list[Step]:
+    return [(gap, TokenDelta(ids=(i,), text=t)) for i, t in enumerate(texts)]
+
+
+async def collect(stream: SupervisedStream) -> list[tuple[float, Event]]:
+    out = []
+    while True:
+        ev = await stream.next_event()
+        out.append((now(), ev))
+        if isinstance(ev, Finish | Failure):
+            return out
+
+
+def supervise(script: Script, admission: Admission | None = None, *,
+              timing: Timing = Timing(), seed: int = 1) -> SupervisedStream:
+    admission = admission or Admission()
+    ticket = admission.reserve(now())
+    assert ticket is not None
+    return SupervisedStream(script, REQUEST, ticket, timing=timing, rng=random.Random(seed))
+
+
+def scenario(fn: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
+    return run(fn())
+
+
+# -- heartbeats and deadlines ------------------------------------------------------------------
+
+
+def test_a_quiet_upstream_gets_a_heartbeat_every_15_s_then_the_answer() -> None:
+    async def go():
+        script = Script([[(40.0, TokenDelta(ids=(1,), text="a")), (0.0, EOS)]])
+        return await collect(supervise(script))
+
+    events = run(go())
+    assert [(t, type(e).__name__) for t, e in events] == [
+        (15.0, "Heartbeat"), (30.0, "Heartbeat"), (40.0, "TokenDelta"), (40.0, "Finish")]
+
+
+def test_heartbeats_count_from_the_last_event_sent() -> None:
+    async def go():
+        script = Script([[(10.0, TokenDelta(ids=(1,), text="a")),
+                          (20.0, TokenDelta(ids=(2,), text="b")), (0.0, EOS)]])
+        return await collect(supervise(script))
+
+    assert [(t, type(e).__name__) for t, e in run(go())] == [
+        (10.0, "TokenDelta"), (25.0, "Heartbeat"), (30.0, "TokenDelta"), (30.0, "Finish")]
+
+
+def test_no_heartbeats_for_a_non_streaming_request() -> None:
+    async def go():
+        script = Script([[(40.0, TokenDelta(ids=(1,), text="a")), (0.0, EOS)]])
+        return await collect(supervise(script, timing=Timing(heartbeat_s=None)))
+
+    assert [type(e) for _, e in run(go())] == [TokenDelta, Finish]
+
+
+def test_a_stalled_upstream_fails_at_the_idle_timeout_and_is_cancelled() -> None:
+    async def go():
+        script = Script([[*tokens("a"), (float("inf"), EOS)]])
+        events = await collect(supervise(script, timing=Timing(idle_timeout_s=100)))
+        return script, events
+
+    script, events = run(go())
+    t, last = events[-1]
+    assert isinstance(last, Failure) and last.code == "idle_timeout" and t == 100.0
+    assert last.failure_class is FailureClass.TIMEOUT  # retryable for the client
+    assert sum(isinstance(e, Heartbeat) for _, e in events) == 6  # 15, 30, ... 90
+    assert len(script.started_at) == 1 and script.cancelled == 1  # a stall is not retried
+
+
+def test_the_idle_timer_restarts_on_every_upstream_event() -> None:
+    async def go():
+        script = Script([[*tokens("a", "b", "c", gap=90.0), (0.0, EOS)]])
+        return await collect(supervise(script, timing=Timing(idle_timeout_s=100)))
+
+    assert isinstance(run(go())[-1][1], Finish)  # 270 s in all, never 100 s of silence
+
+
+def test_every_request_ends_at_the_one_hour_cap() -> None:
+    async def go():
+        steps = [(500.0, TokenDelta(ids=(1,), text="x"))] * 100
+        return await collect(supervise(Script([steps])))
+
+    t, last = run(go())[-1]
+    assert isinstance(last, Failure) and last.code == "request_timeout" and t == 3600.0
+
+
+# -- retries -----------------------------------------------------------------------------------
+
+
+def test_a_500_before_output_is_retried_once_after_one_second() -> None:
+    async def go():
+        script = Script([[(0.0, fail(FailureClass.UPSTREAM, 500))], [*tokens("ok"), (0, EOS)]])
+        events = await collect(supervise(script))
+        return script, events
+
+    script, events = run(go())
+    assert script.started_at == [0.0, 1.0]
+    assert [type(e) for _, e in events] == [TokenDelta, Finish]
+
+
+def test_the_single_retry_is_spent_once_per_request() -> None:
+    async def go():
+        script = Script([[(0.0, fail(FailureClass.UPSTREAM, 502))]])
+        events = await collect(supervise(script))
+        return script, events
+
+    script, events = run(go())
+    assert script.started_at == [0.0, 1.0]
+    assert isinstance(events[-1][1], Failure) and events[-1][1].status == 502
+
+
+def test_nothing_is_replayed_once_output_was_published() -> None:
+    async def go():
+        script = Script([[*tokens("par"), (0.0, fail(FailureClass.CONNECTION, 502))]])
+        events = await collect(supervise(script))
+        return script, events
+
+    script, events = run(go())
+    assert len(script.started_at) == 1
+    assert [type(e) for _, e in events] == [TokenDelta, Failure]
+
+
+def test_transient_connection_failures_back_off_within_their_120_s_budget() -> None:
+    async def go():
+        script = Script([[(0.0, fail(FailureClass.CONNECTION, 502, code="connection_reset"))]])
+        events = await collect(supervise(script))
+        return script, events
+
+    script, events = run(go())
+    starts = script.started_at
+    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    for gap, base in zip(gaps, [1, 2, 4, 8, 8, 8, 8], strict=False):
+        assert base * 0.8 <= gap <= base * 1.2  # the seed's schedule, +-20% jitter
+    assert starts[-1] < 120.0  # no attempt at or past the deadline
+    last = events[-1][1]
+    assert isinstance(last, Failure) and last.code == "connection_reset"  # unchanged
+    assert sum(isinstance(e, Heartbeat) for _, e in events) >= 5  # the waits stay covered
+
+
+def test_a_refused_connection_is_final() -> None:
+    async def go():
+        script = Script([[(0.0, fail(FailureClass.CONNECTION, 502, code="connection_refused"))]])
+        await collect(supervise(script))
+        return script
+
+    assert len(run(go()).started_at) == 1
+
+
+def test_a_throttle_honours_retry_after_until_its_budget_then_says_so() -> None:
+    async def go():
+        script = Script([[(0.0, fail(FailureClass.RATE_LIMITED, 429, retry_after=25.0))]])
+        events = await collect(supervise(script))
+        return script, events
+
+    script, events = run(go())
+    assert script.started_at == [0.0, 25.0, 50.0, 75.0, 100.0]  # the next would end at 125 s
+    last = events[-1][1]
+    assert isinstance(last, Failure) and last.status == 429
+    assert last.code == "rate_limit_exceeded" and last.message == THROTTLE_EXHAUSTED_MESSAGE
+
+
+def test_a_quota_429_is_final() -> None:
+    async def go():
+        script = Script([[(0.0, fail(FailureClass.RATE_LIMITED, 429, code="insufficient_quota",
+                                     retry_after=1.0))]])
+        events = await collect(supervise(script))
+        return script, events
+
+    script, events = run(go())
+    assert len(script.started_at) == 1 and events[-1][1].code == "insufficient_quota"
+
+
+def test_facts_of_a_failed_attempt_never_reach_the_client() -> None:
+    async def go():
+        script = Script([
+            [(0.0, ResponseMeta(turn_state="first")), (0.0, fail(FailureClass.UPSTREAM, 500))],
+            [(0.0, ResponseMeta(turn_state="second")), *tokens("ok"), (0.0, EOS)]])
+        return await collect(supervise(script))
+
+    metas = [e for _, e in run(go()) if isinstance(e, ResponseMeta)]
+    assert metas == [ResponseMeta(turn_state="second")]
+
+
+# -- capacity ----------------------------------------------------------------------------------
+
+
+def test_queued_requests_start_in_arrival_order_with_heartbeats_while_waiting() -> None:
+    async def go():
+        admission = Admission(max_concurrent=1, queue_size=8)
+        script = Script([[*tokens("a", gap=24.0), (0.0, EOS)]])
+        streams = [supervise(script, admission) for _ in range(3)]
+        results = await asyncio.gather(*(collect(s) for s in streams))
+        return script, results, admission
+
+    script, results, admission = run(go())
+    assert script.started_at == [0.0, 24.0, 48.0]  # one at a time, first come first served
+    third = results[2]  # queued until 48 s, then a quiet upstream until 72 s
+    assert [t for t, e in third if isinstance(e, Heartbeat)] == [15.0, 30.0, 45.0, 60.0]
+    assert admission.counts() == (0, 3)  # slots back; tickets end with their HTTP exchange
+
+
+def test_a_per_upstream_limit_does_not_block_another_upstream() -> None:
+    async def go():
+        slow, fast = Script([[(50.0, EOS)]]), Script([[(0.0, EOS)]])
+        admission = Admission(max_concurrent=4, limits={id(slow.upstream): 1})
+        first, second = supervise(slow, admission), supervise(slow, admission)
+        other = supervise(fast, admission)
+        done = await asyncio.gather(collect(first), collect(second), collect(other))
+        return slow, fast, done
+
+    slow, fast, _ = run(go())
+    assert slow.started_at == [0.0, 50.0] and fast.started_at == [0.0]
+
+
+def test_cancel_while_queued_leaves_the_line_without_calling_the_upstream() -> None:
+    async def go():
+        admission = Admission(max_concurrent=1, queue_size=8)
+        script = Script([[(30.0, EOS)]])
+        running, queued = supervise(script, admission), supervise(script, admission)
+        first = asyncio.ensure_future(collect(running))
+        pending = asyncio.ensure_future(queued.next_event())
+        await asyncio.sleep(5)
+        queued.cancel()
+        assert isinstance(await pending, Finish)  # a waiting reader gets the ABORT ending
+        await first
+        return script, admission
+
+    script, admission = run(go())
+    assert script.started_at == [0.0] and admission.running == 0
+
+
+def test_cancel_mid_stream_cancels_the_upstream_and_frees_the_slot() -> None:
+    async def go():
+        admission = Admission(max_concurrent=1, queue_size=8)
+        script = Script([[*tokens("a"), (float("inf"), EOS)]])
+        stream = supervise(script, admission)
+        assert isinstance(await stream.next_event(), TokenDelta)
+        stream.cancel()
+        await asyncio.sleep(0.1)
+        return script, admission
+
+    script, admission = run(go())
+    assert script.cancelled == 1 and admission.running == 0
+
+
+def test_the_queue_wait_counts_against_the_idle_timeout() -> None:
+    async def go():
+        admission = Admission(max_concurrent=1, queue_size=8)
+        script = Script([[*tokens(*"abcdefg", gap=100.0), (0.0, EOS)]])
+        timing = Timing(idle_timeout_s=300)
+        first, second = supervise(script, admission, timing=timing), \
+            supervise(script, admission, timing=timing)
+        return await asyncio.gather(collect(first), collect(second))
+
+    first, second = run(go())
+    assert isinstance(first[-1][1], Finish)
+    t, last = second[-1]
+    assert isinstance(last, Failure) and last.code == "idle_timeout" and t == 300.0
+    assert "capacity" in last.message
+
+
+def test_the_gateway_refuses_past_capacity_plus_queue() -> None:
+    admission = Admission(max_concurrent=2, queue_size=3)
+    tickets = [admission.reserve(0.0) for _ in range(5)]
+    assert all(tickets) and admission.reserve(0.0) is None
+    tickets[0].release()
+    assert admission.reserve(0.0) is not None
+
+
+def test_abort_ends_a_running_stream_with_the_given_failure() -> None:
+    async def go():
+        script = Script([[*tokens("a"), (float("inf"), EOS)]])
+        stream = supervise(script)
+        await stream.next_event()
+        stream.abort(fail(FailureClass.CAPACITY, 503, code="server_shutting_down"))
+        return await stream.next_event(), script
+
+    last, script = run(go())
+    assert isinstance(last, Failure) and last.code == "server_shutting_down"
+    assert script.cancelled == 1
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_jitter_never_lets_an_attempt_start_past_the_budget(seed: int) -> None:
+    async def go():
+        script = Script([[(0.0, fail(FailureClass.CONNECTION, 502))]])
+        await collect(supervise(script, seed=seed))
+        return script
+
+    assert run(go()).started_at[-1] < 120.0
