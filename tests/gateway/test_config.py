@@ -58,7 +58,8 @@ BAD_FILES = [
     ("server typo", "[server]\nprot = 1\n" + _UP,
      "{f}: [server]: unknown key 'prot'; expected one of host, port, coalesce_ms, queue_size, "
      "max_body_bytes, legacy_finish_reason, public_url, default_model, probe, "
-     "health_interval_s"),
+     "health_interval_s, api_keys_env, allowed_origins, max_concurrent, idle_timeout_s, "
+     "request_cap_s, heartbeat_s, retries"),
     ("server type", "[server]\nport = \"80\"\n" + _UP,
      "{f}: [server]: port must be an integer, got '80'"),
     ("bool is not int", "[server]\nport = true\n" + _UP,
@@ -326,3 +327,37 @@ def test_secrets_never_appear_in_errors_or_reprs(tmp_path) -> None:
             texts += [repr(adapter), str(vars(adapter).get("config", ""))]
             asyncio.run(adapter.aclose())
     assert texts and not [t for t in texts if SECRET in t]
+
+
+# -- capacity, time and retries: flag > [server] > default ------------------------------------
+
+
+def _serve_args(*argv: str):
+    import argparse
+
+    from tokenwire.cli import serve as serve_cmd
+
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+def test_capacity_and_time_settings_come_from_flags_over_the_file() -> None:
+    from tokenwire.cli.serve import settings_from_args
+    from tokenwire.gateway.settings import ServerSettings
+
+    default = settings_from_args(_serve_args(), env={})
+    assert (default.max_concurrent, default.queue_size, default.idle_timeout_s,
+            default.retries) == (4, 32, 600.0, True)
+    server = {"max_concurrent": 8, "queue_size": 64, "idle_timeout_s": 120, "retries": False}
+    from_file = settings_from_args(_serve_args(), server, env={})
+    assert (from_file.max_concurrent, from_file.queue_size, from_file.idle_timeout_s,
+            from_file.retries) == (8, 64, 120, False)
+    flags = settings_from_args(_serve_args("--max-concurrent", "2", "--queue-size", "0",
+                                           "--idle-timeout", "30"), server, env={})
+    assert (flags.max_concurrent, flags.queue_size, flags.idle_timeout_s) == (2, 0, 30.0)
+    assert settings_from_args(_serve_args("--no-retries"), env={}).retries is False
+    with pytest.raises(ConfigError, match="max_concurrent"):
+        ServerSettings(max_concurrent=0)
+    with pytest.raises(ConfigError, match="idle_timeout_s"):
+        ServerSettings(idle_timeout_s=0)

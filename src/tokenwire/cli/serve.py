@@ -8,6 +8,11 @@ the models it lists; ``--config FILE`` (or ``TOKENWIRE_CONFIG``) reads a TOML fi
 upstreams (:mod:`tokenwire.gateway.config`). Server flags override the file's
 ``[server]``. Version and safety-policy switches default to the ``CODEC_*`` environment
 (codec-spec §5.2); flags override it.
+
+Client auth: keys come from ``TOKENWIRE_API_KEYS`` (or the variable ``--api-keys-env`` /
+``[server] api_keys_env`` names). Without any, loopback clients need no key and remote
+ones are refused, and the banner says so; with keys every client needs one unless
+``--allow-unauthenticated-localhost`` is given.
 """
 
 from __future__ import annotations
@@ -22,11 +27,14 @@ from tokenwire.codec.compression import DEFAULT_WINDOW_S
 from tokenwire.codec.versioning import VersionPolicy, VersionPolicyMode
 from tokenwire.errors import ConfigError
 
-__all__ = ["gateway_config_from_args", "register", "settings_from_args"]
+__all__ = ["auth_banner", "gateway_config_from_args", "register", "settings_from_args"]
 
 #: Defaults of the flags a config file's [server] may also set (flag > file > default).
 _SERVER_DEFAULTS = {"host": "127.0.0.1", "port": 8080, "coalesce_ms": DEFAULT_WINDOW_S * 1000,
-                    "queue_size": 16, "legacy_finish_reason": False, "public_url": ""}
+                    "legacy_finish_reason": False, "public_url": ""}
+#: [server] keys passed to ServerSettings as they are when given (flag > file > its default).
+_CAPACITY_KEYS = ("max_concurrent", "queue_size", "idle_timeout_s", "request_cap_s",
+                  "heartbeat_s", "retries")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,14 +68,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--version-policy", choices=[m.value for m in VersionPolicyMode],
                    help="off, advisory or strict (env CODEC_VERSION_POLICY)")
     p.add_argument("--deployment-id", help="deployment_id in 426 bodies (env CODEC_DEPLOYMENT_ID)")
-    p.add_argument("--queue-size", type=int,
-                   help="requests that may wait for the model (default 16); more get 503")
+    p.add_argument("--max-concurrent", type=int, metavar="N",
+                   help="upstream requests running at once (default 4; each upstream also "
+                        "has its own limit, the embedded engine 1)")
+    p.add_argument("--queue-size", type=int, metavar="N",
+                   help="requests that may wait in line for one (default 32); more get 429 "
+                        "with Retry-After: 1 before their body is read")
+    p.add_argument("--idle-timeout", type=float, metavar="SECONDS", dest="idle_timeout_s",
+                   help="longest silence (upload, queue wait, between upstream events) before "
+                        "a request fails (default 600)")
+    p.add_argument("--no-retries", action="store_false", dest="retries", default=None,
+                   help="send upstream failures to clients as they come (no retry budgets)")
+    p.add_argument("--request-log", choices=("json", "off"), default="json",
+                   help="one JSON line per request on stderr (default json)")
     p.add_argument("--legacy-finish-reason", action="store_true", default=None,
                    help="write finish_reason 'stop' like the engine forks (codec-spec §5.7)")
     p.add_argument("--model", type=Path, help="a GGUF file (default: the bundled SmolLM2)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window (default 4096)")
     p.add_argument("--threads", type=int, help="llama.cpp threads (default: half the cores)")
     p.add_argument("--public-url", help="public origin for published URLs")
+    p.add_argument("--api-keys-env", metavar="VAR",
+                   help="environment variable holding the client API keys, comma-separated "
+                        "(default TOKENWIRE_API_KEYS)")
+    p.add_argument("--allow-origin", action="append", default=None, metavar="ORIGIN",
+                   help="a browser origin allowed to call, e.g. https://app.example "
+                        "(repeatable); requests with any other Origin get 403")
+    p.add_argument("--allow-unauthenticated-localhost", action="store_true",
+                   help="with API keys configured, still let loopback clients in without one")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     p.set_defaults(func=_run)
 
@@ -109,8 +136,10 @@ def _server_value(args: argparse.Namespace, file_server: dict, key: str):
     return file_server.get(key, _SERVER_DEFAULTS.get(key))
 
 
-def settings_from_args(args: argparse.Namespace, file_server: dict | None = None):
+def settings_from_args(args: argparse.Namespace, file_server: dict | None = None,
+                       env: dict[str, str] | None = None):
     """ServerSettings from flags over the config file's [server] (lazy import)."""
+    from tokenwire.gateway.config import auth_from_sources
     from tokenwire.gateway.settings import (
         DEFAULT_MAX_BODY_BYTES,
         ServerSettings,
@@ -120,15 +149,28 @@ def settings_from_args(args: argparse.Namespace, file_server: dict | None = None
     file_server = file_server or {}
     dicts = dict(load_zstd_dict_arg(a) for a in args.zstd_dict)
     value = functools.partial(_server_value, args, file_server)
+    keys, auth = auth_from_sources(
+        keys_env_flag=args.api_keys_env, file_server=file_server,
+        allow_unauthenticated_localhost=args.allow_unauthenticated_localhost,
+        env=os.environ if env is None else env)
+    origins = args.allow_origin if args.allow_origin is not None \
+        else file_server.get("allowed_origins", [])
     return ServerSettings(
         host=value("host"), port=value("port"), window_s=value("coalesce_ms") / 1000.0,
         zstd_dicts=dicts, version_policy=_version_policy(args),
-        banned_ids=_banned(args.banned_ids), queue_size=value("queue_size"),
+        banned_ids=_banned(args.banned_ids),
         max_body_bytes=file_server.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
         legacy_finish_reason=value("legacy_finish_reason"),
         model_path=args.model, n_ctx=args.n_ctx, n_threads=args.threads,
         public_base_url=value("public_url"),
+        api_keys=keys, allowed_origins=tuple(origins), auth=auth,
+        **{k: v for k in _CAPACITY_KEYS if (v := _flag_or_file(args, file_server, k)) is not None},
     )
+
+
+def _flag_or_file(args: argparse.Namespace, file_server: dict, key: str):
+    flag = getattr(args, key, None)
+    return flag if flag is not None else file_server.get(key)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -138,6 +180,7 @@ def _run(args: argparse.Namespace) -> int:
     from tokenwire.gateway.server import build_embedded_state, run
 
     settings = settings_from_args(args)
+    _request_log(args)
     print("loading the model...", file=sys.stderr, flush=True)
     plan = build_embedded_state(settings)
     state = plan.state
@@ -149,6 +192,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _request_log(args: argparse.Namespace) -> None:
+    if args.request_log == "json":
+        from tokenwire.gateway.observability import configure_request_logging
+
+        configure_request_logging(sys.stderr)
+
+
 def _print_common(settings, state) -> None:
     for fmt, zdict in sorted(settings.zstd_dicts.items()):
         print(f"  zstd dictionary for {fmt}: {zdict.hash}")
@@ -156,13 +206,32 @@ def _print_common(settings, state) -> None:
         mode = "required" if settings.version_policy.safety_policy_required else "enabled"
         print(f"  safety policy: {state.descriptor.id} ({mode}, "
               f"{len(settings.banned_ids)} banned ids)")
-    print(f"  coalescing window: {settings.window_s * 1000:g} ms", flush=True)
+    print(f"  coalescing window: {settings.window_s * 1000:g} ms")
+    retries = "on" if settings.retries else "off"
+    print(f"  capacity: {settings.max_concurrent} running, {settings.queue_size} queued; "
+          f"idle timeout {settings.idle_timeout_s:g} s; retries {retries}")
+    print(f"  {auth_banner(settings)}", flush=True)
+
+
+def auth_banner(settings) -> str:
+    """One line saying who may call; loud when nothing but loopback stands in the way."""
+    origins = ", ".join(settings.allowed_origins) or "none (any Origin header gets 403)"
+    if not settings.api_keys:
+        who = ("auth: loopback clients need no key; remote clients are refused: no API key "
+               "configured (set TOKENWIRE_API_KEYS)")
+    elif settings.auth == "localhost-open":
+        who = (f"auth: {len(settings.api_keys)} API key(s); loopback clients need no key "
+               "(--allow-unauthenticated-localhost)")
+    else:
+        who = f"auth: {len(settings.api_keys)} API key(s) required from every client"
+    return f"{who}\n  allowed origins: {origins}"
 
 
 def _run_upstreams(args: argparse.Namespace, cfg) -> int:
     from tokenwire.gateway.server import run_gateway
 
     settings = settings_from_args(args, dict(cfg.server))
+    _request_log(args)
 
     def banner(gw, server) -> None:
         print(f"tokenwire serve: listening on http://{settings.host}:{settings.port}", flush=True)

@@ -1,13 +1,17 @@
 """The gateway's configuration: one TOML file, environment variables, flags (issue 4 item 3).
 
 Sources, strongest first: command-line flags, then the environment (``TOKENWIRE_CONFIG`` =
-a file, ``TOKENWIRE_UPSTREAM`` = comma-separated upstream URLs), then the file. With none
-of them, ``tokenwire serve`` serves the embedded engine as before (:func:`resolve` returns
-``None``). The file::
+a file, ``TOKENWIRE_UPSTREAM`` = comma-separated upstream URLs, ``TOKENWIRE_API_KEYS`` =
+comma-separated client API keys), then the file. With none of them, ``tokenwire serve``
+serves the embedded engine as before (:func:`resolve` returns ``None``). The file::
 
     [server]
-    host = "127.0.0.1"          # port, coalesce_ms, queue_size, max_body_bytes,
+    host = "127.0.0.1"          # port, coalesce_ms, max_body_bytes, max_concurrent,
+                                # queue_size, idle_timeout_s, request_cap_s, heartbeat_s,
+                                # retries, api_keys_env, allowed_origins,
     default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s
+    api_keys_env = "GW_KEYS"    # the variable holding the client keys (comma-separated)
+    allowed_origins = ["https://app.example"]   # browser origins allowed to call
 
     [[upstreams]]
     name = "local-vllm"
@@ -33,7 +37,9 @@ Everything that can be checked without the network is checked here, at start-up,
 (a typo must not silently fall back to a default), wrong types, unknown kinds, bad URLs,
 duplicate names, a missing key variable, unknown maps. Reachability and model lists are
 checked by :func:`tokenwire.gateway.server.build_gateway` with the adapters' ``probe()``.
-API keys are never read into this module's values: only the variable's name is kept.
+API keys are never read into this module's values: only the variable's name is kept. The
+gateway's own client keys are read once, by :func:`auth_from_sources`, straight into
+``ServerSettings.api_keys`` (kept out of its repr).
 """
 
 from __future__ import annotations
@@ -51,20 +57,25 @@ from tokenwire.errors import ConfigError, MapError
 from tokenwire.gateway.upstreams.base import UPSTREAM_KINDS, ModelRoute, UpstreamConfig
 
 __all__ = [
+    "ENV_API_KEYS",
     "ENV_CONFIG",
     "ENV_UPSTREAM",
     "SERVER_KEYS",
     "GatewayConfig",
+    "auth_from_sources",
     "config_from_urls",
     "load_config_file",
     "load_map",
     "map_for_model",
     "parse_config",
+    "read_api_keys",
     "resolve",
 ]
 
 ENV_CONFIG = "TOKENWIRE_CONFIG"
 ENV_UPSTREAM = "TOKENWIRE_UPSTREAM"
+#: Comma-separated API keys clients must present (when no ``api_keys_env`` names another).
+ENV_API_KEYS = "TOKENWIRE_API_KEYS"
 
 _NUM = (int, float)
 #: [server] keys and their types; values feed ``ServerSettings`` (flags override them).
@@ -72,6 +83,9 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "host": (str,), "port": (int,), "coalesce_ms": _NUM, "queue_size": (int,),
     "max_body_bytes": (int,), "legacy_finish_reason": (bool,), "public_url": (str,),
     "default_model": (str,), "probe": (bool,), "health_interval_s": _NUM,
+    "api_keys_env": (str,), "allowed_origins": (list,),
+    "max_concurrent": (int,), "idle_timeout_s": _NUM, "request_cap_s": _NUM,
+    "heartbeat_s": _NUM, "retries": (bool,),
 }
 _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),
@@ -106,7 +120,7 @@ class GatewayConfig:
 
 def _type_name(types: tuple[type, ...]) -> str:
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-             dict: "a table", list: "an array of tables"}
+             dict: "a table", list: "an array"}
     return " or ".join(dict.fromkeys(names[t] for t in types))
 
 
@@ -229,6 +243,7 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     _check_keys(doc, _TOP_KEYS, source)
     server = dict(doc.get("server", {}))
     _check_keys(server, SERVER_KEYS, f"{source}: [server]")
+    _check_server_auth(server, env, f"{source}: [server]")
     ups = doc.get("upstreams", [])
     if not ups:
         raise ConfigError(f"{source}: no [[upstreams]]; declare at least one")
@@ -247,6 +262,59 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
                           "model; configured: " + ", ".join(names))
     return GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
                          no_probe=frozenset(no_probe), source=source)
+
+
+def _check_server_auth(server: Mapping[str, Any], env: Mapping[str, str], where: str) -> None:
+    from tokenwire.gateway.settings import check_origin
+
+    origins = server.get("allowed_origins", [])
+    if not all(isinstance(o, str) for o in origins):
+        raise ConfigError(f"{where}: allowed_origins must be an array of strings")
+    for origin in origins:
+        try:
+            check_origin(origin)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+    var = server.get("api_keys_env")
+    if var is not None:
+        read_api_keys(var, env, where=f"{where} api_keys_env")
+
+
+def read_api_keys(var: str, env: Mapping[str, str], *, where: str) -> tuple[str, ...]:
+    """The comma-separated keys in ``env[var]``. Errors name the variable, never a value."""
+    from tokenwire.gateway.settings import check_api_key
+
+    if not var or var not in env:
+        raise ConfigError(f"{where}: {var or 'the API key variable'} is not set")
+    keys = tuple(k.strip() for k in env[var].split(",") if k.strip())
+    if not keys:
+        # Set but empty is a mistake (an unexported secret), not a wish to run open.
+        raise ConfigError(f"{where}: {var} is set but holds no API key")
+    for i, key in enumerate(keys):
+        check_api_key(key, f"{where}: {var} key #{i + 1}")
+    return keys
+
+
+def auth_from_sources(
+    *, keys_env_flag: str | None, file_server: Mapping[str, Any],
+    allow_unauthenticated_localhost: bool, env: Mapping[str, str],
+) -> tuple[tuple[str, ...], str]:
+    """``(api_keys, auth)`` from ``--api-keys-env`` > ``[server] api_keys_env`` >
+    ``TOKENWIRE_API_KEYS``. No key at all: ``localhost-open`` (the lead's decision: a bare
+    ``tokenwire serve`` keeps serving local clients, and refuses remote ones). Keys: every
+    client needs one, loopback included, unless the localhost exemption is asked for."""
+    from tokenwire.gateway.settings import AUTH_KEYS, AUTH_LOCALHOST_OPEN
+
+    if keys_env_flag is not None:
+        keys = read_api_keys(keys_env_flag, env, where="--api-keys-env")
+    elif file_server.get("api_keys_env") is not None:
+        keys = read_api_keys(file_server["api_keys_env"], env, where="[server] api_keys_env")
+    elif ENV_API_KEYS in env:
+        keys = read_api_keys(ENV_API_KEYS, env, where="environment")
+    else:
+        keys = ()
+    auth = AUTH_LOCALHOST_OPEN if not keys or allow_unauthenticated_localhost else AUTH_KEYS
+    return keys, auth
 
 
 def _check_unique(upstreams: Sequence[UpstreamConfig], source: str) -> None:

@@ -8,21 +8,31 @@ and a 426 with no body and ``Connection: close`` there. An upgrade is an ASGI
 ``Upgrade`` header (uvicorn hands those to the app when no WebSocket library is installed,
 like the Node request handler the seed describes); the latter on other paths is served as
 an ordinary request. Keys are never logged or echoed.
+
+:func:`harden` builds the served stack from :class:`ServerSettings`:
+``SecurityMiddleware(CrashBarrier(app))``. Refusals come first so they never reach the app,
+its admission counters or an upstream; the barrier turns an unexpected exception into a
+500 with an OpenAI-shaped body (or a cut connection once the response head is out) and a
+log line naming only the exception type (seed privacy rules: no bodies, messages, stacks).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tokenwire.errors import ConfigError
 
-__all__ = ["RESPONSES_PATH", "SecurityMiddleware"]
+if TYPE_CHECKING:
+    from tokenwire.gateway.settings import ServerSettings
+
+__all__ = ["RESPONSES_PATH", "CrashBarrier", "SecurityMiddleware", "harden"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -48,6 +58,7 @@ _BAD_ORIGIN = _error(403, "Cross-origin requests are not allowed.", "permission_
                      "origin_not_allowed")
 _BAD_KEY = _error(401, "Missing or invalid API key.", "authentication_error", "invalid_api_key")
 _NOT_FOUND = _error(404, "No upgrade is served at this path.", _INVALID, "not_found")
+_INTERNAL = _error(500, "The server had an internal error.", "server_error", "internal_error")
 
 
 def _is_loopback(client: Any) -> bool:
@@ -169,3 +180,71 @@ async def _respond(scope: Scope, send: Send, status: int, body: dict[str, Any] |
     else:
         # Without the denial extension, closing before accept makes the server send 403.
         await send({"type": "websocket.close", "code": 1008})
+
+
+class CrashBarrier:
+    """An unexpected exception from ``app`` ends one request, never the process or its log.
+
+    Before the response head: a 500 with an OpenAI-shaped JSON body. After it: nothing more
+    can be said in HTTP, so the barrier returns and the server closes the connection (the
+    client sees a truncated body, not a well-formed success). Either way one log line names
+    the exception type and the path; uvicorn's own "Exception in ASGI application" line,
+    which carries the stack and message, is never reached.
+
+    Starlette's ``ServerErrorMiddleware`` answers first (its 500 handler, which
+    :func:`harden` sets to the same JSON body) and then re-raises; the barrier sees that
+    the head went out and only logs, so a request never gets two responses.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:  # BaseException (cancellation, exit) still propagates
+            _log.error("internal error type=%s path=%r response_started=%s",
+                       type(exc).__name__, str(scope.get("path", ""))[:MAX_LOGGED_PATH],
+                       started)
+            if not started:
+                with contextlib.suppress(Exception):  # the peer left: nothing more to tell
+                    await _respond(scope, send, *_INTERNAL)
+
+
+async def _internal_error_response(request: Any, exc: Exception) -> Any:
+    """Starlette's 500 handler: the barrier's body, so both paths answer alike."""
+    from starlette.responses import Response
+
+    status, body = _INTERNAL
+    return Response(json.dumps(body).encode(), status_code=status,
+                    media_type="application/json")
+
+
+def harden(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
+    """The app as ``tokenwire serve`` serves it: checks outermost, then the crash barrier.
+
+    Only the serving entry points call this (``create_app`` stays unwrapped so tests and
+    embedders can mount the bare routes). ``settings.auth`` ``"localhost-open"`` lets
+    loopback peers in without a key; with no key configured, remote peers are all refused.
+    """
+    from starlette.applications import Starlette
+
+    handlers = getattr(app, "exception_handlers", {})
+    if isinstance(app, Starlette) and Exception not in handlers and 500 not in handlers:
+        # Replace Starlette's plain-text 500 (sent before it re-raises) with the JSON one.
+        app.add_exception_handler(Exception, _internal_error_response)
+    return SecurityMiddleware(
+        CrashBarrier(app), bearer_tokens=settings.api_keys,
+        allowed_origins=settings.allowed_origins,
+        allow_unauthenticated_localhost=settings.auth == "localhost-open")

@@ -27,6 +27,7 @@ from tokenwire.gateway.app import GatewayState, create_app
 from tokenwire.gateway.config import GatewayConfig, map_for_model
 from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.router import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor, Router, ServedModel
+from tokenwire.gateway.security import harden
 from tokenwire.gateway.settings import ServerSettings, build_policy
 from tokenwire.gateway.upstreams import adapter_for
 from tokenwire.gateway.upstreams.base import (
@@ -39,6 +40,7 @@ from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
 
 __all__ = [
     "SMOLLM2_MAP_ID",
+    "UVICORN_LIMITS",
     "Gateway",
     "ServingPlan",
     "build_embedded_state",
@@ -49,6 +51,25 @@ __all__ = [
 ]
 
 SMOLLM2_MAP_ID = "huggingfacetb/smollm2"
+
+#: uvicorn settings that bound what a peer controls (issue 6 item 4).
+UVICORN_LIMITS: dict[str, Any] = {
+    # What h11 buffers of an unfinished request head: a peer that never ends its headers
+    # gets a 400 past it. h11's and Node's default; a long JWT bearer (ChatGPT access
+    # tokens run to a few KB) fits several times over. (A head that arrives complete in
+    # one socket read is parsed whole; the read size, 256 KiB, bounds that.)
+    "h11_max_incomplete_event_size": 16 * 1024,
+    # Seconds an idle keep-alive connection may hold a slot. SDKs reuse a connection
+    # within a turn; an idle one is cheap to reopen. uvicorn's default, pinned here.
+    "timeout_keep_alive": 5,
+    # Open connections (and in-flight requests) before uvicorn answers a plain 503 itself.
+    # A last resort far above the gateway's own admission (gateway/admission.py: requests
+    # running plus queue_size, a few dozen by default), which answers first with a JSON
+    # 429 and Retry-After. It counts idle keep-alive connections, refused ones and
+    # non-inference routes too, so it is generous; 512 keeps their file descriptors well
+    # under the common 1024 soft limit, leaving room for upstream pools and logs.
+    "limit_concurrency": 512,
+}
 
 
 @dataclass(frozen=True)
@@ -94,14 +115,18 @@ def build_embedded_state(
 
 
 def run(plan: ServingPlan, *, log_level: str = "info") -> None:
-    """Serve until interrupted (uvicorn), then stop the engine."""
+    """Serve until interrupted (uvicorn), then stop the engine.
+
+    The served app is :func:`~tokenwire.gateway.security.harden` over ``create_app``: auth,
+    Origin and upgrade refusals outermost, so they never reach the engine's queue."""
     import uvicorn
 
     settings = plan.state.settings
     plan.engine.start()
     try:
-        uvicorn.run(create_app(plan.state), host=settings.host, port=settings.port,
-                    log_level=log_level, timeout_graceful_shutdown=5)
+        uvicorn.run(harden(create_app(plan.state), settings), host=settings.host,
+                    port=settings.port, log_level=log_level, timeout_graceful_shutdown=5,
+                    **UVICORN_LIMITS)
     finally:
         plan.engine.close()
 
@@ -252,9 +277,9 @@ async def serve_gateway(
 
     gw = await build_gateway(cfg, settings)
     try:
-        config = uvicorn.Config(create_app(gw.state), host=settings.host, port=settings.port,
-                                log_level=log_level, timeout_graceful_shutdown=5,
-                                lifespan="off")
+        config = uvicorn.Config(harden(create_app(gw.state), settings), host=settings.host,
+                                port=settings.port, log_level=log_level,
+                                timeout_graceful_shutdown=5, lifespan="off", **UVICORN_LIMITS)
         server = uvicorn.Server(config)
         if on_ready is not None:
             on_ready(gw, server)

@@ -1,0 +1,472 @@
+"""The served stack of ``tokenwire serve`` (issue 6 item 4): auth, Origin, upgrade, limits.
+
+The app under test is what :func:`~tokenwire.gateway.server.serve_gateway` serves (its
+``build_gateway`` replaced by one returning a scripted upstream), on a real uvicorn on a
+free loopback port, so the wrapping, the uvicorn limits and the socket behaviour are the
+production ones. Settings tables cover the three sources: the config file, the
+environment and the flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from tokenwire.cli import serve as serve_cmd
+from tokenwire.codec.requests import CodecRequest, encode_request
+from tokenwire.errors import ConfigError
+from tokenwire.gateway import server as server_mod
+from tokenwire.gateway.app import GatewayState, create_app
+from tokenwire.gateway.config import parse_config
+from tokenwire.gateway.ir import (
+    Finish,
+    FinishKind,
+    IdsSource,
+    TokenDelta,
+    Usage,
+)
+from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.security import CrashBarrier, SecurityMiddleware
+from tokenwire.gateway.settings import ServerSettings
+
+from .conftest import ScriptedUpstream
+
+KEY = "tw-hardening-key-0123456789"
+KEY2 = "tw-second-key-abcdef"
+ORIGIN = "https://app.example"
+SIMPLE = [(0.0, TokenDelta(ids=(10,), text="a")), (0.0, TokenDelta(ids=(11,), text="b")),
+          (0.0, Usage(prompt_tokens=1, completion_tokens=2)),
+          (0.0, Finish(reason=FinishKind.EOS))]
+SECRET_DETAIL = "secret-detail-in-the-exception-message"
+
+
+class Scripted(ScriptedUpstream):
+    """Hashable by identity: admission keys its per-upstream limits by the upstream object."""
+
+    __hash__ = object.__hash__
+
+
+async def crashing_route(request: Any) -> Any:
+    """A route with a bug: it raises something no exception handler expects."""
+    raise RuntimeError(SECRET_DETAIL)
+
+
+def _create_app_with_a_crashing_route(state: GatewayState) -> Any:
+    from starlette.routing import Route
+
+    app = create_app(state)
+    app.router.routes.append(Route("/test/crash", crashing_route, methods=["POST"]))
+    return app
+
+
+@dataclass
+class Stack:
+    url: str
+    port: int
+    upstream: ScriptedUpstream
+    state: GatewayState
+
+
+def _state(settings: ServerSettings, smollm2_map: Any, upstream: ScriptedUpstream
+           ) -> GatewayState:
+    router = Router([
+        ServedModel(name="scripted", upstream=upstream, tmap=smollm2_map, max_model_len=1024,
+                    ids_source=IdsSource.ENGINE, upstream_name="scripted"),
+    ], default="scripted")
+    return GatewayState(settings=settings, router=router)
+
+
+@pytest.fixture(scope="module")
+def stacks(smollm2_map) -> Iterator[Callable[..., Stack]]:
+    """``stacks(**settings) -> Stack``: ``serve_gateway`` over a scripted upstream."""
+    running: list[tuple[Any, threading.Thread]] = []
+    patch = pytest.MonkeyPatch()
+
+    def factory(**kw: Any) -> Stack:
+        settings = ServerSettings(**kw)
+        upstream = Scripted(SIMPLE)
+        state = _state(settings, smollm2_map, upstream)
+
+        async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
+            return server_mod.Gateway(state=state, adapters=(), probes=())
+
+        patch.setattr(server_mod, "build_gateway", fake_build)
+        patch.setattr(server_mod, "create_app", _create_app_with_a_crashing_route)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        ready: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: asyncio.run(server_mod.serve_gateway(
+            None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
+            on_ready=lambda gw, srv: ready.update(server=srv))), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not (ready.get("server") and ready["server"].started):
+            assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
+            time.sleep(0.02)
+        running.append((ready["server"], thread))
+        port = sock.getsockname()[1]
+        return Stack(f"http://127.0.0.1:{port}", port, upstream, state)
+
+    yield factory
+    patch.undo()
+    for srv, thread in running:
+        srv.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def keyed(stacks) -> Stack:
+    return stacks(api_keys=(KEY, KEY2), allowed_origins=(ORIGIN,), auth="keys")
+
+
+def _codec_body() -> bytes:
+    return encode_request(CodecRequest(prompt_ids=(1, 2, 3), max_tokens=4,
+                                       stream_format="msgpack"), "msgpack")
+
+
+USER = [{"role": "user", "content": "Hi"}]
+# path -> (content, content-type) of a request the scripted upstream serves.
+APIS: dict[str, tuple[bytes, str]] = {
+    "/v1/chat/completions": (json.dumps({"model": "scripted", "messages": USER}).encode(),
+                             "application/json"),
+    "/v1/completions": (json.dumps({"model": "scripted", "prompt": "x"}).encode(),
+                        "application/json"),
+    "/v1/responses": (json.dumps({"model": "scripted", "input": "Hi"}).encode(),
+                      "application/json"),
+    "/v1/messages": (json.dumps({"model": "scripted", "max_tokens": 5,
+                                 "messages": USER}).encode(), "application/json"),
+    "/v1/completions/codec": (_codec_body(), "application/x-msgpack"),
+}
+
+
+def _post(stack: Stack, path: str, **headers: str) -> httpx.Response:
+    content, ctype = APIS[path]
+    return httpx.post(stack.url + path, content=content, timeout=10,
+                      headers={"content-type": ctype, **headers})
+
+
+def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    return resp.json()["error"]
+
+
+# -- auth and Origin on every POST API ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", list(APIS))
+def test_every_api_refuses_a_missing_or_wrong_key_before_the_upstream(keyed, path) -> None:
+    before = len(keyed.upstream.requests)
+    assert _error(_post(keyed, path), 401)["code"] == "invalid_api_key"
+    assert _error(_post(keyed, path, authorization="Bearer nope"), 401)
+    assert _error(_post(keyed, path, **{"x-api-key": KEY[:-1]}), 401)
+    assert len(keyed.upstream.requests) == before  # refusals never reach the upstream
+
+
+@pytest.mark.parametrize("path", list(APIS))
+def test_every_api_serves_a_bearer(keyed, path) -> None:
+    resp = _post(keyed, path, authorization=f"Bearer {KEY2}")
+    assert resp.status_code == 200, resp.text
+
+
+def test_messages_serves_x_api_key_like_anthropic_clients_send(keyed) -> None:
+    resp = _post(keyed, "/v1/messages", **{"x-api-key": KEY, "anthropic-version": "2023-06-01"})
+    assert resp.status_code == 200 and resp.json()["type"] == "message"
+
+
+@pytest.mark.parametrize("path", list(APIS))
+def test_a_foreign_origin_is_403_even_with_a_key_and_an_allowed_one_is_served(keyed,
+                                                                            path) -> None:
+    before = len(keyed.upstream.requests)
+    err = _error(_post(keyed, path, authorization=f"Bearer {KEY}",
+                       origin="https://evil.example"), 403)
+    assert err["code"] == "origin_not_allowed"
+    assert _error(_post(keyed, path, origin="https://evil.example"), 403)  # before the 401
+    assert len(keyed.upstream.requests) == before
+    assert _post(keyed, path, authorization=f"Bearer {KEY}", origin=ORIGIN).status_code == 200
+
+
+def test_keys_mode_refuses_loopback_without_a_key(keyed) -> None:
+    assert httpx.get(keyed.url + "/v1/models").status_code == 401
+    assert httpx.get(keyed.url + "/v1/models",
+                     headers={"authorization": f"bearer {KEY}"}).status_code == 200
+
+
+def test_localhost_open_serves_a_loopback_client_without_a_key(stacks) -> None:
+    open_stack = stacks()  # ServerSettings' default: what a bare `tokenwire serve` runs
+    for path in APIS:
+        assert _post(open_stack, path).status_code == 200, path
+    assert _error(_post(open_stack, "/v1/completions", origin="https://evil.example"), 403)
+
+
+# -- raw sockets: the request target, the upgrade refusal --------------------------------------
+
+
+def _raw(port: int, head: bytes) -> bytes:
+    """Send a request head; read until the server closes (a 2 s timeout fails the test)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+        conn.sendall(head)
+        data = b""
+        try:
+            while chunk := conn.recv(4096):
+                data += chunk
+        except TimeoutError:
+            pytest.fail(f"the server kept the socket open past 2 s; got {data!r}")
+    return data
+
+
+def test_an_unparsable_request_target_is_400(keyed) -> None:
+    data = _raw(keyed.port, b"GET http://[ HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert data.startswith(b"HTTP/1.1 400 ")
+
+
+def test_a_websocket_upgrade_to_responses_is_426_with_no_body_and_a_closed_socket(keyed) -> None:
+    head = (f"GET /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n").encode()
+    before = len(keyed.upstream.requests)
+    data = _raw(keyed.port, head)  # returns only once the server closed its side
+    assert data.startswith(b"HTTP/1.1 426 ")
+    head_part, _, body = data.partition(b"\r\n\r\n")
+    assert body == b"" and b"connection: close" in head_part.lower()
+    assert len(keyed.upstream.requests) == before  # nothing reached the upstream
+
+
+def test_a_header_block_that_never_ends_is_refused_past_the_limit(keyed) -> None:
+    # h11 bounds what it buffers of an unfinished head: a peer cannot grow it forever.
+    limit = server_mod.UVICORN_LIMITS["h11_max_incomplete_event_size"]
+    head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: {'a' * (limit + 10)}".encode()
+    assert _raw(keyed.port, head).startswith(b"HTTP/1.1 400 ")
+
+
+# -- body limits and crashes -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", list(APIS))
+def test_an_oversized_body_is_413_with_a_json_error_on_every_api(stacks, path) -> None:
+    small = stacks(api_keys=(KEY,), auth="keys", max_body_bytes=64)
+    _, ctype = APIS[path]
+    resp = httpx.post(small.url + path, content=b"x" * 65, timeout=10,
+                      headers={"content-type": ctype, "authorization": f"Bearer {KEY}"})
+    assert resp.status_code == 413, resp.text
+    assert resp.headers["content-type"].startswith("application/json")
+    assert resp.json()["error"]
+    chunked = httpx.post(small.url + path, content=iter([b"x" * 40, b"x" * 40]), timeout=10,
+                         headers={"content-type": ctype, "authorization": f"Bearer {KEY}"})
+    assert chunked.status_code == 413  # no Content-Length: counted while reading
+
+
+def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving(keyed,
+                                                                             caplog) -> None:
+    caplog.set_level(logging.DEBUG)
+    auth = {"authorization": f"Bearer {KEY}"}
+    resp = httpx.post(keyed.url + "/test/crash", json={}, headers=auth, timeout=10)
+    err = _error(resp, 500)
+    assert set(err) == {"message", "type", "code"} and SECRET_DETAIL not in resp.text
+    assert _post(keyed, "/v1/completions", **auth).status_code == 200  # still serving
+    assert "RuntimeError" in caplog.text
+    assert SECRET_DETAIL not in caplog.text and "Traceback" not in caplog.text
+
+
+# -- the crash barrier alone (ASGI level) ------------------------------------------------------
+
+
+def _run_barrier(app: Any) -> tuple[list[dict[str, Any]], BaseException | None]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b""}
+
+    scope = {"type": "http", "path": "/v1/x", "headers": []}
+    try:
+        asyncio.run(CrashBarrier(app)(scope, receive, send))
+    except BaseException as exc:  # the test reports what escaped
+        return sent, exc
+    return sent, None
+
+
+def test_barrier_before_the_head_answers_500_json(caplog) -> None:
+    async def app(scope, receive, send) -> None:
+        raise KeyError(SECRET_DETAIL)
+
+    caplog.set_level(logging.DEBUG)
+    sent, escaped = _run_barrier(app)
+    assert escaped is None
+    assert sent[0]["status"] == 500
+    assert json.loads(sent[1]["body"])["error"]["type"] == "server_error"
+    assert "KeyError" in caplog.text and SECRET_DETAIL not in caplog.text
+
+
+def test_barrier_after_the_head_sends_nothing_more_so_the_server_cuts_the_connection() -> None:
+    async def app(scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"part", "more_body": True})
+        raise ValueError(SECRET_DETAIL)
+
+    sent, escaped = _run_barrier(app)
+    assert escaped is None
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+
+
+def test_barrier_lets_cancellation_through() -> None:
+    async def app(scope, receive, send) -> None:
+        raise asyncio.CancelledError
+
+    _, escaped = _run_barrier(app)
+    assert isinstance(escaped, asyncio.CancelledError)
+
+
+def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypatch,
+                                                                       smollm2_map) -> None:
+    import uvicorn
+
+    calls: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+
+    class Engine:
+        def start(self) -> None:
+            calls["started"] = True
+
+        def close(self) -> None:
+            calls["closed"] = True
+
+    settings = ServerSettings(api_keys=(KEY,), auth="keys")
+    state = GatewayState(settings=settings, upstream=Scripted(SIMPLE), tmap=smollm2_map,
+                         max_model_len=1024)
+    server_mod.run(server_mod.ServingPlan(state=state, engine=Engine(),  # type: ignore[arg-type]
+                                          bundled_map=smollm2_map))
+    assert isinstance(calls["app"], SecurityMiddleware)
+    assert isinstance(calls["app"].app, CrashBarrier)
+    for name, value in server_mod.UVICORN_LIMITS.items():
+        assert calls[name] == value
+    assert calls["started"] and calls["closed"]
+
+
+def test_create_app_alone_stays_unwrapped(smollm2_map) -> None:
+    state = GatewayState(settings=ServerSettings(), upstream=Scripted(SIMPLE),
+                         tmap=smollm2_map, max_model_len=1024)
+    assert not isinstance(create_app(state), SecurityMiddleware)
+
+
+# -- settings from the file, the environment and the flags -------------------------------------
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+_UP = {"name": "u", "kind": "openai", "base_url": "http://h:1/v1"}
+
+
+def _settings(argv: list[str], env: dict[str, str], server: dict[str, Any] | None = None
+              ) -> ServerSettings:
+    file_server: dict[str, Any] = {}
+    if server is not None:
+        file_server = dict(parse_config({"server": server, "upstreams": [_UP]},
+                                        source="t.toml", env=env).server)
+    return serve_cmd.settings_from_args(_args(*argv), file_server, env=env)
+
+
+# argv, env, [server], -> (keys, auth, origins)
+GOOD_SOURCES = [
+    ([], {}, None, ((), "localhost-open", ())),
+    ([], {"TOKENWIRE_API_KEYS": f"{KEY}, {KEY2} ,"}, None, ((KEY, KEY2), "keys", ())),
+    (["--allow-unauthenticated-localhost"], {"TOKENWIRE_API_KEYS": KEY}, None,
+     ((KEY,), "localhost-open", ())),
+    (["--api-keys-env", "GW"], {"GW": KEY, "TOKENWIRE_API_KEYS": KEY2}, None,
+     ((KEY,), "keys", ())),
+    ([], {"FILEKEYS": KEY2, "TOKENWIRE_API_KEYS": KEY}, {"api_keys_env": "FILEKEYS"},
+     ((KEY2,), "keys", ())),
+    (["--api-keys-env", "GW"], {"GW": KEY, "FILEKEYS": KEY2}, {"api_keys_env": "FILEKEYS"},
+     ((KEY,), "keys", ())),  # the flag beats the file
+    ([], {}, {"allowed_origins": [ORIGIN, "http://localhost:3000"]},
+     ((), "localhost-open", (ORIGIN, "http://localhost:3000"))),
+    (["--allow-origin", "https://b.example", "--allow-origin", "http://[::1]:8000"], {},
+     {"allowed_origins": [ORIGIN]},
+     ((), "localhost-open", ("https://b.example", "http://[::1]:8000"))),  # flags replace
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "server", "want"), GOOD_SOURCES)
+def test_auth_settings_from_flags_env_and_file(argv, env, server, want) -> None:
+    s = _settings(argv, env, server)
+    assert (s.api_keys, s.auth, s.allowed_origins) == want
+    assert KEY not in repr(s) and KEY2 not in str(s)
+
+
+# argv, env, [server], words the ConfigError must contain
+BAD_SOURCES = [
+    (["--api-keys-env", "MISSING_VAR"], {}, None, ["MISSING_VAR", "not set"]),
+    ([], {}, {"api_keys_env": "FILE_VAR"}, ["t.toml", "[server]", "FILE_VAR", "not set"]),
+    ([], {"TOKENWIRE_API_KEYS": " , "}, None, ["TOKENWIRE_API_KEYS", "no API key"]),
+    (["--api-keys-env", "GW"], {"GW": "has space"}, None, ["GW", "whitespace"]),
+    (["--allow-origin", "app.example"], {}, None, ["'app.example'", "origin"]),
+    (["--allow-origin", "https://app.example/path"], {}, None, ["origin"]),
+    (["--allow-origin", "*"], {}, None, ["origin"]),
+    (["--allow-origin", "http://["], {}, None, ["origin"]),
+    ([], {}, {"allowed_origins": ["ftp://x"]}, ["t.toml", "[server]", "ftp://x"]),
+    ([], {}, {"allowed_origins": [1]}, ["t.toml", "allowed_origins", "strings"]),
+    ([], {}, {"allowed_origins": "https://a.example"}, ["allowed_origins", "an array"]),
+]
+
+
+@pytest.mark.parametrize(("argv", "env", "server", "words"), BAD_SOURCES)
+def test_bad_auth_settings_are_config_errors_naming_the_source(argv, env, server,
+                                                              words) -> None:
+    with pytest.raises(ConfigError) as info:
+        _settings(argv, env, server)
+    for word in words:
+        assert word in str(info.value)
+    assert "has space" not in str(info.value)  # a key's value is never echoed
+
+
+@pytest.mark.parametrize("kw", [{"auth": "keys"}, {"auth": "open"},
+                                {"api_keys": ("",)}, {"api_keys": ("a\nb",)}])
+def test_server_settings_validate_auth(kw) -> None:
+    with pytest.raises(ConfigError):
+        ServerSettings(**kw)
+
+
+@pytest.mark.parametrize(("kw", "auth"), [
+    ({}, "localhost-open"), ({"api_keys": (KEY,)}, "keys"),
+    ({"api_keys": (KEY,), "auth": "localhost-open"}, "localhost-open"),
+])
+def test_auth_left_empty_follows_the_keys(kw, auth) -> None:
+    assert ServerSettings(**kw).auth == auth  # giving keys never leaves loopback open
+
+
+def test_keys_never_appear_in_repr_str_or_errors() -> None:
+    s = ServerSettings(api_keys=(KEY,), auth="keys")
+    assert KEY not in repr(s) and KEY not in str(s)
+    with pytest.raises(ConfigError) as info:
+        ServerSettings(api_keys=(KEY, KEY + " x"), auth="keys")
+    assert KEY not in str(info.value)
+
+
+@pytest.mark.parametrize(("settings", "line"), [
+    (ServerSettings(), "auth: loopback clients need no key; remote clients are refused: no "
+                       "API key configured (set TOKENWIRE_API_KEYS)"),
+    (ServerSettings(api_keys=(KEY,), auth="keys"), "auth: 1 API key(s) required from every"),
+    (ServerSettings(api_keys=(KEY,), auth="localhost-open"), "loopback clients need no key"),
+])
+def test_the_banner_says_who_may_call(settings, line) -> None:
+    banner = serve_cmd.auth_banner(settings)
+    assert line in banner and KEY not in banner
