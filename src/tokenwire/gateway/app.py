@@ -545,6 +545,7 @@ def create_app(state: GatewayState) -> Starlette:
     from tokenwire.gateway.apis.messages import messages_endpoint  # issue 5 item 5
     from tokenwire.gateway.apis.responses_get import get_response, responses_error_response
     from tokenwire.gateway.apis.responses_route import responses_routes  # issue 5 item 1
+    from tokenwire.gateway.security import internal_error_response
     from tokenwire.gateway.tokenize_routes import detokenize, tokenize
 
     routes: list[BaseRoute] = [
@@ -572,6 +573,9 @@ def create_app(state: GatewayState) -> Starlette:
         ProtocolError: _protocol_error, TokenwireError: _tokenwire_error,
         HTTPException: _http_error,
         ResponsesRequestError: responses_error_response,  # OpenAI shape with param/code
+        # Starlette's ServerErrorMiddleware sends this (instead of its plain-text 500)
+        # before re-raising; the serving stack's CrashBarrier then only logs.
+        Exception: internal_error_response,
     })
     app.state.gateway = state
     return app

@@ -32,7 +32,9 @@ from tokenwire.errors import ConfigError
 if TYPE_CHECKING:
     from tokenwire.gateway.settings import ServerSettings
 
-__all__ = ["RESPONSES_PATH", "CrashBarrier", "SecurityMiddleware", "harden"]
+__all__ = [
+    "RESPONSES_PATH", "CrashBarrier", "SecurityMiddleware", "harden", "internal_error_response",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -222,7 +224,7 @@ class CrashBarrier:
                     await _respond(scope, send, *_INTERNAL)
 
 
-async def _internal_error_response(request: Any, exc: Exception) -> Any:
+async def internal_error_response(request: Any, exc: Exception) -> Any:
     """Starlette's 500 handler: the barrier's body, so both paths answer alike."""
     from starlette.responses import Response
 
@@ -238,12 +240,6 @@ def harden(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
     embedders can mount the bare routes). ``settings.auth`` ``"localhost-open"`` lets
     loopback peers in without a key; with no key configured, remote peers are all refused.
     """
-    from starlette.applications import Starlette
-
-    handlers = getattr(app, "exception_handlers", {})
-    if isinstance(app, Starlette) and Exception not in handlers and 500 not in handlers:
-        # Replace Starlette's plain-text 500 (sent before it re-raises) with the JSON one.
-        app.add_exception_handler(Exception, _internal_error_response)
     return SecurityMiddleware(
         CrashBarrier(app), bearer_tokens=settings.api_keys,
         allowed_origins=settings.allowed_origins,
