@@ -86,3 +86,13 @@ def test_requests_refused_before_the_upstream_are_counted_by_reason(serve) -> No
     assert _value(s, "tokenwire_requests_rejected_total", api="chat_completions",
                   reason="body_too_large") == 1
     assert _value(s, "tokenwire_requests_total") == 0
+
+
+def test_a_whole_body_sent_after_the_terminal_is_counted(serve) -> None:
+    up = serve(ScriptedUpstream(SCRIPT))
+    r = httpx.post(up.url + "/v1/completions", json={"prompt": "x"}, timeout=10,
+                   headers={"accept-encoding": "identity"})
+    assert r.status_code == 200
+    s = _samples(up.url)
+    assert _value(s, "tokenwire_wire_bytes_total", api="completions",
+                  encoding="identity") == len(r.content)

@@ -102,6 +102,20 @@ def _harness() -> Harness:
     return h
 
 
+@pytest.fixture(autouse=True)
+def finished_closes(monkeypatch) -> None:
+    """Most tests here read the record right after ``finished``: in the gateway the exchange
+    ends (``close``) just after, so here ``finished`` closes at once. The deferral itself
+    is tested in ``test_the_last_bytes_after_finished_still_count``."""
+    finished = RequestRecord.finished
+
+    def finished_and_closed(self, **kw) -> None:
+        finished(self, **kw)
+        self.close()
+
+    monkeypatch.setattr(RequestRecord, "finished", finished_and_closed)
+
+
 @pytest.fixture
 def h() -> Harness:
     return _harness()
@@ -635,3 +649,20 @@ def test_the_suggested_metrics_route_serves_a_parsable_scrape() -> None:
     assert resp.headers["content-type"] == METRICS_CONTENT_TYPE
     families = {f.name: f for f in text_string_to_metric_families(resp.text)}
     assert families["tokenwire_requests_queued"].samples[0].value == 2
+
+
+def test_the_last_bytes_after_finished_still_count(h: Harness, monkeypatch) -> None:
+    """The supervisor knows the outcome before the writer sends the terminal (or a whole
+    non-streamed body): bytes until ``close`` count, and the log line waits for it."""
+    monkeypatch.undo()  # the real finished(): record only
+    r = h.request(stream=False)
+    r.finished(outcome="completed", status=200)
+    assert h.lines() == []
+    r.wire_bytes("gzip", 300)
+    r.close()
+    r.close()  # once
+    (line,) = h.records()
+    assert line["wire_bytes"] == 300 and line["outcome"] == "completed"
+    silent = h.request()
+    silent.close()  # never said how it ended: the client went away
+    assert h.records()[-1]["outcome"] == "cancelled"

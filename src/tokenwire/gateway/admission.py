@@ -71,6 +71,9 @@ class Ticket:
     #: Set when the route handed the request to the supervisor (which records it); a
     #: request answered before that was refused (400, 413, ...) and is counted as such.
     supervised: bool = False
+    #: Runs once when the exchange ends (the request's record writes its log line then,
+    #: after the last byte was sent).
+    on_release: Callable[[], None] | None = None
 
     @property
     def running(self) -> bool:
@@ -195,6 +198,8 @@ class Admission:
         self._release_slot(ticket)
         self._in_flight -= 1
         self._grant()
+        if ticket.on_release is not None:
+            ticket.on_release()
 
 
 def limits_of(upstreams: Iterable[object]) -> dict[int, int]:

@@ -166,7 +166,7 @@ class GatewayState:
             api=api, model=served.name, upstream=served.upstream_name or served.name,
             request_id=gen.request_id, stream=streaming)
         ticket = ticket_of(request)
-        ticket.supervised = True
+        ticket.supervised, ticket.on_release = True, record.close
         stream = SupervisedStream(served, gen, ticket,
                                   timing=self.timing(streaming=streaming),
                                   policy=RetryPolicy(enabled=self.settings.retries),

@@ -435,16 +435,20 @@ def _status(status: object) -> int:
 
 
 class RequestRecord:
-    """Everything the gateway learns about one request, until :meth:`finished`.
+    """Everything the gateway learns about one request, until :meth:`close`.
 
     Calls are cheap (the token and byte counters are called per token and per write) and
     never raise. Metrics move as events happen (tokens in small batches), so a scrape during
-    a long stream sees it progress; the log line is written once, at :meth:`finished`.
+    a long stream sees it progress. :meth:`finished` says how the request ended (the
+    supervisor knows); the bytes of the last write, and of a whole non-streamed body, come
+    after that, so the request's metrics and its one log line are written at :meth:`close`,
+    when the HTTP exchange is over.
     """
 
     __slots__ = (
         "_api", "_attempts", "_c_bytes", "_c_heartbeats", "_c_tokens", "_done", "_encoding",
-        "_first_output_s", "_heartbeats", "_model", "_model_l", "_notes", "_obs", "_queue_wait_s",
+        "_first_output_s", "_heartbeats", "_model", "_model_l", "_notes", "_obs", "_outcome",
+        "_queue_wait_s",
         "_request_id", "_retries", "_retry_class", "_retry_code", "_retry_wait_s", "_started",
         "_stream", "_tokens", "_tokens_pending", "_upstream", "_upstream_l", "_usage",
         "_wire_bytes",
@@ -456,6 +460,7 @@ class RequestRecord:
     ) -> None:
         self._obs = obs
         self._done = False
+        self._outcome: tuple[str, int, str | None, str | None] | None = None
         self._started = _safe_clock(obs)
         self._api = _closed(api, APIS)
         # Labels are bounded for series (64/64); log identifiers keep more (128 chars).
@@ -486,7 +491,7 @@ class RequestRecord:
 
     @property
     def done(self) -> bool:
-        """Whether :meth:`finished` has run (later calls are ignored)."""
+        """Whether :meth:`close` has run (later calls are ignored)."""
         return self._done
 
     @_never_raises
@@ -625,9 +630,21 @@ class RequestRecord:
         self, *, outcome: str, status: int, failure_class: str | None = None,
         code: str | None = None,
     ) -> None:
-        """The request ended; the first call wins and writes the one log line.
+        """How the request ended; the first call wins (written out at :meth:`close`)."""
+        if self._outcome is None:
+            self._outcome = (outcome, status, failure_class, code)
 
-        ``outcome`` is ``completed``, ``failed`` or ``cancelled`` (an unknown outcome counts
+    @_never_raises
+    def close(self) -> None:
+        """The exchange is over: count the request and write its one log line (once). A
+        request that never said how it ended was cancelled (the client went away)."""
+        if self._done:
+            return
+        self._emit(*(self._outcome or ("cancelled", 499, None, None)))
+
+    def _emit(self, outcome: str, status: int, failure_class: str | None,
+              code: str | None) -> None:
+        """``outcome`` is ``completed``, ``failed`` or ``cancelled`` (an unknown outcome counts
         as ``failed``: nothing unexplained is reported as a success). A cancelled request
         (the client went away) is logged as ``request_failed`` with failure class
         ``cancelled`` and code ``client_disconnected`` unless a code is given; it counts in
