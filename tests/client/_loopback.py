@@ -26,7 +26,7 @@ _STARTUP_TIMEOUT_S = 20.0
 def serve(app: object, *, certfile: Path | None = None,
           keyfile: Path | None = None) -> Iterator[str]:
     """Run ``app`` on 127.0.0.1:<free port>; yields the origin (``http(s)://127.0.0.1:N``)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

@@ -215,7 +215,7 @@ def serve_gateway(state: GatewayState) -> Gateway:
     if not any(getattr(r, "path", None) == "/v1/responses" for r in app.routes):
         pytest.skip("tokenwire has no POST /v1/responses route yet (apis/responses_route.py)")
     recording = Recording(app)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)

@@ -103,7 +103,7 @@ def stacks(smollm2_map) -> Iterator[Callable[..., Stack]]:
 
         patch.setattr(server_mod, "build_gateway", fake_build)
         patch.setattr(server_mod, "create_app", _create_app_with_a_crashing_route)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)

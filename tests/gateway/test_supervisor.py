@@ -9,6 +9,7 @@ tests assert *loop* time exactly, never wall time. The upstreams here are in-mem
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -103,8 +104,11 @@ async def collect(stream: SupervisedStream) -> list[tuple[float, Event]]:
             return out
 
 
+DEFAULT_TIMING = Timing()
+
+
 def supervise(script: Script, admission: Admission | None = None, *,
-              timing: Timing = Timing(), seed: int = 1) -> SupervisedStream:
+              timing: Timing = DEFAULT_TIMING, seed: int = 1) -> SupervisedStream:
     admission = admission or Admission()
     ticket = admission.reserve(now())
     assert ticket is not None
@@ -221,7 +225,7 @@ def test_transient_connection_failures_back_off_within_their_120_s_budget() -> N
 
     script, events = run(go())
     starts = script.started_at
-    gaps = [b - a for a, b in zip(starts, starts[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
     for gap, base in zip(gaps, [1, 2, 4, 8, 8, 8, 8], strict=False):
         assert base * 0.8 <= gap <= base * 1.2  # the seed's schedule, +-20% jitter
     assert starts[-1] < 120.0  # no attempt at or past the deadline

@@ -78,6 +78,7 @@ from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
 from tokenwire.gateway.apis.completions import CompletionsRenderer, parse_completions_request
 from tokenwire.gateway.apis.errors import error_body
 from tokenwire.gateway.apis.params import JSON_FORMAT, SUPPORTED_STREAM_FORMATS, bad_request
+from tokenwire.gateway.apis.sse import openai_error_code
 from tokenwire.gateway.http_streaming import EventResponse, Renderer
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, PromptIds, Upstream
 from tokenwire.gateway.observability import Observability, api_for_path
@@ -314,7 +315,7 @@ def _generation_headers(
 def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
     """A failure before any byte was sent is an ordinary error response with its status."""
     status = failure.status if 400 <= failure.status <= 599 else 500
-    body = error_body(failure.message, status=status, code=failure.failure_class.value)
+    body = error_body(failure.message, status=status, code=openai_error_code(failure))
     return status, [("Content-Type", "application/json"), ("Vary", VARY)], body
 
 

@@ -118,7 +118,7 @@ NON_TRANSIENT_CONNECTION_CODES = frozenset({
 #: ``UPSTREAM`` codes that would repeat identically (seed: "malformed streams ... never retry
 #: automatically"): the adapters' protocol and configuration mismatches.
 FINAL_UPSTREAM_CODES = frozenset({
-    "protocol_error", "content_type_mismatch", "tokenizer_map_mismatch",
+    "protocol_error", "read_timeout", "content_type_mismatch", "tokenizer_map_mismatch",
     "codec_version_required", "discovery_failed", "no_tokenizer_map", "model_not_found",
 })
 

@@ -72,6 +72,10 @@ DEFAULT_HEARTBEAT_S = 15.0
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 #: Seed: "Every request also has a one-hour cap."
 DEFAULT_REQUEST_CAP_S = 3600.0
+#: asyncio may run a timer up to its clock resolution early: a wake-up this close to its
+#: due time counts as due (else a heartbeat due at 75.02000000000001 s, woken at 75.02 s,
+#: would re-arm for 1e-14 s, over and over).
+_TIMER_SLACK_S = 1e-3
 #: Events buffered between the task and the response writer: enough to ride over a slow
 #: socket write, small enough that a stalled client pushes back on the upstream.
 _BUFFERED_EVENTS = 64
@@ -374,7 +378,7 @@ class SupervisedStream:
 
     async def _on_timer(self, *, queued: bool) -> None:
         """A wait reached :meth:`_next_wake`: a deadline fails the request, else a heartbeat."""
-        now = asyncio.get_running_loop().time()
+        now = asyncio.get_running_loop().time() + _TIMER_SLACK_S
         if now >= self._hard_deadline:
             raise _Deadline(self._cap_failure())
         if now >= self._idle_deadline:
@@ -388,10 +392,10 @@ class SupervisedStream:
         """A retry wait: abortable (cancel), heartbeats inside, bounded by the cap."""
         loop = asyncio.get_running_loop()
         until = loop.time() + delay
-        while (left := until - loop.time()) > 0:
+        while (left := until - loop.time()) > _TIMER_SLACK_S:
             wake = self._next_wake()
             await asyncio.sleep(max(0.0, min(left, wake - loop.time())))
-            if loop.time() < until:
+            if until - loop.time() > _TIMER_SLACK_S:
                 await self._on_timer(queued=False)
         # The wait is ours, not the upstream's silence: the next attempt gets a full window.
         self._idle_deadline = loop.time() + self._timing.idle_timeout_s

@@ -69,7 +69,7 @@ class ScriptedServer:
         self.disconnected = threading.Event()
         app = Starlette(routes=[Route(stream_path, self._stream, methods=["POST"]),
                                 Route(models_path, self._models, methods=["GET"])])
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         sock.listen(64)

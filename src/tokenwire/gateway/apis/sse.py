@@ -7,7 +7,8 @@ from typing import Any
 import msgspec
 
 from tokenwire.gateway.apis.errors import error_object
-from tokenwire.gateway.ir import Failure, FinishKind
+from tokenwire.gateway.ir import Failure, FailureClass, FinishKind
+from tokenwire.gateway.retry import Budget, budget_for
 
 __all__ = [
     "SSE_CONTENT_TYPE",
@@ -16,6 +17,7 @@ __all__ = [
     "failure_output",
     "internal_error_output",
     "json_bytes",
+    "openai_error_code",
     "openai_finish_reason",
     "sse_data",
 ]
@@ -55,11 +57,29 @@ def json_bytes(obj: Any) -> bytes:
     return _encode(obj)
 
 
+#: OpenAI's own codes where one exists (agents and SDK users match on these); every other
+#: class is reported by its name (``capacity``, ``timeout``, ``upstream``, ...).
+_OPENAI_CODES = {
+    FailureClass.CONTEXT_LENGTH: "context_length_exceeded",
+    FailureClass.RATE_LIMITED: "rate_limit_exceeded",
+    FailureClass.QUOTA: "insufficient_quota",
+}
+
+
+def openai_error_code(failure: Failure) -> str:
+    """The ``error.code`` of a failure on the OpenAI APIs: a 429 the retry budgets treat
+    as final (a named quota, a long ``Retry-After``) is ``insufficient_quota``, not a
+    throttle the client should retry."""
+    if failure.failure_class is FailureClass.RATE_LIMITED and \
+            budget_for(failure) is Budget.FINAL:
+        return "insufficient_quota"
+    return _OPENAI_CODES.get(failure.failure_class, failure.failure_class.value)
+
+
 def failure_output(failure: Failure, *, stream: bool) -> list[bytes]:
     """A failure as the OpenAI APIs report it: an ``{"error": ...}`` event then ``[DONE]``
     in a stream (the ``openai`` SDK raises on it), the error body otherwise."""
-    err = error_object(failure.message, status=failure.status,
-                       code=failure.failure_class.value)
+    err = error_object(failure.message, status=failure.status, code=openai_error_code(failure))
     return [sse_data(err), SSE_DONE] if stream else [json_bytes(err)]
 
 

@@ -55,7 +55,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams.base import UpstreamConfig
-from tokenwire.gateway.upstreams.failures import classify_error, failure_from_response
+from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
@@ -258,10 +258,10 @@ class MessagesStreamParser:
             data = msgspec.json.decode(sse.data)
         except msgspec.DecodeError:
             return self._end(_failure(FailureClass.UPSTREAM,
-                                      f"malformed JSON in a {sse.event!r} event", 502))
+                                      f"malformed JSON in a {sse.event!r} event", 502, MALFORMED))
         if not isinstance(data, dict):
             return self._end(_failure(FailureClass.UPSTREAM, "an event that is not an object",
-                                      502))
+                                      502, MALFORMED))
         kind = str(data.get("type") or sse.event)
         handler = _HANDLERS.get(kind)
         if handler is None:
@@ -272,7 +272,8 @@ class MessagesStreamParser:
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             # A field of the wrong JSON type: the upstream broke its format, not us.
             return self._end(_failure(
-                FailureClass.UPSTREAM, f"a malformed {kind!r} event: {type(exc).__name__}", 502))
+                FailureClass.UPSTREAM, f"a malformed {kind!r} event: {type(exc).__name__}", 502,
+                MALFORMED))
 
     def on_eof(self) -> list[Event]:
         if self.done:
@@ -372,7 +373,7 @@ class MessagesStreamParser:
             value = msgspec.json.decode(raw or "{}") if raw or not block.start else block.start
         except msgspec.DecodeError:
             return self._end(_failure(FailureClass.UPSTREAM,
-                                      "a custom tool call's input is not JSON", 502))
+                                      "a custom tool call's input is not JSON", 502, MALFORMED))
         text = value.get(_CUSTOM_INPUT, "") if isinstance(value, dict) else ""
         return [ToolCallDelta(index=block.call, arguments=str(text), kind="custom")]
 
@@ -399,8 +400,8 @@ class MessagesStreamParser:
         return self._end(classify_error({"type": "api_error", **err}, status=None))
 
 
-def _failure(cls: FailureClass, message: str, status: int) -> Failure:
-    return Failure(failure_class=cls, message=message, status=status)
+def _failure(cls: FailureClass, message: str, status: int, code: str | None = None) -> Failure:
+    return Failure(failure_class=cls, message=message, status=status, code=code)
 
 
 _P = MessagesStreamParser

@@ -27,6 +27,7 @@ from tokenwire.gateway.ir import Failure, FailureClass
 
 __all__ = [
     "CODE_CLASSES",
+    "MALFORMED",
     "MAX_ERROR_BODY_BYTES",
     "MAX_MESSAGE_CHARS",
     "classify_error",
@@ -39,6 +40,9 @@ __all__ = [
     "retry_after_seconds",
 ]
 
+#: The ``code`` of a stream that broke its own format: the seed's "malformed streams ...
+#: never retry automatically" (the retry budget reads it as final).
+MALFORMED = "protocol_error"
 #: An error body is a small JSON object; a proxy's HTML error page can be large. 64 KiB keeps
 #: every real error message and bounds what a broken upstream makes us buffer.
 MAX_ERROR_BODY_BYTES = 64 * 1024
@@ -254,7 +258,8 @@ def failure_from_exception(exc: httpx.HTTPError, *, started: bool,
     elif isinstance(exc, httpx.ConnectError):
         cls, what, code = _C.CONNECTION, "could not connect", connection_fault(exc)
     elif isinstance(exc, httpx.TimeoutException):
-        cls, what = _C.TIMEOUT, "timed out"
+        # Final for the retry budget: a retry would wait the whole read timeout again.
+        cls, what, code = _C.TIMEOUT, "timed out", "read_timeout"
     elif started:
         cls, what = _C.UPSTREAM, "broke the stream"
     else:

@@ -68,7 +68,7 @@ from tokenwire.gateway.upstreams.base import (
     UpstreamConfig,
     UpstreamHealth,
 )
-from tokenwire.gateway.upstreams.failures import classify_error, failure_from_response
+from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
@@ -248,9 +248,10 @@ class ChunkParser:
         try:
             chunk = _json.decode(data)
         except msgspec.DecodeError:
-            return self._fail(f"upstream sent a chunk that is not JSON: {data[:200]!r}")
+            return self._fail(f"upstream sent a chunk that is not JSON: {data[:200]!r}",
+                              MALFORMED)
         if not isinstance(chunk, dict):
-            return self._fail("upstream sent a chunk that is not a JSON object")
+            return self._fail("upstream sent a chunk that is not a JSON object", MALFORMED)
         if "error" in chunk or chunk.get("object") == "error":
             self._ended = True
             err = chunk.get("error", chunk)
@@ -304,7 +305,7 @@ class ChunkParser:
             tmap = self._up.tmap_for(self._req.model)
             if self._seen_ids or tmap is None:
                 self._expect_ids = False
-                return self._fail("upstream returned text without its token ids")
+                return self._fail("upstream returned text without its token ids", MALFORMED)
             log.warning("upstream %s returned no token ids; retokenizing", self._up.name)
             self._retok = Retokenizer(tmap)
         if self._retok is not None:
@@ -339,13 +340,13 @@ class ChunkParser:
                        message=f"the upstream read only {got} of the prompt's at least "
                                f"{bound} tokens (it truncated the prompt to its context)")
 
-    def _fail(self, message: str) -> list[Event]:
+    def _fail(self, message: str, code: str | None = None) -> list[Event]:
         self._ended = True
-        return [_broken(message)]
+        return [_broken(message, code)]
 
 
-def _broken(message: str) -> Failure:
-    return Failure(failure_class=FailureClass.UPSTREAM, status=502, message=message)
+def _broken(message: str, code: str | None = None) -> Failure:
+    return Failure(failure_class=FailureClass.UPSTREAM, status=502, message=message, code=code)
 
 
 def _finish(reason: str, stop_reason: Any) -> Finish:

@@ -71,7 +71,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.stops import StopMatcher
-from tokenwire.gateway.upstreams.failures import classify_error, failure_from_response
+from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
@@ -231,9 +231,10 @@ class ResponsesStreamParser:
         try:
             data = msgspec.json.decode(sse.data)
         except msgspec.DecodeError:
-            return self._end(_upstream_failure(f"malformed JSON in a {sse.event!r} event"))
+            return self._end(_upstream_failure(f"malformed JSON in a {sse.event!r} event",
+                                               MALFORMED))
         if not isinstance(data, dict):
-            return self._end(_upstream_failure("an event that is not a JSON object"))
+            return self._end(_upstream_failure("an event that is not a JSON object", MALFORMED))
         kind = str(data.get("type") or sse.event)
         handler = _HANDLERS.get(kind)
         if handler is None:
@@ -244,7 +245,8 @@ class ResponsesStreamParser:
             return handler(self, data)
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             # A field of the wrong JSON type: the upstream broke its format, not us.
-            return self._end(_upstream_failure(f"a malformed {kind!r} event: {type(exc).__name__}"))
+            return self._end(_upstream_failure(
+                f"a malformed {kind!r} event: {type(exc).__name__}", MALFORMED))
 
     def on_head(self, headers: Mapping[str, str]) -> list[Event]:
         """The upstream's response head: its ``x-codex-turn-state``, wrapped with our name

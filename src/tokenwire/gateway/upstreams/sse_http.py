@@ -34,7 +34,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.sse import SSEDecoder, SSEEvent
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
-from tokenwire.gateway.upstreams.failures import failure_from_exception, read_capped
+from tokenwire.gateway.upstreams.failures import MALFORMED, failure_from_exception, read_capped
 
 __all__ = [
     "MAX_QUEUED_EVENTS",
@@ -141,7 +141,8 @@ class SSEUpstreamStream:
         except httpx.HTTPError as exc:
             self._end(failure_from_exception(exc, started=self._seen_bytes))
         except RemoteProtocolError as exc:  # the SSE decoder: an oversized or cut-off line
-            self._end(_transport_failure(FailureClass.UPSTREAM, "malformed event stream", exc))
+            self._end(_transport_failure(FailureClass.UPSTREAM, "malformed event stream", exc,
+                                         code=MALFORMED))
         except Exception as exc:  # a bug here must still end the stream
             log.exception("upstream stream handler failed")
             self._end(_transport_failure(FailureClass.INTERNAL, "internal error", exc, 500))
@@ -195,9 +196,9 @@ class FailedStream:
 
 
 def _transport_failure(cls: FailureClass, what: str, exc: BaseException,
-                       status: int = 502) -> Failure:
+                       status: int = 502, code: str | None = None) -> Failure:
     # httpx messages name the URL at most, never headers, so no key can leak through them.
-    return Failure(failure_class=cls, status=status,
+    return Failure(failure_class=cls, status=status, code=code,
                    message=f"upstream {what}: {type(exc).__name__}: {exc}".rstrip(": "))
 
 

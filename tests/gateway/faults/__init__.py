@@ -1,0 +1,1 @@
+"""Fault injection: scripted upstreams, the gateway and its clients in one looptime loop."""
