@@ -44,14 +44,13 @@ from tokenwire.gateway.observability import (
     MAX_NOTES,
     METRICS_CONTENT_TYPE,
     TOKEN_FLUSH_EVERY,
-    JsonLineFormatter,
     Observability,
     RequestRecord,
     api_for_path,
     bounded_id,
-    configure_request_logging,
     safe_code,
 )
+from tokenwire.gateway.request_log import JsonLineFormatter, configure_request_logging
 
 _logger_ids = itertools.count()
 

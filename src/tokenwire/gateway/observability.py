@@ -8,7 +8,7 @@ Two outputs, both fed by one :class:`RequestRecord` per admitted request:
 * **One log line per request**, ``request_completed`` or ``request_failed`` (plus
   ``request_rejected`` for requests refused before they became a record), through the stdlib
   logger ``tokenwire.requests`` and rendered as one JSON object per line by
-  :class:`JsonLineFormatter`.
+  :class:`~tokenwire.gateway.request_log.JsonLineFormatter`.
 
 Privacy, from the gateway seed ("Private failure logs contain a UTC timestamp, bounded
 request/provider/model identifiers, elapsed time, error code, and status, excluding request
@@ -40,16 +40,13 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import logging
 import math
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from datetime import UTC, datetime
-from typing import IO, Any, Concatenate, Final, ParamSpec, TypeVar
+from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -61,9 +58,8 @@ from tokenwire.gateway.ir import FailureClass
 __all__ = [
     "APIS", "API_BY_PATH", "BUDGETS", "DURATION_BUCKETS_S", "ENCODINGS", "FAILURE_CLASSES",
     "LOGGER_NAME", "MAX_ID_CHARS", "MAX_LABEL_CHARS", "MAX_LABEL_VALUES", "MAX_LINE_CHARS",
-    "MAX_NOTES", "METRICS_CONTENT_TYPE", "OUTCOMES", "TOKEN_FLUSH_EVERY", "JsonLineFormatter",
-    "Observability", "RequestRecord", "api_for_path", "bounded_id", "configure_request_logging",
-    "safe_code",
+    "MAX_NOTES", "METRICS_CONTENT_TYPE", "OUTCOMES", "TOKEN_FLUSH_EVERY", "Observability",
+    "RequestRecord", "api_for_path", "bounded_id", "safe_code",
 ]
 
 # -- limits and vocabularies -----------------------------------------------------------------
@@ -732,74 +728,3 @@ def _safe_clock(obs: Observability) -> float:
 
 
 # -- log rendering ---------------------------------------------------------------------------
-
-
-def _utc_timestamp(created: float) -> str:
-    """ISO 8601 in UTC with milliseconds and ``Z``: sortable, and no local zone to guess."""
-    dt = datetime.fromtimestamp(created, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.") + f"{dt.microsecond // 1000:03d}Z"
-
-
-def _payload(record: logging.LogRecord) -> dict[str, Any]:
-    """The fields of a record: its ``event`` dict, or for any other record on this logger only
-    the level, the logger and the message *template* (never its arguments, which could be
-    anything, and never ``exc_info``/``stack_info``)."""
-    try:
-        ts = _utc_timestamp(record.created)
-    except (OverflowError, OSError, ValueError):
-        ts = "1970-01-01T00:00:00.000Z"
-    event = record.__dict__.get("event")
-    if isinstance(event, dict):
-        return {"ts": ts, **event}
-    template = record.msg if isinstance(record.msg, str) else ""
-    return {"ts": ts, "event": "log", "level": bounded_id(record.levelname, 16),
-            "logger": bounded_id(record.name), "msg": bounded_id(template, 200)}
-
-
-class JsonLineFormatter(logging.Formatter):
-    """One JSON object per line: ``{"ts": ..., "event": ..., ...fields}``.
-
-    ``ensure_ascii`` escapes every control character, so a line never contains a newline;
-    ``allow_nan=False`` plus the clamping in :class:`RequestRecord` keep it valid JSON. A
-    record that cannot be rendered, or renders too long, becomes a short
-    ``log_format_error`` line rather than an exception in the logging machinery.
-    """
-
-    def format(self, record: logging.LogRecord) -> str:
-        payload = _payload(record)
-        try:
-            line = json.dumps(payload, ensure_ascii=True, allow_nan=False,
-                              separators=(",", ":"))
-        except (TypeError, ValueError):
-            line = ""
-        if not line or len(line) > MAX_LINE_CHARS:
-            line = json.dumps({"ts": payload["ts"], "event": "log_format_error",
-                               "original_event": bounded_id(payload.get("event"), 64)},
-                              separators=(",", ":"))
-        return line
-
-
-_HANDLER_MARK: Final = "_tokenwire_request_log"
-
-
-def configure_request_logging(
-    stream: IO[str] | None = None,
-    level: int | str = logging.INFO,
-) -> logging.Handler:
-    """Send request records to ``stream`` (default: ``sys.stderr`` at call time), one line
-    each; calling again replaces the previous handler instead of doubling lines.
-
-    The logger stops propagating, so uvicorn's or the root logger's handlers never see these
-    records (and never re-render them with a formatter that would include ``exc_info``).
-    """
-    logger = logging.getLogger(LOGGER_NAME)
-    for old in list(logger.handlers):
-        if getattr(old, _HANDLER_MARK, False):
-            logger.removeHandler(old)
-    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonLineFormatter())
-    setattr(handler, _HANDLER_MARK, True)
-    logger.addHandler(handler)
-    logger.setLevel(level)
-    logger.propagate = False
-    return handler
