@@ -4,7 +4,9 @@
 
 Figures, not pass/fail: compare rows within one run (the machine is shared and noisy).
 Each bench module exposes ``run() -> list[dict]``; rows are printed as markdown tables
-grouped by module. ``--only NAME`` runs one module; ``--no-write`` leaves BENCHMARKS.md alone.
+grouped by module, followed by the module's ``NOTES`` (markdown) when it has them.
+``--only NAME`` runs one module and replaces only its section (stamped with the command), so
+a long bench can be rerun alone; ``--no-write`` leaves BENCHMARKS.md alone.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "BENCHMARKS.md"
 MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames", "bench_serve",
-           "bench_upstreams"]
+           "bench_upstreams", "bench_load"]
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 
@@ -60,17 +62,38 @@ def main() -> int:
         print(f"## {name}", file=sys.stderr, flush=True)
         rows = module.run()
         doc = (module.__doc__ or "").strip().splitlines()[0]
-        sections.append(f"### {name}: {doc}\n\n{table(rows)}\n")
+        notes = getattr(module, "NOTES", "").strip()  # how to read the tables, if it says
+        sections.append(f"### {name}: {doc}\n\n{table(rows)}\n"
+                        + (f"\n{notes}\n" if notes else ""))
         print(table(rows), file=sys.stderr, flush=True)
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
-    body = (f"{BEGIN}\nRun {stamp} on {platform.machine()}, {os.cpu_count()} cores, Python "
-            f"{platform.python_version()}, single-threaded.\n\n" + "\n".join(sections) + END)
-    if not args.no_write and not args.only:
-        text = OUT.read_text("utf-8") if OUT.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
-        head, _, rest = text.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        OUT.write_text(head + body + tail, "utf-8")
+    if args.no_write:
+        return 0
+    text = OUT.read_text("utf-8") if OUT.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+    head, _, rest = text.partition(BEGIN)
+    block, _, tail = rest.partition(END)
+    if args.only:
+        where = (f"Run separately (`.venv/bin/python -m bench.run --only {args.only}`, {stamp} "
+                 f"on {platform.machine()}, {os.cpu_count()} cores, Python "
+                 f"{platform.python_version()}).\n\n")
+        title, _, rest_of_section = sections[0].partition("\n\n")
+        body = BEGIN + _replace_section(block, args.only,
+                                         f"{title}\n\n{where}{rest_of_section}") + END
+    else:
+        body = (f"{BEGIN}\nRun {stamp} on {platform.machine()}, {os.cpu_count()} cores, Python "
+                f"{platform.python_version()}, single-threaded.\n\n" + "\n".join(sections) + END)
+    OUT.write_text(head + body + tail, "utf-8")
     return 0
+
+
+def _replace_section(block: str, name: str, section: str) -> str:
+    """``block`` with the section headed ``### name:`` (up to the next ``### ``) replaced by
+    ``section``, or with ``section`` appended when there is none."""
+    start = block.find(f"### {name}:")
+    if start < 0:
+        return block.rstrip("\n") + "\n\n" + section
+    end = block.find("\n### ", start + 1)
+    return block[:start] + section + (block[end + 1:] if end >= 0 else "")
 
 
 if __name__ == "__main__":

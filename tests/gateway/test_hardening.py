@@ -334,10 +334,16 @@ def test_barrier_lets_cancellation_through() -> None:
 
 def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypatch,
                                                                        smollm2_map) -> None:
-    import uvicorn
-
     calls: dict[str, Any] = {}
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: calls.update(app=app, **kw))
+
+    class Server:
+        def __init__(self, config, state, *, drain_grace_s) -> None:
+            calls.update(config=config, state=state, drain_grace_s=drain_grace_s)
+
+        def run(self) -> None:
+            calls["served"] = True
+
+    monkeypatch.setattr(server_mod, "graceful_server", Server)
 
     class Engine:
         def start(self) -> None:
@@ -346,16 +352,26 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
         def close(self) -> None:
             calls["closed"] = True
 
-    settings = ServerSettings(api_keys=(KEY,), auth="keys")
+    settings = ServerSettings(api_keys=(KEY,), auth="keys", drain_grace_s=7)
     state = GatewayState(settings=settings, upstream=Scripted(SIMPLE), tmap=smollm2_map,
                          max_model_len=1024)
     server_mod.run(server_mod.ServingPlan(state=state, engine=Engine(),  # type: ignore[arg-type]
                                           bundled_map=smollm2_map))
-    assert isinstance(calls["app"], SecurityMiddleware)
-    assert isinstance(calls["app"].app, CrashBarrier)
-    for name, value in server_mod.UVICORN_LIMITS.items():
-        assert calls[name] == value
-    assert calls["started"] and calls["closed"]
+    config = calls["config"]
+    assert isinstance(config.app, SecurityMiddleware)
+    assert isinstance(config.app.app, CrashBarrier)
+    assert config.limit_concurrency == server_mod.UVICORN_LIMITS["limit_concurrency"]
+    assert config.h11_max_incomplete_event_size == \
+        server_mod.UVICORN_LIMITS["h11_max_incomplete_event_size"]
+    assert calls["drain_grace_s"] == 7 and calls["state"] is state
+    assert calls["served"] and calls["started"] and calls["closed"]
+
+
+def test_uvicorn_admits_a_burst_twice_the_admission_capacity(smollm2_map) -> None:
+    """uvicorn's own 503 (no Retry-After) must not answer before the admission 429."""
+    state = GatewayState(settings=ServerSettings(max_concurrent=64, queue_size=512),
+                         upstream=Scripted(SIMPLE), tmap=smollm2_map, max_model_len=1024)
+    assert server_mod.uvicorn_limits(state)["limit_concurrency"] >= 2 * state.admission.capacity
 
 
 def test_create_app_alone_stays_unwrapped(smollm2_map) -> None:

@@ -34,7 +34,7 @@ _SERVER_DEFAULTS = {"host": "127.0.0.1", "port": 8080, "coalesce_ms": DEFAULT_WI
                     "legacy_finish_reason": False, "public_url": ""}
 #: [server] keys passed to ServerSettings as they are when given (flag > file > its default).
 _CAPACITY_KEYS = ("max_concurrent", "queue_size", "idle_timeout_s", "request_cap_s",
-                  "heartbeat_s", "retries")
+                  "heartbeat_s", "retries", "drain_grace_s")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -77,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--idle-timeout", type=float, metavar="SECONDS", dest="idle_timeout_s",
                    help="longest silence (upload, queue wait, between upstream events) before "
                         "a request fails (default 600)")
+    p.add_argument("--drain-grace", type=float, metavar="SECONDS", dest="drain_grace_s",
+                   help="on SIGTERM/SIGINT, time streams get to finish before each is ended "
+                        "with a clean server_shutting_down failure (default 30)")
     p.add_argument("--no-retries", action="store_false", dest="retries", default=None,
                    help="send upstream failures to clients as they come (no retry budgets)")
     p.add_argument("--request-log", choices=("json", "off"), default="json",

@@ -166,8 +166,13 @@ class Admission:
 
     def _grant(self) -> None:
         """Start every waiter that fits, oldest first."""
+        if self._running >= self.max_concurrent:  # full: nobody fits (O(1) for a long line)
+            return
         kept: list[_Waiter] = []
-        for w in self._waiters:
+        for i, w in enumerate(self._waiters):
+            if self._running >= self.max_concurrent:  # just filled: the rest keep waiting
+                kept += self._waiters[i:]
+                break
             if w.future.done():  # cancelled while waiting: it just leaves the line
                 continue
             if self._fits(w.upstream):

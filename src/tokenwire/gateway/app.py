@@ -76,7 +76,7 @@ from tokenwire.gateway.admission import (
 from tokenwire.gateway.apis.chat import ChatRenderer, parse_chat_request
 from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
 from tokenwire.gateway.apis.completions import CompletionsRenderer, parse_completions_request
-from tokenwire.gateway.apis.errors import error_body
+from tokenwire.gateway.apis.errors import error_body, retry_after_header
 from tokenwire.gateway.apis.params import JSON_FORMAT, SUPPORTED_STREAM_FORMATS, bad_request
 from tokenwire.gateway.apis.sse import openai_error_code
 from tokenwire.gateway.http_streaming import EventResponse, Renderer
@@ -316,7 +316,8 @@ def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], byt
     """A failure before any byte was sent is an ordinary error response with its status."""
     status = failure.status if 400 <= failure.status <= 599 else 500
     body = error_body(failure.message, status=status, code=openai_error_code(failure))
-    return status, [("Content-Type", "application/json"), ("Vary", VARY)], body
+    return status, [("Content-Type", "application/json"), ("Vary", VARY),
+                    *retry_after_header(failure.retry_after)], body
 
 
 def _start_generation(

@@ -8,7 +8,7 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
     [server]
     host = "127.0.0.1"          # port, coalesce_ms, max_body_bytes, max_concurrent,
                                 # queue_size, idle_timeout_s, request_cap_s, heartbeat_s,
-                                # retries, api_keys_env, allowed_origins,
+                                # retries, drain_grace_s, api_keys_env, allowed_origins,
     default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s
     api_keys_env = "GW_KEYS"    # the variable holding the client keys (comma-separated)
     allowed_origins = ["https://app.example"]   # browser origins allowed to call
@@ -85,7 +85,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "default_model": (str,), "probe": (bool,), "health_interval_s": _NUM,
     "api_keys_env": (str,), "allowed_origins": (list,),
     "max_concurrent": (int,), "idle_timeout_s": _NUM, "request_cap_s": _NUM,
-    "heartbeat_s": _NUM, "retries": (bool,),
+    "heartbeat_s": _NUM, "retries": (bool,), "drain_grace_s": _NUM,
 }
 _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),

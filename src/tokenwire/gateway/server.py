@@ -29,6 +29,7 @@ from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.router import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor, Router, ServedModel
 from tokenwire.gateway.security import harden
 from tokenwire.gateway.settings import ServerSettings, build_policy
+from tokenwire.gateway.shutdown import graceful_server
 from tokenwire.gateway.upstreams import adapter_for
 from tokenwire.gateway.upstreams.base import (
     ModelRoute,
@@ -67,9 +68,22 @@ UVICORN_LIMITS: dict[str, Any] = {
     # running plus queue_size, a few dozen by default), which answers first with a JSON
     # 429 and Retry-After. It counts idle keep-alive connections, refused ones and
     # non-inference routes too, so it is generous; 512 keeps their file descriptors well
-    # under the common 1024 soft limit, leaving room for upstream pools and logs.
+    # under the common 1024 soft limit, leaving room for upstream pools and logs. A larger
+    # admission capacity raises it (:func:`uvicorn_limits`): below it, uvicorn's plain 503
+    # without Retry-After would answer before the admission 429 could.
     "limit_concurrency": 512,
 }
+#: Connections beyond twice the admission capacity uvicorn still accepts (non-inference
+#: requests, idle keep-alive connections): a burst of twice the capacity still gets the
+#: JSON 429 with Retry-After, not uvicorn's bare 503.
+_SPARE_CONNECTIONS = 64
+
+
+def uvicorn_limits(state: GatewayState) -> dict[str, Any]:
+    """:data:`UVICORN_LIMITS`, with ``limit_concurrency`` well above the admission capacity."""
+    above = 2 * state.admission.capacity + _SPARE_CONNECTIONS
+    return {**UVICORN_LIMITS,
+            "limit_concurrency": max(UVICORN_LIMITS["limit_concurrency"], above)}
 
 
 @dataclass(frozen=True)
@@ -124,9 +138,10 @@ def run(plan: ServingPlan, *, log_level: str = "info") -> None:
     settings = plan.state.settings
     plan.engine.start()
     try:
-        uvicorn.run(harden(create_app(plan.state), settings), host=settings.host,
-                    port=settings.port, log_level=log_level, timeout_graceful_shutdown=5,
-                    **UVICORN_LIMITS)
+        config = uvicorn.Config(harden(create_app(plan.state), settings), host=settings.host,
+                                port=settings.port, log_level=log_level,
+                                timeout_graceful_shutdown=5, **uvicorn_limits(plan.state))
+        graceful_server(config, plan.state, drain_grace_s=settings.drain_grace_s).run()
     finally:
         plan.engine.close()
 
@@ -279,8 +294,9 @@ async def serve_gateway(
     try:
         config = uvicorn.Config(harden(create_app(gw.state), settings), host=settings.host,
                                 port=settings.port, log_level=log_level,
-                                timeout_graceful_shutdown=5, lifespan="off", **UVICORN_LIMITS)
-        server = uvicorn.Server(config)
+                                timeout_graceful_shutdown=5, lifespan="off",
+                                **uvicorn_limits(gw.state))
+        server = graceful_server(config, gw.state, drain_grace_s=settings.drain_grace_s)
         if on_ready is not None:
             on_ready(gw, server)
         await server.serve(sockets=sockets)

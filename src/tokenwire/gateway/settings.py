@@ -86,6 +86,9 @@ class ServerSettings:
     #: The seed's retry budgets for upstream failures before any output (``gateway/retry``);
     #: False sends every failure to the client as it came.
     retries: bool = True
+    #: On SIGTERM/SIGINT, streams in flight get this long to finish before each is ended
+    #: with a clean ``server_shutting_down`` failure (``gateway/shutdown.py``).
+    drain_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: Write ``stop`` instead of ``eos_token``/``stop_sequence`` like the engine forks (§5.7).
     legacy_finish_reason: bool = False
@@ -122,6 +125,8 @@ class ServerSettings:
         for name in ("idle_timeout_s", "request_cap_s", "heartbeat_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds")
+        if not self.drain_grace_s >= 0:
+            raise ConfigError("drain_grace_s must be >= 0 seconds")
         self._check_auth()
 
     def _check_auth(self) -> None:

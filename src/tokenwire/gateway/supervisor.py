@@ -182,7 +182,9 @@ class SupervisedStream:
     async def next_event(self) -> Event:
         if self._cancelled and self._queue.empty():
             return Finish(reason=FinishKind.ABORT)
-        if self._task is None:  # the constructor runs outside the loop in some callers
+        # Started by the first read (the constructor may run outside the loop), never after
+        # abort() already ended the request.
+        if self._task is None and not self._ended:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return await self._queue.get()
 

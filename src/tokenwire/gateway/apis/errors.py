@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["error_body", "error_object", "error_type_for_status"]
+__all__ = ["error_body", "error_object", "error_type_for_status", "retry_after_header"]
 
 _TYPES: dict[int, str] = {
     400: "invalid_request_error",
@@ -32,6 +32,13 @@ def error_type_for_status(status: int) -> str:
     if status in _TYPES:
         return _TYPES[status]
     return "invalid_request_error" if 400 <= status < 500 else "server_error"
+
+
+def retry_after_header(retry_after: float | None) -> list[tuple[str, str]]:
+    """``Retry-After`` (whole seconds, at least 1) when the failure carries a wait."""
+    if retry_after is None:
+        return []
+    return [("Retry-After", str(max(1, round(retry_after))))]
 
 
 def error_object(message: str, *, status: int, code: str | None = None) -> dict[str, object]:

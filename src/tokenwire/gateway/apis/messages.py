@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenwire.errors import ProtocolError, TokenwireError, UnknownModel
+from tokenwire.gateway.apis.errors import retry_after_header
 from tokenwire.gateway.apis.messages_request import parse_messages_request
 from tokenwire.gateway.apis.params import bad_request
 from tokenwire.gateway.apis.sse import json_bytes
@@ -103,9 +104,7 @@ def failure_error(failure: Failure) -> tuple[int, str, str]:
 
 def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
     status, type_, message = failure_error(failure)
-    headers = [("Content-Type", "application/json")]
-    if failure.retry_after is not None:
-        headers.append(("Retry-After", str(max(1, round(failure.retry_after)))))
+    headers = [("Content-Type", "application/json"), *retry_after_header(failure.retry_after)]
     return status, headers, json_bytes(anthropic_error_body(type_, message))
 
 

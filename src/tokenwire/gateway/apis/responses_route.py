@@ -34,6 +34,7 @@ from starlette.routing import BaseRoute, Route
 
 from tokenwire.errors import CompactionRefused, ResponsesRequestError
 from tokenwire.gateway.affinity import TURN_STATE_HEADER
+from tokenwire.gateway.apis.errors import retry_after_header
 from tokenwire.gateway.apis.responses_get import (
     get_response,
     response_store_of,
@@ -140,7 +141,8 @@ class _Ended:
 
 def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
     status, body = failure_error_body(failure)
-    return status, [("Content-Type", "application/json")], body
+    return status, [("Content-Type", "application/json"),
+                    *retry_after_header(failure.retry_after)], body
 
 
 def _store_hook(store: Any, call: ResponsesCall) -> Callable[[dict[str, Any]], None] | None:
