@@ -65,8 +65,9 @@ successful terminal and exactly the text the upstream streamed for that marker (
 with the SmolLM2 map); *clean failure* = exactly one terminal failure after a prefix of its own
 text (`response.failed`, an SSE `error` event then `[DONE]`, a Codec frame with `finish_reason:
 "error"`), or a 503 body before any byte; *cut* = a stream that ended without its terminal;
-*not served* = refused or closed before any response (the 30 clients started 50 ms after the
-SIGTERM, when the gateway had stopped listening). *upstream requests != 1* compares with the
+*not served* = refused or closed before any response. The 30 clients started 50 ms after the
+SIGTERM get the drain's 503 with `Retry-After` on a connection that was still open, or a
+refused connection once the listener has closed (which of the two varies from run to run). *upstream requests != 1* compares with the
 upstream's own count per marker: 0 means nothing was lost or replayed. Clients honour 429 +
 `Retry-After` and retry; the shutdown wave does not retry. **Time**: *first byte* = request sent
 to response head with its first event; a queued Chat or Codec request's head goes out with its
