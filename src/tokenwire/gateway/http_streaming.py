@@ -9,7 +9,9 @@ window's deadline, so a window closes on time even when the model pauses.
 Other rules kept here:
 
 * Nothing is sent before the first event. If it is a :class:`~tokenwire.gateway.ir.Failure`
-  (bad prompt, engine down), the client gets a plain error response with a real status.
+  (bad prompt, engine down), the client gets a plain error response with a real status. A
+  :class:`~tokenwire.gateway.ir.Heartbeat` (15 s queued, retrying or waiting) opens the
+  stream like any output: from then on a failure is reported in-stream.
   After the headers, errors go inside the stream (the renderer's ``on_error``), never a 500
   (STYLE §6 item 10, Starlette's ``ServerErrorMiddleware`` behaviour).
 * A client disconnect (``http.disconnect``) cancels the upstream generation at once; so does
