@@ -140,3 +140,16 @@ def test_the_retry_budget_reads_the_named_fault(cause, budget) -> None:
 
     failure = failure_from_exception(_chained(httpx.ConnectError("x"), cause), started=False)
     assert budget_for(failure) is Budget[budget]
+
+
+def test_an_overflow_keeps_only_the_counts_never_the_upstreams_prose() -> None:
+    """Seed: context overflow "keeping only the token counts": upstream prose can quote
+    the prompt, so it never reaches the client."""
+    prose = ("This model's maximum context length is 4096 tokens. However, you requested 5000 "
+             "tokens (4900 in the messages, 100 in the completion). Prompt began: 'my secret'")
+    f = classify_error({"message": prose}, status=400)
+    assert f.failure_class is FailureClass.CONTEXT_LENGTH
+    assert (f.prompt_tokens, f.context_tokens) == (4900, 4096)
+    assert "secret" not in f.message and "4900" in f.message and "4096" in f.message
+    bare = classify_error({"message": "context length exceeded: quote 'my secret'"}, status=400)
+    assert bare.failure_class is FailureClass.CONTEXT_LENGTH and "secret" not in bare.message

@@ -33,6 +33,7 @@ __all__ = [
     "classify_error",
     "connection_fault",
     "context_overflow_counts",
+    "overflow_message",
     "error_object",
     "failure_from_exception",
     "failure_from_response",
@@ -197,6 +198,17 @@ def error_object(body: bytes) -> dict[str, Any]:
     return err
 
 
+def overflow_message(prompt_tokens: int | None, context_tokens: int | None) -> str:
+    """The one wording of a context overflow, whichever upstream reported it: the counts
+    when known, never the upstream's own prose (which can quote the prompt)."""
+    if prompt_tokens is not None and context_tokens is not None:
+        return (f"the prompt is {prompt_tokens} tokens, more than the model's context window "
+                f"of {context_tokens} tokens allows")
+    if context_tokens is not None:
+        return f"the prompt does not fit the model's context window of {context_tokens} tokens"
+    return "the prompt does not fit the model's context window"
+
+
 def classify_error(err: Mapping[str, Any], *, status: int | None,
                    retry_after: float | None = None) -> Failure:
     """The Failure for an error object, from an HTTP error body (``status``) or from a
@@ -220,6 +232,7 @@ def classify_error(err: Mapping[str, Any], *, status: int | None,
         cls, answer = _C.CONTEXT_LENGTH, 400
     if cls is _C.CONTEXT_LENGTH:
         prompt, ctx = _counts(err, message)
+        message = overflow_message(prompt, ctx)  # seed: "keeping only the token counts"
     return Failure(failure_class=cls, message=message[:MAX_MESSAGE_CHARS], status=answer,
                    retry_after=retry_after, code=code or kind, prompt_tokens=prompt,
                    context_tokens=ctx)
