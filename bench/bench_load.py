@@ -64,23 +64,23 @@ How to read it. **Correctness**: every client has its own marker. *complete* = e
 successful terminal and exactly the text the upstream streamed for that marker (Codec ids decoded
 with the SmolLM2 map); *clean failure* = exactly one terminal failure after a prefix of its own
 text (`response.failed`, an SSE `error` event then `[DONE]`, a Codec frame with `finish_reason:
-"error"`), or a 503 body before any byte; *cut* = a stream that ended without its terminal;
-*not served* = refused or closed before any response. The 30 clients started 50 ms after the
-SIGTERM get the drain's 503 with `Retry-After` on a connection that was still open, or a
-refused connection once the listener has closed (which of the two varies from run to run). *upstream requests != 1* compares with the
-upstream's own count per marker: 0 means nothing was lost or replayed. Clients honour 429 +
-`Retry-After` and retry; the shutdown wave does not retry. **Time**: *first byte* = request sent
-to response head with its first event; a queued Chat or Codec request's head goes out with its
-first heartbeat, `heartbeat_s` after the gateway has parsed it, and a burst of 500 requests takes
-the gateway 1-2 s to parse here. *keep-alive gap* = the longest silence a client saw after the
-head and before its first output: `heartbeat_s` + the 150 ms coalescing window + how late the
-event loops ran (*loop stall* = how late a 50 ms timer fired, in the gateway and in the client
-process: the three processes share 2 cores). **Memory**: RSS as each wave left it, the live
-Python objects after a full collection, and RSS once glibc has been asked to hand freed memory
-back (`malloc_trim`; the gateway does both on SIGUSR2 in this bench). Per-stream compressor state
-(gzip ~0.1 MB from the moment a request is accepted, queued ones included; brotli ~0.4 MB once
-it has compressed), outside the Python heap, is freed at the end of each stream but stays in
-the process until trimmed, so untrimmed RSS creeps toward the peak; with
+"error"`), or a 503 body before any byte; *cut* = a stream that ended without its terminal; *not
+served* = refused or closed before any response. The 30 clients started 50 ms after the SIGTERM
+get the drain's 503 with `Retry-After` on a connection that was still open, or a refused
+connection once the listener has closed (which of the two varies from run to run). *upstream
+requests != 1* compares with the upstream's own count per marker: 0 means nothing was lost or
+replayed. Clients honour 429 + `Retry-After` and retry; the shutdown wave does not retry.
+**Time**: *first byte* = request sent to response head with its first event; a queued Chat or
+Codec request's head goes out with its first heartbeat, `heartbeat_s` after the gateway has parsed
+it, and a burst of 500 requests takes the gateway 1-2 s to parse here. *keep-alive gap* = the
+longest silence a client saw after the head and before its first output: `heartbeat_s` + the 150
+ms coalescing window + how late the event loops ran (*loop stall* = how late a 50 ms timer fired,
+in the gateway and in the client process: the three processes share 2 cores). **Memory**: RSS as
+each wave left it, the live Python objects after a full collection, and RSS once glibc has been
+asked to hand freed memory back (`malloc_trim`; the gateway does both on SIGUSR2 in this bench).
+Per-stream compressor state (gzip ~0.1 MB from the moment a request is accepted, queued ones
+included; brotli ~0.4 MB once it has compressed), outside the Python heap, is freed at the end of
+each stream but stays in the process until trimmed, so untrimmed RSS creeps toward the peak; with
 `Accept-Encoding: identity` untrimmed RSS stayed within 0.3 MiB over five waves (measured
 separately). Exit code -15: uvicorn re-raises the SIGTERM once the graceful shutdown is done.
 """

@@ -277,14 +277,16 @@ def run(*, with_litellm: bool = True) -> list[dict]:
 
 
 def _start_tokenwire(up_port: int, port: int, window_ms: float | None) -> subprocess.Popen:
-    # The upstream's concurrency limit is raised to the load: the gateway is measured, not
-    # its queue (the default of 4 in flight would serialise 64 streams into 16 waves).
+    # The gateway's and the upstream's concurrency limits are raised to the load: the
+    # gateway is measured, not its queue (the default of 4 in flight would serialise 64
+    # streams into 16 waves). The request log (one JSON line each) stays on, as deployed.
+    most = str(max(c for c, _ in LOADS))
     argv = [sys.executable, "-m", "tokenwire.cli.main", "serve", "--upstream",
-            f"http://127.0.0.1:{up_port}/v1", "--upstream-max-concurrent",
-            str(max(c for c, _ in LOADS)), "--port", str(port), "--log-level", "warning"]
+            f"http://127.0.0.1:{up_port}/v1", "--upstream-max-concurrent", most,
+            "--max-concurrent", most, "--port", str(port), "--log-level", "warning"]
     if window_ms is not None:
         argv += ["--coalesce-ms", str(window_ms)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_http(f"http://127.0.0.1:{port}/health", proc, 60)
     return proc
 

@@ -344,7 +344,10 @@ class SupervisedStream:
             self._obs.first_output()
             await self._flush_held()
         if isinstance(event, TokenDelta):
-            self._obs.tokens(len(event.ids) if event.ids else 1)
+            # Ids when the client gets ids; else one per text delta (the usage the upstream
+            # reports at the end corrects the count). Counting both would count twice: a
+            # retokenized stream carries its text and its ids in separate deltas.
+            self._obs.tokens(len(event.ids) if self._request.want_ids else int(bool(event.text)))
         await self._put(event)
 
     async def _flush_held(self) -> None:

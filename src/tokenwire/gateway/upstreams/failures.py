@@ -33,10 +33,10 @@ __all__ = [
     "classify_error",
     "connection_fault",
     "context_overflow_counts",
-    "overflow_message",
     "error_object",
     "failure_from_exception",
     "failure_from_response",
+    "overflow_message",
     "read_capped",
     "retry_after_seconds",
 ]
