@@ -239,7 +239,7 @@ class SupervisedStream:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug here must end the stream, not hang it
-            log.error("supervisor failed: %s", type(exc).__name__, exc_info=True)
+            log.error("supervisor failed: %s", type(exc).__name__)  # no stack: seed privacy
             await self._emit_terminal(Failure(failure_class=FailureClass.INTERNAL,
                                               message="internal error in the gateway",
                                               status=500, code="internal_error"))
