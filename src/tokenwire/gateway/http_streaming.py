@@ -173,7 +173,8 @@ class EventResponse:
                     await self._body(send, out, more=True)
                 event = await self._next_in_window(coalescer, send)
         except Exception as exc:  # after the headers: report in-stream (never a 500)
-            log.exception("generation stream failed after the response started")
+            log.error("generation stream failed after the response started: %s",
+                      type(exc).__name__)
             self._stream.cancel()
             out = self._feed(coalescer, self._renderer.on_error(exc))
             await self._body(send, out + coalescer.close(self._clock()), more=False)

@@ -153,8 +153,8 @@ def _store_hook(store: Any, call: ResponsesCall) -> Callable[[dict[str, Any]], N
     def put(response: dict[str, Any]) -> None:
         try:
             store.put(response["id"], input_items=list(call.input_items), response=response)
-        except Exception:  # the answer was delivered; a store failure must not undo it
-            log.exception("could not store response %s", response.get("id"))
+        except Exception as exc:  # the answer was delivered; a store failure must not undo it
+            log.error("could not store response %s: %s", response.get("id"), type(exc).__name__)
 
     return put
 
@@ -237,7 +237,8 @@ class _SSEResponse:
                 if self._finished:
                     break
         except Exception as exc:  # after the head: report in-stream (never a 500)
-            log.exception("responses stream failed after the response started")
+            log.error("responses stream failed after the response started: %s",
+                      type(exc).__name__)
             self._stream.cancel()
             self._finished = True
             await self._body(send, self._renderer.on_error(exc))

@@ -152,7 +152,7 @@ class _CodecStream:
         except Exception as exc:  # every stream ends with a terminal, whatever broke
             failure = classify_exception(exc, self._up.name)
             if failure.failure_class is FailureClass.INTERNAL:
-                log.exception("codec upstream %s: unexpected error", self._up.name)
+                log.error("codec upstream %s: unexpected %s", self._up.name, type(exc).__name__)
             await self._emit(failure)
 
     async def _generate(self, wire: ModelWire) -> None:

@@ -262,7 +262,8 @@ class EmbeddedEngine:
             try:
                 self._run(job)
             except Exception as exc:  # the stream must end even if llama.cpp fails
-                log.exception("embedded engine failed on request %s", job.request.request_id)
+                log.error("embedded engine failed on request %s: %s", job.request.request_id,
+                          type(exc).__name__)
                 self._abandon(job, f"the engine failed: {type(exc).__name__}: {exc}")
 
     def _abandon(self, job: _Job, message: str) -> None:

@@ -144,7 +144,7 @@ class SSEUpstreamStream:
             self._end(_transport_failure(FailureClass.UPSTREAM, "malformed event stream", exc,
                                          code=MALFORMED))
         except Exception as exc:  # a bug here must still end the stream
-            log.exception("upstream stream handler failed")
+            log.error("upstream stream handler failed: %s", type(exc).__name__)
             self._end(_transport_failure(FailureClass.INTERNAL, "internal error", exc, 500))
         finally:
             self._end(Failure(failure_class=FailureClass.UPSTREAM, status=502,
