@@ -425,3 +425,13 @@ def test_unstreamed_answer_is_one_message_body(text_server) -> None:
     assert body["content"] == [{"type": "text", "text": "Hello"}]
     assert body["usage"] == {"input_tokens": 4, "output_tokens": 1}
     assert body["id"].startswith("msg_") and body["stop_reason"] == "end_turn"
+
+
+def test_a_heartbeat_is_anthropics_ping_event_and_nothing_when_not_streaming() -> None:
+    from tokenwire.gateway.ir import Heartbeat
+
+    events = render([Heartbeat(), TokenDelta(text="Hi"), Heartbeat(), *END])
+    assert names(events)[:2] == ["message_start", "ping"]
+    assert names(events).count("ping") == 2 and names(events)[-1] == "message_stop"
+    assert render([Heartbeat(), TokenDelta(text="Hi"), *END], stream=False)[0][1]["content"] \
+        == [{"type": "text", "text": "Hi"}]

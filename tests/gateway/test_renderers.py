@@ -248,3 +248,26 @@ def test_stop_matcher_output_is_the_text_before_the_first_stop(text, stop, cuts)
     pos = text.find(stop)
     assert shown == (text if pos < 0 else text[:pos])
     assert (m.matched is not None) == (pos >= 0)
+
+
+def test_heartbeats_are_sse_comments_on_chat_and_completions_and_empty_frames_on_codec() -> None:
+    """Keep-alives every parser skips: an SSE comment (a chunk without choices would break
+    clients that read ``choices[0]``), a Codec frame with no ids (codecai skips it too)."""
+    from tokenwire.codec import frames_msgpack
+    from tokenwire.codec.frames import StreamFormat
+    from tokenwire.gateway.apis.chat import ChatRenderer
+    from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
+    from tokenwire.gateway.apis.completions import CompletionsRenderer
+    from tokenwire.gateway.ir import Heartbeat
+
+    chat = ChatRenderer(completion_id="c", model="m", created=0, stream=True,
+                        include_usage=False)
+    assert chat.on_event(Heartbeat()) == [b": keep-alive\n\n"]
+    assert ChatRenderer(completion_id="c", model="m", created=0, stream=False,
+                        include_usage=False).on_event(Heartbeat()) == []
+    comp = CompletionsRenderer(completion_id="c", model="m", created=0, stream=True,
+                               include_usage=False, return_token_ids=False)
+    assert comp.on_event(Heartbeat()) == [b": keep-alive\n\n"]
+    codec = CodecStreamRenderer(StreamFormat.MSGPACK)
+    (frame,) = frames_msgpack.FrameDecoder().feed(b"".join(codec.on_event(Heartbeat())))
+    assert frame.ids == () and not frame.done
