@@ -26,6 +26,7 @@ JSON requests too. Every 4xx/5xx before a stream starts has the OpenAI JSON erro
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 import time
 import weakref
@@ -351,7 +352,7 @@ def _start_generation(
         stream, renderer,
         headers=_generation_headers(state, served, cv, renderer, pick.encoding, zdict,
                                     pick.reason_code.value, gen.request_id),
-        compressor=new_compressor(pick.encoding, dictionary=zdict),
+        compressor=functools.partial(new_compressor, pick.encoding, dictionary=zdict),
         on_failure=on_failure or _failure_response, window=state.settings.window_s,
         streaming=streaming, clock=state.clock, record=stream.observer,
     )

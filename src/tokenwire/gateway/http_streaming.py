@@ -75,7 +75,7 @@ class EventResponse:
         renderer: Renderer,
         *,
         headers: Headers,
-        compressor: Compressor,
+        compressor: Callable[[], Compressor],
         on_failure: ErrorFactory,
         window: float,
         streaming: bool = True,
@@ -86,11 +86,14 @@ class EventResponse:
         self._record = record
         self._renderer = renderer
         self._headers = headers
-        self._compressor = compressor
+        # Built when the body starts, not at admission: a compressor holds its window
+        # (~0.1 MB gzip, ~0.4 MB brotli) and hundreds of requests may be queued.
+        self._new_compressor = compressor
         self._on_failure = on_failure
         self._window = window
         self._streaming = streaming
         self._clock = clock
+        self._encoding = "identity"  # of the streamed body, once it started
         self._terminal_seen = False
         self.disconnected = False
 
@@ -129,11 +132,11 @@ class EventResponse:
         raw.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        self._count(body)
 
     async def _send_failure(self, send: Send, failure: Failure) -> None:
         status, headers, body = self._on_failure(failure)
         await self._send_whole(send, status, headers, body)
+        self._count("identity", body)  # error bodies are never content-coded
 
     async def _whole_body(self, send: Send) -> None:
         events = [await self._next()]
@@ -144,8 +147,10 @@ class EventResponse:
             return
         renderer = self._renderer
         body = b"".join(chunk for ev in events for chunk in renderer.on_event(ev))
-        comp = self._compressor
-        await self._send_whole(send, 200, self._headers, comp.compress(body) + comp.finish())
+        comp = self._new_compressor()
+        data = comp.compress(body) + comp.finish()
+        await self._send_whole(send, 200, self._headers, data)
+        self._count(comp.encoding, data)
 
     async def _stream_body(self, send: Send) -> None:
         event = await self._next()
@@ -160,7 +165,9 @@ class EventResponse:
             return
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._headers]
         await send({"type": "http.response.start", "status": 200, "headers": raw})
-        coalescer = Coalescer(self._compressor, window=self._window)
+        comp = self._new_compressor()
+        coalescer = Coalescer(comp, window=self._window)
+        self._encoding = comp.encoding
         try:
             while True:
                 chunks = [c for ev in held for c in self._renderer.on_event(ev)]
@@ -201,8 +208,8 @@ class EventResponse:
 
     async def _body(self, send: Send, data: bytes, *, more: bool) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": more})
-        self._count(data)
+        self._count(self._encoding, data)
 
-    def _count(self, data: bytes) -> None:
+    def _count(self, encoding: str, data: bytes) -> None:
         if self._record is not None and data:
-            self._record.wire_bytes(self._compressor.encoding, len(data))
+            self._record.wire_bytes(encoding, len(data))

@@ -98,10 +98,10 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
     if call.stream:
         return _SSEResponse(stream, renderer, headers=headers, on_final=on_final,
                             record=stream.observer)
-    from tokenwire.codec.compression import new_compressor
+    from tokenwire.codec.compression import IdentityCompressor
 
     return EventResponse(stream, _StoringRenderer(renderer, on_final, headers), headers=headers,
-                         compressor=new_compressor("identity"), on_failure=_failure_response,
+                         compressor=IdentityCompressor, on_failure=_failure_response,
                          window=0.0, streaming=False, record=stream.observer)
 
 
