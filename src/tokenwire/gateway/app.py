@@ -6,11 +6,15 @@ Routes:
   body) or a Codec binary format (§2.3). Prompt as text (pattern A) or ids (pattern B).
 * ``POST /v1/completions/codec``: Path C, a msgpack or protobuf ``CodecRequest`` body (§1.3).
 * ``POST /v1/chat/completions``: OpenAI Chat, same ``stream_format`` choices.
-* ``GET /v1/models``, ``GET /health``, ``GET /codec/schema`` (§2.2), ``GET /codec/version``.
+* ``GET /v1/models``, ``GET /health`` (with the capacity counts and the ``features`` list),
+  ``GET /metrics`` (Prometheus), ``GET /codec/schema`` (§2.2), ``GET /codec/version``.
 * ``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes (:mod:`.tokenize_routes`).
 * ``/.well-known/codec/...`` from :mod:`tokenwire.gateway.wellknown` when it is installed.
 
-Requests are routed by ``model`` to a :class:`~tokenwire.gateway.router.ServedModel`
+Every inference request takes an admission ticket before its body is read
+(:mod:`.admission`) and runs under :class:`~.supervisor.SupervisedStream` (queue, retries,
+deadlines, heartbeats), created by :meth:`GatewayState.supervise`. Requests are routed by
+``model`` to a :class:`~tokenwire.gateway.router.ServedModel`
 (:mod:`.router`): one of several upstreams. Every generation response carries ``Vary:
 Accept-Encoding, Codec-Client-Version`` (§9.1 item 3) and the routed model's
 ``Codec-Tokenizer-Map`` (when it has a map); binary streams add ``Codec-Ids-Source``
