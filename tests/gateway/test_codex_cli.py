@@ -381,3 +381,46 @@ def test_context_overflow_reaches_codex_as_context_length_exceeded(
     # Codex words this code itself ("Codex ran out of room in the model's context window").
     [turn] = run.of_type("turn.failed")
     assert "ran out of room" in turn["error"]["message"], run.stdout
+
+
+# -- upstream failures as Codex lives them (issue 6) -------------------------------------------
+
+
+def _error(status: int, code: str, type_: str = "server_error") -> Reply:
+    body = json.dumps({"error": {"message": "scripted", "type": type_, "code": code}})
+    # Connection: close, so no keep-alive socket outlives the test in the adapter's pool
+    # (this fixture never closes the adapter's client, which belongs to uvicorn's thread).
+    return Reply(chunks=(body.encode(),), status=status,
+                 headers=(("content-type", "application/json"), ("connection", "close")))
+
+
+def test_a_500_before_output_is_retried_by_the_gateway_and_codex_never_reconnects(
+        compat_gateway, tmp_path) -> None:
+    calls: list[int] = []
+
+    def respond(path: str, body: dict) -> Reply:
+        calls.append(1)
+        if len(calls) == 1:
+            return _error(500, "server_error")
+        return Reply(chunks=chat_stream("vllm", ["Hi ", "again."]))
+
+    fake, gw = compat_gateway(respond)
+    run = run_codex(gw.url, "m", "say hi", tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [m["text"] for m in run.items("agent_message")] == ["Hi again."]
+    assert not run.reconnected, run.stdout
+    # One request from Codex, two upstream attempts (the seed's single retry after 1 s).
+    assert len(gw.recording.bodies) == 1 and len(fake.requests) == 2
+
+
+def test_a_quota_429_stops_codex_after_one_request(compat_gateway, tmp_path) -> None:
+    fake, gw = compat_gateway(
+        lambda path, body: _error(429, "insufficient_quota", "insufficient_quota"))
+    run = run_codex(gw.url, "m", "say hi", tmp_path)
+    assert run.returncode != 0
+    [turn] = run.of_type("turn.failed")
+    assert "Quota exceeded" in turn["error"]["message"], run.stdout  # Codex's own words
+    assert "Reconnecting" not in run.stdout
+    assert len(gw.recording.bodies) == 1 and len(fake.requests) == 1  # final: no retries
+    [failed] = [e for e in gw.recording.events(0) if e["type"] == "response.failed"]
+    assert failed["response"]["error"]["code"] == "insufficient_quota"
