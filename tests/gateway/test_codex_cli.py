@@ -424,3 +424,22 @@ def test_a_quota_429_stops_codex_after_one_request(compat_gateway, tmp_path) -> 
     assert len(gw.recording.bodies) == 1 and len(fake.requests) == 1  # final: no retries
     [failed] = [e for e in gw.recording.events(0) if e["type"] == "response.failed"]
     assert failed["response"]["error"]["code"] == "insufficient_quota"
+
+
+def test_a_throttle_is_waited_out_by_the_gateway_not_by_codex(compat_gateway, tmp_path) -> None:
+    calls: list[int] = []
+
+    def respond(path: str, body: dict) -> Reply:
+        calls.append(1)
+        if len(calls) <= 2:
+            throttled = _error(429, "rate_limit_exceeded", "rate_limit_error")
+            return Reply(chunks=throttled.chunks, status=429,
+                         headers=(*throttled.headers, ("retry-after", "1")))
+        return Reply(chunks=chat_stream("vllm", ["Hi ", "after ", "waiting."]))
+
+    fake, gw = compat_gateway(respond)
+    run = run_codex(gw.url, "m", "say hi", tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert [m["text"] for m in run.items("agent_message")] == ["Hi after waiting."]
+    assert "Reconnecting" not in run.stdout
+    assert len(gw.recording.bodies) == 1 and len(fake.requests) == 3
