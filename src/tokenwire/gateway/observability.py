@@ -38,22 +38,25 @@ never fail a request, so an internal error is counted in
 
 from __future__ import annotations
 
-import copy
 import functools
 import logging
 import math
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.process_collector import ProcessCollector
-from prometheus_client.registry import Collector
 
 from tokenwire.gateway.ir import FailureClass
+from tokenwire.gateway.metrics import (
+    DURATION_BUCKETS_S,
+    CapacityCollector,
+    Metrics,
+    WithoutCreated,
+)
 
 __all__ = [
     "APIS", "API_BY_PATH", "BUDGETS", "DURATION_BUCKETS_S", "ENCODINGS", "FAILURE_CLASSES",
@@ -102,12 +105,6 @@ OUTCOMES: Final = frozenset({"completed", "failed", "cancelled"})
 #: when a caller reports a failure without a class.
 FAILURE_CLASSES: Final = frozenset({c.value for c in FailureClass} | {"cancelled", UNSPECIFIED})
 
-#: Histogram buckets for LLM latencies, 5 ms (a cached or tiny answer) to 10 min (a long
-#: reasoning turn); requests are capped at one hour, beyond which +Inf is enough.
-DURATION_BUCKETS_S: Final = (
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
-    600.0,
-)
 #: The classic text format, pinned rather than the library's version-dependent default
 #: (``version=1.0.0`` in 0.26): our names are legacy-valid, so the body is 0.0.4 either way.
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -250,110 +247,6 @@ def _never_raises(
     return wrapper
 
 
-# -- metrics ---------------------------------------------------------------------------------
-
-
-class _CapacityCollector(Collector):
-    """``tokenwire_requests_running`` / ``_queued``, read from the capacity gate at scrape
-    time, so the gauges are never stale and the gate needs no hook into this module."""
-
-    def __init__(self, on_error: Callable[[str, Exception], None]) -> None:
-        self.source: Callable[[], tuple[int, int]] | None = None
-        self._on_error = on_error
-
-    def describe(self) -> Iterable[Metric]:
-        # Names only, so registering does not call a source that is not set yet.
-        return self._families(0, 0)
-
-    def collect(self) -> Iterable[Metric]:
-        source = self.source
-        if source is None:
-            return []  # absent rather than a misleading 0
-        try:
-            running, queued = source()
-        except Exception as exc:  # a scrape must not fail on the gate's bug
-            self._on_error("capacity_source", exc)
-            return []
-        return self._families(_count(running), _count(queued))
-
-    @staticmethod
-    def _families(running: int, queued: int) -> list[Metric]:
-        return [GaugeMetricFamily("tokenwire_requests_running",
-                                  "Upstream requests holding a capacity slot.", value=running),
-                GaugeMetricFamily("tokenwire_requests_queued",
-                                  "Requests waiting in the capacity queue.", value=queued)]
-
-
-class _Metrics:
-    """The metric objects, created once per registry."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
-            return Counter(name, doc, labels, registry=registry)
-
-        def histogram(name: str, doc: str, labels: tuple[str, ...] = ()) -> Histogram:
-            return Histogram(name, doc, labels, registry=registry, buckets=DURATION_BUCKETS_S)
-
-        self.requests = counter(
-            "tokenwire_requests_total", "Requests finished, by outcome.",
-            ("api", "model", "outcome"))
-        self.failures = counter(
-            "tokenwire_request_failures_total",
-            "Requests failed, by failure class (client disconnects are not failures).",
-            ("api", "model", "failure_class"))
-        self.rejected = counter(
-            "tokenwire_requests_rejected_total",
-            "Requests refused before admission (queue full, auth, origin, size...).",
-            ("api", "reason"))
-        self.attempts = counter(
-            "tokenwire_upstream_attempts_total", "Upstream attempts started.", ("upstream",))
-        self.retries = counter(
-            "tokenwire_retries_total", "Retries scheduled, by retry budget.",
-            ("upstream", "budget"))
-        self.retry_wait = counter(
-            "tokenwire_retry_wait_seconds_total", "Backoff scheduled before retries.",
-            ("budget",))
-        self.heartbeats = counter(
-            "tokenwire_heartbeats_total", "Keep-alive events sent to clients.", ("api",))
-        self.completion_tokens = counter(
-            "tokenwire_completion_tokens_total",
-            "Completion tokens: streamed, or the upstream's usage when it reports more.",
-            ("api", "model"))
-        self.prompt_tokens = counter(
-            "tokenwire_prompt_tokens_total", "Prompt tokens reported by upstreams.", ("model",))
-        self.wire_bytes = counter(
-            "tokenwire_wire_bytes_total",
-            "Response bytes written to clients after content-coding.", ("api", "encoding"))
-        self.errors = counter(
-            "tokenwire_observability_errors_total",
-            "Internal errors of the metrics and logging code (dropped, never raised).")
-        self.ttft = histogram(
-            "tokenwire_time_to_first_token_seconds",
-            "From request start (including the queue) to the first output.", ("api", "model"))
-        self.queue_wait = histogram(
-            "tokenwire_queue_wait_seconds", "Time spent in the capacity queue.")
-        self.duration = histogram(
-            "tokenwire_request_duration_seconds", "Request duration, by outcome.",
-            ("api", "outcome"))
-
-
-class _WithoutCreated(Collector):
-    """A view of a registry without the ``*_created`` samples prometheus_client adds to
-    every counter and histogram child: in the classic text format they are separate gauge
-    series that double the scrape for a timestamp nobody graphs."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self._registry = registry
-
-    def collect(self) -> Iterator[Metric]:
-        for metric in self._registry.collect():
-            samples = [s for s in metric.samples if not s.name.endswith("_created")]
-            if len(samples) != len(metric.samples):
-                metric = copy.copy(metric)
-                metric.samples = samples
-            yield metric
-
-
 # -- the app-wide object ---------------------------------------------------------------------
 
 
@@ -372,8 +265,8 @@ class Observability:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.logger = logger if logger is not None else logging.getLogger(LOGGER_NAME)
         self.clock = clock
-        self._m = _Metrics(self.registry)
-        self._capacity = _CapacityCollector(self._internal_error)
+        self._m = Metrics(self.registry)
+        self._capacity = CapacityCollector(self._internal_error)
         self.registry.register(self._capacity)
         if own_registry and process_metrics:
             # Resident memory and open fds per app registry (the load test watches memory).
@@ -413,7 +306,7 @@ class Observability:
 
     def metrics_response_body(self) -> tuple[bytes, str]:
         """``(body, content_type)`` for ``GET /metrics`` in the Prometheus text format."""
-        return generate_latest(_WithoutCreated(self.registry)), METRICS_CONTENT_TYPE
+        return generate_latest(WithoutCreated(self.registry)), METRICS_CONTENT_TYPE
 
     def _internal_error(self, where: str, exc: Exception) -> None:
         try:
