@@ -41,6 +41,8 @@ __all__ = [
     "Admission",
     "AdmissionMiddleware",
     "Ticket",
+    "is_inference",
+    "send_refusal",
 ]
 
 #: Seed: "The daemon runs at most maxConcurrent providers (four by default)."
@@ -234,15 +236,31 @@ _REASONS = {400: "invalid_request", 404: "not_found", 408: "body_timeout",
             413: "body_too_large", 415: "unsupported_media_type", 426: "upgrade_required"}
 
 
-def _busy_body(path: str) -> bytes:
-    """OpenAI's error shape, or Anthropic's on the Messages route, with a retryable code."""
+def is_inference(scope: Scope) -> bool:
+    """A request that reaches an upstream: a POST to one of :data:`INFERENCE_PATHS`."""
+    return scope["type"] == "http" and scope.get("method") == "POST" \
+        and scope.get("path") in INFERENCE_PATHS
+
+
+async def send_refusal(send: Send, path: str, *, status: int, retry_after_s: int,
+                       message: str, openai: tuple[str, str], anthropic_type: str,
+                       close: bool = False) -> None:
+    """A retryable refusal sent before the body is read: ``Retry-After`` and OpenAI's error
+    shape (``openai`` = its type and code), or Anthropic's on the Messages route."""
     if path == "/v1/messages":
-        body: dict[str, Any] = {"type": "error", "error": {"type": "rate_limit_error",
-                                                           "message": _BUSY_MESSAGE}}
+        body: dict[str, Any] = {"type": "error", "error": {"type": anthropic_type,
+                                                           "message": message}}
     else:
-        body = {"error": {"message": _BUSY_MESSAGE, "type": "rate_limit_error",
-                          "param": None, "code": "rate_limit_exceeded"}}
-    return json.dumps(body).encode()
+        body = {"error": {"message": message, "type": openai[0], "param": None,
+                          "code": openai[1]}}
+    raw = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"retry-after", str(retry_after_s).encode()),
+               (b"content-length", str(len(raw)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": raw})
 
 
 class AdmissionMiddleware:
@@ -260,20 +278,17 @@ class AdmissionMiddleware:
         self._on_rejected = on_rejected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" \
-                or scope.get("path") not in INFERENCE_PATHS:
+        if not is_inference(scope):
             await self.app(scope, receive, send)
             return
         ticket = self.admission.reserve(asyncio.get_running_loop().time())
         if ticket is None:
             if self._on_rejected is not None:
                 self._on_rejected(scope["path"], 429, "queue_full")
-            body = _busy_body(scope["path"])
-            await send({"type": "http.response.start", "status": 429, "headers": [
-                (b"content-type", b"application/json"),
-                (b"retry-after", str(RETRY_AFTER_S).encode()),
-                (b"content-length", str(len(body)).encode())]})
-            await send({"type": "http.response.body", "body": body})
+            await send_refusal(send, scope["path"], status=429, retry_after_s=RETRY_AFTER_S,
+                               message=_BUSY_MESSAGE,
+                               openai=("rate_limit_error", "rate_limit_exceeded"),
+                               anthropic_type="rate_limit_error")
             return
         scope[TICKET_SCOPE_KEY] = ticket
         status = 0

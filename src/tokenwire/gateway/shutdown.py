@@ -31,7 +31,6 @@ SIGINT forces exit still holds for the waits after it.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from types import FrameType
@@ -39,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from tokenwire.gateway.admission import INFERENCE_PATHS
+from tokenwire.gateway.admission import is_inference, send_refusal
 from tokenwire.gateway.ir import Failure, FailureClass
 
 if TYPE_CHECKING:
@@ -92,17 +91,6 @@ def shutdown_failure() -> Failure:
                            "retry it")
 
 
-def _drain_body(path: str) -> bytes:
-    """OpenAI's error shape, or Anthropic's on the Messages route (like the admission 429)."""
-    if path == "/v1/messages":
-        body: dict[str, Any] = {"type": "error", "error": {"type": "overloaded_error",
-                                                           "message": _DRAIN_MESSAGE}}
-    else:
-        body = {"error": {"message": _DRAIN_MESSAGE, "type": "server_error", "param": None,
-                          "code": "server_shutting_down"}}
-    return json.dumps(body).encode()
-
-
 class DrainGate:
     """Pure ASGI middleware: while :attr:`draining`, inference requests get a 503 with
     ``Retry-After`` and ``Connection: close`` before their body is read; everything else
@@ -116,18 +104,14 @@ class DrainGate:
         self.refused = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.draining or scope["type"] != "http" or scope.get("method") != "POST" \
-                or scope.get("path") not in INFERENCE_PATHS:
+        if not self.draining or not is_inference(scope):
             await self.app(scope, receive, send)
             return
         self.refused += 1
-        body = _drain_body(scope["path"])
-        await send({"type": "http.response.start", "status": 503, "headers": [
-            (b"content-type", b"application/json"),
-            (b"retry-after", str(self.retry_after_s).encode()),
-            (b"connection", b"close"),
-            (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_refusal(send, scope["path"], status=503, retry_after_s=self.retry_after_s,
+                           message=_DRAIN_MESSAGE,
+                           openai=("server_error", "server_shutting_down"),
+                           anthropic_type="overloaded_error", close=True)
 
 
 class GracefulServer(uvicorn.Server):
