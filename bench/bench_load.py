@@ -8,7 +8,7 @@ What is shown (issue 6, "How it must be shown", last bullet), on loopback, in on
   a slow model, so the gateway's queue, not the model, is what is exercised.
 * Gateway: the real ``tokenwire serve`` stack (``build_gateway`` over ``--upstream``,
   ``harden(create_app())``, uvicorn with ``uvicorn_limits(state)``) in its own process, served by
-  :mod:`tokenwire.gateway.shutdown` (graceful shutdown). Capacity ``MAX_CONCURRENT``
+  :mod:`tokenwire.gateway.http.shutdown` (graceful shutdown). Capacity ``MAX_CONCURRENT``
   upstream requests and a queue of ``QUEUE_SIZE``; ``heartbeat_s`` shortened from 15 s to
   ``HEARTBEAT_S`` so queued clients see many heartbeats in a bounded run; uvicorn's
   ``limit_concurrency`` is the product's: twice the admission capacity + 64, so the
@@ -174,12 +174,12 @@ async def _serve_gateway(up_port: int, port: int) -> None:
     with graceful shutdown."""
     import uvicorn
 
-    from tokenwire.gateway.app import create_app
     from tokenwire.gateway.config import config_from_urls
-    from tokenwire.gateway.security import harden
+    from tokenwire.gateway.http.app import create_app
+    from tokenwire.gateway.http.security import harden
+    from tokenwire.gateway.http.shutdown import serve_with_graceful_shutdown
     from tokenwire.gateway.server import build_gateway, uvicorn_limits
     from tokenwire.gateway.settings import ServerSettings
-    from tokenwire.gateway.shutdown import serve_with_graceful_shutdown
 
     cfg = config_from_urls([f"http://127.0.0.1:{up_port}/v1"], max_concurrent=MAX_CONCURRENT,
                            env=os.environ)

@@ -165,7 +165,7 @@ def _ttft_rows(engine: EmbeddedEngine) -> list[dict]:
     from llama_cpp import Llama
 
     from tokenwire.codec.frames_msgpack import FrameDecoder
-    from tokenwire.gateway.app import create_app
+    from tokenwire.gateway.http.app import create_app
     from tokenwire.gateway.server import build_embedded_state
     from tokenwire.gateway.settings import ServerSettings
 

@@ -316,7 +316,7 @@ class PreviousResponseNotFound(ResponsesRequestError):
 
 
 class RetryStateError(LocalProtocolError):
-    """A ``gateway.retry.RetryState`` method called out of order (a bug in the caller)."""
+    """A ``supervision.retry.RetryState`` method called out of order (a bug in the caller)."""
 
 
 class RetryDeadlinePassed(RetryStateError):

@@ -3,7 +3,7 @@ every wrong answer codec-spec §2.7 tells a client how to handle.
 
 The scenario is the first path segment of the client's ``base_url``
 (``<origin>/s/<scenario>/v1/completions``), so one server serves every test. The
-well-known routes are our real :mod:`tokenwire.gateway.wellknown` ones.
+well-known routes are our real :mod:`tokenwire.gateway.http.wellknown` ones.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tokenwire.codec.maps import bundled_map_path, load_map_file, sha256_hash
 from tokenwire.codec.requests import decode_request, request_format_for_content_type
 from tokenwire.codec.tokenizer import Tokenizer
 from tokenwire.codec.versioning import VersionPolicy, upgrade_required_response
-from tokenwire.gateway.wellknown import DiscoveryState, wellknown_routes
+from tokenwire.gateway.http.wellknown import DiscoveryState, wellknown_routes
 
 MAP = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
 TOKENIZER = Tokenizer.from_map(MAP)

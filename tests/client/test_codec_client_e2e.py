@@ -66,7 +66,7 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
     probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120)
     if probe.returncode != 0:
         pytest.skip("llama-cpp-python cannot decode on this machine")
-    from tokenwire.gateway.app import create_app
+    from tokenwire.gateway.http.app import create_app
     from tokenwire.gateway.server import build_embedded_state
     from tokenwire.gateway.settings import ServerSettings, load_zstd_dict_arg
     from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
@@ -175,7 +175,7 @@ def test_json_sse_text_equals_the_detokenized_binary_stream(deployment, referenc
 
 
 def test_advertised_map_is_a_new_map_so_a_bundled_pin_is_refused(deployment) -> None:
-    # Documented consequence of advertising dictionaries (gateway/wellknown.py).
+    # Documented consequence of advertising dictionaries (gateway/http/wellknown.py).
     ok = _complete(deployment.plain, "msgpack", "gzip", tokenizer_map=deployment.bundled)
     assert ok.stats.tokenizer_map == deployment.bundled.hash
     with pytest.raises(TokenizerMapMismatch):

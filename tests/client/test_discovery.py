@@ -353,7 +353,7 @@ def test_async_twins_share_the_rules(site) -> None:
 def test_discovery_resolves_against_our_own_wellknown_routes(http) -> None:
     from tests.conftest import fixture_map_path
     from tokenwire.codec.maps import load_map_file
-    from tokenwire.gateway.wellknown import DiscoveryState, wellknown_routes
+    from tokenwire.gateway.http.wellknown import DiscoveryState, wellknown_routes
 
     tmap = load_map_file(fixture_map_path("anthropic/claude-3-text"))
     app = Starlette(routes=wellknown_routes(DiscoveryState(maps=(tmap,))))

@@ -23,7 +23,8 @@ import uvicorn
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ServerBusy
-from tokenwire.gateway.app import GatewayState, create_app
+from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import Event, GenerationRequest
 from tokenwire.gateway.settings import ServerSettings, build_policy
 

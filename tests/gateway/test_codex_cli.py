@@ -68,9 +68,10 @@ import uvicorn
 
 from tests.gateway.upstreams.fakes import Reply, ToolScript, chat_stream, start_fake
 from tokenwire.codec.maps import TokenizerMap
-from tokenwire.gateway.app import GatewayState, create_app
+from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import IdsSource
-from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
@@ -213,7 +214,7 @@ class Gateway:
 def serve_gateway(state: GatewayState) -> Gateway:
     app = create_app(state)
     if not any(getattr(r, "path", None) == "/v1/responses" for r in app.routes):
-        pytest.skip("tokenwire has no POST /v1/responses route yet (apis/responses_route.py)")
+        pytest.skip("tokenwire has no POST /v1/responses route yet (http/responses_routes.py)")
     recording = Recording(app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

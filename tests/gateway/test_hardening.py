@@ -27,8 +27,10 @@ from tokenwire.cli import serve as serve_cmd
 from tokenwire.codec.requests import CodecRequest, encode_request
 from tokenwire.errors import ConfigError
 from tokenwire.gateway import server as server_mod
-from tokenwire.gateway.app import GatewayState, create_app
 from tokenwire.gateway.config import parse_config
+from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.http.security import CrashBarrier, SecurityMiddleware
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import (
     Finish,
     FinishKind,
@@ -36,8 +38,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     Usage,
 )
-from tokenwire.gateway.router import Router, ServedModel
-from tokenwire.gateway.security import CrashBarrier, SecurityMiddleware
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 
 from .conftest import ScriptedUpstream

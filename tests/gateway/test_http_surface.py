@@ -18,6 +18,7 @@ import pytest
 from tokenwire.codec import frames_msgpack, frames_protobuf
 from tokenwire.codec.requests import CodecRequest, encode_request
 from tokenwire.codec.versioning import VersionPolicy, VersionPolicyMode
+from tokenwire.gateway.http.schema import PROTO_SCHEMA
 from tokenwire.gateway.ir import (
     Failure,
     FailureClass,
@@ -26,7 +27,6 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     Usage,
 )
-from tokenwire.gateway.schema import PROTO_SCHEMA
 
 from .conftest import ScriptedUpstream
 

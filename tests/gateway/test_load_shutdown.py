@@ -2,7 +2,7 @@
 graceful shutdown that finishes or cleanly fails every one of them.
 
 The gateway is the real stack (``harden(create_app())`` under
-:func:`~tokenwire.gateway.shutdown.graceful_server`, uvicorn on a free loopback port, in a
+:func:`~tokenwire.gateway.http.shutdown.graceful_server`, uvicorn on a free loopback port, in a
 thread); its upstream is :class:`MarkerUpstream`, which streams text (and ids) naming the
 marker found in each request's prompt. Every client has its own marker, so a lost,
 duplicated or crossed event shows as text that is not exactly the client's own, and every
@@ -31,11 +31,12 @@ from tokenwire.codec.detokenizer import Detokenizer
 from tokenwire.codec.frames_msgpack import FrameDecoder
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.tokenizer import Tokenizer
-from tokenwire.gateway.app import GatewayState, create_app
+from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.http.security import harden
+from tokenwire.gateway.http.shutdown import DrainGate, GracefulServer, graceful_server
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import Event, Finish, FinishKind, GenerationRequest, TokenDelta
-from tokenwire.gateway.security import harden
 from tokenwire.gateway.settings import ServerSettings
-from tokenwire.gateway.shutdown import DrainGate, GracefulServer, graceful_server
 
 pytestmark = pytest.mark.slow
 

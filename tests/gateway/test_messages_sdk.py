@@ -15,9 +15,9 @@ from typing import Any
 import anthropic
 import pytest
 
-from tokenwire.gateway.app import GatewayState
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import IdsSource
-from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.anthropic_upstream import AnthropicUpstream
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig

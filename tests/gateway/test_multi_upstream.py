@@ -25,10 +25,10 @@ from starlette.routing import Route
 
 from tokenwire.codec.frames_msgpack import FrameDecoder
 from tokenwire.codec.tokenizer import Tokenizer
-from tokenwire.gateway.app import GatewayState
 from tokenwire.gateway.config import config_from_urls, parse_config
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import Finish, FinishKind, IdsSource, TokenDelta, Usage
-from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.server import build_gateway, serve_gateway
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState

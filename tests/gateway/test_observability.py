@@ -31,9 +31,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from tokenwire.gateway import observability as obs_mod
 from tokenwire.gateway.ir import FailureClass
-from tokenwire.gateway.observability import (
+from tokenwire.gateway.observability import records as obs_mod
+from tokenwire.gateway.observability.records import (
     API_BY_PATH,
     APIS,
     DURATION_BUCKETS_S,
@@ -50,7 +50,7 @@ from tokenwire.gateway.observability import (
     bounded_id,
     safe_code,
 )
-from tokenwire.gateway.request_log import JsonLineFormatter, configure_request_logging
+from tokenwire.gateway.observability.request_log import JsonLineFormatter, configure_request_logging
 
 _logger_ids = itertools.count()
 

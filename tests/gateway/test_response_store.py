@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenwire.gateway.response_store import ResponseStore, SQLiteResponseStore
+from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
 
 
 class Clock:

@@ -365,7 +365,7 @@ def test_a_non_streaming_untouched_body_is_translated_to_a_stream(
 
 @pytest.fixture(scope="module")
 def gateway_url(_server: RawServer) -> Iterator[str]:
-    from tokenwire.gateway.app import GatewayState
+    from tokenwire.gateway.http.state import GatewayState
     from tokenwire.gateway.settings import ServerSettings
 
     from .conftest import start_server

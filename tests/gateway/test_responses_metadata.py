@@ -25,21 +25,21 @@ import openai
 import pytest
 
 from tokenwire.gateway.affinity import MAX_TURN_STATE_CHARS, wrap_turn_state
-from tokenwire.gateway.app import GatewayState
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import (
     Finish,
     FinishKind,
     IdsSource,
     ResponseMeta,
 )
-from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
-from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.responses_upstream import (
     ResponsesStreamParser,
     ResponsesUpstream,
 )
+from tokenwire.gateway.upstreams.sse import SSEEvent
 
 from .conftest import Served, start_server
 from .upstreams.fakes_responses import ResponsesStream, Script, ScriptedServer

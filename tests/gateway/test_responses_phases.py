@@ -28,7 +28,7 @@ from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
 from tokenwire.gateway.apis.completions import CompletionsRenderer
 from tokenwire.gateway.apis.messages import MessagesRenderer
 from tokenwire.gateway.apis.responses_render import ResponsesRenderer
-from tokenwire.gateway.app import GatewayState
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import (
     Event,
     Failure,
@@ -41,14 +41,14 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     Usage,
 )
-from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
-from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.responses_upstream import (
     ResponsesStreamParser,
     ResponsesUpstream,
 )
+from tokenwire.gateway.upstreams.sse import SSEEvent
 
 from .conftest import Served, start_server
 from .upstreams.fakes_responses import ResponsesStream, Script, ScriptedServer

@@ -29,7 +29,7 @@ from tokenwire.gateway.ir import (
     TextPart,
     ToolSpec,
 )
-from tokenwire.gateway.response_store import SQLiteResponseStore
+from tokenwire.gateway.state.response_store import SQLiteResponseStore
 from tokenwire.gateway.upstreams.responses_upstream import build_responses_body
 
 
@@ -327,7 +327,7 @@ def test_an_expired_previous_response_id_is_not_found() -> None:
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[Any]:
-    from tokenwire.gateway.app import GatewayState
+    from tokenwire.gateway.http.state import GatewayState
     from tokenwire.gateway.settings import ServerSettings
     from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
     from tokenwire.gateway.upstreams.responses_upstream import ResponsesUpstream

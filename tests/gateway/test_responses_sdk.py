@@ -22,9 +22,9 @@ import openai
 import pytest
 
 from tokenwire.gateway.apis.responses_render import unwrap_encrypted
-from tokenwire.gateway.app import GatewayState
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import IdsSource
-from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.anthropic_upstream import AnthropicUpstream
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
@@ -452,7 +452,7 @@ def test_a_quiet_upstream_gets_in_progress_heartbeats_in_sequence() -> None:
     """The supervisor's heartbeat is rendered as a data event that keeps the sequence (when
     heartbeats are sent is the supervisor's business: tests/gateway/test_supervisor.py)."""
     from tokenwire.gateway.apis.responses_render import ResponsesRenderer
-    from tokenwire.gateway.apis.responses_route import _SSEResponse
+    from tokenwire.gateway.http.responses_routes import _SSEResponse
     from tokenwire.gateway.ir import Finish, FinishKind, Heartbeat
 
     class Quiet:

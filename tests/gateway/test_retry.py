@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenwire.gateway import retry as retry_mod
 from tokenwire.gateway.ir import Failure, FailureClass
-from tokenwire.gateway.retry import (
+from tokenwire.gateway.supervision import retry as retry_mod
+from tokenwire.gateway.supervision.retry import (
     CONNECTION_BUDGET_S,
     THROTTLE_BUDGET_S,
     THROTTLE_EXHAUSTED_MESSAGE,

@@ -16,7 +16,8 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     Usage,
 )
-from tokenwire.gateway.router import HealthMonitor, Router, ServedModel, overall_status
+from tokenwire.gateway.routing.health import HealthMonitor, overall_status
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
 
 from .conftest import ScriptedUpstream

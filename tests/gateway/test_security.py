@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenwire.errors import ConfigError
-from tokenwire.gateway.security import SecurityMiddleware
+from tokenwire.gateway.http.security import SecurityMiddleware
 
 GOOD = "tw-test-secret-0123456789"
 OTHER = "tw-other-secret-abcdef"

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenwire.errors import FrameTooLarge, RemoteProtocolError, TruncatedStream
-from tokenwire.gateway.sse import SSEDecoder, SSEEvent
+from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
 
 
 def whole(data: bytes, **kw) -> list[SSEEvent]:

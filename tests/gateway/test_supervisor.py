@@ -18,7 +18,6 @@ from typing import Any
 import looptime
 import pytest
 
-from tokenwire.gateway.admission import Admission
 from tokenwire.gateway.ir import (
     Event,
     Failure,
@@ -31,8 +30,9 @@ from tokenwire.gateway.ir import (
     ResponseMeta,
     TokenDelta,
 )
-from tokenwire.gateway.retry import THROTTLE_EXHAUSTED_MESSAGE
-from tokenwire.gateway.supervisor import SupervisedStream, Timing
+from tokenwire.gateway.supervision.admission import Admission
+from tokenwire.gateway.supervision.retry import THROTTLE_EXHAUSTED_MESSAGE
+from tokenwire.gateway.supervision.supervisor import SupervisedStream, Timing
 
 REQUEST = GenerationRequest(prompt=PromptText(text="hi"))
 EOS = Finish(reason=FinishKind.EOS)

@@ -18,7 +18,7 @@ from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.maps import load_map_bytes, load_map_file, sha256_hash
 from tokenwire.codec.safety_policy import canonicalise, parse_policy
 from tokenwire.codec.versioning import VersionPolicy, VersionPolicyMode
-from tokenwire.gateway.wellknown import (
+from tokenwire.gateway.http.wellknown import (
     CACHE_CONTROL,
     DiscoveryState,
     PublishedPolicy,

@@ -197,7 +197,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _request_log(args: argparse.Namespace) -> None:
     if args.request_log == "json":
-        from tokenwire.gateway.request_log import configure_request_logging
+        from tokenwire.gateway.observability.request_log import configure_request_logging
 
         configure_request_logging(sys.stderr)
 

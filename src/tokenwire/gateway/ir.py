@@ -198,7 +198,7 @@ class MessageStart(msgspec.Struct, frozen=True, kw_only=True, tag="message_start
 class Heartbeat(msgspec.Struct, frozen=True, kw_only=True, tag="heartbeat"):
     """Nothing happened for a while: the request is queued, waiting to retry, or the
     upstream is quiet. Never from an upstream: the supervisor between upstreams and APIs
-    (``gateway/supervisor.py``) sends it every 15 s of silence, and each streaming API
+    (``gateway/supervision/supervisor.py``) sends it every 15 s of silence, and each streaming API
     renders its own keep-alive (seed, "Streaming, reasoning summaries, and heartbeats"):
     ``response.in_progress`` on Responses, Anthropic's ``ping`` on Messages, an SSE comment
     on Chat and Completions, an empty-ids frame on Codec streams. Not output: it never

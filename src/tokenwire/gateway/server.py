@@ -23,13 +23,15 @@ from typing import Any
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError
-from tokenwire.gateway.app import GatewayState, create_app
 from tokenwire.gateway.config import GatewayConfig, map_for_model
+from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.http.security import harden
+from tokenwire.gateway.http.shutdown import graceful_server
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import IdsSource
-from tokenwire.gateway.router import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor, Router, ServedModel
-from tokenwire.gateway.security import harden
+from tokenwire.gateway.routing.health import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings, build_policy
-from tokenwire.gateway.shutdown import graceful_server
 from tokenwire.gateway.upstreams import adapter_for
 from tokenwire.gateway.upstreams.base import (
     ModelRoute,
@@ -64,8 +66,8 @@ UVICORN_LIMITS: dict[str, Any] = {
     # within a turn; an idle one is cheap to reopen. uvicorn's default, pinned here.
     "timeout_keep_alive": 5,
     # Open connections (and in-flight requests) before uvicorn answers a plain 503 itself.
-    # A last resort far above the gateway's own admission (gateway/admission.py: requests
-    # running plus queue_size, a few dozen by default), which answers first with a JSON
+    # A last resort far above the gateway's own admission (supervision/admission.py:
+    # requests running plus queue_size, a few dozen by default), which answers first with a JSON
     # 429 and Retry-After. It counts idle keep-alive connections, refused ones and
     # non-inference routes too, so it is generous; 512 keeps their file descriptors well
     # under the common 1024 soft limit, leaving room for upstream pools and logs. A larger
@@ -97,11 +99,11 @@ class ServingPlan:
 
 def _advertised(tmap: TokenizerMap, settings: ServerSettings) -> TokenizerMap:
     # The map lists the loaded dictionaries (codec-spec §3.7); that is a new map with a new
-    # hash, which is then the one Codec-Tokenizer-Map names (see gateway/wellknown.py).
+    # hash, which is then the one Codec-Tokenizer-Map names (see gateway/http/wellknown.py).
     if not settings.zstd_dicts:
         return tmap
     try:
-        from tokenwire.gateway.wellknown import advertise_dictionaries
+        from tokenwire.gateway.http.wellknown import advertise_dictionaries
     except ImportError:  # pragma: no cover
         return tmap
     return advertise_dictionaries(tmap, settings.zstd_dicts, base_url=settings.public_base_url)
@@ -131,7 +133,7 @@ def build_embedded_state(
 def run(plan: ServingPlan, *, log_level: str = "info") -> None:
     """Serve until interrupted (uvicorn), then stop the engine.
 
-    The served app is :func:`~tokenwire.gateway.security.harden` over ``create_app``: auth,
+    The served app is :func:`~tokenwire.gateway.http.security.harden` over ``create_app``: auth,
     Origin and upgrade refusals outermost, so they never reach the engine's queue."""
     import uvicorn
 

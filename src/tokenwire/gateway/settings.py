@@ -24,9 +24,9 @@ from tokenwire.codec.safety_policy import (
 )
 from tokenwire.codec.versioning import VersionPolicy
 from tokenwire.errors import ConfigError
-from tokenwire.gateway.admission import DEFAULT_MAX_CONCURRENT, DEFAULT_QUEUE_SIZE
 from tokenwire.gateway.apis.params import SUPPORTED_STREAM_FORMATS
-from tokenwire.gateway.supervisor import (
+from tokenwire.gateway.supervision.admission import DEFAULT_MAX_CONCURRENT, DEFAULT_QUEUE_SIZE
+from tokenwire.gateway.supervision.supervisor import (
     DEFAULT_HEARTBEAT_S,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_REQUEST_CAP_S,
@@ -87,7 +87,7 @@ class ServerSettings:
     #: False sends every failure to the client as it came.
     retries: bool = True
     #: On SIGTERM/SIGINT, streams in flight get this long to finish before each is ended
-    #: with a clean ``server_shutting_down`` failure (``gateway/shutdown.py``).
+    #: with a clean ``server_shutting_down`` failure (``gateway/http/shutdown.py``).
     drain_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     #: Write ``stop`` instead of ``eos_token``/``stop_sequence`` like the engine forks (§5.7).

@@ -34,8 +34,8 @@ import looptime
 
 from tokenwire.codec.frames_msgpack import FrameDecoder
 from tokenwire.codec.versioning import CLIENT_VERSION_HEADER, OWN_VERSION, format_version
-from tokenwire.gateway.app import create_app
 from tokenwire.gateway.config import GatewayConfig
+from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.server import Gateway, build_gateway
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig

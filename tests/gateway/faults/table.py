@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenwire.gateway.retry import THROTTLE_EXHAUSTED_MESSAGE
+from tokenwire.gateway.supervision.retry import THROTTLE_EXHAUSTED_MESSAGE
 
 from .scripted_upstream import Fault
 

@@ -36,7 +36,6 @@ from tokenwire.gateway.ir import (
     is_terminal,
 )
 from tokenwire.gateway.server import _check_probe
-from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams.anthropic_upstream import (
     _HANDLERS,
     AnthropicUpstream,
@@ -44,6 +43,7 @@ from tokenwire.gateway.upstreams.anthropic_upstream import (
     build_messages_body,
 )
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig, UpstreamState
+from tokenwire.gateway.upstreams.sse import SSEEvent
 
 from .fakes_anthropic import MessagesStream, Script, ScriptedServer, anthropic_server, dumps
 from .fakes_anthropic import error_body as err
@@ -304,9 +304,9 @@ def test_openai_sdk_chat_stream_through_tokenwire_gets_text_and_tool_calls(
         fake: ScriptedServer) -> None:
     import openai
 
-    from tokenwire.gateway.app import GatewayState
+    from tokenwire.gateway.http.state import GatewayState
     from tokenwire.gateway.ir import IdsSource
-    from tokenwire.gateway.router import Router, ServedModel
+    from tokenwire.gateway.routing.router import Router, ServedModel
     from tokenwire.gateway.settings import ServerSettings
 
     from ..conftest import start_server

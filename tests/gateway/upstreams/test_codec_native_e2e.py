@@ -21,9 +21,9 @@ from tokenwire.codec.detokenizer import Detokenizer
 from tokenwire.codec.frames import StreamFormat
 from tokenwire.codec.requests import CodecRequest, encode_request
 from tokenwire.codec.tokenizer import Tokenizer
-from tokenwire.gateway.app import GatewayState
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import IdsSource
-from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams import codec_native
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig, UpstreamState

@@ -136,7 +136,7 @@ def test_a_real_refused_connection_is_named_refused() -> None:
     (ssl.SSLCertVerificationError("certificate verify failed"), "FINAL"),
 ])
 def test_the_retry_budget_reads_the_named_fault(cause, budget) -> None:
-    from tokenwire.gateway.retry import Budget, budget_for
+    from tokenwire.gateway.supervision.retry import Budget, budget_for
 
     failure = failure_from_exception(_chained(httpx.ConnectError("x"), cause), started=False)
     assert budget_for(failure) is Budget[budget]

@@ -32,8 +32,8 @@ from tests.gateway.conftest import start_server
 from tokenwire.codec import frames_msgpack, frames_protobuf
 from tokenwire.codec.maps import bundled_map_path, load_map_file
 from tokenwire.codec.versioning import CLIENT_VERSION_HEADER, OWN_VERSION, format_version
-from tokenwire.gateway.app import GatewayState
-from tokenwire.gateway.router import Router, ServedModel
+from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream

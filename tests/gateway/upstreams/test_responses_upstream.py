@@ -39,13 +39,13 @@ from tokenwire.gateway.ir import (
     Usage,
     is_terminal,
 )
-from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig, UpstreamState
 from tokenwire.gateway.upstreams.responses_upstream import (
     _HANDLERS,
     ResponsesStreamParser,
     ResponsesUpstream,
 )
+from tokenwire.gateway.upstreams.sse import SSEEvent
 
 from .fakes_responses import ResponsesStream, Script, ScriptedServer, sse
 
@@ -405,9 +405,9 @@ def test_openai_sdk_chat_stream_through_tokenwire_gets_text_and_tool_calls(
         fake: ScriptedServer) -> None:
     import openai
 
-    from tokenwire.gateway.app import GatewayState
+    from tokenwire.gateway.http.state import GatewayState
     from tokenwire.gateway.ir import IdsSource
-    from tokenwire.gateway.router import Router, ServedModel
+    from tokenwire.gateway.routing.router import Router, ServedModel
     from tokenwire.gateway.settings import ServerSettings
 
     from ..conftest import start_server

@@ -1,4 +1,4 @@
-"""Anthropic Messages (``POST /v1/messages``): the sans-IO renderer and the route.
+"""Anthropic Messages (``POST /v1/messages``): the sans-IO renderer and error shapes.
 
 Requests are parsed by :mod:`.messages_request` (gateway-research §5.8); the routed
 upstream's kind decides whether signed thinking may travel (only to and from an Anthropic
@@ -20,14 +20,8 @@ import secrets
 from typing import Any
 
 import msgspec
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import Response
 
-from tokenwire.errors import ProtocolError, TokenwireError, UnknownModel
 from tokenwire.gateway.apis.errors import retry_after_header
-from tokenwire.gateway.apis.messages_request import parse_messages_request
-from tokenwire.gateway.apis.params import bad_request
 from tokenwire.gateway.apis.sse import json_bytes
 from tokenwire.gateway.ir import (
     Event,
@@ -46,7 +40,8 @@ __all__ = [
     "MessagesRenderer",
     "anthropic_error_body",
     "failure_error",
-    "messages_endpoint",
+    "failure_response",
+    "type_for_status",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,7 +73,7 @@ def anthropic_error_body(type_: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": type_, "message": message}}
 
 
-def _type_for_status(status: int) -> str:
+def type_for_status(status: int) -> str:
     return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
@@ -97,21 +92,15 @@ def failure_error(failure: Failure) -> tuple[int, str, str]:
         return 400, "invalid_request_error", message
     if cls in (FailureClass.INVALID_REQUEST, FailureClass.CONTENT_FILTER):
         status = failure.status if 400 <= failure.status < 500 else 400
-        return status, _type_for_status(status), message
+        return status, type_for_status(status), message
     status = failure.status if 400 <= failure.status <= 599 else 500
-    return status, _type_for_status(status) if status < 500 else "api_error", message
+    return status, type_for_status(status) if status < 500 else "api_error", message
 
 
-def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
+def failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
     status, type_, message = failure_error(failure)
     headers = [("Content-Type", "application/json"), *retry_after_header(failure.retry_after)]
     return status, headers, json_bytes(anthropic_error_body(type_, message))
-
-
-def _error_response(status: int, message: str, *, type_: str | None = None,
-                    headers: dict[str, str] | None = None) -> Response:
-    body = json_bytes(anthropic_error_body(type_ or _type_for_status(status), message))
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 # -- the renderer ------------------------------------------------------------------------------
@@ -359,44 +348,3 @@ def _parse_input(raw: str) -> Any:
         return json.loads(raw)
     except ValueError:
         return {}  # malformed arguments cannot be an input object; the stream shows them
-
-
-# -- the route ---------------------------------------------------------------------------------
-
-
-async def messages_endpoint(request: Request) -> Response:
-    """``POST /v1/messages``; every error in Anthropic's shape."""
-    from tokenwire.gateway import app as gw  # the app imports this module from create_app
-
-    state = request.app.state.gateway
-    try:
-        if (upgrade := gw._upgrade_response(state, request)) is not None:
-            return upgrade
-        body = await gw.read_json(request, state.settings.max_body_bytes)
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
-        model = body.get("model")
-        served = gw._route(state, model if isinstance(model, str) else None, None)
-        upstream = served.upstream
-        signed_by = getattr(upstream, "name", served.upstream_name) \
-            if getattr(upstream, "kind", None) == _ANTHROPIC_KIND else None
-        rid = "msg_" + secrets.token_hex(12)
-        call = parse_messages_request(body, request_id=rid, encrypted_for=signed_by)
-        for note in call.notes:
-            log.info("%s: %s", rid, note)
-        renderer = MessagesRenderer(message_id=rid, model=served.name, stream=call.stream,
-                                    signed_by=signed_by)
-        resp = gw._start_generation(state, request, served, call.request, renderer, "json",
-                                    streaming=call.stream, on_failure=_failure_response)
-    except UnknownModel as exc:
-        return _error_response(404, str(exc), type_="not_found_error")
-    except ProtocolError as exc:
-        status = exc.status_hint if 400 <= exc.status_hint <= 599 else 400
-        return _error_response(status, str(exc))
-    except HTTPException as exc:
-        return _error_response(exc.status_code, str(exc.detail))
-    except TokenwireError as exc:
-        status = getattr(exc, "status_hint", 500)
-        return _error_response(status if 400 <= status <= 599 else 500, str(exc))
-    return resp  # type: ignore[return-value]  # an EventResponse is an ASGI app too
-

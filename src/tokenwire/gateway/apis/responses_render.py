@@ -75,7 +75,7 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     Usage,
 )
-from tokenwire.gateway.retry import Budget, budget_for
+from tokenwire.gateway.supervision.retry import Budget, budget_for
 
 __all__ = [
     "ResponsesRenderer",

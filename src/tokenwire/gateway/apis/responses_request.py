@@ -2,7 +2,7 @@
 
 The order is the seed's: the hygiene of :mod:`.responses_hygiene` first (internal fields,
 control items, ``compaction_trigger``), then ``previous_response_id`` (the stored conversation
-is prepended, :mod:`tokenwire.gateway.response_store`), then translation of the items:
+is prepended, :mod:`tokenwire.gateway.state.response_store`), then translation of the items:
 
 * ``message`` (roles user, system, developer, assistant; parts ``input_text``,
   ``input_image`` with ``image_url`` or a ``file_data`` data URL, ``output_text``,
@@ -56,7 +56,7 @@ from tokenwire.gateway.ir import (
     TextPart,
     ToolSpec,
 )
-from tokenwire.gateway.response_store import ResponseStore
+from tokenwire.gateway.state.response_store import ResponseStore
 
 __all__ = [
     "DEFAULT_MAX_OUTPUT_TOKENS",

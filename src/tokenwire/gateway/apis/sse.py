@@ -8,7 +8,7 @@ import msgspec
 
 from tokenwire.gateway.apis.errors import error_object
 from tokenwire.gateway.ir import Failure, FailureClass, FinishKind
-from tokenwire.gateway.retry import Budget, budget_for
+from tokenwire.gateway.supervision.retry import Budget, budget_for
 
 __all__ = [
     "SSE_CONTENT_TYPE",

@@ -53,9 +53,9 @@ from tokenwire.gateway.ir import (
     ToolSpec,
     Usage,
 )
-from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
+from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,

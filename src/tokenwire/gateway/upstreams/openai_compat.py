@@ -61,7 +61,6 @@ from tokenwire.gateway.ir import (
     Usage,
 )
 from tokenwire.gateway.retokenize import Retokenizer, tokenizer_for
-from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.upstreams._openai_body import chat_body, completions_body
 from tokenwire.gateway.upstreams.base import (
     ModelRoute,
@@ -69,6 +68,7 @@ from tokenwire.gateway.upstreams.base import (
     UpstreamHealth,
 )
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
+from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,

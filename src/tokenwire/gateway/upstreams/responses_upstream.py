@@ -69,9 +69,9 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     Usage,
 )
-from tokenwire.gateway.sse import SSEEvent
 from tokenwire.gateway.stops import StopMatcher
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
+from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,

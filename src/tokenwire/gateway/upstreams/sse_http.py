@@ -1,7 +1,7 @@
 """What the HTTP+SSE upstream adapters share (OpenAI-compatible, Responses, Anthropic).
 
 * :class:`SSEUpstreamStream`: one generation as one ``POST`` whose ``text/event-stream``
-  body goes through :class:`~tokenwire.gateway.sse.SSEDecoder` and an adapter's sans-IO
+  body goes through :class:`~tokenwire.gateway.upstreams.sse.SSEDecoder` and an adapter's sans-IO
   parser (``on_sse(event) -> list[Event]``, ``on_eof()``) into IR events, with cancellation
   transport failures and back-pressure handled once. Failures are classified by
   :mod:`.failures`, shared with every HTTP adapter.
@@ -32,9 +32,9 @@ from tokenwire.gateway.ir import (
     IdsSource,
     is_terminal,
 )
-from tokenwire.gateway.sse import SSEDecoder, SSEEvent
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 from tokenwire.gateway.upstreams.failures import MALFORMED, failure_from_exception, read_capped
+from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
 
 __all__ = [
     "MAX_QUEUED_EVENTS",

@@ -1,7 +1,7 @@
 """The request log's rendering: one JSON object per line, private by construction.
 
 The records themselves (which fields, bounded how) are built by
-:class:`~tokenwire.gateway.observability.RequestRecord`; this module only turns a record
+:class:`~tokenwire.gateway.observability.records.RequestRecord`; this module only turns a record
 into a line and attaches the handler ``tokenwire serve --request-log json`` uses.
 """
 
@@ -13,7 +13,7 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any, Final
 
-from tokenwire.gateway.observability import LOGGER_NAME, MAX_LINE_CHARS, bounded_id
+from tokenwire.gateway.observability.records import LOGGER_NAME, MAX_LINE_CHARS, bounded_id
 
 __all__ = ["JsonLineFormatter", "configure_request_logging"]
 

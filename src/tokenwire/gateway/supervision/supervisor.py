@@ -6,7 +6,7 @@ upstream's own, so the APIs render it without knowing what it did (DESIGN.md: N 
 + M APIs). Its one task, started by the first :meth:`~SupervisedStream.next_event`:
 
 1. **Waits for a slot** (:mod:`.admission`), in arrival order.
-2. **Runs attempts** under :class:`~tokenwire.gateway.retry.RetryState`: a failure before any
+2. **Runs attempts** under :class:`~.retry.RetryState`: a failure before any
    output was published may be retried on its budget (seed, "Provider failures and retry
    budgets"); once text, reasoning or a tool call went to the client nothing is replayed,
    and the failure goes to the client as the stream's terminal. Facts that are not output
@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from tokenwire.errors import RetryDeadlinePassed, ServerBusy
-from tokenwire.gateway.admission import Ticket
 from tokenwire.gateway.ir import (
     Event,
     EventStream,
@@ -51,7 +50,8 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     Usage,
 )
-from tokenwire.gateway.retry import GiveUp, RetryPolicy, RetryState
+from tokenwire.gateway.supervision.admission import Ticket
+from tokenwire.gateway.supervision.retry import GiveUp, RetryPolicy, RetryState
 
 __all__ = [
     "DEFAULT_HEARTBEAT_S",

@@ -1,6 +1,6 @@
 """The gateway's Prometheus metric families, on a registry of their own per app.
 
-:mod:`tokenwire.gateway.observability` owns the per-request records that move these; this
+:mod:`tokenwire.gateway.observability.records` owns the per-request records that move these; this
 module only declares them (names, help, labels, buckets) and the two collectors that shape
 a scrape: the capacity gauges read at scrape time, and the registry view without the
 ``*_created`` series.

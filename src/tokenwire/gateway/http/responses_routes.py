@@ -5,9 +5,9 @@ Streaming (the Codex path): the request is parsed (:mod:`.responses_request`: hy
 ``response.created`` + ``response.in_progress`` go out at once, *before* the upstream
 answers (seed, "Streaming, reasoning summaries, and heartbeats"), and every later failure is
 a ``response.failed`` inside the stream. While the request is queued, waiting to retry or
-the upstream is quiet, the supervisor (``gateway/supervisor.py``) sends a heartbeat every
-15 s, rendered as a genuine ``response.in_progress`` data event (Codex's idle timer ignores
-SSE comments, gateway-research §2). Validation, routing and capacity failures
+the upstream is quiet, the supervisor (``gateway/supervision/supervisor.py``) sends a
+heartbeat every 15 s, rendered as a genuine ``response.in_progress`` data event (Codex's
+idle timer ignores SSE comments, gateway-research §2). Validation, routing and capacity failures
 happen before the head and are HTTP errors in OpenAI's shape; the one exception is the
 seed's ``compaction_trigger`` refusal, which a stream reports as ``response.failed`` with
 ``invalid_prompt`` so Codex stops instead of retrying.
@@ -35,11 +35,6 @@ from starlette.routing import BaseRoute, Route
 from tokenwire.errors import CompactionRefused, ResponsesRequestError
 from tokenwire.gateway.affinity import TURN_STATE_HEADER
 from tokenwire.gateway.apis.errors import retry_after_header
-from tokenwire.gateway.apis.responses_get import (
-    get_response,
-    response_store_of,
-    responses_error_response,
-)
 from tokenwire.gateway.apis.responses_hygiene import collaboration_call_fields
 from tokenwire.gateway.apis.responses_render import (
     ResponsesRenderer,
@@ -47,7 +42,13 @@ from tokenwire.gateway.apis.responses_render import (
     new_response_id,
 )
 from tokenwire.gateway.apis.responses_request import ResponsesCall, parse_responses_request
-from tokenwire.gateway.http_streaming import EventResponse, WireRecord
+from tokenwire.gateway.http.requests import json_error, read_body
+from tokenwire.gateway.http.responses_get import (
+    get_response,
+    response_store_of,
+    responses_error_response,
+)
+from tokenwire.gateway.http.streaming import EventResponse, WireRecord
 from tokenwire.gateway.ir import EventStream, Failure, FailureClass, is_terminal
 
 __all__ = ["create_response", "responses_routes"]
@@ -62,8 +63,6 @@ _SSE_HEADERS = (("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"))
 
 
 async def create_response(request: Request) -> Response | EventResponse | _SSEResponse:
-    from tokenwire.gateway.app import json_error, read_body
-
     state = request.app.state.gateway
     raw = await read_body(request, state.settings.max_body_bytes)
     try:
@@ -253,6 +252,6 @@ class _SSEResponse:
 
 
 def responses_routes() -> list[BaseRoute]:
-    """The routes to mount in :func:`tokenwire.gateway.app.create_app`."""
+    """The routes to mount in :func:`tokenwire.gateway.http.app.create_app`."""
     return [Route("/v1/responses", create_response, methods=["POST"]),
             Route("/v1/responses/{response_id}", get_response, methods=["GET"])]

@@ -13,7 +13,7 @@ the first SIGTERM or SIGINT, :class:`GracefulServer`:
 2. **Drains**: in-flight streams get ``drain_grace_s`` (30 s) to finish on their own,
    queued ones included (they keep receiving heartbeats and are admitted as slots free).
 3. **Fails the rest cleanly**: :meth:`GatewayState.abort_all
-   <tokenwire.gateway.app.GatewayState.abort_all>` ends every remaining generation with a
+   <tokenwire.gateway.http.app.GatewayState.abort_all>` ends every remaining generation with a
    ``capacity`` failure (503, ``server_shutting_down``), which each API renders as its own
    terminal (``response.failed``, an SSE ``error`` event then ``[DONE]``, a Codec frame with
    ``finish_reason: "error"``; a 503 body when no byte was sent yet). It is repeated every
@@ -38,13 +38,13 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
-from tokenwire.gateway.admission import is_inference, send_refusal
+from tokenwire.gateway.http.admission import is_inference, send_refusal
 from tokenwire.gateway.ir import Failure, FailureClass
 
 if TYPE_CHECKING:
     import socket
 
-    from tokenwire.gateway.app import GatewayState
+    from tokenwire.gateway.http.state import GatewayState
 
 __all__ = [
     "DEFAULT_DRAIN_GRACE_S",

@@ -24,9 +24,10 @@ from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.tokenizer import Tokenizer
 from tokenwire.codec.versioning import VARY, filter_headers
 from tokenwire.gateway.apis.params import bad_request
+from tokenwire.gateway.http.requests import client_version, read_json
 
 if TYPE_CHECKING:
-    from tokenwire.gateway.app import GatewayState
+    from tokenwire.gateway.http.state import GatewayState
 
 __all__ = ["detokenize", "tokenize"]
 
@@ -44,16 +45,12 @@ def _tokenizer(tmap: TokenizerMap) -> Tokenizer:
 
 
 def _respond(request: Request, state: GatewayState, payload: dict[str, Any]) -> Response:
-    from tokenwire.gateway.app import client_version
-
     headers = filter_headers(
         [("Vary", VARY), ("Codec-Tokenizer-Map", state.tmap.hash)], client_version(request))
     return JSONResponse(payload, headers=dict(headers))
 
 
 async def tokenize(request: Request) -> Response:
-    from tokenwire.gateway.app import read_json
-
     state: GatewayState = request.app.state.gateway
     body = await read_json(request, state.settings.max_body_bytes)
     if not isinstance(body, dict):
@@ -67,8 +64,6 @@ async def tokenize(request: Request) -> Response:
 
 
 async def detokenize(request: Request) -> Response:
-    from tokenwire.gateway.app import read_json
-
     state: GatewayState = request.app.state.gateway
     body = await read_json(request, state.settings.max_body_bytes)
     tokens = body.get("tokens") if isinstance(body, dict) else None

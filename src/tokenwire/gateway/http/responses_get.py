@@ -3,7 +3,7 @@ OpenAI-shaped error body of :class:`~tokenwire.errors.ResponsesRequestError`.
 
 The store is the gateway's (``GatewayState.response_store``): the POST route stores into it
 and this route reads from it (:func:`response_store_of`), so both see one store. When the
-state has none, an in-memory :class:`~tokenwire.gateway.response_store.SQLiteResponseStore`
+state has none, an in-memory :class:`~tokenwire.gateway.state.response_store.SQLiteResponseStore`
 is created on first use.
 """
 
@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from tokenwire.errors import ResponsesRequestError
 from tokenwire.gateway.apis.errors import error_type_for_status
-from tokenwire.gateway.response_store import ResponseStore, SQLiteResponseStore
+from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
 
 __all__ = [
     "get_response",

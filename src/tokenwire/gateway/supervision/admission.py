@@ -25,24 +25,17 @@ request in flight that does not hold a slot (uploading, validating or waiting).
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from tokenwire.errors import ConfigError
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT",
     "DEFAULT_QUEUE_SIZE",
-    "INFERENCE_PATHS",
     "RETRY_AFTER_S",
-    "TICKET_SCOPE_KEY",
     "Admission",
-    "AdmissionMiddleware",
     "Ticket",
-    "is_inference",
-    "send_refusal",
 ]
 
 #: Seed: "The daemon runs at most maxConcurrent providers (four by default)."
@@ -51,14 +44,6 @@ DEFAULT_MAX_CONCURRENT = 4
 DEFAULT_QUEUE_SIZE = 32
 #: Seed: "A full queue returns busy with HTTP 429 and Retry-After: 1."
 RETRY_AFTER_S = 1
-#: Where :class:`AdmissionMiddleware` leaves the ticket for the route (an ASGI scope key).
-TICKET_SCOPE_KEY = "tokenwire.ticket"
-#: The routes that reach an upstream: only these take a ticket (GETs, /tokenize and the
-#: discovery documents never queue behind generations).
-INFERENCE_PATHS = frozenset({
-    "/v1/completions", "/v1/completions/codec", "/v1/chat/completions", "/v1/responses",
-    "/v1/messages",
-})
 
 
 @dataclass(eq=False, slots=True)
@@ -220,88 +205,3 @@ def limits_of(upstreams: Iterable[object]) -> dict[int, int]:
         if isinstance(limit, int) and limit >= 1:
             out[id(up)] = limit
     return out
-
-
-# -- the ASGI side ---------------------------------------------------------------------------
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-_BUSY_MESSAGE = "The gateway is at capacity; retry shortly."
-#: Metric/log reasons for a route's refusals, by status (the body says the details).
-_REASONS = {400: "invalid_request", 404: "not_found", 408: "body_timeout",
-            413: "body_too_large", 415: "unsupported_media_type", 426: "upgrade_required"}
-
-
-def is_inference(scope: Scope) -> bool:
-    """A request that reaches an upstream: a POST to one of :data:`INFERENCE_PATHS`."""
-    return scope["type"] == "http" and scope.get("method") == "POST" \
-        and scope.get("path") in INFERENCE_PATHS
-
-
-async def send_refusal(send: Send, path: str, *, status: int, retry_after_s: int,
-                       message: str, openai: tuple[str, str], anthropic_type: str,
-                       close: bool = False) -> None:
-    """A retryable refusal sent before the body is read: ``Retry-After`` and OpenAI's error
-    shape (``openai`` = its type and code), or Anthropic's on the Messages route."""
-    if path == "/v1/messages":
-        body: dict[str, Any] = {"type": "error", "error": {"type": anthropic_type,
-                                                           "message": message}}
-    else:
-        body = {"error": {"message": message, "type": openai[0], "param": None,
-                          "code": openai[1]}}
-    raw = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"retry-after", str(retry_after_s).encode()),
-               (b"content-length", str(len(raw)).encode())]
-    if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": raw})
-
-
-class AdmissionMiddleware:
-    """Takes a ticket for every inference request before the route reads its body; answers
-    429 with ``Retry-After: 1`` when none is left; releases the ticket when the exchange
-    ends, however it ends (the route's stream owns only the slot).
-
-    ``on_rejected(path, status, reason)`` hears of every inference request refused before
-    it reached the supervisor: the full queue here, and the route's own 4xx answers."""
-
-    def __init__(self, app: ASGIApp, admission: Admission,
-                 on_rejected: Callable[[str, int, str], None] | None = None) -> None:
-        self.app = app
-        self.admission = admission
-        self._on_rejected = on_rejected
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not is_inference(scope):
-            await self.app(scope, receive, send)
-            return
-        ticket = self.admission.reserve(asyncio.get_running_loop().time())
-        if ticket is None:
-            if self._on_rejected is not None:
-                self._on_rejected(scope["path"], 429, "queue_full")
-            await send_refusal(send, scope["path"], status=429, retry_after_s=RETRY_AFTER_S,
-                               message=_BUSY_MESSAGE,
-                               openai=("rate_limit_error", "rate_limit_exceeded"),
-                               anthropic_type="rate_limit_error")
-            return
-        scope[TICKET_SCOPE_KEY] = ticket
-        status = 0
-
-        async def watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watch)
-        finally:
-            ticket.release()
-            if status >= 400 and not ticket.supervised and self._on_rejected is not None:
-                self._on_rejected(scope["path"], status, _REASONS.get(status, f"http_{status}"))

@@ -8,7 +8,7 @@ Two outputs, both fed by one :class:`RequestRecord` per admitted request:
 * **One log line per request**, ``request_completed`` or ``request_failed`` (plus
   ``request_rejected`` for requests refused before they became a record), through the stdlib
   logger ``tokenwire.requests`` and rendered as one JSON object per line by
-  :class:`~tokenwire.gateway.request_log.JsonLineFormatter`.
+  :class:`~tokenwire.gateway.observability.request_log.JsonLineFormatter`.
 
 Privacy, from the gateway seed ("Private failure logs contain a UTC timestamp, bounded
 request/provider/model identifiers, elapsed time, error code, and status, excluding request
@@ -51,7 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from tokenwire.gateway.ir import FailureClass
-from tokenwire.gateway.metrics import (
+from tokenwire.gateway.observability.metrics import (
     DURATION_BUCKETS_S,
     CapacityCollector,
     Metrics,
@@ -97,7 +97,7 @@ API_BY_PATH: Final = {
 }
 #: Content codings of the bytes written to the client.
 ENCODINGS: Final = frozenset({"identity", "gzip", "br", "zstd"})
-#: The retry budgets of :mod:`tokenwire.gateway.retry` that can schedule a retry.
+#: The retry budgets of :mod:`tokenwire.gateway.supervision.retry` that can schedule a retry.
 BUDGETS: Final = frozenset({"single", "connection", "throttle"})
 #: How a request ended. ``cancelled`` means the client went away (see :meth:`finished`).
 OUTCOMES: Final = frozenset({"completed", "failed", "cancelled"})

@@ -1,0 +1,126 @@
+"""The ASGI side of admission: a ticket before the body is read, 429 when none is left.
+
+:class:`AdmissionMiddleware` takes a :class:`~tokenwire.gateway.supervision.admission.Ticket`
+for every inference request (:data:`INFERENCE_PATHS`) as it arrives, before the route reads
+a byte of its body (seed, "Capacity": "the admission bound includes body uploads"), and
+answers a retryable 429 with ``Retry-After: 1`` when the bound is reached. The queue itself
+is sans-HTTP and lives in :mod:`tokenwire.gateway.supervision.admission`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from tokenwire.gateway.supervision.admission import RETRY_AFTER_S, Admission, Ticket
+
+__all__ = [
+    "INFERENCE_PATHS",
+    "TICKET_SCOPE_KEY",
+    "AdmissionMiddleware",
+    "is_inference",
+    "send_refusal",
+    "ticket_of",
+]
+
+#: Where :class:`AdmissionMiddleware` leaves the ticket for the route (an ASGI scope key).
+TICKET_SCOPE_KEY = "tokenwire.ticket"
+#: The routes that reach an upstream: only these take a ticket (GETs, /tokenize and the
+#: discovery documents never queue behind generations).
+INFERENCE_PATHS = frozenset({
+    "/v1/completions", "/v1/completions/codec", "/v1/chat/completions", "/v1/responses",
+    "/v1/messages",
+})
+
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_BUSY_MESSAGE = "The gateway is at capacity; retry shortly."
+#: Metric/log reasons for a route's refusals, by status (the body says the details).
+_REASONS = {400: "invalid_request", 404: "not_found", 408: "body_timeout",
+            413: "body_too_large", 415: "unsupported_media_type", 426: "upgrade_required"}
+
+
+def is_inference(scope: Scope) -> bool:
+    """A request that reaches an upstream: a POST to one of :data:`INFERENCE_PATHS`."""
+    return scope["type"] == "http" and scope.get("method") == "POST" \
+        and scope.get("path") in INFERENCE_PATHS
+
+
+async def send_refusal(send: Send, path: str, *, status: int, retry_after_s: int,
+                       message: str, openai: tuple[str, str], anthropic_type: str,
+                       close: bool = False) -> None:
+    """A retryable refusal sent before the body is read: ``Retry-After`` and OpenAI's error
+    shape (``openai`` = its type and code), or Anthropic's on the Messages route."""
+    if path == "/v1/messages":
+        body: dict[str, Any] = {"type": "error", "error": {"type": anthropic_type,
+                                                           "message": message}}
+    else:
+        body = {"error": {"message": message, "type": openai[0], "param": None,
+                          "code": openai[1]}}
+    raw = json.dumps(body).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"retry-after", str(retry_after_s).encode()),
+               (b"content-length", str(len(raw)).encode())]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class AdmissionMiddleware:
+    """Takes a ticket for every inference request before the route reads its body; answers
+    429 with ``Retry-After: 1`` when none is left; releases the ticket when the exchange
+    ends, however it ends (the route's stream owns only the slot).
+
+    ``on_rejected(path, status, reason)`` hears of every inference request refused before
+    it reached the supervisor: the full queue here, and the route's own 4xx answers."""
+
+    def __init__(self, app: ASGIApp, admission: Admission,
+                 on_rejected: Callable[[str, int, str], None] | None = None) -> None:
+        self.app = app
+        self.admission = admission
+        self._on_rejected = on_rejected
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not is_inference(scope):
+            await self.app(scope, receive, send)
+            return
+        ticket = self.admission.reserve(asyncio.get_running_loop().time())
+        if ticket is None:
+            if self._on_rejected is not None:
+                self._on_rejected(scope["path"], 429, "queue_full")
+            await send_refusal(send, scope["path"], status=429, retry_after_s=RETRY_AFTER_S,
+                               message=_BUSY_MESSAGE,
+                               openai=("rate_limit_error", "rate_limit_exceeded"),
+                               anthropic_type="rate_limit_error")
+            return
+        scope[TICKET_SCOPE_KEY] = ticket
+        status = 0
+
+        async def watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            ticket.release()
+            if status >= 400 and not ticket.supervised and self._on_rejected is not None:
+                self._on_rejected(scope["path"], status, _REASONS.get(status, f"http_{status}"))
+
+
+def ticket_of(request: Any) -> Ticket:
+    """The admission ticket :class:`~.admission.AdmissionMiddleware` took for the request."""
+    ticket = request.scope.get(TICKET_SCOPE_KEY)
+    if ticket is None:  # a route outside INFERENCE_PATHS asked: a wiring bug, say so
+        raise RuntimeError(f"no admission ticket for {request.url.path}")
+    return ticket

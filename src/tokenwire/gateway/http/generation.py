@@ -1,0 +1,125 @@
+"""Starting a generation: route the model, negotiate the coding, admit, stream.
+
+Shared by every generation route (Completions, Chat, Path C, Responses, Messages): the
+response headers pass through the floor table for the client's declared version (§5.3) in
+one place, :func:`generation_headers`; dictionary zstd (§4.1) goes only to clients that
+send ``Codec-Client-Version``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenwire.codec.compression import COMPRESSORS, ZstdDict, new_compressor
+from tokenwire.codec.frames import StreamFormat
+from tokenwire.codec.picker import pick_encoding
+from tokenwire.codec.versioning import (
+    CLIENT_VERSION_HEADER,
+    VARY,
+    Version,
+    filter_headers,
+    header_allowed,
+)
+from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
+from tokenwire.gateway.apis.errors import error_body, retry_after_header
+from tokenwire.gateway.apis.params import bad_request
+from tokenwire.gateway.apis.sse import openai_error_code
+from tokenwire.gateway.http.requests import client_version
+from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.http.streaming import EventResponse, Renderer
+from tokenwire.gateway.ir import Failure, GenerationRequest
+from tokenwire.gateway.observability.records import api_for_path
+from tokenwire.gateway.routing.router import ServedModel
+
+__all__ = ["codec_renderer", "generation_headers", "route_model", "start_generation"]
+
+#: Server-side order of preference (codec-spec §4.1); availability is the registry's.
+_PREFERENCE = ("zstd", "br", "gzip", "identity")
+
+
+def route_model(state: GatewayState, model: str | None, fmt: StreamFormat | None) -> ServedModel:
+    """The served model a request names, refusing binary formats it cannot give ids for."""
+    served = state.router.route(model)
+    if fmt is not None and not served.has_ids:
+        raise bad_request(
+            f"stream_format {fmt.value!r} needs token ids, but model {served.name!r} has no "
+            "tokenizer map and its upstream returns text only; use stream_format 'json', or "
+            "configure a map for the model")
+    return served
+
+
+def generation_headers(
+    state: GatewayState, served: ServedModel, cv: Version, renderer: Renderer, encoding: str,
+    zdict: ZstdDict | None, reason_code: str, request_id: str,
+) -> list[tuple[str, str]]:
+    """All response headers of a generation, filtered by the client's version (§5.3)."""
+    headers = [("Content-Type", renderer.content_type), ("Vary", VARY),
+               ("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"),
+               ("X-Request-Id", request_id)]
+    if served.tmap is not None:
+        headers.append(("Codec-Tokenizer-Map", served.tmap.hash))
+    if isinstance(renderer, CodecStreamRenderer):  # where the frames' ids come from
+        headers.append(("Codec-Ids-Source", served.ids_source.value))
+    if encoding != "identity":
+        headers.append(("Content-Encoding", encoding))
+    if zdict is not None:  # §4.1: every zstd response names its dictionary
+        headers.append(("Codec-Zstd-Dict", zdict.hash))
+    if state.policy_for(served) is not None:
+        headers += state.safety_headers()
+    headers.append(("Codec-Pick", reason_code))
+    return filter_headers(headers, cv)
+
+
+def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
+    """A failure before any byte was sent is an ordinary error response with its status."""
+    status = failure.status if 400 <= failure.status <= 599 else 500
+    body = error_body(failure.message, status=status, code=openai_error_code(failure))
+    return status, [("Content-Type", "application/json"), ("Vary", VARY),
+                    *retry_after_header(failure.retry_after)], body
+
+
+def start_generation(
+    state: GatewayState, request: Request, served: ServedModel, gen: GenerationRequest,
+    renderer: Renderer, format_key: str, *, streaming: bool,
+    on_failure: Callable[[Failure], tuple[int, list[tuple[str, str]], bytes]] | None = None,
+) -> Response | EventResponse:
+    """Negotiate the coding (§4.3), admit the request, and return the streaming response.
+
+    ``on_failure`` builds the error response for a failure before any byte was sent: an
+    API with its own error shape (Anthropic Messages) passes one; the default is OpenAI's."""
+    cv = client_version(request)
+    policy = state.policy_for(served)
+    gen = msgspec.structs.replace(
+        gen, model=served.name,
+        banned_ids=policy.banned_ids if policy is not None else gen.banned_ids)
+    zdict = state.settings.zstd_dicts.get(format_key)
+    # Dictionary zstd only for clients that declare a Codec version: generic HTTP clients
+    # (httpx, browsers) offer "zstd" too, and cannot decode a body that needs our dictionary
+    # ("Dictionary mismatch"). Undeclared clients get br/gzip, which every client decodes.
+    allow_zstd = (zdict is not None and CLIENT_VERSION_HEADER in request.headers
+                  and header_allowed("Codec-Zstd-Dict", cv))
+    pick = pick_encoding(
+        request.headers.get("accept-encoding"), zstd_has_dict=allow_zstd,
+        server_supports=tuple(c for c in _PREFERENCE if c in COMPRESSORS),
+    )
+    zdict = zdict if pick.encoding == "zstd" else None
+    api = "codec" if isinstance(renderer, CodecStreamRenderer) else api_for_path(request.url.path)
+    stream = state.supervise(request, served, gen, streaming=streaming, api=api)
+    return EventResponse(
+        stream, renderer,
+        headers=generation_headers(state, served, cv, renderer, pick.encoding, zdict,
+                                    pick.reason_code.value, gen.request_id),
+        compressor=functools.partial(new_compressor, pick.encoding, dictionary=zdict),
+        on_failure=on_failure or _failure_response, window=state.settings.window_s,
+        streaming=streaming, clock=state.clock, record=stream.observer,
+    )
+
+
+def codec_renderer(state: GatewayState, fmt: StreamFormat, cv: Version) -> CodecStreamRenderer:
+    return CodecStreamRenderer(fmt, client_version=cv,
+                               legacy_finish_reason=state.settings.legacy_finish_reason)

@@ -1,0 +1,131 @@
+"""The gateway's state: settings, served models, capacity, metrics, the response store.
+
+One :class:`GatewayState` per served app (``request.app.state.gateway``). It is built by
+:mod:`tokenwire.gateway.server` from the configuration and read by every route; it also
+starts each generation under the supervisor (:meth:`GatewayState.supervise`).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from tokenwire.codec.compression import ZstdDict
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.codec.safety_policy import BannedTokenPolicy, SafetyPolicyDescriptor, hash_policy
+from tokenwire.errors import ConfigError
+from tokenwire.gateway.http.admission import ticket_of
+from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
+from tokenwire.gateway.observability.records import Observability
+from tokenwire.gateway.routing.health import HealthMonitor
+from tokenwire.gateway.routing.router import Router, ServedModel
+from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
+from tokenwire.gateway.supervision.admission import Admission, limits_of
+from tokenwire.gateway.supervision.retry import RetryPolicy
+from tokenwire.gateway.supervision.supervisor import SupervisedStream, Timing
+
+__all__ = ["GatewayState"]
+
+
+@dataclass
+class GatewayState:
+    """What the routes need: settings, the served models, the policy.
+
+    Build it with ``router=`` (many models), or with one ``upstream`` + ``tmap`` +
+    ``max_model_len`` (the embedded engine alone), which becomes a one-model router.
+    ``tmap`` / ``max_model_len`` then name the primary model's (``/tokenize``).
+    """
+
+    settings: ServerSettings
+    upstream: Upstream | None = None
+    tmap: TokenizerMap | None = None
+    max_model_len: int | None = None
+    policy: BannedTokenPolicy | None = None
+    descriptor: SafetyPolicyDescriptor | None = None
+    #: Other maps to publish (e.g. the bundled bytes when ``tmap`` advertises dictionaries).
+    extra_maps: tuple[TokenizerMap, ...] = ()
+    created: int = field(default_factory=lambda: int(time.time()))
+    clock: Callable[[], float] = time.monotonic
+    router: Router = field(default=None)  # type: ignore[assignment]  # set in __post_init__
+    health: HealthMonitor = field(default=None)  # type: ignore[assignment]
+    #: Stored Responses (``store``, ``previous_response_id``, ``GET /v1/responses/{id}``).
+    response_store: ResponseStore = field(default_factory=SQLiteResponseStore)
+    #: The capacity bound (seed, "Capacity"); built from the settings and upstream limits.
+    admission: Admission = field(default=None)  # type: ignore[assignment]
+    #: Prometheus metrics and the request log (``gateway/observability/records.py``).
+    observability: Observability = field(default_factory=Observability)
+    #: Generations in flight, for graceful shutdown (weak: a finished one just disappears).
+    live_streams: weakref.WeakSet[SupervisedStream] = field(default_factory=weakref.WeakSet)
+
+    def __post_init__(self) -> None:
+        if self.router is None:
+            if self.upstream is None:
+                raise ConfigError("a gateway needs a router or an upstream")
+            self.router = Router([ServedModel(
+                name=self.upstream.model_id, upstream=self.upstream, tmap=self.tmap,
+                max_model_len=self.max_model_len, ids_source=IdsSource.ENGINE,
+                upstream_name=getattr(self.upstream, "name", "embedded"))])
+        primary = self.router.primary
+        if self.tmap is None:
+            self.tmap = primary.tmap
+        if self.max_model_len is None:
+            self.max_model_len = primary.max_model_len
+        if self.health is None:
+            self.health = HealthMonitor(self.router.upstreams())
+        if self.admission is None:
+            self.admission = Admission(
+                max_concurrent=self.settings.max_concurrent, queue_size=self.settings.queue_size,
+                limits=limits_of(up for _, up in self.router.upstreams()))
+        self.observability.set_capacity_source(self.admission.counts)
+
+    def timing(self, *, streaming: bool) -> Timing:
+        """The request clocks; a non-streaming request has no stream to keep alive."""
+        s = self.settings
+        return Timing(heartbeat_s=s.heartbeat_s if streaming else None,
+                      idle_timeout_s=s.idle_timeout_s, request_cap_s=s.request_cap_s)
+
+    def supervise(self, request: Request, served: ServedModel, gen: GenerationRequest, *,
+                  streaming: bool, api: str) -> SupervisedStream:
+        """The generation as the APIs see it: queued, retried, timed (``supervisor.py``),
+        and recorded (``api`` names the surface in metrics and logs)."""
+        record = self.observability.new_request(
+            api=api, model=served.name, upstream=served.upstream_name or served.name,
+            request_id=gen.request_id, stream=streaming)
+        ticket = ticket_of(request)
+        ticket.supervised, ticket.on_release = True, record.close
+        stream = SupervisedStream(served, gen, ticket,
+                                  timing=self.timing(streaming=streaming),
+                                  policy=RetryPolicy(enabled=self.settings.retries),
+                                  observer=record)
+        self.live_streams.add(stream)
+        return stream
+
+    def abort_all(self, failure: Failure) -> int:
+        """End every running generation with ``failure`` (graceful shutdown's last step:
+        each client gets a terminal failure instead of a cut connection); how many."""
+        streams = list(self.live_streams)
+        for stream in streams:
+            stream.abort(failure)
+        return len(streams)
+
+    @property
+    def dicts(self) -> dict[str, ZstdDict]:
+        return dict(self.settings.zstd_dicts)
+
+    def safety_headers(self) -> list[tuple[str, str]]:
+        if self.descriptor is None:
+            return []
+        return [("Codec-Safety-Policy", self.descriptor.id),
+                ("Codec-Safety-Policy-Hash", hash_policy(self.descriptor))]
+
+    def policy_for(self, model: ServedModel) -> BannedTokenPolicy | None:
+        """The safety policy, for models of the vocabulary it was written for: banned ids
+        of one vocabulary mean other tokens in another (§5.5 ``tokenizers``)."""
+        if self.policy is None or self.descriptor is None or model.tmap is None:
+            return None
+        return self.policy if model.tmap.id in self.descriptor.tokenizers else None

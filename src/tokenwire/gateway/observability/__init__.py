@@ -1,0 +1,1 @@
+"""Prometheus metrics, per-request records and the private request log."""

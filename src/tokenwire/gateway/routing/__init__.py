@@ -1,0 +1,1 @@
+"""Which upstream serves a request: served models, and each upstream's health."""

@@ -1,0 +1,1 @@
+"""Where the gateway keeps state between requests (the stored Responses)."""
