@@ -245,10 +245,37 @@ class CodecHTTPError(TokenwireError):
     """The server answered an error status other than 426; ``.status`` and ``.body`` say what."""
 
     def __init__(self, status: int, body: bytes, url: str = "") -> None:
-        text = body[:300].decode("utf-8", "replace")
-        super().__init__(f"{url or 'server'} answered {status}: {text}")
         self.status = status
         self.body = body
+        #: The server's own words: ``error.message`` of an OpenAI or Anthropic error body,
+        #: whole; otherwise the start of the body as text.
+        self.message, self.code = _error_message(body)
+        super().__init__(f"{url or 'server'} answered {status}: {self.message}")
+
+
+#: How much of a body that is not a JSON error document goes into the message (an HTML
+#: error page from a proxy can be large; its start says what it is).
+ERROR_TEXT_PREVIEW = 2000
+
+
+def _error_message(body: bytes) -> tuple[str, str | None]:
+    """``(message, code)`` from an error body: OpenAI's and Anthropic's ``{"error": {...}}``
+    in full, anything else as (the start of) its text."""
+    import json
+
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        doc = None
+    err = doc.get("error") if isinstance(doc, dict) else None
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        code = err.get("code") or err.get("type")
+        label = f" ({code})" if isinstance(code, str) and code else ""
+        return err["message"] + label, code if isinstance(code, str) else None
+    text = body.decode("utf-8", "replace").strip()
+    if len(text) > ERROR_TEXT_PREVIEW:
+        text = text[:ERROR_TEXT_PREVIEW] + f"... ({len(body):,} B in all)"
+    return text or "(empty body)", None
 
 
 class CodecTransportError(TokenwireError):

@@ -112,3 +112,42 @@ def test_few_bodies_are_sliced_so_zstd_can_train() -> None:
     assert samples[:2] == bodies and len(samples) == 2 + 3 + 1
     many = [bytes(5)] * 40
     assert training_samples(many) == many
+
+
+# -- what a person sees (issue 10) --------------------------------------------------------------
+
+
+def test_complete_ends_the_answer_line_before_the_stats_line(origin) -> None:
+    """stdout and stderr in one pipe (a terminal, `2>&1 | less`): the answer's newline must
+    be flushed before the stats line is written, not after it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # a user's shell
+    env["PYTHONPATH"] = str(Path(__file__).parents[2] / "src")
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenwire.cli.main", "complete", "Hello", "--url",
+         f"{origin}/s/ok"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+        timeout=120)
+    out = proc.stdout.decode()
+    assert proc.returncode == 0, out
+    assert TEXT + "\n-- " in out, out
+
+
+def test_complete_says_loudly_when_ids_cannot_be_rendered(origin, capsys) -> None:
+    rc = main(["complete", "Hello", "--url", f"{origin}/s/no-map-header"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert "without naming a tokenizer map" in err and "could not be rendered" in err
+    assert out.split() == [str(i) for i in ANSWER_IDS]  # the ids, not an empty line
+
+
+def test_complete_shows_the_servers_error_message_whole(origin, capsys) -> None:
+    from tests.client._scripted import LONG_ERROR
+
+    rc = main(["complete", "Hello", "--url", f"{origin}/s/long-error"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert LONG_ERROR["error"]["message"] in err and "context_length_exceeded" in err
+    assert '{"error"' not in err  # parsed, not a raw JSON fragment

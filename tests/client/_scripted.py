@@ -33,6 +33,11 @@ TOKENIZER = Tokenizer.from_map(MAP)
 ANSWER = "Bonjour! Ça va? 日本語 and emoji 🙂 too.\nSecond line."
 ANSWER_IDS = tuple(TOKENIZER.encode(ANSWER))
 
+#: An OpenAI-shaped 400 with a long message (clients must show it whole, not cut at 300 B).
+LONG_ERROR = {"error": {"message": "the prompt is too long: " + "very " * 80 + "long. END",
+                        "type": "invalid_request_error", "param": "prompt",
+                        "code": "context_length_exceeded"}}
+
 ENCODERS = {  # classes: the delta encoder keeps state (base_id), so one per stream
     StreamFormat.MSGPACK: frames_msgpack.FrameEncoder,
     StreamFormat.PROTOBUF: frames_protobuf.FrameEncoder,
@@ -123,6 +128,9 @@ class ScriptedCodecServer:
             return Response(b"<html>upgrade</html>", status_code=426)
         if scenario == "500":
             return Response(b'{"error":"engine exploded"}', status_code=500)
+        if scenario == "long-error":  # an OpenAI error whose message runs past 300 bytes
+            return Response(json.dumps(LONG_ERROR).encode(), status_code=400,
+                            media_type="application/json")
         if scenario == "json-sse":
             text = 'data: {"choices":[{"text":"hi","index":0}]}\n\ndata: [DONE]\n\n'
             return Response(text.encode(), media_type="text/event-stream")

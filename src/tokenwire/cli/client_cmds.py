@@ -42,6 +42,8 @@ __all__ = [
 ]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+#: ``tokenwire complete --max-tokens``: a paragraph, enough to see a stream and its size.
+DEFAULT_MAX_TOKENS = 128
 #: zstd's trainer refuses fewer than ~10 samples ("Src size is incorrect"); with fewer whole
 #: bodies than this we also train on slices of them, which keeps the byte statistics.
 MIN_TRAIN_SAMPLES = 32
@@ -61,7 +63,7 @@ _DECODERS: dict[StreamFormat, type[FrameDecoderBase]] = {
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     comp = subparsers.add_parser("complete", help="stream a completion from a Codec server")
-    comp.add_argument("prompt")
+    comp.add_argument("prompt", help="the text to complete (sent as is: no chat template)")
     _client_args(comp)
     comp.add_argument("--path", choices=PATHS, default="a",
                       help="a: text prompt, b: token-id prompt, c: binary request body")
@@ -87,15 +89,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default=DEFAULT_URL, help=f"server base URL (default {DEFAULT_URL})")
-    p.add_argument("--format", default="msgpack", choices=[f.value for f in StreamFormat])
+    p.add_argument("--format", default="msgpack", choices=[f.value for f in StreamFormat],
+                   help="Codec frame format to ask for (default msgpack)")
     p.add_argument("--encoding", default=None,
                    help="Accept-Encoding to send, e.g. br, gzip, zstd, identity "
                         "(default: br, gzip; zstd only with --zstd)")
     p.add_argument("--zstd", action="store_true", help="offer zstd (dictionary fetched by hash)")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--model", default=None)
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"most tokens to generate (default {DEFAULT_MAX_TOKENS})")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature, 0 for greedy (default: the server's)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed, for repeatable answers (default: random)")
+    p.add_argument("--model", default=None,
+                   help="model name to ask for (default: the server's default model)")
     p.add_argument("--allow-http", action="store_true",
                    help="allow http discovery on a non-loopback origin")
 
@@ -157,16 +164,34 @@ def cmd_complete(args: argparse.Namespace) -> int:
         ) as stream:
             for chunk in stream:
                 texts.append(chunk.text)
-                sys.stdout.write(chunk.text)
+                if chunk.ids and not stream.renders_text:
+                    _say_unrenderable(len(stream.ids) == len(chunk.ids))
+                    sys.stdout.write(" ".join(map(str, chunk.ids)) + " ")
+                else:
+                    sys.stdout.write(chunk.text)
                 sys.stdout.flush()
     finally:
         if record_file is not None:
             record_file.close()
+    # The answer's line ends before the stats line starts (both may share a terminal).
     sys.stdout.write("\n")
+    sys.stdout.flush()
     model = args.model or _served_model(args.url)
     json_sse = estimate_json_sse_bytes(texts, stream.raw_finish_reason, model)
     print(summary_line(stream.stats, json_sse), file=sys.stderr)
+    if stream.ids and not stream.renders_text:
+        print(f"tokenwire: error: {len(stream.ids)} token ids arrived but could not be "
+              "rendered as text (printed as ids above)", file=sys.stderr)
+        return 1
     return 0
+
+
+def _say_unrenderable(first: bool) -> None:
+    if first:
+        print("tokenwire: warning: the server sent token ids without naming a tokenizer map "
+              "(no Codec-Tokenizer-Map header), so they cannot be rendered as text; "
+              "printing the ids. The server must serve this model with a map (see "
+              "`tokenwire models`).", file=sys.stderr, flush=True)
 
 
 # -- dict record / train --------------------------------------------------------------------

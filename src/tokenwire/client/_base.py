@@ -230,6 +230,11 @@ class ResponseDecoder:
         return out
 
     @property
+    def renders_text(self) -> bool:
+        """Whether ids become text: False when no map was named or pinned."""
+        return self._detok is not None
+
+    @property
     def stats(self) -> StreamStats:
         return StreamStats(
             path=self._path, stream_format=self._format.value,

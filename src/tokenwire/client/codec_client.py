@@ -61,6 +61,13 @@ class _StreamBase:
         return "".join(self.text_parts)
 
     @property
+    def renders_text(self) -> bool:
+        """False when the response names no tokenizer map (no ``Codec-Tokenizer-Map`` and
+        none pinned): the ids cannot be rendered and every chunk's ``text`` is empty, so a
+        caller that shows text must say so rather than print nothing."""
+        return self._decoder.renders_text
+
+    @property
     def stats(self) -> StreamStats:
         return self._decoder.stats
 

@@ -518,7 +518,7 @@ def test_cancel_closes_the_upstream_response(raw_server):
             assert isinstance(first, TokenDelta)
             stream.cancel()
             last = await stream.next_event()
-            for _ in range(100):  # the server notices the closed connection
+            for _ in range(600):  # the server notices the closed connection (a safety limit)
                 if server.disconnected.is_set():
                     break
                 await asyncio.sleep(0.05)
