@@ -27,6 +27,8 @@ The tree::
     ├── GenerateError                 building a map from a tokenizer.json or GGUF file
     ├── PolicyValidationError         a safety-policy descriptor field is wrong; `.field`
     ├── ConfigError                   a deployment setting (env value) is not understood
+    │   ├── ConfigErrors              several at once: `.problems` lists each (one report)
+    │   └── ListenError               the address to serve on cannot be bound (exit 3)
     ├── CodecVersionRequired          the server answered 426: upgrade the client
     ├── DiscoveryError                resolving a /.well-known/codec/ document failed (§6.3)
     │   ├── DiscoveryNotFound         404 for the document, the pointer target or the dict
@@ -179,6 +181,29 @@ class PolicyValidationError(TokenwireError, ValueError):
 
 class ConfigError(TokenwireError, ValueError):
     """A deployment setting (e.g. a CODEC_* environment value) is not understood."""
+
+    #: The ``tokenwire`` command's exit status for this error (README "Exit statuses").
+    exit_status = 1
+
+
+class ConfigErrors(ConfigError):
+    """Every problem a configuration has, found in one pass (keys, maps, variables, probes),
+    so one start shows them all. ``problems`` holds each message; ``str()`` lists them."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        if len(self.problems) == 1:
+            super().__init__(self.problems[0])
+        else:
+            super().__init__(f"{len(self.problems)} problems in the configuration:\n"
+                             + "\n".join(f"  - {p}" for p in self.problems))
+
+
+class ListenError(ConfigError):
+    """The host and port to serve on cannot be bound (in use, not an address of this host,
+    a privileged port)."""
+
+    exit_status = 3
 
 
 class CodecVersionRequired(TokenwireError):

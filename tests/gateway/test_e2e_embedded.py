@@ -368,3 +368,41 @@ def test_each_frame_is_decodable_before_the_next_window_closes(paced, dicts, enc
         f"{GATE_TIMEOUT_S:g} s safety timeout: the previous burst was not decodable while "
         "the engine waited")
     assert gate.released_by_client == BURSTS - 1
+
+
+# -- the names the model answers to (issue 10) ----------------------------------------------
+
+
+def test_the_model_answers_to_its_hugging_face_id_file_name_and_family(live) -> None:
+    [entry] = httpx.get(live.url + "/v1/models").json()["data"]
+    assert entry["id"] == "SmolLM2-135M-Instruct"
+    assert entry["aliases"] == ["HuggingFaceTB/SmolLM2-135M-Instruct",
+                                "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"]
+    for name in [entry["id"], *entry["aliases"]]:
+        resp = httpx.post(live.url + "/v1/completions", timeout=120, json={
+            "model": name, "prompt": PROMPT, "max_tokens": 2, **GREEDY})
+        assert resp.status_code == 200, (name, resp.text)
+
+
+def test_an_embedded_upstream_in_a_config_file_serves_ids_with_the_bundled_map(
+        smollm2_map) -> None:
+    """`kind = "embedded"` in a file gets its map exactly as a bare `tokenwire serve` does
+    (it used to be served as "ids engine, no map": ids a client cannot render)."""
+    from tokenwire.gateway.config import parse_config
+    from tokenwire.gateway.server import build_gateway
+    from tokenwire.gateway.settings import ServerSettings
+
+    cfg = parse_config({"upstreams": [{"name": "local", "kind": "embedded",
+                                       "options": {"n_ctx": 512, "threads": 1},
+                                       "models": [{"name": "smol"}]}]}, env={})
+
+    async def build():
+        gw = await build_gateway(cfg, ServerSettings())
+        try:
+            return gw.state.router.route("smol"), gw.state.router.route("smollm2")
+        finally:
+            await gw.aclose()
+
+    smol, by_alias = asyncio.run(build())
+    assert smol.tmap is not None and smol.tmap.hash == smollm2_map.hash
+    assert smol.ids_source.value == "engine" and by_alias is smol

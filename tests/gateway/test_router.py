@@ -160,3 +160,26 @@ def test_a_probe_that_raises_reports_down_without_failing_health() -> None:
     mon = HealthMonitor((("b", Broken("b")),))
     (h,) = asyncio.run(mon.snapshot())
     assert h.state is UpstreamState.DOWN and h.detail == "probe failed: OSError"
+
+
+# -- the names a model answers to (issue 10) ----------------------------------------------------
+
+
+def test_a_model_answers_to_its_aliases_in_any_case_and_is_listed_once() -> None:
+    smol = ServedModel(name="SmolLM2-135M-Instruct", upstream=object(), aliases=(
+        "HuggingFaceTB/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2"))
+    router = Router([smol])
+    for name in ("SmolLM2-135M-Instruct", "HuggingFaceTB/SmolLM2-135M-Instruct",
+                 "huggingfacetb/smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                 "smollm2"):
+        assert router.route(name) is smol, name
+    assert router.names == ("SmolLM2-135M-Instruct",)
+
+
+def test_an_alias_two_models_claim_routes_to_neither() -> None:
+    a = ServedModel(name="a", upstream=object(), aliases=("shared",))
+    b = ServedModel(name="b", upstream=object(), aliases=("Shared", "b-only"))
+    router = Router([a, b])
+    assert router.route("b-only") is b and router.route("a") is a
+    with pytest.raises(UnknownModel):
+        router.route("shared")

@@ -385,3 +385,26 @@ def test_jitter_never_lets_an_attempt_start_past_the_budget(seed: int) -> None:
         return script
 
     assert run(go()).started_at[-1] < 120.0
+
+
+def test_capacity_counts_what_can_run_when_every_upstream_has_a_limit() -> None:
+    """The embedded engine runs one generation; ``--queue-size 1`` then admits two (one
+    running, one waiting), not max_concurrent (4) + 1."""
+    from tokenwire.gateway.http.state import GatewayState
+    from tokenwire.gateway.settings import ServerSettings
+
+    class OneAtATime:
+        model_id = "m"
+        max_concurrent = 1
+
+    state = GatewayState(settings=ServerSettings(queue_size=1), upstream=OneAtATime())
+    admission = state.admission
+    assert (admission.runnable, admission.capacity) == (1, 2)
+    assert admission.reserve(0.0) and admission.reserve(0.0) and admission.reserve(0.0) is None
+
+
+def test_an_upstream_without_a_limit_keeps_max_concurrent_as_the_bound() -> None:
+    limited = Admission(max_concurrent=4, queue_size=2, limits={1: 1}, all_limited=False)
+    assert (limited.runnable, limited.capacity) == (4, 6)
+    bigger = Admission(max_concurrent=4, queue_size=2, limits={1: 8, 2: 8}, all_limited=True)
+    assert (bigger.runnable, bigger.capacity) == (4, 6)  # no more than max_concurrent runs

@@ -3,7 +3,8 @@ through ``register(subparsers)``; this module only wires them together and maps 
 typed errors to a one-line message.
 
 Exit statuses (documented in the README): 0 success, 1 a problem the message names (a
-configuration, a server's error, an unreadable file), 2 a usage error (argparse's), 130
+configuration, a model file, a server's error, an unreadable file), 2 a usage error
+(argparse's), 3 the address to serve on cannot be bound (``serve``), 130
 interrupted (Ctrl-C), 141 the reader of stdout went away (``| head``: SIGPIPE's 128 + 13,
 what a shell reports for ``cat`` there), without a traceback."""
 
@@ -52,7 +53,7 @@ def _dispatch(argv: Sequence[str] | None) -> int:
         return int(args.func(args) or 0)
     except TokenwireError as exc:
         print(f"tokenwire: error: {exc}", file=sys.stderr)
-        return 1
+        return int(getattr(exc, "exit_status", 1))
     except KeyboardInterrupt:
         return 130
 

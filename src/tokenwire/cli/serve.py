@@ -27,7 +27,8 @@ from tokenwire.codec.compression import DEFAULT_WINDOW_S
 from tokenwire.codec.versioning import VersionPolicy, VersionPolicyMode
 from tokenwire.errors import ConfigError
 
-__all__ = ["auth_banner", "gateway_config_from_args", "register", "settings_from_args"]
+__all__ = ["auth_banner", "capacity_line", "gateway_config_from_args", "register",
+           "settings_from_args"]
 
 #: Defaults of the flags a config file's [server] may also set (flag > file > default).
 _SERVER_DEFAULTS = {"host": "127.0.0.1", "port": 8080, "coalesce_ms": DEFAULT_WINDOW_S * 1000,
@@ -180,18 +181,26 @@ def _run(args: argparse.Namespace) -> int:
     cfg = gateway_config_from_args(args)
     if cfg is not None:
         return _run_upstreams(args, cfg)
-    from tokenwire.gateway.server import build_embedded_state, run
+    from tokenwire.gateway.server import build_embedded_state, listen_socket, run
 
     settings = settings_from_args(args)
     _request_log(args)
-    print("loading the model...", file=sys.stderr, flush=True)
-    plan = build_embedded_state(settings)
+    sock = listen_socket(settings.host, settings.port)  # a busy port fails before the load
+    try:
+        print("loading the model...", file=sys.stderr, flush=True)
+        plan = build_embedded_state(settings)
+    except BaseException:
+        sock.close()
+        raise
     state = plan.state
     print(f"tokenwire serve: listening on http://{settings.host}:{settings.port}", flush=True)
-    print(f"  model: {state.router.models[0].name} (context {state.max_model_len} tokens)")
+    model = state.router.models[0]
+    print(f"  model: {model.name} (context {state.max_model_len} tokens)")
+    if model.aliases:
+        print("  also answers to: " + ", ".join(model.aliases))
     print(f"  map:   {state.tmap.id} {state.tmap.hash}")
     _print_common(settings, state)
-    run(plan, log_level=args.log_level)
+    run(plan, log_level=args.log_level, sock=sock)
     return 0
 
 
@@ -211,9 +220,19 @@ def _print_common(settings, state) -> None:
               f"{len(settings.banned_ids)} banned ids)")
     print(f"  coalescing window: {settings.window_s * 1000:g} ms")
     retries = "on" if settings.retries else "off"
-    print(f"  capacity: {settings.max_concurrent} running, {settings.queue_size} queued; "
-          f"idle timeout {settings.idle_timeout_s:g} s; retries {retries}")
+    print(f"  capacity: {capacity_line(state.admission)}; idle timeout "
+          f"{settings.idle_timeout_s:g} s; retries {retries}")
     print(f"  {auth_banner(settings)}", flush=True)
+
+
+def capacity_line(admission) -> str:
+    """What admission really does: generations at once (the embedded engine's one, not the
+    ``max_concurrent`` ceiling), how many may wait, and what comes after."""
+    running = admission.runnable
+    limit = "" if running == admission.max_concurrent else \
+        f" (the upstreams' own limits; --max-concurrent {admission.max_concurrent})"
+    return (f"{running} generation(s) at once{limit}, up to {admission.queue_size} more "
+            f"wait in line, then 429")
 
 
 def auth_banner(settings) -> str:

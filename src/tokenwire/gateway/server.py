@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
-from tokenwire.errors import ConfigError
+from tokenwire.errors import ConfigError, ListenError
 from tokenwire.gateway.config import GatewayConfig, map_for_model
 from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.security import harden
@@ -48,6 +50,7 @@ __all__ = [
     "ServingPlan",
     "build_embedded_state",
     "build_gateway",
+    "listen_socket",
     "run",
     "run_gateway",
     "serve_gateway",
@@ -86,6 +89,43 @@ def uvicorn_limits(state: GatewayState) -> dict[str, Any]:
     above = 2 * state.admission.capacity + _SPARE_CONNECTIONS
     return {**UVICORN_LIMITS,
             "limit_concurrency": max(UVICORN_LIMITS["limit_concurrency"], above)}
+
+
+#: What a failed bind means, in words a person can act on.
+_BIND_ERRORS = {
+    errno.EADDRINUSE: "the address is already in use (another server on this port?); stop "
+                      "it or choose another --port",
+    errno.EADDRNOTAVAIL: "this machine has no such address; use 127.0.0.1, 0.0.0.0 or one "
+                         "of its own addresses as --host",
+    errno.EACCES: "permission denied (ports below 1024 need privileges); choose a port "
+                  "above 1023",
+}
+#: Pending connections the kernel holds for uvicorn (uvicorn's own default backlog).
+_BACKLOG = 2048
+
+
+def listen_socket(host: str, port: int) -> socket.socket:
+    """Bind and listen on ``host:port`` before anything says it listens (the banner comes
+    after this), so a busy port is one clear :class:`ListenError`, not a banner followed by
+    uvicorn's ``[Errno 98]``."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ListenError(f"cannot listen on {host}:{port}: unknown host ({exc.strerror})"
+                          ) from None
+    family, _, proto, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind(addr)
+        sock.listen(_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        why = _BIND_ERRORS.get(exc.errno, exc.strerror or str(exc))
+        raise ListenError(f"cannot listen on {host}:{port}: {why}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 @dataclass(frozen=True)
@@ -130,20 +170,24 @@ def build_embedded_state(
     return ServingPlan(state=state, engine=engine, bundled_map=bundled)
 
 
-def run(plan: ServingPlan, *, log_level: str = "info") -> None:
+def run(plan: ServingPlan, *, log_level: str = "info",
+        sock: socket.socket | None = None) -> None:
     """Serve until interrupted (uvicorn), then stop the engine.
 
     The served app is :func:`~tokenwire.gateway.http.security.harden` over ``create_app``: auth,
-    Origin and upgrade refusals outermost, so they never reach the engine's queue."""
+    Origin and upgrade refusals outermost, so they never reach the engine's queue. ``sock``:
+    the socket :func:`listen_socket` bound (bound here when not given)."""
     import uvicorn
 
     settings = plan.state.settings
+    sock = sock or listen_socket(settings.host, settings.port)
     plan.engine.start()
     try:
         config = uvicorn.Config(harden(create_app(plan.state), settings), host=settings.host,
                                 port=settings.port, log_level=log_level,
                                 timeout_graceful_shutdown=5, **uvicorn_limits(plan.state))
-        graceful_server(config, plan.state, drain_grace_s=settings.drain_grace_s).run()
+        graceful_server(config, plan.state, drain_grace_s=settings.drain_grace_s).run(
+            sockets=[sock])
     finally:
         plan.engine.close()
 
@@ -240,7 +284,8 @@ def _served(built: _Built) -> list[ServedModel]:
             source = IdsSource.NONE  # text only, and nothing to tokenize it with
         out.append(ServedModel(
             name=route.name, upstream=adapter, tmap=tmap, ids_source=source,
-            max_model_len=getattr(adapter, "n_ctx", None), upstream_name=built.config.name))
+            max_model_len=getattr(adapter, "n_ctx", None), upstream_name=built.config.name,
+            aliases=tuple(getattr(adapter, "aliases", ()))))
     return out
 
 
@@ -287,13 +332,15 @@ async def serve_gateway(
 ) -> None:
     """Build the gateway and serve it in the running loop until the server exits.
 
-    ``on_ready(gateway, uvicorn_server)`` runs once the gateway is built, before the port
-    opens (the banner; tests keep the server to stop it). ``sockets``: pre-bound sockets.
+    ``on_ready(gateway, uvicorn_server)`` runs once the gateway is built and its socket is
+    bound (the banner; tests keep the server to stop it). ``sockets``: pre-bound sockets
+    (else :func:`listen_socket` binds ``settings.host:port``).
     """
     import uvicorn
 
     gw = await build_gateway(cfg, settings)
     try:
+        sockets = sockets or [listen_socket(settings.host, settings.port)]
         config = uvicorn.Config(harden(create_app(gw.state), settings), host=settings.host,
                                 port=settings.port, log_level=log_level,
                                 timeout_graceful_shutdown=5, lifespan="off",

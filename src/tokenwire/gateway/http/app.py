@@ -186,6 +186,8 @@ def _model_entry(state: GatewayState, m: ServedModel) -> dict[str, Any]:
         entry["max_model_len"] = m.max_model_len
     if m.tmap is not None:
         entry["codec_tokenizer_map"] = {"id": m.tmap.id, "hash": m.tmap.hash}
+    if m.aliases:  # other names requests may use for this model (one entry per model)
+        entry["aliases"] = list(m.aliases)
     return entry
 
 

@@ -69,7 +69,8 @@ class GatewayState:
             self.router = Router([ServedModel(
                 name=self.upstream.model_id, upstream=self.upstream, tmap=self.tmap,
                 max_model_len=self.max_model_len, ids_source=IdsSource.ENGINE,
-                upstream_name=getattr(self.upstream, "name", "embedded"))])
+                upstream_name=getattr(self.upstream, "name", "embedded"),
+                aliases=tuple(getattr(self.upstream, "aliases", ())))])
         primary = self.router.primary
         if self.tmap is None:
             self.tmap = primary.tmap
@@ -78,9 +79,11 @@ class GatewayState:
         if self.health is None:
             self.health = HealthMonitor(self.router.upstreams())
         if self.admission is None:
+            upstreams = [up for _, up in self.router.upstreams()]
+            limits = limits_of(upstreams)
             self.admission = Admission(
                 max_concurrent=self.settings.max_concurrent, queue_size=self.settings.queue_size,
-                limits=limits_of(up for _, up in self.router.upstreams()))
+                limits=limits, all_limited=len(limits) == len(upstreams))
         self.observability.set_capacity_source(self.admission.counts)
 
     def timing(self, *, streaming: bool) -> Timing:

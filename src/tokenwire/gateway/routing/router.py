@@ -34,6 +34,8 @@ class ServedModel:
 
     ``tmap`` is the map of its vocabulary (``Codec-Tokenizer-Map``), ``None`` when unknown;
     ``upstream_name`` is the configured upstream's name (``owned_by`` in ``/v1/models``).
+    ``aliases`` are other names clients may send for it (the embedded engine's Hugging Face
+    id and GGUF file name, say); ``/v1/models`` keeps one entry per model and lists them.
     """
 
     name: str
@@ -42,6 +44,7 @@ class ServedModel:
     max_model_len: int | None = None
     ids_source: IdsSource = IdsSource.NONE
     upstream_name: str = ""
+    aliases: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.ids_source is IdsSource.RETOKENIZED and self.tmap is None:
@@ -75,6 +78,7 @@ class Router:
             if m.name in self._by_name:
                 raise ConfigError(f"model {m.name!r} is served twice; model names must be unique")
             self._by_name[m.name] = m
+        self._by_alias = _alias_index(self.models)
         if default is not None and default not in self._by_name:
             raise ConfigError(f"default model {default!r} is not served; served: {self._listing}")
         if default is None and len(self.models) == 1:
@@ -97,7 +101,7 @@ class Router:
                     f"model is required: this server serves {len(self.models)} models "
                     f"({self._listing})", status_hint=400)
             return self.default
-        found = self._by_name.get(model)
+        found = self._by_name.get(model) or self._by_alias.get(model.casefold())
         if found is None:
             raise UnknownModel(
                 f"the model {model!r} does not exist on this server; served models: "
@@ -126,3 +130,17 @@ class Router:
         for m in self.models:
             seen.setdefault(id(m.upstream), (m.upstream_name or m.name, m.upstream))
         return tuple(seen.values())
+
+
+def _alias_index(models: tuple[ServedModel, ...]) -> dict[str, ServedModel]:
+    """Names and aliases, case-folded (``huggingfacetb/smollm2-135m-instruct`` is what some
+    people type), to their model: the fallback after an exact name. A key two models claim
+    names neither: a request must never reach a model it did not mean."""
+    index: dict[str, ServedModel] = {}
+    ambiguous: set[str] = set()
+    for m in models:
+        for key in {n.casefold() for n in (m.name, *m.aliases)}:
+            if key in index and index[key] is not m:
+                ambiguous.add(key)
+            index.setdefault(key, m)
+    return {k: m for k, m in index.items() if k not in ambiguous}

@@ -94,6 +94,9 @@ class Admission:
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
     queue_size: int = DEFAULT_QUEUE_SIZE
     limits: Mapping[int, int] = field(default_factory=dict)
+    #: True when ``limits`` covers every upstream served: then at most their sum can run,
+    #: and the capacity counts that, not ``max_concurrent`` (:attr:`runnable`).
+    all_limited: bool = False
     _in_flight: int = 0
     _running: int = 0
     _per_upstream: dict[int, int] = field(default_factory=dict)
@@ -108,10 +111,24 @@ class Admission:
             raise ConfigError("an upstream's concurrency limit must be at least 1")
 
     @property
+    def runnable(self) -> int:
+        """Upstream requests that can really run at once: ``max_concurrent``, or the sum of
+        the upstreams' own limits when every upstream has one and they add up to less (the
+        embedded engine alone: 1)."""
+        if self.all_limited and self.limits:
+            return min(self.max_concurrent, sum(self.limits.values()))
+        return self.max_concurrent
+
+    @property
     def capacity(self) -> int:
-        """Requests in flight before a 429. Seed: "the larger of top-level maxConcurrent and
-        the sum of effective provider limits, plus 32"."""
-        return max(self.max_concurrent, sum(self.limits.values())) + self.queue_size
+        """Requests in flight before a 429: what can run plus ``queue_size`` waiting.
+
+        The seed says "the larger of top-level maxConcurrent and the sum of effective
+        provider limits, plus 32"; with the effective limits summing to less than
+        maxConcurrent, "the larger" would let more than ``queue_size`` wait (the embedded
+        engine, ``--queue-size 1``: five admitted, one running). Its other rule, "up to 32
+        additional requests wait", is the promise kept here."""
+        return self.runnable + self.queue_size
 
     @property
     def running(self) -> int:

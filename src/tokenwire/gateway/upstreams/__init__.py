@@ -60,6 +60,15 @@ class EmbeddedUpstream:
     def n_ctx(self) -> int:
         return int(self.engine.n_ctx)
 
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(getattr(self.engine, "aliases", ()))
+
+    def tmap_for(self, model: str) -> TokenizerMap:
+        """The engine's map for its one model: a configured embedded upstream serves ids
+        with the bundled map exactly as the default ``tokenwire serve`` does."""
+        return self.tmap
+
     @classmethod
     def from_config(
         cls, config: UpstreamConfig, *, transport: Any = None,

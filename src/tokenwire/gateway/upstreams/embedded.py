@@ -60,6 +60,8 @@ __all__ = [
     "JobRecord",
     "default_model_path",
     "default_threads",
+    "model_aliases",
+    "silence_llama_logs",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,11 +78,59 @@ MAX_RECORDS = 256
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
+#: ggml's log levels as this llama.cpp build numbers them (``ggml.h``: NONE 0, DEBUG 1,
+#: INFO 2, WARN 3, ERROR 4, CONT 5 = a continuation of the previous message).
+_GGML_ERROR, _GGML_CONT = 4, 5
+_llama_log = logging.getLogger("tokenwire.llama_cpp")
+_log_state: dict[str, Any] = {"last": 0, "errors": deque(maxlen=3)}
+_log_callback: Any = None  # kept referenced: llama.cpp calls it from C
+
+
+def silence_llama_logs() -> None:
+    """Route llama.cpp's own log through its log callback: errors go to the
+    ``tokenwire.llama_cpp`` logger (and so to stderr), everything else is dropped.
+
+    llama-cpp-python's callback prints warnings such as ``n_ctx_seq (512) > n_ctx_train
+    (0)`` even with ``verbose=False`` (its level table predates ggml's renumbering), which
+    a person reads as a problem. Idempotent; safe to call before every load."""
+    global _log_callback
+    if _log_callback is not None:
+        return
+    import ctypes
+
+    import llama_cpp
+
+    @llama_cpp.llama_log_callback
+    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+        if level != _GGML_CONT:
+            _log_state["last"] = level
+        if _log_state["last"] == _GGML_ERROR:
+            line = text.decode("utf-8", "replace").rstrip()
+            _log_state["errors"].append(line)  # a failed load quotes them (its stderr is muted)
+            _llama_log.error("llama.cpp: %s", line)
+
+    _log_callback = callback
+    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
+
+
 def default_threads() -> int:
     """Half the cores, at least one: llama.cpp's threads spin, and on a shared machine more
     threads than free cores collapse throughput (measured: 37 tokens/s with 1 thread, under
     1 token/s with 2, on 2 busy cores)."""
     return max(1, (os.cpu_count() or 2) // 2)
+
+
+def model_aliases(path: Path, metadata: dict[str, Any]) -> tuple[str, ...]:
+    """Names people type for a GGUF's model besides its id (the file stem,
+    ``SmolLM2-135M-Instruct``): the Hugging Face id (``general.organization`` / stem:
+    ``HuggingFaceTB/SmolLM2-135M-Instruct``), the file name
+    (``SmolLM2-135M-Instruct.Q4_1.gguf``) and the family (``general.basename``:
+    ``smollm2``)."""
+    stem = path.stem.split(".")[0]
+    org = str(metadata.get("general.organization") or "").strip()
+    names = [f"{org}/{stem}" if org else "", path.name,
+             str(metadata.get("general.basename") or "").strip()]
+    return tuple(dict.fromkeys(n for n in names if n and n != stem))
 
 
 def default_model_path() -> Path:
@@ -162,6 +212,7 @@ class EmbeddedEngine:
         model_id: str,
         queue_size: int = DEFAULT_QUEUE_SIZE,
         clock: Callable[[], float] = time.monotonic,
+        aliases: tuple[str, ...] = (),
     ) -> None:
         if llm.n_vocab() > tmap.vocab_size:
             raise ConfigError(
@@ -169,6 +220,8 @@ class EmbeddedEngine:
                 "frames would carry ids the map cannot decode"
             )
         self.model_id = model_id
+        #: Other names clients may use for the model (see :func:`model_aliases`).
+        self.aliases = tuple(a for a in aliases if a != model_id)
         self.tmap = tmap
         self._llm = llm
         self._clock = clock
@@ -197,13 +250,24 @@ class EmbeddedEngine:
         from llama_cpp import Llama
 
         path = Path(model_path) if model_path is not None else default_model_path()
-        llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=n_threads or default_threads(),
-                    verbose=False)
+        if not path.is_file():
+            raise ConfigError(f"model file {path} does not exist (--model takes a GGUF file)")
+        silence_llama_logs()
+        _log_state["errors"].clear()
+        try:
+            llm = Llama(model_path=str(path), n_ctx=n_ctx,
+                        n_threads=n_threads or default_threads(), verbose=False)
+        except ValueError:  # llama-cpp-python's "Failed to load model from file"
+            said = "; ".join(_log_state["errors"]) or "no reason given"
+            raise ConfigError(f"model file {path} could not be loaded by llama.cpp ({said}); "
+                              "is it a GGUF model?") from None
         # The first decode repacks weights (seconds on a small CPU); pay it here, not in the
         # first request's time to first token.
         next(iter(llm.generate(llm.tokenize(b"Hi", add_bos=False), temp=0.0)), None)
         llm.reset()
-        kwargs.setdefault("model_id", path.stem.split(".")[0])
+        stem = path.stem.split(".")[0]
+        kwargs.setdefault("model_id", stem)
+        kwargs.setdefault("aliases", model_aliases(path, llm.metadata or {}))
         return cls(llm, tmap, **kwargs)
 
     @property
