@@ -341,8 +341,9 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
         def __init__(self, config, state, *, drain_grace_s) -> None:
             calls.update(config=config, state=state, drain_grace_s=drain_grace_s)
 
-        def run(self) -> None:
+        def run(self, sockets=None) -> None:
             calls["served"] = True
+            calls["sockets"] = sockets
 
     monkeypatch.setattr(server_mod, "graceful_server", Server)
 
@@ -356,8 +357,13 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
     settings = ServerSettings(api_keys=(KEY,), auth="keys", drain_grace_s=7)
     state = GatewayState(settings=settings, upstream=Scripted(SIMPLE), tmap=smollm2_map,
                          max_model_len=1024)
-    server_mod.run(server_mod.ServingPlan(state=state, engine=Engine(),  # type: ignore[arg-type]
-                                          bundled_map=smollm2_map))
+    sock = server_mod.listen_socket("127.0.0.1", 0)  # bound before run(), as `serve` does
+    try:
+        server_mod.run(server_mod.ServingPlan(state=state, engine=Engine(),  # type: ignore[arg-type]
+                                              bundled_map=smollm2_map), sock=sock)
+    finally:
+        sock.close()
+    assert calls["sockets"] == [sock]
     config = calls["config"]
     assert isinstance(config.app, SecurityMiddleware)
     assert isinstance(config.app.app, CrashBarrier)
