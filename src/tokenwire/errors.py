@@ -192,6 +192,9 @@ class ConfigErrors(ConfigError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
+        #: What did parse (a ``GatewayConfig`` of the valid upstreams), when known: its
+        #: upstreams can still be probed so that the report also names unreachable ones.
+        self.config: object | None = None
         if len(self.problems) == 1:
             super().__init__(self.problems[0])
         else:

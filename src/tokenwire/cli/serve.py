@@ -177,8 +177,28 @@ def _flag_or_file(args: argparse.Namespace, file_server: dict, key: str):
     return flag if flag is not None else file_server.get(key)
 
 
+def _config_or_every_problem(args: argparse.Namespace):
+    """The configuration, or one ConfigErrors naming every problem: the file's (keys, maps,
+    variables) and the probes of the upstreams that did parse, so one start shows all."""
+    from tokenwire.errors import ConfigErrors
+
+    try:
+        return gateway_config_from_args(args)
+    except ConfigErrors as exc:
+        partial = exc.config
+        if partial is None or not any(partial.probes(u) for u in partial.upstreams):
+            raise
+        import asyncio
+
+        from tokenwire.gateway.server import config_problems
+        from tokenwire.gateway.settings import ServerSettings
+
+        more = asyncio.run(config_problems(partial, ServerSettings()))
+        raise ConfigErrors(exc.problems + more) from None
+
+
 def _run(args: argparse.Namespace) -> int:
-    cfg = gateway_config_from_args(args)
+    cfg = _config_or_every_problem(args)
     if cfg is not None:
         return _run_upstreams(args, cfg)
     from tokenwire.gateway.server import build_embedded_state, listen_socket, run

@@ -44,6 +44,7 @@ gateway's own client keys are read once, by :func:`auth_from_sources`, straight 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -53,7 +54,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
-from tokenwire.errors import ConfigError, MapError
+from tokenwire.errors import ConfigError, ConfigErrors, MapError
 from tokenwire.gateway.upstreams.base import UPSTREAM_KINDS, ModelRoute, UpstreamConfig
 
 __all__ = [
@@ -124,16 +125,40 @@ def _type_name(types: tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(names[t] for t in types))
 
 
+class _Problems:
+    """Every problem of one configuration, gathered so that one start reports them all
+    (issue 10: four starts to get through keys, map and probe)."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def add(self, exc: ConfigError) -> None:
+        self.messages.extend(getattr(exc, "problems", None) or [str(exc)])
+
+    def check(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args)``, or None with its ConfigError(s) recorded."""
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            self.add(exc)
+            return None
+
+
 def _check_keys(table: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]],
                 where: str) -> None:
-    """Unknown keys and wrong types are errors: a typo must not become a silent default."""
+    """Unknown keys and wrong types are errors: a typo must not become a silent default.
+    Every bad key of the table is reported, not only the first."""
+    problems = []
     for key, value in table.items():
         if key not in schema:
-            raise ConfigError(f"{where}: unknown key {key!r}; expected one of "
-                              + ", ".join(schema))
+            problems.append(f"{where}: unknown key {key!r}; expected one of "
+                            + ", ".join(schema))
+            continue
         types = schema[key]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            raise ConfigError(f"{where}: {key} must be {_type_name(types)}, got {value!r}")
+            problems.append(f"{where}: {key} must be {_type_name(types)}, got {value!r}")
+    if problems:
+        raise ConfigErrors(problems)
 
 
 def _check_url(url: str, where: str) -> str:
@@ -166,17 +191,20 @@ def map_for_model(upstream_model: str) -> TokenizerMap | None:
 
 
 def _parse_model(doc: Mapping[str, Any], where: str) -> tuple[ModelRoute, TokenizerMap | None]:
-    _check_keys(doc, _MODEL_KEYS, where)
-    if "name" not in doc or not doc["name"]:
-        raise ConfigError(f"{where}: name is required")
+    problems = _Problems()
+    problems.check(_check_keys, doc, _MODEL_KEYS, where)
+    if "name" not in doc or not doc["name"] or not isinstance(doc["name"], str):
+        raise ConfigErrors([*problems.messages, f"{where}: name is required"])
     where = f"{where} ({doc['name']!r})"
-    if "map" in doc and "map_path" in doc:
-        raise ConfigError(f"{where}: give map or map_path, not both")
     tmap = None
-    if "map" in doc:
-        tmap = load_map(doc["map"], path=False, where=where)
-    elif "map_path" in doc:
-        tmap = load_map(doc["map_path"], path=True, where=where)
+    if "map" in doc and "map_path" in doc:
+        problems.add(ConfigError(f"{where}: give map or map_path, not both"))
+    elif isinstance(doc.get("map"), str):
+        tmap = problems.check(load_map, doc["map"], path=False, where=where)
+    elif isinstance(doc.get("map_path"), str):
+        tmap = problems.check(load_map, doc["map_path"], path=True, where=where)
+    if problems.messages:
+        raise ConfigErrors(problems.messages)
     route = ModelRoute(name=doc["name"], upstream_model=doc.get("upstream_model", ""),
                        map_id=tmap.id if tmap and "map" in doc else None,
                        map_path=doc.get("map_path"))
@@ -197,37 +225,48 @@ def _parse_upstream(
     where = f"{source}: [[upstreams]] #{i + 1}"
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: must be a table")
-    _check_keys(doc, _UPSTREAM_KEYS, where)
+    problems = _Problems()
+    problems.check(_check_keys, doc, _UPSTREAM_KEYS, where)
     for key in ("name", "kind"):
-        if not doc.get(key):
-            raise ConfigError(f"{where}: {key} is required")
+        if not doc.get(key) or not isinstance(doc[key], str):
+            problems.add(ConfigError(f"{where}: {key} is required"))
+    if problems.messages and not isinstance(doc.get("name"), str):
+        raise ConfigErrors(problems.messages)
     where = f"{source}: upstream {doc['name']!r}"
-    kind = doc["kind"]
-    if kind not in UPSTREAM_KINDS:
-        raise ConfigError(f"{where}: unknown kind {kind!r}; expected one of "
-                          + ", ".join(UPSTREAM_KINDS))
+    kind = doc.get("kind")
+    if kind and kind not in UPSTREAM_KINDS:
+        problems.add(ConfigError(f"{where}: unknown kind {kind!r}; expected one of "
+                                 + ", ".join(UPSTREAM_KINDS)))
     base_url = doc.get("base_url", "")
     if kind == "embedded":
         if base_url:
-            raise ConfigError(f"{where}: an embedded upstream has no base_url")
-    else:
-        base_url = _check_url(base_url, where)
+            problems.add(ConfigError(f"{where}: an embedded upstream has no base_url"))
+    elif kind in UPSTREAM_KINDS and isinstance(base_url, str):  # unknown kind: needs unknown
+        base_url = problems.check(_check_url, base_url, where) or ""
     key_env = doc.get("api_key_env")
-    if key_env is not None and key_env not in env:
+    if isinstance(key_env, str) and key_env not in env:
         # Name the variable, never a value: the message is printed and logged.
-        raise ConfigError(f"{where}: api_key_env names {key_env}, which is not set")
-    _check_numbers(doc, where)
+        problems.add(ConfigError(f"{where}: api_key_env names {key_env}, which is not set"))
+    problems.check(_check_numbers, doc, where)
     headers = doc.get("headers", {})
-    if not all(isinstance(v, str) for v in headers.values()):
-        raise ConfigError(f"{where}: header values must be strings")
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        problems.add(ConfigError(f"{where}: header values must be strings"))
+        headers = {}
     routes, maps = [], {}
-    for j, mdoc in enumerate(doc.get("models", [])):
+    for j, mdoc in enumerate(doc.get("models", []) if isinstance(doc.get("models"), list)
+                             else []):
         if not isinstance(mdoc, dict):
-            raise ConfigError(f"{where} model #{j + 1}: must be a table")
-        route, tmap = _parse_model(mdoc, f"{where} model #{j + 1}")
+            problems.add(ConfigError(f"{where} model #{j + 1}: must be a table"))
+            continue
+        parsed = problems.check(_parse_model, mdoc, f"{where} model #{j + 1}")
+        if parsed is None:
+            continue
+        route, tmap = parsed
         routes.append(route)
         if tmap is not None:
             maps[route.name] = tmap
+    if problems.messages:
+        raise ConfigErrors(problems.messages)
     config = UpstreamConfig(
         name=doc["name"], kind=kind, base_url=base_url, api_key_env=key_env,
         models=tuple(routes), max_concurrent=doc.get("max_concurrent", 4),
@@ -240,28 +279,40 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
                  env: Mapping[str, str] | None = None) -> GatewayConfig:
     """Validate a decoded config document (see the module docstring)."""
     env = os.environ if env is None else env
-    _check_keys(doc, _TOP_KEYS, source)
-    server = dict(doc.get("server", {}))
-    _check_keys(server, SERVER_KEYS, f"{source}: [server]")
-    _check_server_auth(server, env, f"{source}: [server]")
+    problems = _Problems()
+    problems.check(_check_keys, doc, _TOP_KEYS, source)
+    server = dict(doc.get("server", {})) if isinstance(doc.get("server", {}), dict) else {}
+    problems.check(_check_keys, server, SERVER_KEYS, f"{source}: [server]")
+    problems.check(_check_server_auth, server, env, f"{source}: [server]")
     ups = doc.get("upstreams", [])
     if not ups:
-        raise ConfigError(f"{source}: no [[upstreams]]; declare at least one")
+        problems.add(ConfigError(f"{source}: no [[upstreams]]; declare at least one"))
     upstreams, maps, no_probe = [], {}, set()
-    for i, udoc in enumerate(ups):
-        config, umaps = _parse_upstream(udoc, i, env, source)
+    for i, udoc in enumerate(ups if isinstance(ups, list) else []):
+        parsed = problems.check(_parse_upstream, udoc, i, env, source)
+        if parsed is None:
+            continue
+        config, umaps = parsed
         upstreams.append(config)
         maps.update(umaps)
         if not udoc.get("probe", server.get("probe", True)):
             no_probe.add(config.name)
-    _check_unique(upstreams, source)
+    problems.check(_check_unique, upstreams, source)
     default = server.get("default_model")
     names = [m.name for u in upstreams for m in u.models]
     if default is not None and names and default not in names:
-        raise ConfigError(f"{source}: [server] default_model {default!r} is not a configured "
-                          "model; configured: " + ", ".join(names))
-    return GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
-                         no_probe=frozenset(no_probe), source=source)
+        problems.add(ConfigError(f"{source}: [server] default_model {default!r} is not a "
+                                 "configured model; configured: " + ", ".join(names)))
+    config = GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
+                           no_probe=frozenset(no_probe), source=source)
+    if problems.messages:
+        exc = ConfigErrors(problems.messages)
+        # The upstreams that did parse, so callers can still probe them (without a
+        # default_model that may name a model of an upstream that did not).
+        exc.config = dataclasses.replace(
+            config, server={k: v for k, v in server.items() if k != "default_model"})
+        raise exc
+    return config
 
 
 def _check_server_auth(server: Mapping[str, Any], env: Mapping[str, str], where: str) -> None:

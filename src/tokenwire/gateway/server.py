@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
-from tokenwire.errors import ConfigError, ListenError
+from tokenwire.errors import ConfigError, ConfigErrors, ListenError
 from tokenwire.gateway.config import GatewayConfig, map_for_model
 from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.security import harden
@@ -50,6 +50,7 @@ __all__ = [
     "ServingPlan",
     "build_embedded_state",
     "build_gateway",
+    "config_problems",
     "listen_socket",
     "run",
     "run_gateway",
@@ -301,10 +302,17 @@ async def build_gateway(
     upstream (by name) an httpx transport.
     """
     built: list[_Built] = []
+    problems: list[str] = []
     try:
-        for up in cfg.upstreams:
-            cls = adapter_for(up.kind, adapters)
-            built.append(await _build_upstream(up, cfg, cls, (transports or {}).get(up.name)))
+        for up in cfg.upstreams:  # every upstream is probed: one report names every problem
+            try:
+                cls = adapter_for(up.kind, adapters)
+                built.append(await _build_upstream(up, cfg, cls,
+                                                   (transports or {}).get(up.name)))
+            except ConfigError as exc:
+                problems.extend(getattr(exc, "problems", None) or [str(exc)])
+        if problems:
+            raise ConfigErrors(problems)
         router = Router([m for b in built for m in _served(b)], default=cfg.default_model)
     except BaseException:
         await _close_all([b.adapter for b in built])
@@ -351,6 +359,18 @@ async def serve_gateway(
         await server.serve(sockets=sockets)
     finally:
         await gw.aclose()
+
+
+async def config_problems(cfg: GatewayConfig, settings: ServerSettings) -> list[str]:
+    """Everything wrong with ``cfg`` that building it finds (every upstream probed, every
+    model routed), without serving: ``tokenwire check``, and a start-up that failed on the
+    file and still names unreachable upstreams in the same report. Empty when all is well."""
+    try:
+        gw = await build_gateway(cfg, settings)
+    except ConfigError as exc:
+        return list(getattr(exc, "problems", None) or [str(exc)])
+    await gw.aclose()
+    return []
 
 
 def run_gateway(
