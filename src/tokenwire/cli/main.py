@@ -21,6 +21,7 @@ from tokenwire.errors import TokenwireError
 from . import check as check_cmd
 from . import client_cmds
 from . import maps as maps_cmd
+from . import models as models_cmd
 from . import serve as serve_cmd
 
 
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.register(sub)
     client_cmds.register(sub)
     check_cmd.register(sub)
+    models_cmd.register(sub)
     return parser
 
 
