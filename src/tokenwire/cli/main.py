@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from tokenwire import __version__
 from tokenwire.errors import TokenwireError
 
+from . import chat as chat_cmd
 from . import check as check_cmd
 from . import client_cmds
 from . import maps as maps_cmd
@@ -35,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     maps_cmd.register(sub)
     serve_cmd.register(sub)
     client_cmds.register(sub)
+    chat_cmd.register(sub)
     check_cmd.register(sub)
     models_cmd.register(sub)
     return parser
