@@ -66,3 +66,23 @@ def test_a_closed_stdout_ends_quietly_with_the_sigpipe_status(argv: list[str]) -
     proc = _run_into_closed_pipe(*argv)
     assert b"Traceback" not in proc.stderr and b"BrokenPipe" not in proc.stderr, proc.stderr
     assert proc.returncode == EXIT_BROKEN_PIPE
+
+
+def test_serve_help_shows_each_apis_max_tokens_default(capsys) -> None:
+    from tokenwire.gateway.apis.chat import DEFAULT_MAX_TOKENS as CHAT
+    from tokenwire.gateway.apis.completions import DEFAULT_MAX_TOKENS as COMPLETIONS
+    from tokenwire.gateway.apis.responses_request import DEFAULT_MAX_OUTPUT_TOKENS
+
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"/v1/completions {COMPLETIONS}" in out and f"/v1/chat/completions {CHAT}" in out
+    assert f"(max_output_tokens) {DEFAULT_MAX_OUTPUT_TOKENS}" in out
+
+
+def test_complete_help_shows_its_max_tokens_default(capsys) -> None:
+    from tokenwire.cli.client_cmds import DEFAULT_MAX_TOKENS
+
+    with pytest.raises(SystemExit):
+        main(["complete", "--help"])
+    assert f"(default {DEFAULT_MAX_TOKENS})" in " ".join(capsys.readouterr().out.split())

@@ -39,7 +39,9 @@ _CAPACITY_KEYS = ("max_concurrent", "queue_size", "idle_timeout_s", "request_cap
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="serve models over Codec and OpenAI APIs")
+    p = subparsers.add_parser("serve", help="serve models over Codec and OpenAI APIs",
+                              epilog=_defaults_epilog(),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", metavar="FILE",
                    help="TOML file of upstreams and models (env TOKENWIRE_CONFIG)")
     p.add_argument("--upstream", action="append", default=[], metavar="URL",
@@ -101,6 +103,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="with API keys configured, still let loopback clients in without one")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     p.set_defaults(func=_run)
+
+
+def _defaults_epilog() -> str:
+    """The answer length a request gets when it names none, per API (read from the
+    constants the APIs use, so the help cannot drift from the server)."""
+    from tokenwire.gateway.apis.chat import DEFAULT_MAX_TOKENS as CHAT
+    from tokenwire.gateway.apis.completions import DEFAULT_MAX_TOKENS as COMPLETIONS
+    from tokenwire.gateway.apis.responses_request import DEFAULT_MAX_OUTPUT_TOKENS as RESPONSES
+
+    return ("request defaults (a request's own fields override them):\n"
+            f"  max_tokens: /v1/completions {COMPLETIONS}, /v1/chat/completions {CHAT}, "
+            f"/v1/responses (max_output_tokens) {RESPONSES};\n"
+            "  /v1/messages requires max_tokens, as Anthropic's API does")
 
 
 def _version_policy(args: argparse.Namespace) -> VersionPolicy:
