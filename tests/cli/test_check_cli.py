@@ -80,3 +80,10 @@ def test_serve_reports_every_problem_in_one_start(bad_file) -> None:
     assert "4 problems in the configuration" in proc.stderr
     _assert_all_four(proc.stderr)
     assert "listening" not in proc.stdout
+
+
+def test_check_no_probe_checks_the_file_only(bad_file, capsys, monkeypatch) -> None:
+    monkeypatch.delenv("TW_TEST_UNSET_VAR", raising=False)
+    assert main(["check", "--no-probe", "--config", str(bad_file)]) == 1
+    err = capsys.readouterr().err
+    assert "3 problem(s)" in err and "unreachable" not in err

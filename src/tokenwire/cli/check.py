@@ -76,7 +76,7 @@ def run_checks(args: argparse.Namespace, env: dict[str, str] | None = None
         checked += [f"upstream {u.name} ({u.kind}{' ' + u.base_url if u.base_url else ''})"
                     for u in cfg.upstreams]
         probed = [u for u in cfg.upstreams if cfg.probes(u)]
-        if probed:
+        if probed and not args.no_probe:
             problems += asyncio.run(config_problems(cfg, ServerSettings()))
     return checked, problems
 

@@ -300,7 +300,10 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     problems.check(_check_unique, upstreams, source)
     default = server.get("default_model")
     names = [m.name for u in upstreams for m in u.models]
-    if default is not None and names and default not in names:
+    declared = [m.get("name") for u in (ups if isinstance(ups, list) else [])
+                if isinstance(u, dict) for m in u.get("models") or [] if isinstance(m, dict)]
+    # Against every declared name: a model whose upstream had a problem is not "unknown".
+    if default is not None and names and default not in declared:
         problems.add(ConfigError(f"{source}: [server] default_model {default!r} is not a "
                                  "configured model; configured: " + ", ".join(names)))
     config = GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
