@@ -36,6 +36,7 @@ from typing import Any
 
 import regex
 
+from tokenwire.codec.pinned_regex import PinnedRegex, pin
 from tokenwire.codec.pretok_ops import CompiledOp, compile_op
 from tokenwire.codec.unicode_classes import ASCII_PUNCT_CLASS, CJK_CLASS, WHITE_SPACE, WS_CLASS
 from tokenwire.errors import UnsupportedProgram
@@ -61,7 +62,7 @@ STAGE_PARAMS: dict[str, frozenset[str]] = {
 
 _ANY = r"[\s\S]"  # one code point, whatever each engine's \s is
 _WS_CHARS = frozenset(map(chr, WHITE_SPACE))
-_WS_RUN = regex.compile(WS_CLASS + "+")
+_WS_RUN = regex.compile(WS_CLASS + "+")  # explicit code points: no table to pin
 
 Splitter = Callable[[str], list[str]]
 
@@ -73,7 +74,8 @@ class PreTokenizer:
 
     def __init__(self, split: Splitter, single_regex: str | None, source: Any) -> None:
         self._split = split
-        #: A ``regex``-module pattern whose findall() equals ``split()``, or None.
+        #: One regex whose findall() equals ``split()``, or None. Its classes are pinned
+        #: to Unicode 16.0.0 and spelled alike for every engine (tokenwire.codec.pinned_regex).
         self.single_regex = single_regex
         #: The program dict or pattern string this was compiled from.
         self.source = source
@@ -92,7 +94,7 @@ class PreTokenizer:
 # -- shared scanning -------------------------------------------------------------------
 
 
-def _isolate(pattern: regex.Pattern[str], piece: str, *, gaps_as_scalars: bool) -> list[str]:
+def _isolate(pattern: PinnedRegex, piece: str, *, gaps_as_scalars: bool) -> list[str]:
     """HF ``Split(pattern, Isolated)``: matches and the gaps between them, in order."""
     out: list[str] = []
     last = 0
@@ -123,7 +125,7 @@ class _OpList:
         frags = [op.fragment for op in self.ops if op.fragment is not None]
         # An empty alternation must never match; `(?!)` says so in both engines.
         self.alternation = "|".join(frags) if frags else "(?!)"
-        self.pattern = regex.compile(self.alternation)
+        self.pattern = PinnedRegex(self.alternation)
         covers = frozenset().union(*(op.covers for op in self.ops))
         letters = "L" in covers or {"title", "upper"} <= covers
         # Exhaustive: every code point starts a match of some op, so the fallback (v1) or
@@ -134,6 +136,7 @@ class _OpList:
         return self.alternation if self.exhaustive else f"{self.alternation}|{_ANY}"
 
     def gap_regex(self) -> str:
+        """Source spelling (``\\p{..}`` classes); :func:`pin` gives the portable one."""
         if self.exhaustive:
             return self.alternation
         # A gap is the maximal run of positions where no op matches.
@@ -190,11 +193,10 @@ def _compile_v1(program: Mapping[str, Any]) -> PreTokenizer:
             raise UnsupportedProgram("op 'metaspace_split' must be the only op of a v1 program")
         return PreTokenizer(_metaspace_splitter(ops[0]), None, program)
     oplist = _OpList(ops)
-    single = oplist.v1_regex()
+    single = pin(oplist.v1_regex())
     pattern = oplist.pattern
     if oplist.exhaustive:
-        findall = pattern.findall
-        return PreTokenizer(findall, single, program)
+        return PreTokenizer(pattern.findall, single, program)
     return PreTokenizer(lambda t: _isolate(pattern, t, gaps_as_scalars=True), single, program)
 
 
@@ -202,7 +204,7 @@ def _compile_v1(program: Mapping[str, Any]) -> PreTokenizer:
 
 
 def _isolating_stage(pattern: str) -> Splitter:
-    compiled = regex.compile(pattern)
+    compiled = PinnedRegex(pattern)
     return lambda piece: _isolate(compiled, piece, gaps_as_scalars=False)
 
 
@@ -242,7 +244,7 @@ def _stage_splitter(stage: Any) -> tuple[str, Splitter, _OpList | None]:
         case "cjk_isolate":
             return kind, _isolating_stage(CJK_CLASS + "+"), None
     oplist = _OpList(stage.get("ops"))
-    compiled = regex.compile(oplist.gap_regex())
+    compiled = PinnedRegex(oplist.gap_regex())
     if oplist.exhaustive:
         return kind, compiled.findall, oplist
     return kind, lambda piece: _isolate(oplist.pattern, piece, gaps_as_scalars=False), oplist
@@ -280,7 +282,7 @@ def _compile_v2(program: Mapping[str, Any]) -> PreTokenizer:
 
     kinds = [(kind, stage) for (kind, _, _), stage in zip(compiled, stages, strict=True)]
     single = _v2_single_regex(kinds, [oplist for _, _, oplist in compiled])
-    return PreTokenizer(split, single, program)
+    return PreTokenizer(split, None if single is None else pin(single), program)
 
 
 # -- entry points ----------------------------------------------------------------------
@@ -315,7 +317,8 @@ def compile_pattern(pattern: str) -> PreTokenizer:
     empty match on the empty string (findall would return ``""``).
     """
     try:
-        compiled = regex.compile(pattern)
+        compiled = PinnedRegex(pattern)
+        regex.compile(compiled.pattern)  # the pinned spelling must compile too
     except regex.error as exc:
         raise UnsupportedProgram(f"pre_tokenizer_pattern does not compile: {exc}") from exc
 
@@ -323,4 +326,4 @@ def compile_pattern(pattern: str) -> PreTokenizer:
         return [m.group() for m in compiled.finditer(text) if m.end() > m.start()]
 
     honest = compiled.groups == 0 and compiled.fullmatch("") is None
-    return PreTokenizer(split, pattern if honest else None, pattern)
+    return PreTokenizer(split, compiled.pattern if honest else None, pattern)

@@ -29,8 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import regex
-
+from tokenwire.codec.pinned_regex import PinnedRegex, spell_literal
 from tokenwire.codec.unicode_classes import (
     ASCII_PUNCT_CLASS,
     NOT_WS_CLASS,
@@ -40,7 +39,7 @@ from tokenwire.codec.unicode_classes import (
 )
 from tokenwire.errors import UnsupportedProgram
 
-__all__ = ["OP_PARAMS", "CompiledOp", "compile_op", "escape_literal"]
+__all__ = ["OP_PARAMS", "CompiledOp", "case_insensitive", "compile_op", "escape_literal"]
 
 #: Parameters each op accepts (codec-spec.md §3.5 table). Anything else is refused.
 OP_PARAMS: dict[str, frozenset[str]] = {
@@ -66,7 +65,7 @@ _LEAD_OTHER = {"l_n": r"[^\r\n\p{L}\p{N}]?", "l_p_s": r"[^\r\n\p{L}\p{P}\p{S}]?"
 _LEAD_OTHER_NO_DIGIT = {"l_n": r"[^\r\n\p{L}\p{N}]?", "l_p_s": r"[^\r\n\p{L}\p{P}\p{S}\p{N}]?"}
 _BODY = {"L": r"\p{L}+", "L_M": r"[\p{L}\p{M}]+"}
 _PUNCT_CHARSET = {"not_ws_L_N": f"[^{WS}\\p{{L}}\\p{{N}}]+", "p_s": r"[\p{P}\p{S}]+"}
-_DIGIT = regex.compile(r"\p{N}")
+_DIGIT = PinnedRegex(r"\p{N}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +82,27 @@ class CompiledOp:
 def escape_literal(text: str) -> str:
     """Spell a literal for both the ``regex`` module and Rust regex (no ``\\'``-style escapes)."""
     return escape_chars(text, _META)
+
+
+# Simple case folding (what every engine's (?i) uses) joins exactly two non-ASCII code
+# points to ASCII letters: U+017F LONG S to s and U+212A KELVIN SIGN to k.
+_ASCII_FOLDS = {"s": "\u017f", "k": "\u212a"}
+
+
+def case_insensitive(text: str) -> str:
+    """``(?i:text)`` without an inline flag group, which JavaScript before ES2025 cannot
+    parse: each ASCII letter becomes the class of its case-fold equivalents (``[sS\u017f]``).
+    A non-ASCII cased character keeps a one-character ``(?i:..)`` group."""
+    out = []
+    for ch in text:
+        low = ch.lower()
+        if ch.isascii() and ch.isalpha():
+            out.append(f"[{low}{low.upper()}{_ASCII_FOLDS.get(low, '')}]")
+        elif low != ch.upper() or low != ch:
+            out.append(f"(?i:{spell_literal(ch)})")
+        else:
+            out.append(spell_literal(ch))
+    return "".join(out)
 
 
 def _flag(op: Mapping[str, Any], name: str) -> bool:
@@ -130,9 +150,9 @@ def _literals(op: Mapping[str, Any], *, ci: bool) -> CompiledOp:
     patterns = _literal_list(op, "patterns")
     if not patterns:
         return CompiledOp(op["op"], None, None, True, frozenset())
-    body = "|".join(escape_literal(p) for p in patterns)
-    fragment = f"(?i:{body})" if ci else f"(?:{body})"
-    safe = not any(_DIGIT.search(p) for p in patterns)
+    spell = case_insensitive if ci else escape_literal
+    fragment = "(?:" + "|".join(map(spell, patterns)) + ")"
+    safe = not any(_DIGIT.findall(p) for p in patterns)
     return CompiledOp(op["op"], fragment, fragment if safe else None, safe, frozenset())
 
 
@@ -156,8 +176,8 @@ def _letters_cased(op: Mapping[str, Any]) -> CompiledOp:
     run = f"{_UPPER}*{_LOWER}+" if kind == "title" else f"{_UPPER}+{_LOWER}*"
     lead = _LEAD_OTHER["l_n"] if _flag(op, "lead_other") else ""
     trailing = _literal_list(op, "trailing_ci")
-    tail = "(?i:" + "|".join(escape_literal(p) for p in trailing) + ")?" if trailing else ""
-    safe = not any(_DIGIT.search(p) for p in trailing)
+    tail = "(?:" + "|".join(map(case_insensitive, trailing)) + ")?" if trailing else ""
+    safe = not any(_DIGIT.findall(p) for p in trailing)
     frag = lead + run + tail
     return CompiledOp("letters_cased", frag, frag if safe else None, safe, frozenset({kind}))
 
@@ -182,7 +202,7 @@ def _punct_run(op: Mapping[str, Any]) -> CompiledOp:
         if trailing_chars:
             frag += "[" + "".join(escape_literal(c) if c not in "]^-" else "\\" + c
                                   for c in trailing_chars) + "]*"
-        safe = not _DIGIT.search(trailing_chars)
+        safe = not _DIGIT.findall(trailing_chars)
     elif _flag(op, "trailing_newlines"):
         frag += r"[\r\n]*"
     covers = frozenset({"OTHER"}) if charset == "not_ws_L_N" else frozenset()

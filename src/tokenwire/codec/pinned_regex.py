@@ -1,0 +1,390 @@
+"""Regexes whose character classes mean the same code points in every regex engine.
+
+Two things make one pattern string read differently by different engines:
+
+* **Unicode tables.** ``\\p{L}`` is whatever the engine's tables say. Rust ``regex-syntax``
+  (tiktoken's fancy-regex) and Oniguruma (Hugging Face ``tokenizers``) are at Unicode
+  16.0.0; the Python ``regex`` module 2026.x is at 17.0 and counts 17,144 more code points
+  as letters (``'\\U000190b6濺'`` then splits differently on r50k).
+* **Escapes.** Oniguruma reads ``\\x85`` inside a class as the *byte* 0x85, not U+0085, so
+  ``[\\x85\\xa0]`` misses both characters; Oniguruma and JavaScript have no ``\\U0001F600``.
+
+:func:`pin` rewrites a pattern so that neither matters: ``\\p{..}``, ``\\P{..}``, ``\\s``,
+``\\S``, ``\\d``, ``\\D`` become explicit ranges from :mod:`tokenwire.codec.unicode_tables`
+(Unicode 16.0.0, the engines' version), and every code point is spelled so that Python
+``regex``, Rust ``regex``/fancy-regex, Oniguruma and JavaScript (with the ``u`` flag) read it
+alike: printable ASCII as itself, other ASCII as ``\\xHH``, the rest of the BMP as
+``\\uHHHH``, astral code points as the raw character (the one spelling all four share).
+Character classes are parsed and their ranges merged, so ``[^\\s\\p{L}\\p{N}]`` becomes one
+sorted list of ranges. Anything the rewriter does not understand (``\\w``, ``\\b``, POSIX or
+nested classes) is left as it was: such a pattern is only as portable as its source.
+
+Explicit ranges are the definition, but the ``regex`` module matches a 600-range class ~10x
+slower than its own ``\\p{L}``. :class:`PinnedRegex` therefore keeps both compilations and
+uses the module's own tables for a text unless the text contains a code point on which
+those tables and the pinned ones disagree (found once per process by sweeping every code
+point through the module: :func:`disputed_code_points`).
+"""
+
+from __future__ import annotations
+
+import array
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from functools import cache
+from itertools import chain
+
+import regex
+
+from tokenwire.codec.unicode_tables import RANGES, UNICODE_VERSION
+
+__all__ = [
+    "CATEGORY_GROUPS",
+    "UNICODE_VERSION",
+    "PinnedRegex",
+    "category_ranges",
+    "disputed_code_points",
+    "pin",
+    "spell_class",
+    "spell_literal",
+]
+
+Ranges = tuple[tuple[int, int], ...]
+
+#: ``\p{X}`` names the rewriter pins: the General_Category groups and their members.
+CATEGORY_GROUPS: dict[str, tuple[str, ...]] = {
+    "L": ("Lu", "Ll", "Lt", "Lm", "Lo"),
+    "M": ("Mn", "Mc", "Me"),
+    "N": ("Nd", "Nl", "No"),
+    "P": ("Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po"),
+    "S": ("Sm", "Sc", "Sk", "So"),
+} | {cat: (cat,) for cat in RANGES}
+
+#: Unicode White_Space=Yes: the 25 code points Oniguruma's and Rust's ``\s`` match.
+WHITE_SPACE_RANGES: Ranges = (
+    (0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680),
+    (0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
+)  # fmt: skip
+
+_MAX_CP = 0x10FFFF
+_SURROGATES = (0xD800, 0xDFFF)
+_CLASS_SPECIAL = frozenset("\\]^-[")
+_META = frozenset("\\.^$|?*+()[]{}")
+_SIMPLE_ESCAPES = {"t": 0x09, "n": 0x0A, "r": 0x0D, "f": 0x0C}
+_SHORTHANDS = {"s": (False, "WS"), "S": (True, "WS"), "d": (False, "Nd"), "D": (True, "Nd")}
+
+
+# -- ranges ------------------------------------------------------------------------------
+
+
+def _merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            if hi > out[-1][1]:
+                out[-1] = (out[-1][0], hi)
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _complement(ranges: Ranges) -> Ranges:
+    """Every scalar value (surrogates excluded) not in ``ranges``."""
+    out: list[tuple[int, int]] = []
+    nxt = 0
+    for lo, hi in _merge([*ranges, _SURROGATES]):
+        if lo > nxt:
+            out.append((nxt, lo - 1))
+        nxt = hi + 1
+    if nxt <= _MAX_CP:
+        out.append((nxt, _MAX_CP))
+    return tuple(out)
+
+
+@cache
+def category_ranges(name: str) -> Ranges:
+    """The Unicode 16.0.0 ranges of ``\\p{name}`` (``L``, ``Lu``, ``N``, ...); ``WS`` is
+    White_Space. Raises ``KeyError`` for a name we do not pin."""
+    if name == "WS":
+        return WHITE_SPACE_RANGES
+    cats = CATEGORY_GROUPS[name]
+    flat = chain.from_iterable(zip(RANGES[c][::2], RANGES[c][1::2], strict=True) for c in cats)
+    return _merge(flat)
+
+
+# -- spelling ----------------------------------------------------------------------------
+
+
+def _spell(cp: int, special: frozenset[str]) -> str:
+    ch = chr(cp)
+    if ch in special:
+        return "\\" + ch
+    if 0x21 <= cp <= 0x7E:
+        return ch
+    if cp < 0x80:
+        return f"\\x{cp:02x}"
+    if cp <= 0xFFFF:
+        return f"\\u{cp:04x}"
+    return ch  # astral: only the raw character reads alike in all four engines
+
+
+def spell_class(ranges: Ranges, *, negated: bool = False) -> str:
+    """A bracketed class of ``ranges``, spelled for every engine."""
+    body = "".join(
+        _spell(lo, _CLASS_SPECIAL) if lo == hi
+        else _spell(lo, _CLASS_SPECIAL) + ("" if hi == lo + 1 else "-") + _spell(hi, _CLASS_SPECIAL)
+        for lo, hi in ranges
+    )  # fmt: skip
+    return f"[{'^' if negated else ''}{body}]"
+
+
+def spell_literal(text: str) -> str:
+    """``text`` as a literal, spelled for every engine (meta characters backslashed)."""
+    return "".join(_spell(ord(c), _META) for c in text)
+
+
+# -- the rewriter ------------------------------------------------------------------------
+
+
+class _Unpinnable(Exception):
+    """A class item the rewriter does not model; the class is copied as written."""
+
+
+def _read_escape(p: str, i: int) -> tuple[str, object, int]:
+    """Parse the escape at ``p[i] == "\\\\"``: (kind, value, index after it).
+
+    kinds: ``cp`` (a code point), ``set`` ((negated, name)), ``other`` (verbatim text).
+    """
+    if i + 1 >= len(p):
+        return "other", p[i:], len(p)
+    c = p[i + 1]
+    if c in "pP":
+        if i + 2 < len(p) and p[i + 2] == "{":
+            end = p.find("}", i + 3)
+            if end < 0:
+                return "other", p[i:], len(p)
+            name, nxt = p[i + 3 : end], end + 1
+        else:
+            name, nxt = p[i + 2 : i + 3], i + 3
+        negated = c == "P"
+        if name.startswith("^"):
+            negated, name = not negated, name[1:]
+        if name in CATEGORY_GROUPS:
+            return "set", (negated, name), nxt
+        return "other", p[i:nxt], nxt
+    if c in _SHORTHANDS:
+        return "set", _SHORTHANDS[c], i + 2
+    if c in _SIMPLE_ESCAPES:
+        return "cp", _SIMPLE_ESCAPES[c], i + 2
+    hex_len = {"x": 2, "u": 4, "U": 8}.get(c)
+    if hex_len is not None:
+        if c == "x" and p[i + 2 : i + 3] == "{":
+            end = p.find("}", i + 3)
+            if end < 0:
+                return "other", p[i:], len(p)
+            digits, nxt = p[i + 3 : end], end + 1
+        else:
+            digits, nxt = p[i + 2 : i + 2 + hex_len], i + 2 + hex_len
+        if digits and all(d in "0123456789abcdefABCDEF" for d in digits):
+            return "cp", int(digits, 16), nxt
+        return "other", p[i:nxt], nxt
+    if c.isascii() and not c.isalnum():
+        return "cp", ord(c), i + 2  # an escaped punctuation character is itself
+    return "other", p[i : i + 2], i + 2
+
+
+def _set_ranges(negated: bool, name: str) -> Ranges:
+    ranges = category_ranges(name)
+    return _complement(ranges) if negated else ranges
+
+
+def _parse_class(p: str, i: int, used: set[str]) -> tuple[str, int]:
+    """Rewrite the class starting at ``p[i] == "["``: (new spelling, index after it)."""
+    j = i + 1
+    negated = p[j : j + 1] == "^"
+    if negated:
+        j += 1
+    items: list[tuple[int, int]] = []
+    names: set[str] = set()
+    first = True
+    try:
+        while True:
+            if j >= len(p):
+                raise _Unpinnable
+            c = p[j]
+            if c == "]" and not first:
+                break
+            if c == "[":
+                raise _Unpinnable  # nested / POSIX classes mean different things per engine
+            lo, j = _class_atom(p, j, items, names)
+            first = False
+            if lo is None:
+                continue
+            if p[j : j + 1] == "-" and p[j + 1 : j + 2] not in ("]", ""):
+                hi, j = _class_atom(p, j + 1, items, names)
+                if hi is None or hi < lo:
+                    raise _Unpinnable
+                items.append((lo, hi))
+            else:
+                items.append((lo, lo))
+    except _Unpinnable:
+        end = _class_end(p, i)
+        return p[i:end], end
+    used |= names
+    return spell_class(_merge(items), negated=negated), j + 1
+
+
+def _class_atom(
+    p: str, j: int, items: list[tuple[int, int]], names: set[str]
+) -> tuple[int | None, int]:
+    """One class item at ``p[j]``: (its code point, next index), or (None, next index) when
+    it was a whole set (``\\p{L}``), whose ranges go straight into ``items``."""
+    if p[j] != "\\":
+        return ord(p[j]), j + 1
+    kind, value, nxt = _read_escape(p, j)
+    if kind == "cp":
+        return value, nxt  # type: ignore[return-value]
+    if kind == "set":
+        negated, name = value  # type: ignore[misc]
+        names.add(name)
+        items.extend(_set_ranges(negated, name))
+        return None, nxt
+    raise _Unpinnable
+
+
+def _class_end(p: str, i: int) -> int:
+    """Index after the class that starts at ``p[i]`` (escapes and nesting honoured)."""
+    depth, j = 0, i
+    while j < len(p):
+        c = p[j]
+        if c == "\\":
+            j += 2
+            continue
+        if c == "[":
+            depth += 1
+        elif c == "]" and j > i + 1 and not (j == i + 2 and p[i + 1] == "^"):
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    return len(p)
+
+
+def _pin(pattern: str) -> tuple[str, frozenset[str]]:
+    out: list[str] = []
+    used: set[str] = set()
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "[":
+            spelled, i = _parse_class(pattern, i, used)
+            out.append(spelled)
+            continue
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        kind, value, nxt = _read_escape(pattern, i)
+        if kind == "set":
+            negated, name = value  # type: ignore[misc]
+            used.add(name)
+            out.append(spell_class(category_ranges(name), negated=negated))
+        elif kind == "cp":
+            out.append(_spell(value, _META))  # type: ignore[arg-type]
+        else:
+            out.append(value)  # type: ignore[arg-type]
+        i = nxt
+    return "".join(out), frozenset(used)
+
+
+@cache
+def _pin_cached(pattern: str) -> tuple[str, frozenset[str]]:
+    return _pin(pattern)
+
+
+def pin(pattern: str) -> str:
+    """``pattern`` with every Unicode class pinned to Unicode 16.0.0 and every code point
+    spelled the same way for Python ``regex``, Rust, Oniguruma and JavaScript."""
+    return _pin_cached(pattern)[0]
+
+
+# -- where the regex module disagrees -------------------------------------------------------
+
+
+@cache
+def _all_scalars() -> str:
+    cps = chain(range(_SURROGATES[0]), range(_SURROGATES[1] + 1, _MAX_CP + 1))
+    return array.array("I", cps).tobytes().decode("utf-32-le")
+
+
+def _ranges_text(ranges: Ranges) -> str:
+    cps = chain.from_iterable(range(lo, hi + 1) for lo, hi in ranges)
+    return array.array("I", cps).tobytes().decode("utf-32-le")
+
+
+@cache
+def disputed_code_points(name: str) -> frozenset[int]:
+    """Code points the installed ``regex`` module puts in ``\\p{name}`` (or ``\\s`` for
+    ``WS``) and Unicode 16.0.0 does not, or the reverse. A few tens of milliseconds, once."""
+    if name == "WS":
+        theirs = regex.sub(r"\S+", "", _all_scalars())
+    else:
+        theirs = regex.sub(rf"\P{{{name}}}+", "", _all_scalars())
+    ours = _ranges_text(category_ranges(name))
+    if theirs == ours:
+        return frozenset()
+    return frozenset(map(ord, theirs)) ^ frozenset(map(ord, ours))
+
+
+@cache
+def _dispute_search(names: frozenset[str]) -> re.Pattern[str] | None:
+    disputed = set().union(*(disputed_code_points(n) for n in names)) if names else set()
+    if not disputed:
+        return None
+    ranges = _merge((cp, cp) for cp in disputed)
+    return re.compile(spell_class(ranges))
+
+
+class PinnedRegex:
+    """One pattern, compiled by the ``regex`` module, with pinned Unicode classes.
+
+    ``pattern`` is the pinned spelling (what tiktoken and other engines are given). Matching
+    uses the module's own tables when the text has no code point they dispute, else the
+    pinned compilation; the two give the same matches on every text by construction.
+    """
+
+    __slots__ = ("_exact", "_fast", "_names", "pattern", "source")
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.pattern, self._names = _pin_cached(source)
+        self._fast = regex.compile(source)
+        self._exact: regex.Pattern[str] | None = None
+
+    def compiled_for(self, text: str) -> regex.Pattern[str]:
+        if not self._names or text.isascii():
+            return self._fast
+        search = _dispute_search(self._names)
+        if search is None or search.search(text) is None:
+            return self._fast
+        if self._exact is None:
+            self._exact = regex.compile(self.pattern)
+        return self._exact
+
+    def finditer(self, text: str) -> Iterator[regex.Match[str]]:
+        return self.compiled_for(text).finditer(text)
+
+    def findall(self, text: str) -> list[str]:
+        return self.compiled_for(text).findall(text)
+
+    @property
+    def groups(self) -> int:
+        return self._fast.groups
+
+    def fullmatch(self, text: str) -> regex.Match[str] | None:
+        return self.compiled_for(text).fullmatch(text)
+
+
+def pinned_names(patterns: Sequence[str]) -> frozenset[str]:
+    """The pinned class names ``patterns`` use (for callers that pick per text)."""
+    return frozenset().union(*(_pin_cached(p)[1] for p in patterns))

@@ -1,0 +1,203 @@
+"""Pinned Unicode classes and the engine-neutral single regex (issue 18 items 2 and 3).
+
+* The pinned tables equal, code point by code point, the classes of the two engines that
+  define our oracles: Rust ``regex-syntax`` (tiktoken's fancy-regex) and Oniguruma (HF
+  ``tokenizers``). Both are at Unicode 16.0.0 today; if either moves, this test says so.
+* Every backend's pieces are the pinned ones, whatever the ``regex`` module's own tables
+  say (it is at Unicode 17.0 and counts U+0558 and U+190B6 as letters).
+* The exported single regex (the bundled SmolLM2 map's ``pre_tokenizer_pattern``, and every
+  program's ``single_regex``) gives the program's pieces under Python ``regex``, Oniguruma,
+  fancy-regex and Node's JavaScript engine.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from functools import cache
+
+import pytest
+import regex
+import tiktoken
+from tokenizers import Regex, normalizers, pre_tokenizers
+
+from tests.conftest import corpus, fixture_map_path
+from tests.hf_oracle import hf_encode
+from tokenwire.codec.maps import bundled_map_path, load_map_file
+from tokenwire.codec.pinned_regex import category_ranges, disputed_code_points, pin
+from tokenwire.codec.pretok import compile_program
+from tokenwire.codec.pretok_lower import KNOWN_SPLIT_PATTERNS
+from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.codec.unicode_tables import UNICODE_VERSION
+
+CLASSES = ["L", "Lu", "Ll", "Lt", "Lm", "Lo", "M", "N", "Nd", "P", "S"]
+BYTE_RANKS = {bytes([b]): b for b in range(256)}
+
+
+@cache
+def _all_scalars() -> str:
+    return "".join(map(chr, range(0xD800))) + "".join(map(chr, range(0xE000, 0x110000)))
+
+
+def _set(ranges: tuple[tuple[int, int], ...]) -> set[int]:
+    return {cp for lo, hi in ranges for cp in range(lo, hi + 1)}
+
+
+def _fancy_members(pattern: str) -> set[int]:
+    # tiktoken drops text no match covers, so the output bytes are the matched characters.
+    enc = tiktoken.Encoding("probe", pat_str=pattern, mergeable_ranks=BYTE_RANKS,
+                            special_tokens={})  # fmt: skip
+    return set(map(ord, bytes(enc.encode_ordinary(_all_scalars())).decode("utf-8")))
+
+
+def _onig_members(pattern: str) -> set[int]:
+    rest = normalizers.Replace(Regex(pattern), "").normalize_str(_all_scalars())
+    return set(map(ord, _all_scalars())) - set(map(ord, rest))
+
+
+def test_tables_are_unicode_16_like_both_reference_engines() -> None:
+    assert UNICODE_VERSION == "16.0.0"
+    for name in CLASSES:
+        ours = _set(category_ranges(name))
+        assert _fancy_members(rf"\p{{{name}}}") == ours, f"fancy-regex \\p{{{name}}}"
+        assert _onig_members(rf"\p{{{name}}}") == ours, f"Oniguruma \\p{{{name}}}"
+
+
+@pytest.mark.parametrize("name", ["L", "N", "P"])
+def test_pinned_class_means_the_same_set_in_every_engine(name: str) -> None:
+    ours = _set(category_ranges(name))
+    pinned = pin(rf"\p{{{name}}}")
+    assert r"\p" not in pinned
+    assert _fancy_members(pinned) == ours
+    assert _onig_members(pinned) == ours
+    assert set(map(ord, regex.findall(pinned, _all_scalars()))) == ours
+
+
+def test_regex_module_letters_that_the_engines_do_not_have_are_found() -> None:
+    # The example of the issue: regex 2026 is at Unicode 17, where U+0558 is a letter.
+    if not regex.match(r"\p{L}", "\u0558"):
+        pytest.skip("this regex module has Unicode 16 tables")
+    assert 0x0558 in disputed_code_points("L") and 0x190B6 in disputed_code_points("L")
+
+
+@pytest.mark.parametrize("backend", ["tiktoken", "python"])
+def test_r50k_recently_assigned_letters_split_like_tiktoken(backend: str) -> None:
+    tmap = load_map_file(fixture_map_path("openai/r50k_base"))
+    tok = Tokenizer.from_map(tmap, backend)
+    truth = _r50k_truth()
+    for text in ["\U000190b6濺", "a\u0558b", " \u0558x", "\U00011de0 12"]:
+        assert tok.encode(text) == truth.encode_ordinary(text), text
+
+
+@cache
+def _r50k_truth() -> tiktoken.Encoding:
+    from tiktoken_ext.openai_public import r50k_pat_str
+
+    from tokenwire.codec.byte_level import chars_to_bytes
+
+    tmap = load_map_file(fixture_map_path("openai/r50k_base"))
+    ranks = {chars_to_bytes(k): v for k, v in tmap.vocab.items() if k not in tmap.special_tokens}
+    return tiktoken.Encoding("r50k", pat_str=r50k_pat_str, mergeable_ranks=ranks,  # type: ignore[arg-type]
+                             special_tokens={})  # fmt: skip
+
+
+# --- the exported single regex under four engines -------------------------------------------
+
+ADVERSARIAL = [
+    "\n\n\x85", "\n\n\xa0", " \x85🇪", "a\x85b", "\xa0\xa0x", " \u3000 1", "x \u2028\u2029 y",
+    "'s 'S 'ſ 'LL 'K", "\U000190b6濺", "a\u0558b", "𝐀𝐁𝐂 1𝟙", "😀😀 😀", "\t\t\n\r\n 2",
+    "e\u0301 \u0301", "١٢٣ ٤", "  4", "a  1", "x\x1c\x1dy", "\u200b\u2060\ufeffz",
+]
+
+
+def _program_cases() -> list[tuple[str, dict]]:
+    smollm2 = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
+    cases = [("smollm2-bundled", smollm2.pre_tokenizer_program)]
+    for name, stage in KNOWN_SPLIT_PATTERNS.values():
+        if stage.get("stage") == "alternation":
+            cases.append((name, {"version": 1, "ops": stage["ops"]}))
+    return cases
+
+
+PROGRAM_CASES = _program_cases()
+
+
+def _samples() -> list[str]:
+    texts = [s for v in corpus().values() for s in v]
+    return ADVERSARIAL + texts[::4]
+
+
+def test_bundled_smollm2_pattern_is_the_programs_pinned_single_regex() -> None:
+    tmap = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
+    single = compile_program(tmap.pre_tokenizer_program).single_regex
+    assert tmap.pre_tokenizer_pattern == single
+    assert r"\p{" not in single and r"\x85" not in single and r"\xa0" not in single
+
+
+@pytest.mark.parametrize(("name", "program"), PROGRAM_CASES, ids=[n for n, _ in PROGRAM_CASES])
+def test_single_regex_pieces_under_python_regex_and_oniguruma(name: str, program: dict) -> None:
+    pt = compile_program(program)
+    single = pt.single_regex
+    assert single is not None
+    split = pre_tokenizers.Split(Regex(single), behavior="isolated")
+    compiled = regex.compile(single)
+    for text in _samples():
+        pieces = pt.split(text)
+        assert compiled.findall(text) == pieces, (name, text[:60])
+        assert [p for p, _ in split.pre_tokenize_str(text)] == pieces, (name, text[:60])
+
+
+@pytest.mark.parametrize(("name", "program"), PROGRAM_CASES, ids=[n for n, _ in PROGRAM_CASES])
+def test_single_regex_pieces_under_fancy_regex(name: str, program: dict) -> None:
+    # A vocabulary of the 256 bytes plus every expected piece: tiktoken returns one token per
+    # piece exactly when fancy-regex splits the text as the program does.
+    pt = compile_program(program)
+    samples = _samples()
+    splits = [pt.split(s) for s in samples]
+    ranks = dict(BYTE_RANKS)
+    for pieces in splits:
+        for piece in pieces:
+            ranks.setdefault(piece.encode(), len(ranks))
+    enc = tiktoken.Encoding(f"neutral-{name}", pat_str=pt.single_regex, mergeable_ranks=ranks,
+                            special_tokens={})  # fmt: skip
+    for text, pieces in zip(samples, splits, strict=True):
+        got = [enc.decode_single_token_bytes(t) for t in enc.encode_ordinary(text)]
+        assert got == [p.encode() for p in pieces], (name, text[:60])
+
+
+_NODE_SPLIT = """
+const {pattern, texts} = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const re = new RegExp(pattern, 'gu');
+process.stdout.write(JSON.stringify(texts.map(t => t.match(re) || [])));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+@pytest.mark.parametrize(("name", "program"), PROGRAM_CASES, ids=[n for n, _ in PROGRAM_CASES])
+def test_single_regex_pieces_under_javascript(name: str, program: dict) -> None:
+    pt = compile_program(program)
+    samples = _samples()
+    payload = json.dumps({"pattern": pt.single_regex, "texts": samples})
+    out = subprocess.run(["node", "-e", _NODE_SPLIT], input=payload, capture_output=True,
+                         text=True, timeout=120, check=True)  # fmt: skip
+    for text, got in zip(samples, json.loads(out.stdout), strict=True):
+        assert got == pt.split(text), (name, text[:60])
+
+
+def test_bundled_smollm2_pattern_gives_llama_cpp_ids_through_hf(smollm2_hf_pattern) -> None:  # type: ignore[no-untyped-def]
+    # HF fed the exported pattern (Split(Regex) + ByteLevel bytes) == our program's ids.
+    tmap, hf = smollm2_hf_pattern
+    tok = Tokenizer.from_map(tmap)
+    for text in ADVERSARIAL:
+        if any(b in text.encode() for b in b"\x04\x06\x13\x14\x16\x1d\xf1\xf2"):
+            continue
+        assert tok.encode(text) == hf_encode(hf, text), text
+
+
+@pytest.fixture(scope="module")
+def smollm2_hf_pattern():  # type: ignore[no-untyped-def]
+    from tests.hf_oracle import hf_tokenizer
+
+    tmap = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
+    return tmap, hf_tokenizer(tmap)
