@@ -48,7 +48,8 @@ def smollm2_llama() -> Any:
 
 
 def _mismatches(tmap: TokenizerMap, llm: Any, *, special: bool) -> tuple[list, list]:
-    ours = Tokenizer.from_map(tmap)
+    # llama.cpp drops a byte its vocab lacks after merging (HF before): compare like for like.
+    ours = Tokenizer.from_map(tmap, on_missing="drop_after_merge")
     allowed: Any = "all" if special else frozenset()
     bad, misses = [], []
     for text in _samples():
@@ -148,8 +149,7 @@ def test_falcon_gguf_pre_tokenizes_like_llama_cpp(tmp_path: Path) -> None:
     assert not any(k.startswith("Ġ") and k[1:2].isdigit() for k in fx["vocab"])
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     bad, misses = _mismatches(tmap, llm, special=False)
-    assert bad == []
-    assert all("\x0b" in t or "\x1c" in t or "\x1f" in t for t, _ in misses)  # absent bytes
+    assert bad == [] and misses == []  # bytes the vocab lacks (\x0b) are dropped alike
 
 
 def test_sentencepiece_gguf_with_scores_tokenizes_like_llama_cpp(tmp_path: Path) -> None:

@@ -104,14 +104,15 @@ def test_allowed_special_matches_the_longest_special_token() -> None:
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_byte_missing_from_vocab_raises_vocab_miss(backend: str) -> None:
-    # Falcon's vocab has no token for \x0b; HF drops it and the reference client too.
-    tok = tokenizer("tiiuae/falcon", backend)
+def test_byte_missing_from_vocab_raises_vocab_miss_when_strict(backend: str) -> None:
+    # Falcon's vocab has no token for \x0b; by default it is dropped as HF drops it.
+    tok = Tokenizer.from_map(fixture_map("tiiuae/falcon"), backend, on_missing="raise")
     with pytest.raises(VocabMiss) as info:
         tok.encode("tab\x0bhere")
     assert info.value.symbol == "\x0b"
     with pytest.raises(VocabMiss):
         tok.encode("\x0b")
+    assert tokenizer("tiiuae/falcon", backend).encode("\x0b") == []
 
 
 def test_metaspace_unknown_character_becomes_byte_fallback_ids() -> None:

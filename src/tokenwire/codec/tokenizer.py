@@ -19,9 +19,16 @@ codec-spec §3.4 gives the reference algorithm; this module keeps its shape and 
 * **metaspace** is SentencePiece-exact (:mod:`tokenwire.codec.metaspace`), with the
   Llama-2 vs Mistral-v3 prepend difference taken from ``metaspace_prepend_scheme``.
 * **identity** maps use longest-prefix match over the vocab (§3.4 step 6).
-* A symbol without an id becomes byte fallback or raises
-  :class:`~tokenwire.errors.VocabMiss`; nothing is dropped silently (Falcon has no token
-  for byte ``\\x0b``).
+* A byte the vocabulary lacks (SmolLM2 has no token for 0x04, 0x06, 0x13, 0x14, 0x16,
+  0x1d, 0xf1, 0xf2; Falcon none for 0x0b) is dropped the way the model's own tokenizer
+  drops it (``on_missing="drop"``, HF ``tokenizers``: removed before merging, so its
+  neighbours in the piece may merge); ``"drop_after_merge"`` is llama.cpp's way (removed
+  after merging, so it keeps its neighbours apart; the two differ on ~2% of texts made of
+  such bytes and punctuation); ``"raise"`` refuses with :class:`~tokenwire.errors.VocabMiss`.
+* Texts longer than :data:`NATIVE_REGEX_MAX_CHARS` are never given to tiktoken's regex
+  whole (its backtracking VM panics on a run of ~1M whitespace characters): they are cut
+  into their own pre-tokenizer pieces, which BPE never merges across, so the ids are those
+  of the whole text.
 
 ``Tokenizer.calls`` counts encoded texts so a caller (the gateway) can assert that a
 response was never re-tokenized.
@@ -38,7 +45,7 @@ from functools import lru_cache
 from itertools import chain, islice
 from typing import Literal, Protocol
 
-from tokenwire.codec.bpe import BPE, DEFAULT_CACHE_SIZE, MAX_CACHED_WORD
+from tokenwire.codec.bpe import BPE, DEFAULT_CACHE_SIZE, MAX_CACHED_WORD, merge_symbols
 from tokenwire.codec.byte_level import (
     BYTE_TO_CHAR,
     CHAR_TO_BYTE,
@@ -48,11 +55,30 @@ from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.metaspace import MetaspaceEncoder
 from tokenwire.errors import TokenizeError, UnsupportedProgram, VocabMiss
 
-__all__ = ["BACKENDS", "AllowedSpecial", "Backend", "Tokenizer"]
+__all__ = [
+    "BACKENDS",
+    "NATIVE_REGEX_MAX_CHARS",
+    "ON_MISSING",
+    "AllowedSpecial",
+    "Backend",
+    "OnMissing",
+    "Tokenizer",
+]
 
 Backend = Literal["auto", "tiktoken", "python"]
 BACKENDS: tuple[str, ...] = ("auto", "tiktoken", "python")
 AllowedSpecial = AbstractSet[str] | Literal["all"]
+OnMissing = Literal["drop", "drop_after_merge", "raise"]
+ON_MISSING: tuple[str, ...] = ("drop", "drop_after_merge", "raise")
+
+#: Longest text handed to tiktoken's native regex in one call. fancy-regex runs the
+#: look-ahead alternatives (``\s+(?!\S)``) in a backtracking VM whose stack holds about one
+#: entry per character of the run being matched, and tiktoken turns the VM's StackOverflow
+#: (at 1,000,000 entries; measured: 999,523 spaces pass, 1,000,523 panic) into a Rust panic.
+#: One match attempt never spans more than the text, so 64 Ki characters stay 15x below it;
+#: a longer text is split into its pre-tokenizer pieces in Python (``regex`` keeps its
+#: backtracking stack on the heap) and tiktoken merges each piece, which needs no regex.
+NATIVE_REGEX_MAX_CHARS = 1 << 16
 
 # Compiled special-token matchers kept per tokenizer; callers use a handful of sets
 # (none, "all", the chat-template roles), and the bound stops a caller that builds a new
@@ -130,48 +156,77 @@ class _TiktokenByteLevel:
     are given to tiktoken (a vocab token no merge produces must never be formed).
     """
 
-    def __init__(self, tmap: TokenizerMap, pretok: _PreTokenizer, cache_size: int) -> None:
+    def __init__(
+        self, tmap: TokenizerMap, pretok: _PreTokenizer, cache_size: int, on_missing: OnMissing
+    ) -> None:
         import tiktoken
 
         self.map_id = tmap.id
         self.pretok = pretok
-        ranks, self.remap, self.miss_floor = _tiktoken_ranks(tmap)
+        self.on_missing = on_missing
+        self._ranks, self.remap, self.miss_floor = _tiktoken_ranks(tmap)
+        self.missing = bytes(b for b in range(256) if BYTE_TO_CHAR[b] not in tmap.vocab)
         self.core = None
         if pretok.single_regex is not None:
             try:
                 enc = tiktoken.Encoding(
                     f"tokenwire:{tmap.id}", pat_str=pretok.single_regex,
-                    mergeable_ranks=ranks, special_tokens={},
+                    mergeable_ranks=self._ranks, special_tokens={},
                 )  # fmt: skip
                 self.core = enc._core_bpe  # skips the wrapper's surrogate repair, see encode
             except ValueError:  # a pattern fancy-regex cannot compile: split in Python
                 self.core = None
-        if self.core is None:
-            enc = tiktoken.Encoding(
-                f"tokenwire:{tmap.id}:pieces", pat_str=r"(?s:.+)",
-                mergeable_ranks=ranks, special_tokens={},
-            )  # fmt: skip
-            self._single = enc._core_bpe.encode_single_piece
-            self._piece = lru_cache(maxsize=cache_size)(self._piece_uncached)
+        self._single_piece: Callable[[bytes], list[int]] | None = None
+        self._piece = lru_cache(maxsize=cache_size)(self._piece_uncached)
 
     def encode_segment(self, text: str, at_text_start: bool) -> list[int]:
-        if self.core is not None:
-            ids = self.core.encode_ordinary(text)
+        if self.on_missing == "drop" and self.missing and _has_any(text, self.missing):
+            # HF drops the byte before merging: BPE each piece without it.
+            ranks = [r for piece in self.pretok.split(text) for r in self._single(
+                piece.encode("utf-8").translate(None, self.missing))]  # fmt: skip
+        elif self.core is not None and len(text) <= NATIVE_REGEX_MAX_CHARS:
+            ranks = self.core.encode_ordinary(text)
         else:
-            ids = _encode_pieces(self.pretok.split(text), self._piece, self._piece_uncached)
+            ranks = _encode_pieces(self.pretok.split(text), self._piece, self._piece_uncached)
+        return self._to_ids(ranks)
+
+    def _to_ids(self, ranks: list[int]) -> list[int]:
+        """tiktoken ranks -> vocab ids; a missing byte (see _tiktoken_ranks) is dropped or
+        refused per ``on_missing``."""
+        floor = self.miss_floor
         if self.remap is not None:
-            ranks, remap = ids, self.remap
+            remap = self.remap
             ids = [remap[r] for r in ranks]
-            if self.miss_floor is not None and -1 in ids:
-                # a missing byte keeps rank == its byte value (see _tiktoken_ranks)
-                raise VocabMiss(chr(ranks[ids.index(-1)]), self.map_id)
-        elif self.miss_floor is not None and ids and max(ids) >= self.miss_floor:
-            first = next(t for t in ids if t >= self.miss_floor)
-            raise VocabMiss(chr(first - self.miss_floor), self.map_id)
-        return ids
+            if floor is not None and -1 in ids:
+                if self.on_missing == "raise":  # a missing byte keeps rank == its value
+                    raise VocabMiss(chr(ranks[ids.index(-1)]), self.map_id)
+                ids = [t for t in ids if t != -1]
+            return ids
+        if floor is not None and ranks and max(ranks) >= floor:
+            if self.on_missing == "raise":
+                first = next(t for t in ranks if t >= floor)
+                raise VocabMiss(chr(first - floor), self.map_id)
+            return [t for t in ranks if t < floor]
+        return ranks
+
+    def _single(self, data: bytes) -> list[int]:
+        if self._single_piece is None:  # built on first use: most texts never need it
+            import tiktoken
+
+            enc = tiktoken.Encoding(
+                f"tokenwire:{self.map_id}:pieces", pat_str=r"(?s:.+)",
+                mergeable_ranks=self._ranks, special_tokens={},
+            )  # fmt: skip
+            self._single_piece = enc._core_bpe.encode_single_piece
+        return self._single_piece(data) if data else []
 
     def _piece_uncached(self, piece: str) -> tuple[int, ...]:
         return tuple(self._single(piece.encode("utf-8")))
+
+
+def _has_any(text: str, missing: bytes) -> bool:
+    data = text.encode("utf-8")
+    return len(data.translate(None, missing)) != len(data)
 
 
 def _encode_pieces(
@@ -217,10 +272,15 @@ def _tiktoken_ranks(tmap: TokenizerMap) -> tuple[dict[bytes, int], list[int] | N
 class _PythonByteLevel:
     """byte_level BPE in pure Python (the fallback when tiktoken is absent)."""
 
-    def __init__(self, tmap: TokenizerMap, pretok: _PreTokenizer, cache_size: int) -> None:
+    def __init__(
+        self, tmap: TokenizerMap, pretok: _PreTokenizer, cache_size: int, on_missing: OnMissing
+    ) -> None:
         self.map_id = tmap.id
         self.split = pretok.split
+        self.on_missing = on_missing
         self.bpe = BPE(tmap.vocab, tmap.merges, map_id=tmap.id, cache_size=0)
+        missing = [BYTE_TO_CHAR[b] for b in range(256) if BYTE_TO_CHAR[b] not in tmap.vocab]
+        self._drop_missing = str.maketrans(dict.fromkeys(missing)) if missing else None
         self._piece = lru_cache(maxsize=cache_size)(self._piece_uncached)
 
     def encode_segment(self, text: str, at_text_start: bool) -> list[int]:
@@ -228,6 +288,11 @@ class _PythonByteLevel:
 
     def _piece_uncached(self, piece: str) -> tuple[int, ...]:
         word = piece.encode("utf-8").decode("latin-1").translate(_LATIN1_TO_GPT2)
+        if self._drop_missing is not None and self.on_missing != "raise":
+            if self.on_missing == "drop":  # HF: gone before merging
+                return self.bpe.encode_uncached(word.translate(self._drop_missing))
+            vocab = self.bpe.vocab  # llama.cpp: merged around, then dropped
+            return tuple(vocab[s] for s in merge_symbols(list(word), self.bpe.ranks) if s in vocab)
         try:
             return self.bpe.encode_uncached(word)
         except VocabMiss as exc:
@@ -304,19 +369,28 @@ class Tokenizer:
         backend: Backend = "auto",
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        on_missing: OnMissing = "drop",
     ) -> Tokenizer:
         """A tokenizer for ``tmap``. ``"auto"`` uses tiktoken for byte_level maps when it
-        is installed and exact for the map, the pure-Python engine otherwise."""
+        is installed and exact for the map, the pure-Python engine otherwise.
+
+        ``on_missing`` says what happens to a byte a byte_level vocab has no token for:
+        ``"drop"`` (HF ``tokenizers``, the default), ``"drop_after_merge"`` (llama.cpp) or
+        ``"raise"`` (:class:`VocabMiss`). Metaspace maps use byte fallback; identity maps
+        always raise."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if on_missing not in ON_MISSING:
+            raise ValueError(f"on_missing must be one of {ON_MISSING}, got {on_missing!r}")
         if tmap.encoder == "byte_level":
             pretok = _pre_tokenizer(tmap)
             use_tiktoken = backend == "tiktoken" or (
                 backend == "auto" and _tiktoken_available() and not _has_repeated_product(tmap)
             )
             if use_tiktoken:
-                return cls(tmap, _TiktokenByteLevel(tmap, pretok, cache_size), "tiktoken")
-            return cls(tmap, _PythonByteLevel(tmap, pretok, cache_size), "python")
+                engine: _Engine = _TiktokenByteLevel(tmap, pretok, cache_size, on_missing)
+                return cls(tmap, engine, "tiktoken")
+            return cls(tmap, _PythonByteLevel(tmap, pretok, cache_size, on_missing), "python")
         if backend == "tiktoken":
             raise TokenizeError(f"the tiktoken backend needs a byte_level map, not {tmap.encoder}")
         if tmap.encoder == "metaspace":
