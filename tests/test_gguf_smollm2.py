@@ -33,8 +33,17 @@ pytestmark = pytest.mark.slow  # > 10 s in all: reads a 98 MB GGUF
 PUBLISHED = "2026-11-29T00:00:00Z"  # the timestamp in src/tokenwire/data/maps/README.md
 
 
+# Digits newer than Unicode 16 (U+11DE0..9, U+16FF4..6): HF's Digits (Rust is_numeric, Unicode
+# 17) isolates them and we follow HF; llama.cpp's own tables do not ("\U00011de0's" gives
+# [..., 506] in HF and ours, [..., 23, 99] in llama.cpp). Texts with them are HF-checked only.
+_NEWER_DIGITS = frozenset(
+    chr(cp) for lo, hi in ((0x11DE0, 0x11DE9), (0x16FF4, 0x16FF6)) for cp in range(lo, hi + 1)
+)
+
+
 def _samples() -> list[str]:
-    return [s for samples in corpus().values() for s in samples]
+    return [s for samples in corpus().values() for s in samples
+            if not _NEWER_DIGITS & set(s)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")

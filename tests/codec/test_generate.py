@@ -280,17 +280,12 @@ def test_falcon_from_tokenizer_json_tokenizes_like_hf(tmp_path: Path) -> None:
     assert doc["pre_tokenizer_program"] == _conformance_programs()["falcon_worked_example"]
     assert "pre_tokenizer_pattern" not in doc  # no single regex is honest for this Sequence
     mismatches, misses = _differential(out, tj, tmp_path)
-    assert mismatches == []
-    # Falcon has no token for some control bytes (\x0b, \x1c, ...): ours raises VocabMiss,
-    # HF drops them silently. Exactly those texts are excluded, and HF lacks them too.
+    # Falcon has no token for some control bytes (\x0b, \x1c, ...): both drop them alike,
+    # and the corpus has such texts.
+    assert mismatches == [] and misses == []
     absent = {chr(b) for b, c in enumerate(BYTE_TO_CHAR) if c not in fx["vocab"]}
     assert "\x0b" in absent
-    assert any("\x0b" in text for text, _ in misses)
-    hf = Tokenizer.from_file(str(tmp_path / "roundtrip.json"))
-    for text, hf_ids in misses:
-        assert absent & set(text)
-        dropped = "".join(ch for ch in text if ch not in absent)
-        assert hf.decode(hf_ids) == dropped
+    assert any(absent & set(text) for text in _samples())
 
 
 @pytest.mark.parametrize(

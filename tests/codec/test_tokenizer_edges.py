@@ -180,3 +180,12 @@ def test_long_text_with_specials_and_cl100k_runs() -> None:
     hf = hf_tokenizer(tmap, specials=tmap.special_tokens)
     text = "x" + " " * 1_100_000 + "<|endoftext|>" + "\n" * 1_100_000 + "y"
     assert tok.encode(text, allowed_special="all") == hf_encode(hf, text)
+
+
+@pytest.mark.parametrize("name", ["spaces", "letter", "digit", "newlines", "punctuation",
+                                  "mixed whitespace", "cjk"])
+def test_long_runs_equal_hf_with_a_metaspace_map(name: str) -> None:
+    # The metaspace path has no native regex; its pure-Python BPE is O(n log n) per word.
+    tmap = load_map_file(fixture_map_path("microsoft/phi-3"))
+    text = _run(RUNS[name], 30_000)
+    assert Tokenizer.from_map(tmap).encode(text) == hf_encode(hf_tokenizer(tmap), text)

@@ -17,8 +17,10 @@ so deciding the fallback after merging gives the same ids as HF deciding it befo
 from __future__ import annotations
 
 import heapq
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
+from itertools import pairwise
 
 from tokenwire.errors import MapValidationError, VocabMiss
 
@@ -37,6 +39,8 @@ MAX_CACHED_WORD = 256
 # heap keeps a long word (a paragraph of CJK, a run of 100k letters) at O(n log n).
 _HEAP_THRESHOLD = 48
 
+_NO_RANK = sys.maxsize  # "no merge for this pair": larger than any rank
+
 
 def merge_symbols(symbols: list[str], ranks: Mapping[tuple[str, str], int]) -> list[str]:
     """Apply BPE merges to ``symbols``: lowest pair rank first, leftmost on ties."""
@@ -48,22 +52,24 @@ def merge_symbols(symbols: list[str], ranks: Mapping[tuple[str, str], int]) -> l
 
 
 def _merge_scan(symbols: list[str], ranks: Mapping[tuple[str, str], int]) -> list[str]:
+    """Short words: a list of pair ranks, searched with C-level ``min``/``index`` (leftmost
+    of equally ranked pairs, as in HF's queue) and patched only next to each merge.
+    Profiled on the issue-18 corpus with phi-3, the older rescan of every pair after every
+    merge was 64% of metaspace encode time."""
     get = ranks.get
-    while len(symbols) > 1:
-        best_rank = None
-        best = -1
-        left = symbols[0]
-        for i in range(1, len(symbols)):
-            right = symbols[i]
-            rank = get((left, right))
-            # strict `<`: the leftmost of equally ranked pairs wins, as in HF's queue
-            if rank is not None and (best_rank is None or rank < best_rank):
-                best_rank = rank
-                best = i - 1
-            left = right
-        if best_rank is None:
+    pair_ranks = [get(pair, _NO_RANK) for pair in pairwise(symbols)]
+    while pair_ranks:
+        best_rank = min(pair_ranks)
+        if best_rank == _NO_RANK:
             break
-        symbols[best : best + 2] = [symbols[best] + symbols[best + 1]]
+        i = pair_ranks.index(best_rank)
+        merged = symbols[i] + symbols[i + 1]
+        symbols[i : i + 2] = [merged]
+        del pair_ranks[i]
+        if i > 0:
+            pair_ranks[i - 1] = get((symbols[i - 1], merged), _NO_RANK)
+        if i < len(pair_ranks):
+            pair_ranks[i] = get((merged, symbols[i + 1]), _NO_RANK)
     return symbols
 
 

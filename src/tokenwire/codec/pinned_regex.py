@@ -36,7 +36,7 @@ from itertools import chain
 
 import regex
 
-from tokenwire.codec.unicode_tables import RANGES, UNICODE_VERSION
+from tokenwire.codec.unicode_tables import RANGES, RUST_NUMERIC, UNICODE_VERSION
 
 __all__ = [
     "CATEGORY_GROUPS",
@@ -50,6 +50,11 @@ __all__ = [
 ]
 
 Ranges = tuple[tuple[int, int], ...]
+
+#: Which table ``\p{N}`` means. ``"regex"``: Unicode 16.0.0, what the engines' regexes use.
+#: ``"rust"``: Rust ``char::is_numeric`` (Unicode 17.0.0 today), what HF's ``Digits``
+#: pre-tokenizer uses; a program's ``digits_isolate`` stage is that pre-tokenizer.
+Numeric = str
 
 #: ``\p{X}`` names the rewriter pins: the General_Category groups and their members.
 CATEGORY_GROUPS: dict[str, tuple[str, ...]] = {
@@ -102,11 +107,15 @@ def _complement(ranges: Ranges) -> Ranges:
 
 
 @cache
-def category_ranges(name: str) -> Ranges:
+def category_ranges(name: str, numeric: Numeric = "regex") -> Ranges:
     """The Unicode 16.0.0 ranges of ``\\p{name}`` (``L``, ``Lu``, ``N``, ...); ``WS`` is
-    White_Space. Raises ``KeyError`` for a name we do not pin."""
+    White_Space; ``numeric="rust"`` makes ``N`` Rust's ``is_numeric``. Raises ``KeyError``
+    for a name we do not pin."""
     if name == "WS":
         return WHITE_SPACE_RANGES
+    if name == "N" and numeric == "rust":
+        flat_n = RUST_NUMERIC["N"]
+        return _merge(zip(flat_n[::2], flat_n[1::2], strict=True))
     cats = CATEGORY_GROUPS[name]
     flat = chain.from_iterable(zip(RANGES[c][::2], RANGES[c][1::2], strict=True) for c in cats)
     return _merge(flat)
@@ -193,12 +202,12 @@ def _read_escape(p: str, i: int) -> tuple[str, object, int]:
     return "other", p[i : i + 2], i + 2
 
 
-def _set_ranges(negated: bool, name: str) -> Ranges:
-    ranges = category_ranges(name)
+def _set_ranges(negated: bool, name: str, numeric: Numeric) -> Ranges:
+    ranges = category_ranges(name, numeric)
     return _complement(ranges) if negated else ranges
 
 
-def _parse_class(p: str, i: int, used: set[str]) -> tuple[str, int]:
+def _parse_class(p: str, i: int, used: set[str], numeric: Numeric) -> tuple[str, int]:
     """Rewrite the class starting at ``p[i] == "["``: (new spelling, index after it)."""
     j = i + 1
     negated = p[j : j + 1] == "^"
@@ -216,12 +225,12 @@ def _parse_class(p: str, i: int, used: set[str]) -> tuple[str, int]:
                 break
             if c == "[":
                 raise _Unpinnable  # nested / POSIX classes mean different things per engine
-            lo, j = _class_atom(p, j, items, names)
+            lo, j = _class_atom(p, j, items, names, numeric)
             first = False
             if lo is None:
                 continue
             if p[j : j + 1] == "-" and p[j + 1 : j + 2] not in ("]", ""):
-                hi, j = _class_atom(p, j + 1, items, names)
+                hi, j = _class_atom(p, j + 1, items, names, numeric)
                 if hi is None or hi < lo:
                     raise _Unpinnable
                 items.append((lo, hi))
@@ -235,7 +244,7 @@ def _parse_class(p: str, i: int, used: set[str]) -> tuple[str, int]:
 
 
 def _class_atom(
-    p: str, j: int, items: list[tuple[int, int]], names: set[str]
+    p: str, j: int, items: list[tuple[int, int]], names: set[str], numeric: Numeric
 ) -> tuple[int | None, int]:
     """One class item at ``p[j]``: (its code point, next index), or (None, next index) when
     it was a whole set (``\\p{L}``), whose ranges go straight into ``items``."""
@@ -247,7 +256,7 @@ def _class_atom(
     if kind == "set":
         negated, name = value  # type: ignore[misc]
         names.add(name)
-        items.extend(_set_ranges(negated, name))
+        items.extend(_set_ranges(negated, name, numeric))
         return None, nxt
     raise _Unpinnable
 
@@ -270,14 +279,14 @@ def _class_end(p: str, i: int) -> int:
     return len(p)
 
 
-def _pin(pattern: str) -> tuple[str, frozenset[str]]:
+def _pin(pattern: str, numeric: Numeric) -> tuple[str, frozenset[str]]:
     out: list[str] = []
     used: set[str] = set()
     i = 0
     while i < len(pattern):
         c = pattern[i]
         if c == "[":
-            spelled, i = _parse_class(pattern, i, used)
+            spelled, i = _parse_class(pattern, i, used, numeric)
             out.append(spelled)
             continue
         if c != "\\":
@@ -288,7 +297,7 @@ def _pin(pattern: str) -> tuple[str, frozenset[str]]:
         if kind == "set":
             negated, name = value  # type: ignore[misc]
             used.add(name)
-            out.append(spell_class(category_ranges(name), negated=negated))
+            out.append(spell_class(category_ranges(name, numeric), negated=negated))
         elif kind == "cp":
             out.append(_spell(value, _META))  # type: ignore[arg-type]
         else:
@@ -298,14 +307,15 @@ def _pin(pattern: str) -> tuple[str, frozenset[str]]:
 
 
 @cache
-def _pin_cached(pattern: str) -> tuple[str, frozenset[str]]:
-    return _pin(pattern)
+def _pin_cached(pattern: str, numeric: Numeric = "regex") -> tuple[str, frozenset[str]]:
+    return _pin(pattern, numeric)
 
 
-def pin(pattern: str) -> str:
-    """``pattern`` with every Unicode class pinned to Unicode 16.0.0 and every code point
-    spelled the same way for Python ``regex``, Rust, Oniguruma and JavaScript."""
-    return _pin_cached(pattern)[0]
+def pin(pattern: str, numeric: Numeric = "regex") -> str:
+    """``pattern`` with every Unicode class pinned to Unicode 16.0.0 (``\\p{N}`` to Rust's
+    ``is_numeric`` with ``numeric="rust"``) and every code point spelled the same way for
+    Python ``regex``, Rust, Oniguruma and JavaScript."""
+    return _pin_cached(pattern, numeric)[0]
 
 
 # -- where the regex module disagrees -------------------------------------------------------
@@ -323,22 +333,22 @@ def _ranges_text(ranges: Ranges) -> str:
 
 
 @cache
-def disputed_code_points(name: str) -> frozenset[int]:
+def disputed_code_points(name: str, numeric: Numeric = "regex") -> frozenset[int]:
     """Code points the installed ``regex`` module puts in ``\\p{name}`` (or ``\\s`` for
     ``WS``) and Unicode 16.0.0 does not, or the reverse. A few tens of milliseconds, once."""
     if name == "WS":
         theirs = regex.sub(r"\S+", "", _all_scalars())
     else:
         theirs = regex.sub(rf"\P{{{name}}}+", "", _all_scalars())
-    ours = _ranges_text(category_ranges(name))
+    ours = _ranges_text(category_ranges(name, numeric))
     if theirs == ours:
         return frozenset()
     return frozenset(map(ord, theirs)) ^ frozenset(map(ord, ours))
 
 
 @cache
-def _dispute_search(names: frozenset[str]) -> re.Pattern[str] | None:
-    disputed = set().union(*(disputed_code_points(n) for n in names)) if names else set()
+def _dispute_search(names: frozenset[str], numeric: Numeric) -> re.Pattern[str] | None:
+    disputed = set().union(*(disputed_code_points(n, numeric) for n in names))
     if not disputed:
         return None
     ranges = _merge((cp, cp) for cp in disputed)
@@ -353,18 +363,19 @@ class PinnedRegex:
     pinned compilation; the two give the same matches on every text by construction.
     """
 
-    __slots__ = ("_exact", "_fast", "_names", "pattern", "source")
+    __slots__ = ("_exact", "_fast", "_names", "_numeric", "pattern", "source")
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, numeric: Numeric = "regex") -> None:
         self.source = source
-        self.pattern, self._names = _pin_cached(source)
+        self._numeric = numeric
+        self.pattern, self._names = _pin_cached(source, numeric)
         self._fast = regex.compile(source)
         self._exact: regex.Pattern[str] | None = None
 
     def compiled_for(self, text: str) -> regex.Pattern[str]:
         if not self._names or text.isascii():
             return self._fast
-        search = _dispute_search(self._names)
+        search = _dispute_search(self._names, self._numeric)
         if search is None or search.search(text) is None:
             return self._fast
         if self._exact is None:

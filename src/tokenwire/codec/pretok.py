@@ -203,8 +203,8 @@ def _compile_v1(program: Mapping[str, Any]) -> PreTokenizer:
 # -- v2 --------------------------------------------------------------------------------
 
 
-def _isolating_stage(pattern: str) -> Splitter:
-    compiled = PinnedRegex(pattern)
+def _isolating_stage(pattern: str, numeric: str = "regex") -> Splitter:
+    compiled = PinnedRegex(pattern, numeric)
     return lambda piece: _isolate(compiled, piece, gaps_as_scalars=False)
 
 
@@ -217,11 +217,13 @@ def _digits_stage(stage: Mapping[str, Any]) -> Splitter:
         not isinstance(max_run, int) or isinstance(max_run, bool) or max_run < 0
     ):
         raise UnsupportedProgram("stage 'digits_isolate': `max_run` must be an integer >= 1")
+    # HF Digits is Rust's char::is_numeric (numeric="rust"), not a regex class; with
+    # max_run it is DeepSeek's Split(\p{N}{1,K}, Isolated), a regex: runs chunked left to right.
     if mode == "individual":
-        return _isolating_stage(r"\p{N}")
-    # HF Digits(individual_digits=false) is Split(is_numeric, Contiguous); with max_run it
-    # is DeepSeek's Split(\p{N}{1,K}, Isolated): runs chunked left to right.
-    return _isolating_stage(rf"\p{{N}}{{1,{max_run}}}" if max_run else r"\p{N}+")
+        return _isolating_stage(r"\p{N}", "rust")
+    if max_run:
+        return _isolating_stage(rf"\p{{N}}{{1,{max_run}}}")
+    return _isolating_stage(r"\p{N}+", "rust")
 
 
 def _stage_splitter(stage: Any) -> tuple[str, Splitter, _OpList | None]:
@@ -262,7 +264,9 @@ def _v2_single_regex(kinds: Sequence[tuple[str, Mapping[str, Any]]],
         and kinds[0][1].get("mode") == "individual"
         and oplists[1] is not None
     ):
-        return oplists[1].digit_segment_regex()
+        segment = oplists[1].digit_segment_regex()
+        # Every \p{N} there is "the digits stage cut here": Rust's is_numeric (HF Digits).
+        return None if segment is None else pin(segment, "rust")
     return None
 
 
@@ -282,7 +286,7 @@ def _compile_v2(program: Mapping[str, Any]) -> PreTokenizer:
 
     kinds = [(kind, stage) for (kind, _, _), stage in zip(compiled, stages, strict=True)]
     single = _v2_single_regex(kinds, [oplist for _, _, oplist in compiled])
-    return PreTokenizer(split, None if single is None else pin(single), program)
+    return PreTokenizer(split, None if single is None else pin(single), program)  # idempotent
 
 
 # -- entry points ----------------------------------------------------------------------
