@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import array
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from functools import cache
 from itertools import chain
 
 import regex
 
+from tokenwire.codec.unicode_classes import WHITE_SPACE
 from tokenwire.codec.unicode_tables import RANGES, RUST_NUMERIC, UNICODE_VERSION
 
 __all__ = [
@@ -65,11 +66,8 @@ CATEGORY_GROUPS: dict[str, tuple[str, ...]] = {
     "S": ("Sm", "Sc", "Sk", "So"),
 } | {cat: (cat,) for cat in RANGES}
 
-#: Unicode White_Space=Yes: the 25 code points Oniguruma's and Rust's ``\s`` match.
-WHITE_SPACE_RANGES: Ranges = (
-    (0x09, 0x0D), (0x20, 0x20), (0x85, 0x85), (0xA0, 0xA0), (0x1680, 0x1680),
-    (0x2000, 0x200A), (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000),
-)  # fmt: skip
+#: Unicode White_Space=Yes (the explicit table of unicode_classes) as ranges.
+WHITE_SPACE_RANGES: Ranges = tuple((cp, cp) for cp in WHITE_SPACE)
 
 _MAX_CP = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
@@ -112,7 +110,7 @@ def category_ranges(name: str, numeric: Numeric = "regex") -> Ranges:
     White_Space; ``numeric="rust"`` makes ``N`` Rust's ``is_numeric``. Raises ``KeyError``
     for a name we do not pin."""
     if name == "WS":
-        return WHITE_SPACE_RANGES
+        return _merge(WHITE_SPACE_RANGES)
     if name == "N" and numeric == "rust":
         flat_n = RUST_NUMERIC["N"]
         return _merge(zip(flat_n[::2], flat_n[1::2], strict=True))
@@ -394,8 +392,3 @@ class PinnedRegex:
 
     def fullmatch(self, text: str) -> regex.Match[str] | None:
         return self.compiled_for(text).fullmatch(text)
-
-
-def pinned_names(patterns: Sequence[str]) -> frozenset[str]:
-    """The pinned class names ``patterns`` use (for callers that pick per text)."""
-    return frozenset().union(*(_pin_cached(p)[1] for p in patterns))
