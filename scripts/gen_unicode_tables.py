@@ -49,6 +49,8 @@ ranges, sorted.
 
 from __future__ import annotations
 
+__all__ = ["RANGES", "RUST_NUMERIC", "RUST_NUMERIC_VERSION", "UNICODE_VERSION"]
+
 UNICODE_VERSION = "{version}"
 
 # fmt: off

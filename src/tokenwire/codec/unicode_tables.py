@@ -8,6 +8,8 @@ ranges, sorted.
 
 from __future__ import annotations
 
+__all__ = ["RANGES", "RUST_NUMERIC", "RUST_NUMERIC_VERSION", "UNICODE_VERSION"]
+
 UNICODE_VERSION = "16.0.0"
 
 # fmt: off
