@@ -3,7 +3,7 @@
 The tree::
 
     TokenwireError
-    ├── ProtocolError                 (abstract: carries the HTTP status to answer with)
+    ├── ProtocolError                 (abstract: the HTTP status, wire ``code`` and ``param``)
     │   ├── LocalProtocolError        we were asked to produce something the protocol forbids
     │   │   └── RetryStateError       a retry state machine driven out of order
     │   │       └── RetryDeadlinePassed  an attempt started past its budget's deadline
@@ -44,12 +44,18 @@ The tree::
         TokenizerMapMismatch          Codec-Tokenizer-Map differs from the pinned map (fatal)
         ZstdDictError                 Codec-Zstd-Dict missing, misplaced or malformed
         ContentTypeMismatch           not the binary type asked for (e.g. a JSON-SSE fallback)
-    and, for the gateway's routing:
-        UnknownModel                  the request names a model not served here (404)
-    and, for the Responses API (an OpenAI error with ``param`` and ``code``):
-        ResponsesRequestError         a Responses request refused before any upstream
-            CompactionRefused         a ``compaction_trigger`` item: final, never retried
-            PreviousResponseNotFound  ``previous_response_id`` unknown or expired
+    and, for the gateway's APIs (refused before any upstream is asked):
+        InvalidRequest                a request field is wrong; ``param`` names it
+            UnknownModel              the request names a model not served here (404)
+            ResponsesRequestError     a Responses request refused before any upstream
+                CompactionRefused     a ``compaction_trigger`` item: final, never retried
+                PreviousResponseNotFound  ``previous_response_id`` unknown or expired
+
+Every :class:`ProtocolError` carries what a server answers with: ``status_hint`` (the HTTP
+status), ``code`` (a stable machine-readable code: OpenAI's own where one exists, such as
+``invalid_value`` or ``model_not_found``; ours, prefixed ``codec_``, for Codec framing) and
+``param`` (the request field at fault, or None). The gateway renders them in one place per
+API shape (``gateway/http/errors.py``); a class name never reaches the wire.
 
 Other libraries' exceptions (msgspec, zstandard, json, ...) are translated at the
 boundary of the layer that calls them, always with ``raise ... from exc``; anything
@@ -67,17 +73,26 @@ class ProtocolError(TokenwireError):
     """A Codec protocol violation. Abstract: raise a Local or Remote subclass.
 
     ``status_hint`` is the HTTP status a server should answer with when the violation is
-    in a request it received.
+    in a request it received; ``code`` the machine-readable code of its error body (None:
+    the renderer picks one from the status) and ``param`` the request field it is about.
+    Subclasses set a class-level ``code``; a raise site may override both.
     """
 
     status_hint: int = 400
+    code: str | None = None
+    param: str | None = None
 
-    def __init__(self, msg: str, *, status_hint: int | None = None) -> None:
+    def __init__(self, msg: str, *, status_hint: int | None = None, code: str | None = None,
+                 param: str | None = None) -> None:
         if type(self) is ProtocolError:
             raise TypeError("ProtocolError is abstract; raise Local- or RemoteProtocolError")
         super().__init__(msg)
         if status_hint is not None:
             self.status_hint = status_hint
+        if code is not None:
+            self.code = code
+        if param is not None:
+            self.param = param
 
 
 class LocalProtocolError(ProtocolError):
@@ -88,24 +103,28 @@ class RemoteProtocolError(ProtocolError):
     """The peer's bytes break the protocol."""
 
 
+# The ``codec_`` codes are ours (no API has words for Codec framing); README "Error codes".
+
+
 class FrameTooLarge(RemoteProtocolError):
     status_hint = 413
+    code = "codec_frame_too_large"
 
 
 class VarintOverflow(RemoteProtocolError):
-    pass
+    code = "codec_varint_overflow"
 
 
 class TruncatedStream(RemoteProtocolError):
-    pass
+    code = "codec_truncated"
 
 
 class DataAfterDone(RemoteProtocolError):
-    pass
+    code = "codec_data_after_done"
 
 
 class MalformedFrame(RemoteProtocolError):
-    pass
+    code = "codec_malformed_frame"
 
 
 class MapError(TokenwireError):
@@ -161,13 +180,16 @@ class GenerateError(TokenwireError):
 
 
 class DecompressionError(RemoteProtocolError):
-    """A response body that does not decode under its Content-Encoding (codec-spec §2.7)."""
+    """A body that does not decode under its Content-Encoding (codec-spec §2.7, §4.1)."""
+
+    code = "invalid_content_encoding"
 
 
 class DecompressionLimitExceeded(DecompressionError):
     """The body decodes to more than the decompressed-bytes budget (rejected, not truncated)."""
 
     status_hint = 413
+    code = "request_too_large"
 
 
 class PolicyValidationError(TokenwireError, ValueError):
@@ -313,13 +335,19 @@ class CodecTransportError(TokenwireError):
 class TokenizerMapMismatch(RemoteProtocolError):
     """``Codec-Tokenizer-Map`` names another map than the one pinned (§2.7): fatal."""
 
+    code = "codec_tokenizer_map_mismatch"
+
 
 class ZstdDictError(RemoteProtocolError):
     """zstd without ``Codec-Zstd-Dict``, the header on a non-zstd body, or a bad value (§2.7)."""
 
+    code = "codec_zstd_dict"
+
 
 class ContentTypeMismatch(RemoteProtocolError):
     """The response is not the binary type requested, e.g. a JSON-SSE fallback (§2.4, §2.7)."""
+
+    code = "codec_content_type_mismatch"
 
     def __init__(self, msg: str, *, content_type: str, expected: str) -> None:
         super().__init__(msg)
@@ -337,23 +365,24 @@ class ServerBusy(TokenwireError):
     status_hint = 503
 
 
-class UnknownModel(RemoteProtocolError):
+class InvalidRequest(RemoteProtocolError):
+    """An API request refused before any upstream is asked: ``param`` names the field and
+    ``code`` is OpenAI's word for what is wrong with it (``invalid_value``, ``invalid_type``,
+    ``missing_required_parameter``, ``unsupported_value``, ...)."""
+
+    code = "invalid_value"
+
+
+class UnknownModel(InvalidRequest):
     """The request names a model this gateway does not serve (404, OpenAI ``model_not_found``)."""
 
     status_hint = 404
+    code = "model_not_found"
+    param = "model"
 
 
-class ResponsesRequestError(RemoteProtocolError):
-    """A Responses request refused before any upstream; ``code``/``param`` as OpenAI sends."""
-
-    code: str | None = None
-
-    def __init__(self, msg: str, *, status_hint: int | None = None, code: str | None = None,
-                 param: str | None = None) -> None:
-        super().__init__(msg, status_hint=status_hint)
-        if code is not None:
-            self.code = code
-        self.param = param
+class ResponsesRequestError(InvalidRequest):
+    """A Responses request refused before any upstream (its own codes below)."""
 
 
 class CompactionRefused(ResponsesRequestError):

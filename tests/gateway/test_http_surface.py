@@ -56,7 +56,8 @@ def _frames(resp: httpx.Response, decoder=frames_msgpack.FrameDecoder):
 def _assert_json_error(resp: httpx.Response, status: int) -> dict:
     assert resp.status_code == status, resp.text
     err = resp.json()["error"]
-    assert set(err) == {"message", "type", "code"} and err["message"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert err["code"] and err["code"][0].islower()  # a documented code, never a class name
     return err
 
 
@@ -156,7 +157,7 @@ def test_path_c_malformed_protobuf_is_a_typed_400(simple, body) -> None:
     resp = httpx.post(simple.url + "/v1/completions/codec", content=body,
                       headers={"content-type": "application/x-protobuf"})
     err = _assert_json_error(resp, 400)
-    assert err["code"] in {"MalformedFrame", "VarintOverflow", "TruncatedStream"}
+    assert err["code"] in {"codec_malformed_frame", "codec_varint_overflow", "codec_truncated"}
 
 
 # -- small routes ----------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from typing import Protocol
 import msgspec
 
 __all__ = [
+    "GATEWAY_FAILURE_CODES",
     "ChatMessage",
     "ChatPrompt",
     "ContentPart",
@@ -88,6 +89,14 @@ class FailureClass(enum.StrEnum):
     INTERNAL = "internal"  # a bug on our side
 
 
+#: ``Failure.code`` values the gateway itself assigns (it shut down, one of its own deadlines
+#: passed): every API shows them as they are, so a client, the request log and the README
+#: use one word for one event (README "Error codes"). Upstream codes are not among them: an
+#: upstream's word can mean something else to our client (its ``invalid_api_key`` is about
+#: *our* key).
+GATEWAY_FAILURE_CODES = frozenset({"server_shutting_down", "idle_timeout", "request_timeout"})
+
+
 # -- events ----------------------------------------------------------------------------------
 
 
@@ -152,7 +161,8 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True, tag="failure"):
     ``retry_after`` (seconds) is the upstream's ``Retry-After`` when it sent one; ``code`` is
     the upstream's own machine-readable code, kept for logs and for APIs that pass it on.
     For ``CONTEXT_LENGTH``, ``prompt_tokens`` and ``context_tokens`` are the counts when the
-    upstream reported them (the only parts of its message worth keeping).
+    upstream reported them (the only parts of its message worth keeping). ``param`` names
+    the request field the failure is about, when it is one (OpenAI's ``error.param``).
     """
 
     failure_class: FailureClass
@@ -162,6 +172,7 @@ class Failure(msgspec.Struct, frozen=True, kw_only=True, tag="failure"):
     code: str | None = None
     prompt_tokens: int | None = None
     context_tokens: int | None = None
+    param: str | None = None
 
 
 class ResponseMeta(msgspec.Struct, frozen=True, kw_only=True, tag="meta"):
@@ -234,10 +245,15 @@ class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag="text"):
 
 
 class ImagePart(msgspec.Struct, frozen=True, kw_only=True, tag="image"):
-    """An inline image: ``url`` is an ``https:`` URL or a ``data:`` URL with the bytes."""
+    """An inline image: ``url`` is an ``https:`` URL or a ``data:`` URL with the bytes.
+
+    ``param`` is where the client put it, in its API's own path form
+    (``messages[0].content[1]``, ``messages.0.content.1``, ``input[2].content[0]``): a model
+    that cannot take images names that field in its refusal."""
 
     url: str
     detail: str | None = None
+    param: str | None = None
 
 
 ContentPart = TextPart | ImagePart
@@ -302,18 +318,25 @@ Prompt = PromptIds | PromptText | ChatPrompt
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     """One generation, independent of the API it arrived through.
 
-    Sampling defaults are OpenAI's (temperature 1, top_p 1). ``ignore_eos`` is vLLM's
-    extension: keep generating through end-of-sequence tokens (benchmarks need fixed
-    lengths). ``banned_ids`` end the generation with ``POLICY_VIOLATION`` before a banned
-    id is sent. ``request_id`` ties upstream records to the HTTP response that asked.
+    ``None`` means the client did not say: ``max_tokens`` and the sampling fields
+    (``temperature``, ``top_p``, ``top_k``, ``min_p``) are then left to whoever generates.
+    An upstream adapter omits them, so the upstream applies its own defaults; the embedded
+    engine uses the model's recommended sampling and ``gateway/defaults.py``. A value the
+    client sent always wins. ``ignore_eos`` is vLLM's extension: keep generating through
+    end-of-sequence tokens (benchmarks need fixed lengths). ``banned_ids`` end the
+    generation with ``POLICY_VIOLATION`` before a banned id is sent. ``request_id`` ties
+    upstream records to the HTTP response that asked.
     """
 
     prompt: Prompt
     #: The model name the client asked for, as routed (upstreams may rename it).
     model: str = ""
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    #: vLLM's, llama.cpp's and Anthropic's extensions to OpenAI's sampling fields.
+    top_k: int | None = None
+    min_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
     n: int = 1

@@ -46,6 +46,7 @@ from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
 __all__ = [
     "SMOLLM2_MAP_ID",
     "UVICORN_LIMITS",
+    "UVICORN_WS",
     "Gateway",
     "ServingPlan",
     "build_embedded_state",
@@ -79,6 +80,14 @@ UVICORN_LIMITS: dict[str, Any] = {
     # without Retry-After would answer before the admission 429 could.
     "limit_concurrency": 512,
 }
+#: The WebSocket implementation uvicorn hands upgrades to. Without one, uvicorn logs "No
+#: supported WebSocket library detected. Please use pip install 'uvicorn[standard]'" on
+#: every upgrade, advice that is wrong for the 426 the gateway means to send. With wsproto
+#: the upgrade becomes an ASGI ``websocket`` scope, which ``security.py`` refuses through
+#: the denial extension with exactly its own bytes, and uvicorn logs one access line. (Its
+#: ``websockets-sansio`` protocol, 0.54, logs "ASGI callable returned without completing
+#: handshake" after every such refusal and adds a Content-Type to the empty 426.)
+UVICORN_WS = "wsproto"
 #: Connections beyond twice the admission capacity uvicorn still accepts (non-inference
 #: requests, idle keep-alive connections): a burst of twice the capacity still gets the
 #: JSON 429 with Retry-After, not uvicorn's bare 503.
@@ -185,7 +194,7 @@ def run(plan: ServingPlan, *, log_level: str = "info",
     plan.engine.start()
     try:
         config = uvicorn.Config(harden(create_app(plan.state), settings), host=settings.host,
-                                port=settings.port, log_level=log_level,
+                                port=settings.port, log_level=log_level, ws=UVICORN_WS,
                                 timeout_graceful_shutdown=5, **uvicorn_limits(plan.state))
         graceful_server(config, plan.state, drain_grace_s=settings.drain_grace_s).run(
             sockets=[sock])
@@ -350,7 +359,7 @@ async def serve_gateway(
     try:
         sockets = sockets or [listen_socket(settings.host, settings.port)]
         config = uvicorn.Config(harden(create_app(gw.state), settings), host=settings.host,
-                                port=settings.port, log_level=log_level,
+                                port=settings.port, log_level=log_level, ws=UVICORN_WS,
                                 timeout_graceful_shutdown=5, lifespan="off",
                                 **uvicorn_limits(gw.state))
         server = graceful_server(config, gw.state, drain_grace_s=settings.drain_grace_s)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
-from tokenwire.gateway.apis.params import bad_request, parse_openai_fields
+from tokenwire.gateway.apis.params import bad_request, json_type, parse_openai_fields
 from tokenwire.gateway.apis.sse import (
     SSE_CONTENT_TYPE,
     SSE_DONE,
@@ -48,9 +48,6 @@ from tokenwire.gateway.ir import (
 
 __all__ = ["ChatCall", "ChatRenderer", "parse_chat_request"]
 
-#: Chat has no documented default; vLLM uses the remaining context, which for an agent that
-#: forgot the field means minutes of generation. A bounded default is kinder.
-DEFAULT_MAX_TOKENS = 512
 #: Roles a chat template understands; anything else is a client mistake worth a 400.
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
@@ -69,16 +66,17 @@ class ChatCall:
         self.include_usage = include_usage
 
 
-def parse_chat_request(
-    body: Any, *, request_id: str = "", default_max_tokens: int = DEFAULT_MAX_TOKENS
-) -> ChatCall:
-    common = parse_openai_fields(body, default_max_tokens=default_max_tokens)
+def parse_chat_request(body: Any, *, request_id: str = "") -> ChatCall:
+    """Validate a decoded JSON body. Chat documents no default ``max_tokens``: an omitted one
+    stays unset (``gateway/defaults.py``)."""
+    common = parse_openai_fields(body, default_max_tokens=None)
     sampling, fmt, model = common.sampling, common.stream_format, common.model
     request = GenerationRequest(
         prompt=ChatPrompt(messages=_messages(body.get("messages"))),
         model=model or "",
         max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-        seed=sampling.seed, stop=sampling.stop, ignore_eos=sampling.ignore_eos,
+        top_k=sampling.top_k, min_p=sampling.min_p, seed=sampling.seed, stop=sampling.stop,
+        ignore_eos=sampling.ignore_eos,
         request_id=request_id, tools=_tools(body.get("tools")),
         tool_choice=_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=_optional_bool(body, "parallel_tool_calls"),
@@ -90,15 +88,28 @@ def parse_chat_request(
 
 
 def _messages(value: Any) -> tuple[ChatMessage, ...]:
-    if not isinstance(value, list) or not value:
-        raise bad_request("messages must be a non-empty list")
+    if value is None:
+        raise bad_request("messages is required", param="messages",
+                          code="missing_required_parameter")
+    if not isinstance(value, list):
+        raise bad_request(f"messages must be an array, got {json_type(value)}",
+                          param="messages", code="invalid_type")
+    if not value:
+        raise bad_request("messages is an empty array; send at least one message",
+                          param="messages", code="empty_array")
     out = []
     for i, msg in enumerate(value):
-        if not isinstance(msg, dict) or msg.get("role") not in ROLES:
-            raise bad_request(f"messages[{i}] needs a role, one of {sorted(ROLES)}")
+        if not isinstance(msg, dict):
+            raise bad_request(f"messages[{i}] must be an object, got {json_type(msg)}",
+                              param=f"messages[{i}]", code="invalid_type")
+        if msg.get("role") not in ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {sorted(ROLES)}, got "
+                              f"{msg.get('role')!r}", param=f"messages[{i}].role")
         tool_call_id = msg.get("tool_call_id")
         if msg["role"] == "tool" and not isinstance(tool_call_id, str):
-            raise bad_request(f"messages[{i}]: a tool message needs tool_call_id")
+            raise bad_request(f"messages[{i}]: a tool message needs tool_call_id",
+                              param=f"messages[{i}].tool_call_id",
+                              code="missing_required_parameter")
         name = msg.get("name")
         reasoning = msg.get("reasoning_content")
         out.append(ChatMessage(
@@ -117,18 +128,20 @@ def _content(content: Any, i: int) -> str | tuple[ContentPart, ...]:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad_request(f"messages[{i}].content must be a string or a list of parts")
+        raise bad_request(f"messages[{i}].content must be a string or an array of parts",
+                          param=f"messages[{i}].content", code="invalid_type")
     parts: list[ContentPart] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
+        where = f"messages[{i}].content[{j}]"
         if kind == "text" and isinstance(part.get("text"), str):
             parts.append(TextPart(text=part["text"]))
         elif kind == "image_url" and isinstance(part.get("image_url"), dict) \
                 and isinstance(part["image_url"].get("url"), str):
             image = part["image_url"]
-            parts.append(ImagePart(url=image["url"], detail=image.get("detail")))
+            parts.append(ImagePart(url=image["url"], detail=image.get("detail"), param=where))
         else:
-            raise bad_request(f"messages[{i}].content[{j}]: expected a text or image_url part")
+            raise bad_request(f"{where}: expected a text or image_url part", param=where)
     if all(isinstance(p, TextPart) for p in parts):  # plain text stays a string
         return "".join(p.text for p in parts)  # type: ignore[union-attr]
     return tuple(parts)
@@ -138,13 +151,16 @@ def _message_tool_calls(value: Any, i: int) -> tuple[MessageToolCall, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise bad_request(f"messages[{i}].tool_calls must be a list")
+        raise bad_request(f"messages[{i}].tool_calls must be an array",
+                          param=f"messages[{i}].tool_calls", code="invalid_type")
     calls = []
     for j, call in enumerate(value):
         fn = call.get("function") if isinstance(call, dict) else None
         if not (isinstance(fn, dict) and isinstance(call.get("id"), str)
                 and isinstance(fn.get("name"), str)):
-            raise bad_request(f"messages[{i}].tool_calls[{j}] needs id and function.name")
+            raise bad_request(f"messages[{i}].tool_calls[{j}] needs id and function.name",
+                              param=f"messages[{i}].tool_calls[{j}]",
+                              code="missing_required_parameter")
         args = fn.get("arguments", "")
         calls.append(MessageToolCall(id=call["id"], name=fn["name"],
                                      arguments=args if isinstance(args, str) else ""))
@@ -155,13 +171,14 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise bad_request("tools must be a list")
+        raise bad_request("tools must be an array", param="tools", code="invalid_type")
     specs = []
     for j, tool in enumerate(value):
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type") != "function" or not isinstance(fn, dict) \
-                or not isinstance(fn.get("name"), str):
-            raise bad_request(f"tools[{j}] must be {{type: function, function: {{name, ...}}}}")
+        if not isinstance(tool, dict) or tool.get("type") != "function" \
+                or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request(f"tools[{j}] must be {{type: function, function: {{name, ...}}}}",
+                              param=f"tools[{j}]")
         params = fn.get("parameters")
         specs.append(ToolSpec(
             name=fn["name"], description=str(fn.get("description") or ""),
@@ -177,20 +194,23 @@ def _tool_choice(value: Any) -> str | dict | None:
     if isinstance(value, dict) and isinstance(value.get("function"), dict) \
             and isinstance(value["function"].get("name"), str):
         return {"name": value["function"]["name"]}
-    raise bad_request("tool_choice must be auto, none, required or {type: function, ...}")
+    raise bad_request("tool_choice must be auto, none, required or {type: function, ...}",
+                      param="tool_choice")
 
 
 def _optional_bool(body: dict[str, Any], key: str) -> bool | None:
     value = body.get(key)
     if value is not None and not isinstance(value, bool):
-        raise bad_request(f"{key} must be a boolean")
+        raise bad_request(f"{key} must be a boolean, got {json_type(value)}", param=key,
+                          code="invalid_type")
     return value
 
 
 def _reasoning_effort(value: Any) -> str | None:
     if value is None or value in ("minimal", "low", "medium", "high"):
         return value
-    raise bad_request("reasoning_effort must be minimal, low, medium or high")
+    raise bad_request("reasoning_effort must be minimal, low, medium or high",
+                      param="reasoning_effort")
 
 
 class ChatRenderer:

@@ -26,6 +26,7 @@ from tokenwire.gateway.apis.sse import (
     openai_finish_reason,
     sse_data,
 )
+from tokenwire.gateway.defaults import COMPLETIONS_MAX_TOKENS
 from tokenwire.gateway.ir import (
     Event,
     Failure,
@@ -40,10 +41,6 @@ from tokenwire.gateway.ir import (
 )
 
 __all__ = ["CompletionsCall", "CompletionsRenderer", "parse_completions_request"]
-
-#: OpenAI's default ``max_tokens`` for Completions.
-DEFAULT_MAX_TOKENS = 16
-
 
 class CompletionsCall:
     """A parsed ``/v1/completions`` body: the IR request plus how to answer it."""
@@ -63,15 +60,15 @@ class CompletionsCall:
         self.return_token_ids = return_token_ids
 
 
-def parse_completions_request(
-    body: Any, *, request_id: str = "", default_max_tokens: int = DEFAULT_MAX_TOKENS
-) -> CompletionsCall:
-    """Validate a decoded JSON body (codec-spec §2.3); raise a 400-class error."""
-    common = parse_openai_fields(body, default_max_tokens=default_max_tokens)
+def parse_completions_request(body: Any, *, request_id: str = "") -> CompletionsCall:
+    """Validate a decoded JSON body (codec-spec §2.3); raise a 400-class error. An omitted
+    ``max_tokens`` is OpenAI's documented 16 (``gateway/defaults.py``)."""
+    common = parse_openai_fields(body, default_max_tokens=COMPLETIONS_MAX_TOKENS)
     sampling, fmt, model = common.sampling, common.stream_format, common.model
     request = GenerationRequest(
         prompt=_prompt(body.get("prompt")), max_tokens=sampling.max_tokens,
-        temperature=sampling.temperature, top_p=sampling.top_p, seed=sampling.seed,
+        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+        min_p=sampling.min_p, seed=sampling.seed,
         stop=sampling.stop, ignore_eos=sampling.ignore_eos, request_id=request_id,
     )
     return CompletionsCall(
@@ -91,11 +88,16 @@ def _prompt(value: Any) -> Prompt:
         isinstance(i, int) and not isinstance(i, bool) for i in value
     ):
         if min(value) < 0:
-            raise bad_request("prompt token ids must be non-negative")
+            raise bad_request("prompt token ids must be non-negative", param="prompt")
         return PromptIds(ids=tuple(value))
     if isinstance(value, list) and len(value) > 1:
-        raise bad_request("batched prompts are not supported; send one prompt per request")
-    raise bad_request("prompt must be a string or a non-empty list of token ids")
+        raise bad_request("batched prompts are not supported; send one prompt per request",
+                          param="prompt", code="unsupported_value")
+    if value is None:
+        raise bad_request("prompt is required", param="prompt",
+                          code="missing_required_parameter")
+    raise bad_request("prompt must be a string or a non-empty list of token ids",
+                      param="prompt", code="invalid_type")
 
 
 class CompletionsRenderer:

@@ -9,7 +9,10 @@ Stream (what the ``anthropic`` SDK's accumulator expects): ``message_start``, th
 ``index``, ``message_delta`` (``stop_reason``, usage) and ``message_stop``. A failure after
 the headers is one ``error`` event; before them, an HTTP error in Anthropic's shape
 ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's statuses (529 for
-overloaded). Every error of this route uses that shape, never OpenAI's.
+overloaded). Every error of this route uses that shape, never OpenAI's. Anthropic's shape
+has no code; when the gateway itself ended a request (shutdown, its own deadlines:
+:data:`~tokenwire.gateway.ir.GATEWAY_FAILURE_CODES`) the error object also carries
+``code``, the same word every other API shows (a field Anthropic's clients ignore).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import msgspec
 from tokenwire.gateway.apis.errors import retry_after_header
 from tokenwire.gateway.apis.sse import json_bytes
 from tokenwire.gateway.ir import (
+    GATEWAY_FAILURE_CODES,
     Event,
     Failure,
     FailureClass,
@@ -37,10 +41,12 @@ from tokenwire.gateway.ir import (
 )
 
 __all__ = [
+    "MESSAGES_PATH",
     "MessagesRenderer",
     "anthropic_error_body",
     "failure_error",
     "failure_response",
+    "is_messages_path",
     "type_for_status",
 ]
 
@@ -64,13 +70,27 @@ _ERROR_TYPES: dict[int, str] = {
 }
 #: Anthropic's status for "overloaded" (its documented, non-standard 529).
 OVERLOADED = 529
+#: The Messages API and everything under it (``/v1/messages/count_tokens``).
+MESSAGES_PATH = "/v1/messages"
 
 
 # -- errors ------------------------------------------------------------------------------------
 
 
-def anthropic_error_body(type_: str, message: str) -> dict[str, Any]:
-    return {"type": "error", "error": {"type": type_, "message": message}}
+def is_messages_path(path: str) -> bool:
+    """True for a path whose errors take Anthropic's shape (the route and its children)."""
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
+def anthropic_error_body(type_: str, message: str, *, code: str | None = None) -> dict[str, Any]:
+    error: dict[str, Any] = {"type": type_, "message": message}
+    if code is not None:
+        error["code"] = code
+    return {"type": "error", "error": error}
+
+
+def _gateway_code(failure: Failure) -> str | None:
+    return failure.code if failure.code in GATEWAY_FAILURE_CODES else None
 
 
 def type_for_status(status: int) -> str:
@@ -100,7 +120,8 @@ def failure_error(failure: Failure) -> tuple[int, str, str]:
 def failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
     status, type_, message = failure_error(failure)
     headers = [("Content-Type", "application/json"), *retry_after_header(failure.retry_after)]
-    return status, headers, json_bytes(anthropic_error_body(type_, message))
+    body = anthropic_error_body(type_, message, code=_gateway_code(failure))
+    return status, headers, json_bytes(body)
 
 
 # -- the renderer ------------------------------------------------------------------------------
@@ -167,7 +188,7 @@ class MessagesRenderer:
             case Finish():
                 out += self._finish(event)
             case Failure():
-                out += self._fail(*failure_error(event)[1:])
+                out += self._fail(*failure_error(event)[1:], code=_gateway_code(event))
             case Heartbeat() if self.stream:  # Anthropic's own keep-alive event
                 out.append(_sse("ping", {}))
         return out if self.stream else self._take_body()
@@ -176,7 +197,8 @@ class MessagesRenderer:
         if self.done:
             return []
         out = self._start() if not self._started else []
-        out += self._fail("api_error", f"the generation failed: {type(exc).__name__}")
+        # The exception's type and message stay in the server log, never on the wire.
+        out += self._fail("api_error", "the generation failed inside the gateway")
         return out if self.stream else self._take_body()
 
     def _take_body(self) -> list[bytes]:
@@ -317,9 +339,9 @@ class MessagesRenderer:
             "delta": {"stop_reason": reason, "stop_sequence": stop_seq}, "usage": usage}))
         return [*out, _sse("message_stop", {})]
 
-    def _fail(self, type_: str, message: str) -> list[bytes]:
+    def _fail(self, type_: str, message: str, *, code: str | None = None) -> list[bytes]:
         self.done = True
-        body = anthropic_error_body(type_, message)
+        body = anthropic_error_body(type_, message, code=code)
         if not self.stream:
             self._body = body
             return []

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from tokenwire.gateway.apis.params import MAX_MAX_TOKENS, bad_request
+from tokenwire.gateway.apis.params import MAX_MAX_TOKENS, MAX_TOP_K, bad_request
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -52,55 +52,70 @@ class MessagesCall:
 
 
 def parse_messages_request(body: Any, *, request_id: str = "",
-                           encrypted_for: str | None = None) -> MessagesCall:
+                           encrypted_for: str | None = None,
+                           counting: bool = False) -> MessagesCall:
     """Validate ``body``. ``encrypted_for`` names the routed upstream when it is an Anthropic
-    one: signed thinking blocks are kept for it; otherwise only their text survives."""
+    one: signed thinking blocks are kept for it; otherwise only their text survives.
+    ``counting``: a ``count_tokens`` body, which has no ``max_tokens``."""
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+        raise bad_request("the request body must be a JSON object", code="invalid_type")
     model = body.get("model")
     if model is not None and not isinstance(model, str):
-        raise bad_request("model: must be a string")
+        raise bad_request("model: must be a string", param="model")
     max_tokens = body.get("max_tokens")
-    if max_tokens is None:
-        raise bad_request("max_tokens: Field required")
-    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) \
+    if max_tokens is None and not counting:
+        raise bad_request("max_tokens: Field required",
+                          param="max_tokens", code="missing_required_parameter")
+    if counting:
+        max_tokens = None  # count_tokens has no such field; a stray one changes nothing
+    elif not isinstance(max_tokens, int) or isinstance(max_tokens, bool) \
             or not 1 <= max_tokens <= MAX_MAX_TOKENS:
-        raise bad_request(f"max_tokens: must be an integer between 1 and {MAX_MAX_TOKENS}")
-    notes = []
-    if body.get("top_k") is not None:
-        notes.append("top_k is ignored: upstreams are sampled with temperature and top_p only")
+        raise bad_request(f"max_tokens: must be an integer between 1 and {MAX_MAX_TOKENS}",
+                          param="max_tokens")
+    notes: list[str] = []
     messages = (*_system(body.get("system")), *_turns(body.get("messages"), encrypted_for))
     tools, choice, parallel = _tools(body.get("tools")), *_tool_choice(body.get("tool_choice"))
     request = GenerationRequest(
         prompt=ChatPrompt(messages=messages), model=model or "", max_tokens=max_tokens,
-        temperature=_num(body, "temperature", 1.0), top_p=_num(body, "top_p", 1.0),
+        temperature=_num(body, "temperature"), top_p=_num(body, "top_p"),
+        top_k=_top_k(body.get("top_k")),
         stop=_stops(body.get("stop_sequences")), request_id=request_id, tools=tools,
         tool_choice=choice, parallel_tool_calls=parallel,
         reasoning_effort=_effort(body.get("thinking"), body.get("output_config")))
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise bad_request("metadata: must be an object")
+        raise bad_request("metadata: must be an object", param="metadata")
     return MessagesCall(request, model=model, stream=bool(body.get("stream", False)),
                         notes=tuple(notes))
 
 
-def _num(body: dict[str, Any], key: str, default: float) -> float:
+def _num(body: dict[str, Any], key: str) -> float | None:
+    """A sampling field in Anthropic's range, or None when absent (the generator decides)."""
     value = body.get(key)
     if value is None:
-        return default
+        return None
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
-        raise bad_request(f"{key}: must be a number between 0 and 1")
+        raise bad_request(f"{key}: must be a number between 0 and 1", param=key)
     return float(value)
+
+
+def _top_k(value: Any) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TOP_K:
+        raise bad_request(f"top_k: must be an integer between 0 and {MAX_TOP_K}",
+                          param="top_k")
+    return value
 
 
 def _stops(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(s, str) for s in value):
-        raise bad_request("stop_sequences: must be a list of strings")
+        raise bad_request("stop_sequences: must be a list of strings", param="stop_sequences")
     try:
         return validate_stops(value)
     except ValueError as exc:
-        raise bad_request(f"stop_sequences: {exc}") from None
+        raise bad_request(f"stop_sequences: {exc}", param="stop_sequences") from None
 
 
 def _effort(value: Any, output_config: Any) -> str | None:
@@ -108,7 +123,7 @@ def _effort(value: Any, output_config: Any) -> str | None:
         return None
     if not isinstance(value, dict) or value.get("type") not in _THINKING_TYPES:
         raise bad_request("thinking: must be {type: enabled, budget_tokens}, adaptive or "
-                          "disabled")
+                          "disabled", param="thinking")
     if value["type"] == "disabled":
         return None
     if value["type"] != "enabled":  # adaptive: the model decides; output_config.effort hints
@@ -116,7 +131,8 @@ def _effort(value: Any, output_config: Any) -> str | None:
         return _ADAPTIVE_EFFORT.get(effort, "medium") if isinstance(effort, str) else "medium"
     budget = value.get("budget_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
-        raise bad_request("thinking.budget_tokens: must be a positive integer")
+        raise bad_request("thinking.budget_tokens: must be a positive integer",
+                          param="thinking.budget_tokens")
     return next((effort for limit, effort in _EFFORT_BY_BUDGET if budget <= limit), "high")
 
 
@@ -128,23 +144,26 @@ def _system(value: Any) -> tuple[ChatMessage, ...]:
     if isinstance(value, list) and all(isinstance(b, dict) and b.get("type") == "text"
                                        and isinstance(b.get("text"), str) for b in value):
         return (ChatMessage(role="system", content="\n\n".join(b["text"] for b in value)),)
-    raise bad_request("system: must be a string or a list of text blocks")
+    raise bad_request("system: must be a string or a list of text blocks", param="system")
 
 
 def _turns(value: Any, encrypted_for: str | None) -> tuple[ChatMessage, ...]:
     if not isinstance(value, list) or not value:
-        raise bad_request("messages: must be a non-empty list")
+        raise bad_request("messages: must be a non-empty list", param="messages",
+                          code="empty_array" if value == [] else "invalid_type")
     out: list[ChatMessage] = []
     for i, msg in enumerate(value):
         role = msg.get("role") if isinstance(msg, dict) else None
         if role not in ("user", "assistant"):
-            raise bad_request(f"messages.{i}.role: must be 'user' or 'assistant'")
+            raise bad_request(f"messages.{i}.role: must be 'user' or 'assistant'",
+                              param=f"messages.{i}.role")
         content = msg.get("content")
         if isinstance(content, str):
             out.append(ChatMessage(role=role, content=content))
             continue
         if not isinstance(content, list) or not all(isinstance(b, dict) for b in content):
-            raise bad_request(f"messages.{i}.content: must be a string or a list of blocks")
+            raise bad_request(f"messages.{i}.content: must be a string or a list of blocks",
+                              param=f"messages.{i}.content")
         if role == "user":
             out += _user_turn(content, i)
         else:
@@ -156,10 +175,11 @@ def _image(block: dict[str, Any], where: str) -> ImagePart:
     src = block.get("source")
     if isinstance(src, dict) and src.get("type") == "base64" \
             and isinstance(src.get("data"), str) and isinstance(src.get("media_type"), str):
-        return ImagePart(url=f"data:{src['media_type']};base64,{src['data']}")
+        return ImagePart(url=f"data:{src['media_type']};base64,{src['data']}", param=where)
     if isinstance(src, dict) and src.get("type") == "url" and isinstance(src.get("url"), str):
-        return ImagePart(url=src["url"])
-    raise bad_request(f"{where}.source: must be a base64 or url image source")
+        return ImagePart(url=src["url"], param=where)
+    raise bad_request(f"{where}.source: must be a base64 or url image source",
+                      param=f"{where}.source")
 
 
 def _parts(blocks: list[Any], where: str) -> list[ContentPart]:
@@ -171,7 +191,8 @@ def _parts(blocks: list[Any], where: str) -> list[ContentPart]:
         elif kind == "image":
             parts.append(_image(block, f"{where}.{j}"))
         else:
-            raise bad_request(f"{where}.{j}: expected a text or image block")
+            raise bad_request(f"{where}.{j}: expected a text or image block",
+                              param=f"{where}.{j}")
     return parts
 
 
@@ -201,12 +222,14 @@ def _user_turn(blocks: list[dict[str, Any]], i: int) -> list[ChatMessage]:
 def _tool_result(block: dict[str, Any], where: str) -> ChatMessage:
     call_id = block.get("tool_use_id")
     if not isinstance(call_id, str):
-        raise bad_request(f"{where}.tool_use_id: Field required")
+        raise bad_request(f"{where}.tool_use_id: Field required",
+                          param=f"{where}.tool_use_id", code="missing_required_parameter")
     raw = block.get("content", "")
     parts = [TextPart(text=raw)] if isinstance(raw, str) else \
         _parts(raw, f"{where}.content") if isinstance(raw, list) else None
     if parts is None:
-        raise bad_request(f"{where}.content: must be a string or a list of blocks")
+        raise bad_request(f"{where}.content: must be a string or a list of blocks",
+                          param=f"{where}.content")
     if block.get("is_error") is True:
         # The IR's tool message has no error flag; a visible prefix keeps the meaning.
         parts.insert(0, TextPart(text="Error: "))
@@ -225,7 +248,8 @@ def _assistant_turn(blocks: list[dict[str, Any]], i: int,
             text.append(block["text"])
         elif kind == "tool_use":
             if not isinstance(block.get("id"), str) or not isinstance(block.get("name"), str):
-                raise bad_request(f"{where}: tool_use needs id and name")
+                raise bad_request(f"{where}: tool_use needs id and name", param=where,
+                                  code="missing_required_parameter")
             args = msgspec.json.encode(block.get("input", {})).decode()
             calls.append(MessageToolCall(id=block["id"], name=block["name"], arguments=args))
         elif kind == "thinking" and isinstance(block.get("thinking"), str):
@@ -240,7 +264,7 @@ def _assistant_turn(blocks: list[dict[str, Any]], i: int,
                 kept.append((encrypted_for, msgspec.json.encode(keep).decode()))
         else:
             raise bad_request(f"{where}: expected text, tool_use, thinking or "
-                              "redacted_thinking in an assistant turn")
+                              "redacted_thinking in an assistant turn", param=where)
     return ChatMessage(role="assistant", content="".join(text), tool_calls=tuple(calls),
                        reasoning="".join(reasoning) or None, reasoning_encrypted=tuple(kept))
 
@@ -249,15 +273,18 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
-        raise bad_request("tools: must be a list")
+        raise bad_request("tools: must be a list", param="tools")
     specs = []
     for j, tool in enumerate(value):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) \
                 or tool.get("type", "custom") != "custom":
-            raise bad_request(f"tools.{j}: needs a name; server tools are not supported")
+            raise bad_request(f"tools.{j}: needs a name; server tools are not supported",
+                              param=f"tools.{j}")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
-            raise bad_request(f"tools.{j}.input_schema: Field required")
+            raise bad_request(f"tools.{j}.input_schema: Field required",
+                              param=f"tools.{j}.input_schema",
+                              code="missing_required_parameter")
         specs.append(ToolSpec(name=tool["name"], description=str(tool.get("description") or ""),
                               parameters=schema))
     return tuple(specs)
@@ -277,4 +304,5 @@ def _tool_choice(value: Any) -> tuple[str | dict | None, bool | None]:
         return "required", parallel
     if kind == "tool" and isinstance(value.get("name"), str):
         return {"name": value["name"]}, parallel
-    raise bad_request("tool_choice: must be {type: auto | any | none} or {type: tool, name}")
+    raise bad_request("tool_choice: must be {type: auto | any | none} or {type: tool, name}",
+                      param="tool_choice")

@@ -3,8 +3,8 @@
 Parsing is strict where a silent fallback would mislead (codec-spec §10 item 12: an unknown
 ``stream_format`` is a 400 that lists the supported values, never a quiet downgrade to
 msgpack; ``n > 1`` with a binary format is a 400, §2.3) and lenient where OpenAI is (unknown
-body fields are ignored). Errors are :class:`~tokenwire.errors.RemoteProtocolError` with the
-status to answer in ``status_hint``.
+body fields are ignored). Errors are :class:`~tokenwire.errors.InvalidRequest` with the
+status to answer in ``status_hint``, the field in ``param`` and OpenAI's ``code``.
 """
 
 from __future__ import annotations
@@ -13,16 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
-from tokenwire.errors import RemoteProtocolError
+from tokenwire.errors import InvalidRequest
 from tokenwire.gateway.stops import validate_stops
 
 __all__ = [
     "JSON_FORMAT",
     "MAX_MAX_TOKENS",
+    "MAX_TOP_K",
     "SUPPORTED_STREAM_FORMATS",
     "OpenAIFields",
     "Sampling",
     "bad_request",
+    "json_type",
     "parse_openai_fields",
     "parse_sampling",
     "parse_stream_format",
@@ -34,10 +36,27 @@ JSON_FORMAT = "json"
 SUPPORTED_STREAM_FORMATS: tuple[str, ...] = (JSON_FORMAT, *(f.value for f in StreamFormat))
 #: Upper bound on ``max_tokens`` in a request; the engine also caps it at its context window.
 MAX_MAX_TOKENS = 1 << 20
+#: Upper bound on ``top_k``: no vocabulary in use is larger (Gemma's is 256k).
+MAX_TOP_K = 1 << 20
 
 
-def bad_request(message: str, status: int = 400) -> RemoteProtocolError:
-    return RemoteProtocolError(message, status_hint=status)
+def bad_request(message: str, status: int = 400, *, param: str | None = None,
+                code: str | None = None) -> InvalidRequest:
+    """The error for a request field that is wrong: ``param`` names the field, ``code`` is
+    OpenAI's word for the problem (``invalid_value`` unless given; README "Error codes")."""
+    return InvalidRequest(message, status_hint=status, code=code, param=param)
+
+
+def json_type(value: Any) -> str:
+    """A decoded JSON value's type in JSON's words (``array``, not ``list``)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return _JSON_TYPES.get(type(value), "value")
+
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "integer", float: "number"}
 
 
 def parse_stream_format(value: Any, *, n: int) -> StreamFormat | None:
@@ -49,35 +68,40 @@ def parse_stream_format(value: Any, *, n: int) -> StreamFormat | None:
     except ValueError:
         raise bad_request(
             f"unsupported stream_format {value!r}; supported: "
-            + ", ".join(SUPPORTED_STREAM_FORMATS)
-        ) from None
+            + ", ".join(SUPPORTED_STREAM_FORMATS), param="stream_format") from None
     if n != 1:
         raise bad_request(f"n must be 1 with stream_format {fmt.value!r} (frames carry no "
-                          "choice index, codec-spec §2.3)")
+                          "choice index, codec-spec §2.3)", param="n", code="unsupported_value")
     return fmt
 
 
 class Sampling:
-    """Validated sampling fields, ready for a ``GenerationRequest``."""
+    """Validated sampling fields, ready for a ``GenerationRequest``; ``None`` = not sent
+    (``gateway/defaults.py`` says who fills it in)."""
 
-    __slots__ = ("ignore_eos", "max_tokens", "n", "seed", "stop", "temperature", "top_p")
+    __slots__ = ("ignore_eos", "max_tokens", "min_p", "n", "seed", "stop", "temperature",
+                 "top_k", "top_p")
 
-    def __init__(self, body: Mapping[str, Any], *, default_max_tokens: int) -> None:
-        self.max_tokens = _int(body, "max_tokens", default_max_tokens, 1, MAX_MAX_TOKENS)
+    def __init__(self, body: Mapping[str, Any], *, default_max_tokens: int | None) -> None:
+        self.max_tokens = _int(body, "max_tokens", 1, MAX_MAX_TOKENS) or default_max_tokens
         if body.get("max_completion_tokens") is not None:  # the newer Chat name wins
-            self.max_tokens = _int(body, "max_completion_tokens", 0, 1, MAX_MAX_TOKENS)
-        self.temperature = _num(body, "temperature", 1.0, 0.0, 2.0)
-        self.top_p = _num(body, "top_p", 1.0, 0.0, 1.0)
+            self.max_tokens = _int(body, "max_completion_tokens", 1, MAX_MAX_TOKENS)
+        self.temperature = _num(body, "temperature", 0.0, 2.0)
+        self.top_p = _num(body, "top_p", 0.0, 1.0)
+        # vLLM's and llama.cpp's extensions; -1 and 0 mean "off" to both.
+        self.top_k = _int(body, "top_k", -1, MAX_TOP_K)
+        self.min_p = _num(body, "min_p", 0.0, 1.0)
         seed = body.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise bad_request("seed must be an integer")
+            raise bad_request(f"seed must be an integer, got {json_type(seed)}", param="seed",
+                              code="invalid_type")
         self.seed = None if seed is None else seed & 0x7FFF_FFFF
-        self.n = _int(body, "n", 1, 1, 128)
+        self.n = _int(body, "n", 1, 128) or 1
         self.ignore_eos = bool(body.get("ignore_eos", False))
         self.stop = _stops(body.get("stop"))
 
 
-def parse_sampling(body: Mapping[str, Any], *, default_max_tokens: int) -> Sampling:
+def parse_sampling(body: Mapping[str, Any], *, default_max_tokens: int | None) -> Sampling:
     return Sampling(body, default_max_tokens=default_max_tokens)
 
 
@@ -86,17 +110,20 @@ class OpenAIFields:
 
     __slots__ = ("include_usage", "model", "sampling", "stream", "stream_format")
 
-    def __init__(self, body: Any, *, default_max_tokens: int) -> None:
+    def __init__(self, body: Any, *, default_max_tokens: int | None) -> None:
         if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
+            raise bad_request(f"the request body must be a JSON object, got {json_type(body)}",
+                              code="invalid_type")
         self.sampling = parse_sampling(body, default_max_tokens=default_max_tokens)
         self.stream_format = parse_stream_format(body.get("stream_format"),
                                                  n=self.sampling.n)
         if self.sampling.n != 1:
-            raise bad_request("this engine generates one choice per request; n must be 1")
+            raise bad_request("this server generates one choice per request; n must be 1",
+                              param="n", code="unsupported_value")
         model = body.get("model")
         if model is not None and not isinstance(model, str):
-            raise bad_request("model must be a string")
+            raise bad_request(f"model must be a string, got {json_type(model)}", param="model",
+                              code="invalid_type")
         self.model: str | None = model
         # A binary stream_format is always streamed (codec-spec §2.3).
         self.stream = bool(body.get("stream", False)) or self.stream_format is not None
@@ -104,25 +131,35 @@ class OpenAIFields:
         self.include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
 
 
-def parse_openai_fields(body: Any, *, default_max_tokens: int) -> OpenAIFields:
+def parse_openai_fields(body: Any, *, default_max_tokens: int | None) -> OpenAIFields:
     return OpenAIFields(body, default_max_tokens=default_max_tokens)
 
 
-def _int(body: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
+def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:
     value = body.get(key)
     if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
-        raise bad_request(f"{key} must be an integer between {lo} and {hi}, got {value!r}")
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad_request(f"{key} must be an integer, got {json_type(value)}", param=key,
+                          code="invalid_type")
+    if not lo <= value <= hi:
+        raise bad_request(f"{key} must be an integer between {lo} and {hi}, got {value!r}",
+                          param=key, code="integer_below_min_value" if value < lo
+                          else "integer_above_max_value")
     return value
 
 
-def _num(body: Mapping[str, Any], key: str, default: float, lo: float, hi: float) -> float:
+def _num(body: Mapping[str, Any], key: str, lo: float, hi: float) -> float | None:
     value = body.get(key)
     if value is None:
-        return default
-    if not isinstance(value, int | float) or isinstance(value, bool) or not lo <= value <= hi:
-        raise bad_request(f"{key} must be a number between {lo} and {hi}, got {value!r}")
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise bad_request(f"{key} must be a number, got {json_type(value)}", param=key,
+                          code="invalid_type")
+    if not lo <= value <= hi:
+        raise bad_request(f"{key} must be a number between {lo:g} and {hi:g}, got {value!r}",
+                          param=key, code="decimal_below_min_value" if value < lo
+                          else "decimal_above_max_value")
     return float(value)
 
 
@@ -131,8 +168,9 @@ def _stops(value: Any) -> tuple[str, ...]:
         return ()
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not all(isinstance(s, str) for s in items):
-        raise bad_request("stop must be a string or a list of strings")
+        raise bad_request("stop must be a string or a list of strings", param="stop",
+                          code="invalid_type")
     try:
         return validate_stops(items)
     except ValueError as exc:
-        raise bad_request(str(exc)) from None
+        raise bad_request(str(exc), param="stop") from None

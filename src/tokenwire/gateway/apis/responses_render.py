@@ -62,6 +62,7 @@ from tokenwire.gateway.affinity import TURN_STATE_HEADER
 from tokenwire.gateway.apis.errors import error_object
 from tokenwire.gateway.apis.sse import SSE_CONTENT_TYPE, json_bytes
 from tokenwire.gateway.ir import (
+    GATEWAY_FAILURE_CODES,
     Event,
     Failure,
     FailureClass,
@@ -187,7 +188,8 @@ def failure_code(failure: Failure) -> str:
     """The Responses ``error.code`` for a failure, chosen for what Codex does with it: its
     own final codes as they are, any other final failure ``invalid_prompt``, retryable ones
     a retryable code (``rate_limit_exceeded`` paces Codex's retry with "try again in")."""
-    if failure.code in _CODEX_FINAL_CODES:
+    if failure.code in _CODEX_FINAL_CODES or failure.code in GATEWAY_FAILURE_CODES:
+        # Codex's final codes, and the gateway's own (retryable for Codex: not final codes).
         return failure.code  # type: ignore[return-value]  # checked just above
     cls = failure.failure_class
     if cls is FailureClass.CONTENT_FILTER:
@@ -214,7 +216,7 @@ def failure_error_body(failure: Failure) -> tuple[int, bytes]:
     """A failure before any byte was sent: HTTP status and the OpenAI error shape."""
     status = failure.status if 400 <= failure.status <= 599 else 500
     return status, json_bytes(error_object(_failure_message(failure), status=status,
-                                           code=failure_code(failure)))
+                                           code=failure_code(failure), param=failure.param))
 
 
 class _Item:
@@ -333,8 +335,9 @@ class ResponsesRenderer:
         """A bug or broken stream after the headers: ``response.failed`` in-stream."""
         if self.done:
             return []
+        del exc  # its type and message stay in the server log, never on the wire
         return self.on_event(Failure(failure_class=FailureClass.INTERNAL, status=500,
-                                     message=f"the generation failed: {type(exc).__name__}"))
+                                     message="the generation failed inside the gateway"))
 
     # -- events ----------------------------------------------------------------------------
 

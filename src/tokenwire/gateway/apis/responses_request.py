@@ -36,7 +36,7 @@ import msgspec
 
 from tokenwire.errors import PreviousResponseNotFound
 from tokenwire.gateway.affinity import affinity_hints
-from tokenwire.gateway.apis.params import MAX_MAX_TOKENS, bad_request, parse_sampling
+from tokenwire.gateway.apis.params import MAX_MAX_TOKENS, bad_request, json_type, parse_sampling
 from tokenwire.gateway.apis.responses_hygiene import (
     COLLABORATION_NAMESPACE,
     COLLABORATION_TOOLS,
@@ -59,7 +59,6 @@ from tokenwire.gateway.ir import (
 from tokenwire.gateway.state.response_store import ResponseStore
 
 __all__ = [
-    "DEFAULT_MAX_OUTPUT_TOKENS",
     "HOSTED_ITEMS",
     "HOSTED_TOOLS",
     "ResponsesCall",
@@ -67,9 +66,6 @@ __all__ = [
     "previous_response_not_found",
 ]
 
-#: The Responses API has no documented cap; Codex sends none, and an agent turn (a patch, a
-#: long plan) needs thousands of tokens. Upstreams also cap at their context window.
-DEFAULT_MAX_OUTPUT_TOKENS = 4096
 #: Tools the provider runs itself: no IR upstream can, so they are dropped and counted.
 #: ``tool_search`` is Codex's deferred-tool lookup (sent for models it knows, even with
 #: ``execution: "client"``); it only works against OpenAI's own tool-search protocol.
@@ -139,7 +135,8 @@ def parse_responses_request(
     """Parse ``body`` (the decoded JSON of ``raw``); raises ``RemoteProtocolError`` (400),
     ``CompactionRefused`` or ``PreviousResponseNotFound``."""
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+        raise bad_request(f"the request body must be a JSON object, got {json_type(body)}",
+                          code="invalid_type")
     body, removed = strip_internal_fields(body)
     model = _opt_str(body, "model")
     items, n_control = remove_control_items(_input_items(body.get("input")))
@@ -151,23 +148,27 @@ def parse_responses_request(
             raise previous_response_not_found(previous)
         history = stored.conversation()
     conv = _Conversation()
-    for item in [*history, *items]:
-        conv.add(item)
+    for item in history:
+        conv.add(item, "previous_response_id")
+    for i, item in enumerate(items):
+        conv.add(item, f"input[{i}]")
     messages = conv.finish()
     instructions = _opt_str(body, "instructions")
     if instructions:
         messages.insert(0, ChatMessage(role="system", content=instructions))
     if not messages:
-        raise bad_request("input is empty: send at least one message")
+        raise bad_request("input is empty: send at least one message", param="input",
+                          code="empty_array")
     tools = _Tools(body.get("tools"))
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
-        raise bad_request("reasoning must be an object")
+        raise bad_request(f"reasoning must be an object, got {json_type(reasoning)}",
+                          param="reasoning", code="invalid_type")
     reasoning = reasoning or {}
     rewritten = removed or n_control or previous is not None or conv.rewritten or tools.rewritten
     raw_body = raw if raw is not None and not rewritten else None
     sampling = parse_sampling({k: body.get(k) for k in ("temperature", "top_p")},
-                              default_max_tokens=1)
+                              default_max_tokens=None)
     request = GenerationRequest(
         prompt=ChatPrompt(messages=tuple(messages)), model=model or "",
         max_tokens=_max_output_tokens(body.get("max_output_tokens")),
@@ -196,23 +197,31 @@ def parse_responses_request(
 def _opt_str(body: Mapping[str, Any], key: str) -> str | None:
     value = body.get(key)
     if value is not None and not isinstance(value, str):
-        raise bad_request(f"{key} must be a string")
+        raise bad_request(f"{key} must be a string, got {json_type(value)}", param=key,
+                          code="invalid_type")
     return value
 
 
 def _opt_bool(body: Mapping[str, Any], key: str) -> bool | None:
     value = body.get(key)
     if value is not None and not isinstance(value, bool):
-        raise bad_request(f"{key} must be a boolean")
+        raise bad_request(f"{key} must be a boolean, got {json_type(value)}", param=key,
+                          code="invalid_type")
     return value
 
 
-def _max_output_tokens(value: Any) -> int:
+def _max_output_tokens(value: Any) -> int | None:
+    """The client's bound, or None: the API documents no default (``gateway/defaults.py``)."""
     if value is None:
-        return DEFAULT_MAX_OUTPUT_TOKENS
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_MAX_TOKENS:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad_request(f"max_output_tokens must be an integer, got {json_type(value)}",
+                          param="max_output_tokens", code="invalid_type")
+    if not 1 <= value <= MAX_MAX_TOKENS:
         raise bad_request(f"max_output_tokens must be an integer between 1 and "
-                          f"{MAX_MAX_TOKENS}, got {value!r}")
+                          f"{MAX_MAX_TOKENS}, got {value!r}", param="max_output_tokens",
+                          code="integer_below_min_value" if value < 1
+                          else "integer_above_max_value")
     return value
 
 
@@ -221,7 +230,10 @@ def _input_items(value: Any) -> list[Any]:
         return [{"type": "message", "role": "user", "content": value}]
     if isinstance(value, list):
         return value
-    raise bad_request("input must be a string or a list of items")
+    if value is None:
+        raise bad_request("input is required", param="input", code="missing_required_parameter")
+    raise bad_request(f"input must be a string or an array of items, got {json_type(value)}",
+                      param="input", code="invalid_type")
 
 
 # -- items -> messages --------------------------------------------------------------------
@@ -241,33 +253,37 @@ class _Conversation:
         self._reasoning: list[str] = []
         self._encrypted: list[tuple[str, str]] = []
 
-    def add(self, item: Any) -> None:
+    def add(self, item: Any, path: str) -> None:
+        """Add one item; ``path`` is where it came from (``input[3]``), for errors."""
         if not isinstance(item, dict):
-            raise bad_request(f"input items must be objects, got {type(item).__name__}")
+            raise bad_request(f"{path} must be an object, got {json_type(item)}", param=path,
+                              code="invalid_type")
         if item.get("type") is not None and _type_of(item) is None:
-            raise bad_request("an input item's type must be a string")
+            raise bad_request(f"{path}.type must be a string", param=f"{path}.type",
+                              code="invalid_type")
         kind = _type_of(item) or ("message" if "role" in item else None)
         if kind == "message" and item.get("role") == "assistant":
-            self._text.append(_text_of(item.get("content"), "assistant message"))
+            self._text.append(_text_of(item.get("content"), "assistant message", path))
         elif kind in _CALLS:
-            self._calls.append(_call(item, _CALLS[kind]))
+            self._calls.append(_call(item, _CALLS[kind], path))
         elif kind == "reasoning":
-            self._add_reasoning(item)
+            self._add_reasoning(item, path)
         elif kind in HOSTED_ITEMS:
             self.hosted += 1
         else:
             self._flush()
-            self._add_other(kind, item)
+            self._add_other(kind, item, path)
 
-    def _add_other(self, kind: Any, item: dict[str, Any]) -> None:
+    def _add_other(self, kind: Any, item: dict[str, Any], path: str) -> None:
         if kind == "message":
-            self.messages.append(_message(item))
+            self.messages.append(_message(item, path))
         elif kind in _OUTPUTS:
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
-                raise bad_request(f"{kind} needs a call_id string")
+                raise bad_request(f"{kind} needs a call_id string", param=f"{path}.call_id",
+                                  code="missing_required_parameter")
             self.messages.append(ChatMessage(role="tool", tool_call_id=call_id,
-                                             content=_output(item.get("output"))))
+                                             content=_output(item.get("output"), path)))
         elif kind == "agent_message":
             self.rewritten = True
             text = flatten_agent_message(item)
@@ -275,16 +291,19 @@ class _Conversation:
                 self.messages.append(ChatMessage(role="user", content=text))
         elif kind == "item_reference":
             raise bad_request("item_reference input items are not supported; send the item "
-                              "itself, or continue with previous_response_id")
+                              "itself, or continue with previous_response_id",
+                              param=f"{path}.type", code="unsupported_value")
         else:
-            raise bad_request(f"input item type {kind!r} is not supported")
+            raise bad_request(f"input item type {kind!r} is not supported",
+                              param=f"{path}.type", code="unsupported_value")
 
-    def _add_reasoning(self, item: dict[str, Any]) -> None:
+    def _add_reasoning(self, item: dict[str, Any], path: str) -> None:
         texts: list[str] = []
         for key in ("summary", "content"):
             parts = item.get(key)
             if parts is not None and not isinstance(parts, list):
-                raise bad_request(f"reasoning {key} must be a list of parts")
+                raise bad_request(f"reasoning {key} must be an array of parts",
+                                  param=f"{path}.{key}", code="invalid_type")
             texts += [p["text"] for p in parts or ()
                       if isinstance(p, dict) and isinstance(p.get("text"), str)]
         if texts:
@@ -316,14 +335,16 @@ class _Conversation:
         return self.messages
 
 
-def _call(item: dict[str, Any], kind: str) -> MessageToolCall:
+def _call(item: dict[str, Any], kind: str, path: str) -> MessageToolCall:
     call_id, name = item.get("call_id"), item.get("name")
     field = "input" if kind == "custom" else "arguments"
     args = item.get(field, "")
     if not isinstance(call_id, str) or not call_id or not isinstance(name, str) or not name:
-        raise bad_request(f"{item.get('type')} needs call_id and name strings")
+        raise bad_request(f"{item.get('type')} needs call_id and name strings", param=path,
+                          code="missing_required_parameter")
     if not isinstance(args, str):
-        raise bad_request(f"{item.get('type')}.{field} must be a string")
+        raise bad_request(f"{item.get('type')}.{field} must be a string",
+                          param=f"{path}.{field}", code="invalid_type")
     return MessageToolCall(id=call_id, name=name, arguments=args, kind=kind)
 
 
@@ -334,42 +355,47 @@ def _type_of(obj: Any) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def _message(item: dict[str, Any]) -> ChatMessage:
+def _message(item: dict[str, Any], path: str) -> ChatMessage:
     role = item.get("role")
     if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise bad_request(f"message role {role!r} is not one of "
-                          + ", ".join(sorted(_MESSAGE_ROLES)))
-    return ChatMessage(role=role, content=_content(item.get("content"), f"{role} message"))
+                          + ", ".join(sorted(_MESSAGE_ROLES)), param=f"{path}.role")
+    return ChatMessage(role=role, content=_content(item.get("content"), f"{role} message",
+                                                   f"{path}.content"))
 
 
-def _text_of(content: Any, where: str) -> str:
-    parsed = _content(content, where)
+def _text_of(content: Any, where: str, path: str) -> str:
+    parsed = _content(content, where, f"{path}.content")
     if isinstance(parsed, str):
         return parsed
-    if any(isinstance(p, ImagePart) for p in parsed):
-        raise bad_request(f"the {where} cannot hold images")
+    image = next((p for p in parsed if isinstance(p, ImagePart)), None)
+    if image is not None:
+        raise bad_request(f"the {where} cannot hold images", param=image.param,
+                          code="unsupported_value")
     return "".join(p.text for p in parsed if isinstance(p, TextPart))
 
 
-def _output(output: Any) -> str | tuple[ContentPart, ...]:
+def _output(output: Any, path: str) -> str | tuple[ContentPart, ...]:
     if output is None:
         return ""
-    return _content(output, "tool output")
+    return _content(output, "tool output", f"{path}.output")
 
 
-def _content(content: Any, where: str) -> str | tuple[ContentPart, ...]:
-    """A string, or parts; all-text parts collapse to one string."""
+def _content(content: Any, where: str, path: str) -> str | tuple[ContentPart, ...]:
+    """A string, or parts; all-text parts collapse to one string. ``where`` says what holds
+    the content (for messages), ``path`` where it is in the request (for ``param``)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad_request(f"{where} content must be a string or a list of parts")
-    parts = tuple(_part(p, where) for p in content)
+        raise bad_request(f"{where} content must be a string or an array of parts",
+                          param=path, code="invalid_type")
+    parts = tuple(_part(p, where, f"{path}[{j}]") for j, p in enumerate(content))
     if all(isinstance(p, TextPart) for p in parts):
         return "".join(p.text for p in parts if isinstance(p, TextPart))
     return parts
 
 
-def _part(part: Any, where: str) -> ContentPart:
+def _part(part: Any, where: str, path: str) -> ContentPart:
     kind = _type_of(part)
     if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
         return TextPart(text=part["text"])
@@ -379,10 +405,13 @@ def _part(part: Any, where: str) -> ContentPart:
         url = part.get("image_url") or part.get("file_data")
         if isinstance(url, str) and url.startswith(("https:", "http:", "data:")):
             detail = part.get("detail")
-            return ImagePart(url=url, detail=detail if isinstance(detail, str) else None)
+            return ImagePart(url=url, detail=detail if isinstance(detail, str) else None,
+                             param=path)
         raise bad_request("input_image needs an image_url (a URL or a data: URL); file_id "
-                          "references are not supported")
-    raise bad_request(f"content part type {kind!r} is not supported in the {where}")
+                          "references are not supported", param=path,
+                          code="unsupported_value")
+    raise bad_request(f"content part type {kind!r} is not supported in the {where}",
+                      param=f"{path}.type", code="unsupported_value")
 
 
 # -- tools --------------------------------------------------------------------------------
@@ -400,7 +429,7 @@ class _Tools:
         if raw is None:
             return
         if not isinstance(raw, list):
-            raise bad_request("tools must be a list")
+            raise bad_request("tools must be an array", param="tools", code="invalid_type")
         specs: list[ToolSpec] = []
         collab: set[str] = set()
         for tool in raw:
@@ -418,10 +447,12 @@ class _Tools:
             self.hosted += 1
             return None
         if kind not in ("function", "custom"):
-            raise bad_request(f"tool type {kind!r} is not supported")
+            raise bad_request(f"tool type {kind!r} is not supported", param="tools",
+                              code="unsupported_value")
         name = tool.get("name")
         if not isinstance(name, str) or not name:
-            raise bad_request(f"a {kind} tool needs a name")
+            raise bad_request(f"a {kind} tool needs a name", param="tools",
+                              code="missing_required_parameter")
         description = tool.get("description") or ""
         if kind == "custom":
             fmt = tool.get("format")
@@ -439,17 +470,19 @@ class _Tools:
 def _flatten(tool: Any) -> list[tuple[str | None, dict[str, Any]]]:
     """``(namespace, tool)`` pairs: a ``namespace`` tool's members, or the tool itself."""
     if not isinstance(tool, dict):
-        raise bad_request("each tool must be an object")
+        raise bad_request("each tool must be an object", param="tools", code="invalid_type")
     if tool.get("type") != "namespace":
         ns = tool.get("namespace")
         return [(ns if isinstance(ns, str) else None, tool)]
     name, members = tool.get("name"), tool.get("tools")
     if not isinstance(name, str) or not isinstance(members, list):
-        raise bad_request("a namespace tool needs a name and a tools list")
+        raise bad_request("a namespace tool needs a name and a tools list", param="tools",
+                          code="missing_required_parameter")
     out: list[tuple[str | None, dict[str, Any]]] = []
     for member in members:
         if not isinstance(member, dict):
-            raise bad_request("each tool must be an object")
+            raise bad_request("each tool must be an object", param="tools",
+                              code="invalid_type")
         out.append((name, member))
     return out
 
@@ -464,4 +497,4 @@ def _tool_choice(choice: Any) -> str | dict | None:
         if kind == "allowed_tools" and choice.get("mode") in ("auto", "required"):
             return str(choice["mode"])
     raise bad_request(f"tool_choice {choice!r} is not supported; use auto, none, required, "
-                      "or {\"type\": \"function\", \"name\": ...}")
+                      "or {\"type\": \"function\", \"name\": ...}", param="tool_choice")

@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 
 from tokenwire.gateway.apis.errors import error_object
-from tokenwire.gateway.ir import Failure, FailureClass, FinishKind
+from tokenwire.gateway.ir import GATEWAY_FAILURE_CODES, Failure, FailureClass, FinishKind
 from tokenwire.gateway.supervision.retry import Budget, budget_for
 
 __all__ = [
@@ -57,8 +57,9 @@ def json_bytes(obj: Any) -> bytes:
     return _encode(obj)
 
 
-#: OpenAI's own codes where one exists (agents and SDK users match on these); every other
-#: class is reported by its name (``capacity``, ``timeout``, ``upstream``, ...).
+#: OpenAI's own codes where one exists (agents and SDK users match on these); the gateway's
+#: own failures by their code (``server_shutting_down``, ``idle_timeout``, ...); every other
+#: class by its name (``capacity``, ``timeout``, ``upstream``, ...; README "Error codes").
 _OPENAI_CODES = {
     FailureClass.CONTEXT_LENGTH: "context_length_exceeded",
     FailureClass.RATE_LIMITED: "rate_limit_exceeded",
@@ -73,18 +74,26 @@ def openai_error_code(failure: Failure) -> str:
     if failure.failure_class is FailureClass.RATE_LIMITED and \
             budget_for(failure) is Budget.FINAL:
         return "insufficient_quota"
+    if failure.code in GATEWAY_FAILURE_CODES:
+        return failure.code  # type: ignore[return-value]  # checked just above
+    if failure.failure_class is FailureClass.INVALID_REQUEST and failure.param is not None \
+            and failure.code:
+        return failure.code  # a field the engine refused, named like the parsers name it
     return _OPENAI_CODES.get(failure.failure_class, failure.failure_class.value)
 
 
 def failure_output(failure: Failure, *, stream: bool) -> list[bytes]:
     """A failure as the OpenAI APIs report it: an ``{"error": ...}`` event then ``[DONE]``
     in a stream (the ``openai`` SDK raises on it), the error body otherwise."""
-    err = error_object(failure.message, status=failure.status, code=openai_error_code(failure))
+    err = error_object(failure.message, status=failure.status, code=openai_error_code(failure),
+                       param=failure.param)
     return [sse_data(err), SSE_DONE] if stream else [json_bytes(err)]
 
 
 def internal_error_output(exc: BaseException, *, stream: bool) -> list[bytes]:
-    """An exception after the response started: named by type only (no message, no stack)."""
-    err = error_object(f"the generation failed: {type(exc).__name__}", status=500,
-                       code="internal")
+    """An exception after the response started: its type and message stay in the server
+    log (seed privacy rules); the client learns that the gateway, not the model, failed."""
+    del exc
+    err = error_object("the generation failed inside the gateway", status=500,
+                       code="internal_error")
     return [sse_data(err), SSE_DONE] if stream else [json_bytes(err)]

@@ -6,9 +6,11 @@ Routes:
   body) or a Codec binary format (§2.3). Prompt as text (pattern A) or ids (pattern B).
 * ``POST /v1/completions/codec``: Path C, a msgpack or protobuf ``CodecRequest`` body (§1.3).
 * ``POST /v1/chat/completions``: OpenAI Chat, same ``stream_format`` choices.
-* ``GET /v1/models``, ``GET /health`` (with the capacity counts and the ``features`` list),
-  ``GET /metrics`` (Prometheus), ``GET /codec/schema`` (§2.2), ``GET /codec/version``.
+* ``GET /v1/models``, ``GET /v1/models/{id}``, ``GET /health`` (with the capacity counts and
+  the ``features`` list), ``GET /metrics`` (Prometheus), ``GET /codec/schema`` (§2.2),
+  ``GET /codec/version``.
 * ``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes (:mod:`.tokenize_routes`).
+* ``POST /v1/messages/count_tokens`` (Anthropic's, :mod:`.messages_route`).
 * ``/.well-known/codec/...`` from :mod:`.wellknown`.
 
 The pieces live beside it in ``http/``: every inference request takes an admission ticket
@@ -19,7 +21,8 @@ headers filtered by the client's declared version, §5.3) under the supervisor
 (:class:`~tokenwire.gateway.supervision.supervisor.SupervisedStream`: queue, retries,
 deadlines, heartbeats) that :meth:`~.state.GatewayState.supervise` creates. The Responses and
 Messages routes are :mod:`.responses_routes` and :mod:`.messages_route`. Every 4xx/5xx
-before a stream starts has the OpenAI JSON error body (Messages: Anthropic's).
+before a stream starts is rendered by :mod:`.errors`: OpenAI's JSON error body with
+``param`` and ``code`` (Messages: Anthropic's).
 """
 
 from __future__ import annotations
@@ -38,26 +41,25 @@ from starlette.routing import BaseRoute, Route
 from tokenwire.codec.frames import StreamFormat
 from tokenwire.codec.requests import decode_request
 from tokenwire.codec.versioning import OWN_VERSION, format_version
-from tokenwire.errors import ProtocolError, ResponsesRequestError, TokenwireError, UnknownModel
+from tokenwire.errors import TokenwireError, UnknownModel
 from tokenwire.gateway.apis.chat import ChatRenderer, parse_chat_request
 from tokenwire.gateway.apis.completions import CompletionsRenderer, parse_completions_request
 from tokenwire.gateway.apis.params import JSON_FORMAT, SUPPORTED_STREAM_FORMATS, bad_request
 from tokenwire.gateway.http import wellknown
 from tokenwire.gateway.http.admission import AdmissionMiddleware
+from tokenwire.gateway.http.errors import exception_response
 from tokenwire.gateway.http.generation import codec_renderer, route_model, start_generation
-from tokenwire.gateway.http.messages_route import messages_endpoint
+from tokenwire.gateway.http.messages_route import count_tokens_endpoint, messages_endpoint
 from tokenwire.gateway.http.requests import (
     client_version,
-    json_error,
     new_id,
     read_body,
     read_json,
     upgrade_response,
 )
-from tokenwire.gateway.http.responses_get import get_response, responses_error_response
+from tokenwire.gateway.http.responses_get import get_response
 from tokenwire.gateway.http.responses_routes import responses_routes
 from tokenwire.gateway.http.schema import PROTO_SCHEMA
-from tokenwire.gateway.http.security import internal_error_response
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, Renderer
 from tokenwire.gateway.http.tokenize_routes import detokenize, tokenize
@@ -87,7 +89,8 @@ async def completions(request: Request) -> Response | EventResponse:
     served = route_model(state, call.model, call.stream_format)
     if call.return_token_ids and not served.has_ids:
         raise bad_request(f"return_token_ids needs token ids, but model {served.name!r} has "
-                          "no tokenizer map and its upstream returns text only")
+                          "no tokenizer map and its upstream returns text only",
+                          param="return_token_ids", code="unsupported_value")
     renderer: Renderer
     if call.stream_format is not None:
         renderer = codec_renderer(state, call.stream_format, client_version(request))
@@ -129,7 +132,8 @@ def _path_c_body_format(content_type: str) -> StreamFormat:
     if media not in _BINARY_TYPES:
         raise bad_request(
             f"Content-Type {media or '(none)'!r} is not a Codec request body; use "
-            "application/x-msgpack or application/x-protobuf (codec-spec §1.3)", 415)
+            "application/x-msgpack or application/x-protobuf (codec-spec §1.3)", 415,
+            code="unsupported_media_type")
     return _BINARY_TYPES[media]
 
 
@@ -146,21 +150,24 @@ async def completions_codec(request: Request) -> Response | EventResponse:
     except ValueError:
         raise bad_request(
             f"unsupported stream_format {creq.stream_format!r} for Path C; supported: "
-            + ", ".join(f.value for f in StreamFormat)) from None
+            + ", ".join(f.value for f in StreamFormat), param="stream_format") from None
     if fmt.content_type != body_fmt.content_type:  # §2.4: body type and format must agree
         raise bad_request(f"a {body_fmt.content_type} body cannot ask for stream_format "
-                          f"{fmt.value!r} ({fmt.content_type})", 415)
+                          f"{fmt.value!r} ({fmt.content_type})", 415, param="stream_format",
+                          code="unsupported_media_type")
     if not creq.prompt_ids:
-        raise bad_request("prompt_ids is empty")
+        raise bad_request("prompt_ids is empty", param="prompt_ids", code="empty_array")
     if creq.max_tokens < 1:
-        raise bad_request("max_tokens must be at least 1")
+        raise bad_request("max_tokens must be at least 1", param="max_tokens",
+                          code="integer_below_min_value")
     try:
         stop = validate_stops(creq.stop)
     except ValueError as exc:
-        raise bad_request(str(exc)) from None
+        raise bad_request(str(exc), param="stop") from None
     rid = new_id("cmpl")
     served = route_model(state, None, fmt)  # Path C bodies name no model (§1.3): the default
-    temperature = 1.0 if creq.temperature is None else min(max(creq.temperature, 0.0), 2.0)
+    # An absent temperature is the generator's choice (gateway/defaults.py), as elsewhere.
+    temperature = None if creq.temperature is None else min(max(creq.temperature, 0.0), 2.0)
     gen = GenerationRequest(prompt=PromptIds(ids=creq.prompt_ids), max_tokens=creq.max_tokens,
                             temperature=temperature, stop=stop, request_id=rid, want_ids=True,
                             want_text=False)
@@ -176,6 +183,17 @@ async def models(request: Request) -> Response:
     state: GatewayState = request.app.state.gateway
     return JSONResponse({"object": "list",
                          "data": [_model_entry(state, m) for m in state.router.models]})
+
+
+async def model(request: Request) -> Response:
+    """One served model (the ``openai`` SDK's ``models.retrieve``), by any name the router
+    routes; an unknown one is OpenAI's 404 ``model_not_found``."""
+    state: GatewayState = request.app.state.gateway
+    name = request.path_params["model_id"]
+    if not name:  # "/v1/models/" names no model: never the default one
+        raise UnknownModel("no model named: GET /v1/models/{id} needs an id; GET /v1/models "
+                           "lists them")
+    return JSONResponse(_model_entry(state, state.router.route(name)))
 
 
 def _model_entry(state: GatewayState, m: ServedModel) -> dict[str, Any]:
@@ -223,25 +241,7 @@ async def codec_version(request: Request) -> Response:
                          "delta_varint": True})
 
 
-# -- errors and assembly ---------------------------------------------------------------------
-
-
-async def _protocol_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, ProtocolError)
-    status = exc.status_hint if 400 <= exc.status_hint <= 599 else 400
-    # OpenAI's code for an unknown model, which SDKs and agents recognise.
-    code = "model_not_found" if isinstance(exc, UnknownModel) else type(exc).__name__
-    return json_error(status, str(exc), code=code)
-
-
-async def _tokenwire_error(request: Request, exc: Exception) -> Response:
-    status = getattr(exc, "status_hint", 500)
-    return json_error(status, str(exc), code=type(exc).__name__)
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return json_error(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+# -- assembly --------------------------------------------------------------------------------
 
 
 def _discovery_routes(state: GatewayState) -> list[BaseRoute]:
@@ -260,7 +260,9 @@ def create_app(state: GatewayState) -> Starlette:
         Route("/v1/completions/codec", completions_codec, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/messages", messages_endpoint, methods=["POST"]),  # Anthropic Messages
+        Route("/v1/messages/count_tokens", count_tokens_endpoint, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/codec/schema", codec_schema, methods=["GET"]),
@@ -275,15 +277,12 @@ def create_app(state: GatewayState) -> Starlette:
     def rejected(path: str, status: int, reason: str) -> None:
         state.observability.rejected(api=api_for_path(path), status=status, reason=reason)
 
+    # One renderer for every error a route raises, in its API's shape (http/errors.py).
+    # Starlette's ServerErrorMiddleware sends the Exception one (instead of its plain-text
+    # 500) before re-raising; the serving stack's CrashBarrier then only logs.
     app = Starlette(routes=routes, middleware=[
         Middleware(AdmissionMiddleware, admission=state.admission, on_rejected=rejected)],
-        exception_handlers={
-        ProtocolError: _protocol_error, TokenwireError: _tokenwire_error,
-        HTTPException: _http_error,
-        ResponsesRequestError: responses_error_response,  # OpenAI shape with param/code
-        # Starlette's ServerErrorMiddleware sends this (instead of its plain-text 500)
-        # before re-raising; the serving stack's CrashBarrier then only logs.
-        Exception: internal_error_response,
-    })
+        exception_handlers={TokenwireError: exception_response,
+                            HTTPException: exception_response, Exception: exception_response})
     app.state.gateway = state
     return app

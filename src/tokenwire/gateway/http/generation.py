@@ -32,11 +32,12 @@ from tokenwire.gateway.apis.sse import openai_error_code
 from tokenwire.gateway.http.requests import client_version
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, Renderer
-from tokenwire.gateway.ir import Failure, GenerationRequest
+from tokenwire.gateway.ir import ChatPrompt, Failure, GenerationRequest, ImagePart
 from tokenwire.gateway.observability.records import api_for_path
 from tokenwire.gateway.routing.router import ServedModel
 
-__all__ = ["codec_renderer", "generation_headers", "route_model", "start_generation"]
+__all__ = ["check_inputs", "codec_renderer", "generation_headers", "route_model",
+           "start_generation"]
 
 #: Server-side order of preference (codec-spec §4.1); availability is the registry's.
 _PREFERENCE = ("zstd", "br", "gzip", "identity")
@@ -49,8 +50,24 @@ def route_model(state: GatewayState, model: str | None, fmt: StreamFormat | None
         raise bad_request(
             f"stream_format {fmt.value!r} needs token ids, but model {served.name!r} has no "
             "tokenizer map and its upstream returns text only; use stream_format 'json', or "
-            "configure a map for the model")
+            "configure a map for the model", param="stream_format", code="unsupported_value")
     return served
+
+
+def check_inputs(served: ServedModel, gen: GenerationRequest) -> None:
+    """Refuse, before admission, input the routed model cannot read: an image sent to a
+    text-only model is a 400 naming the field (the engine would otherwise fail deep in its
+    chat template, after the request waited its turn)."""
+    if served.accepts_images or not isinstance(gen.prompt, ChatPrompt):
+        return
+    for message in gen.prompt.messages:
+        if isinstance(message.content, str):
+            continue
+        image = next((p for p in message.content if isinstance(p, ImagePart)), None)
+        if image is not None:
+            raise bad_request(f"this model does not accept images ({served.name!r} reads "
+                              "text only); send the request without the image",
+                              param=image.param, code="unsupported_value")
 
 
 def generation_headers(
@@ -78,7 +95,8 @@ def generation_headers(
 def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:
     """A failure before any byte was sent is an ordinary error response with its status."""
     status = failure.status if 400 <= failure.status <= 599 else 500
-    body = error_body(failure.message, status=status, code=openai_error_code(failure))
+    body = error_body(failure.message, status=status, code=openai_error_code(failure),
+                      param=failure.param)
     return status, [("Content-Type", "application/json"), ("Vary", VARY),
                     *retry_after_header(failure.retry_after)], body
 
@@ -92,6 +110,7 @@ def start_generation(
 
     ``on_failure`` builds the error response for a failure before any byte was sent: an
     API with its own error shape (Anthropic Messages) passes one; the default is OpenAI's."""
+    check_inputs(served, gen)
     cv = client_version(request)
     policy = state.policy_for(served)
     gen = msgspec.structs.replace(

@@ -1,76 +1,89 @@
-"""``POST /v1/messages``: the Anthropic Messages route over :mod:`tokenwire.gateway.apis.messages`.
+"""``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: the Anthropic Messages
+routes over :mod:`tokenwire.gateway.apis.messages`.
 
 The routed upstream's kind decides whether signed thinking may travel (only to and from an
-Anthropic upstream, the only kind that can verify a signature). Every error of this route
-uses Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``, never OpenAI's.
+Anthropic upstream, the only kind that can verify a signature). Every error of these routes
+uses Anthropic's shape ``{"type": "error", "error": {"type", "message"}}``, never OpenAI's:
+what they raise is rendered by :mod:`.errors`, which picks the shape by path.
+
+``count_tokens`` answers ``{"input_tokens": N}``: the prompt exactly as the model would be
+given it (system, tools and the chat template included), from the upstream that would
+generate. The embedded engine counts the ids it would evaluate; an Anthropic upstream is
+asked itself. Other upstream kinds cannot say (no counting endpoint, and tokenwire holds no
+chat template for their models): a 400 says so instead of a guess.
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+from typing import Any
 
-from starlette.exceptions import HTTPException
+import msgspec
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
-from tokenwire.errors import ProtocolError, TokenwireError, UnknownModel
-from tokenwire.gateway.apis.messages import (
-    MessagesRenderer,
-    anthropic_error_body,
-    failure_response,
-    type_for_status,
-)
-from tokenwire.gateway.apis.messages_request import parse_messages_request
+from tokenwire.gateway.apis.messages import MessagesRenderer, failure_response
+from tokenwire.gateway.apis.messages_request import MessagesCall, parse_messages_request
 from tokenwire.gateway.apis.params import bad_request
-from tokenwire.gateway.apis.sse import json_bytes
-from tokenwire.gateway.http.generation import route_model, start_generation
+from tokenwire.gateway.http.generation import check_inputs, route_model, start_generation
 from tokenwire.gateway.http.requests import read_json, upgrade_response
+from tokenwire.gateway.ir import Failure
+from tokenwire.gateway.routing.router import ServedModel
 
-__all__ = ["messages_endpoint"]
+__all__ = ["count_tokens_endpoint", "messages_endpoint"]
 
 log = logging.getLogger(__name__)
 
 _ANTHROPIC_KIND = "anthropic"
 
 
-def _error_response(status: int, message: str, *, type_: str | None = None,
-                    headers: dict[str, str] | None = None) -> Response:
-    body = json_bytes(anthropic_error_body(type_ or type_for_status(status), message))
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
+async def _parse(request: Request, *, counting: bool) -> tuple[ServedModel, MessagesCall]:
+    """The routed model and the parsed body (raises what :mod:`.errors` renders)."""
+    state = request.app.state.gateway
+    body = await read_json(request, state.settings.max_body_bytes)
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", code="invalid_type")
+    model = body.get("model")
+    served = route_model(state, model if isinstance(model, str) else None, None)
+    upstream = served.upstream
+    signed_by = getattr(upstream, "name", served.upstream_name) \
+        if getattr(upstream, "kind", None) == _ANTHROPIC_KIND else None
+    call = parse_messages_request(body, request_id="msg_" + secrets.token_hex(12),
+                                  encrypted_for=signed_by, counting=counting)
+    return served, call
 
 
-async def messages_endpoint(request: Request) -> Response:
+async def messages_endpoint(request: Request) -> Any:
     """``POST /v1/messages``; every error in Anthropic's shape."""
     state = request.app.state.gateway
-    try:
-        if (upgrade := upgrade_response(state, request)) is not None:
-            return upgrade
-        body = await read_json(request, state.settings.max_body_bytes)
-        if not isinstance(body, dict):
-            raise bad_request("the request body must be a JSON object")
-        model = body.get("model")
-        served = route_model(state, model if isinstance(model, str) else None, None)
-        upstream = served.upstream
-        signed_by = getattr(upstream, "name", served.upstream_name) \
-            if getattr(upstream, "kind", None) == _ANTHROPIC_KIND else None
-        rid = "msg_" + secrets.token_hex(12)
-        call = parse_messages_request(body, request_id=rid, encrypted_for=signed_by)
-        for note in call.notes:
-            log.info("%s: %s", rid, note)
-        renderer = MessagesRenderer(message_id=rid, model=served.name, stream=call.stream,
-                                    signed_by=signed_by)
-        resp = start_generation(state, request, served, call.request, renderer, "json",
-                                    streaming=call.stream, on_failure=failure_response)
-    except UnknownModel as exc:
-        return _error_response(404, str(exc), type_="not_found_error")
-    except ProtocolError as exc:
-        status = exc.status_hint if 400 <= exc.status_hint <= 599 else 400
-        return _error_response(status, str(exc))
-    except HTTPException as exc:
-        return _error_response(exc.status_code, str(exc.detail))
-    except TokenwireError as exc:
-        status = getattr(exc, "status_hint", 500)
-        return _error_response(status if 400 <= status <= 599 else 500, str(exc))
-    return resp  # type: ignore[return-value]  # an EventResponse is an ASGI app too
+    if (upgrade := upgrade_response(state, request)) is not None:
+        return upgrade
+    served, call = await _parse(request, counting=False)
+    rid = call.request.request_id
+    for note in call.notes:
+        log.info("%s: %s", rid, note)
+    signed_by = getattr(served.upstream, "name", served.upstream_name) \
+        if getattr(served.upstream, "kind", None) == _ANTHROPIC_KIND else None
+    renderer = MessagesRenderer(message_id=rid, model=served.name, stream=call.stream,
+                                signed_by=signed_by)
+    return start_generation(state, request, served, call.request, renderer, "json",
+                            streaming=call.stream, on_failure=failure_response)
 
+
+async def count_tokens_endpoint(request: Request) -> Response:
+    """``POST /v1/messages/count_tokens`` (the ``anthropic`` SDK's ``messages.count_tokens``)."""
+    served, call = await _parse(request, counting=True)
+    check_inputs(served, call.request)  # what generation would refuse is not counted
+    counter = getattr(served.upstream, "count_tokens", None)
+    if counter is None:
+        kind = getattr(served.upstream, "kind", "") or "this"
+        raise bad_request(
+            f"model {served.name!r} cannot count tokens here: its {kind} upstream has no "
+            "token-counting endpoint, and tokenwire has no chat template for it",
+            param="model", code="unsupported_value")
+    counted = await counter(msgspec.structs.replace(call.request, model=served.name))
+    if isinstance(counted, Failure):
+        status, headers, body = failure_response(counted)
+        return Response(body, status_code=status, headers=dict(headers))
+    return JSONResponse({"input_tokens": counted})

@@ -1,8 +1,7 @@
 """Reading requests: the body within its limits, JSON, the client's Codec version, the 426.
 
 Every route reads its body through :func:`read_body` (size limit, upload deadline, an
-optional gzip coding) and answers errors before a stream starts with :func:`json_error`
-(OpenAI's shape, :mod:`tokenwire.gateway.apis.errors`).
+optional gzip coding); what it raises is rendered by :mod:`.errors` in the route's API shape.
 """
 
 from __future__ import annotations
@@ -24,25 +23,17 @@ from tokenwire.codec.versioning import (
     parse_version,
     upgrade_required_response,
 )
-from tokenwire.gateway.apis.errors import error_body
 from tokenwire.gateway.apis.params import bad_request
 from tokenwire.gateway.http.admission import TICKET_SCOPE_KEY
 
 if TYPE_CHECKING:
     from tokenwire.gateway.http.state import GatewayState
 
-__all__ = ["client_version", "json_error", "new_id", "read_body", "read_json",
-           "upgrade_response"]
+__all__ = ["client_version", "new_id", "read_body", "read_json", "upgrade_response"]
 
 
 def client_version(request: Request) -> Version:
     return parse_version(request.headers.get(CLIENT_VERSION_HEADER))
-
-
-def json_error(status: int, message: str, *, code: str | None = None,
-               headers: dict[str, str] | None = None) -> Response:
-    return Response(error_body(message, status=status, code=code), status_code=status,
-                    media_type="application/json", headers={"Vary": VARY, **(headers or {})})
 
 
 def upgrade_response(state: GatewayState, request: Request) -> Response | None:
@@ -62,7 +53,8 @@ async def read_body(request: Request, limit: int) -> bytes:
     "covers the upload and queue wait"): a client that stops sending gets a 408."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise bad_request(f"request body is {declared} bytes; the limit is {limit}", 413)
+        raise bad_request(f"request body is {declared} bytes; the limit is {limit}", 413,
+                          code="request_too_large")
     chunks, size = [], 0
     ticket = request.scope.get(TICKET_SCOPE_KEY)
     settings = request.app.state.gateway.settings
@@ -72,17 +64,20 @@ async def read_body(request: Request, limit: int) -> bytes:
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
-                    raise bad_request(f"request body exceeds the {limit}-byte limit", 413)
+                    raise bad_request(f"request body exceeds the {limit}-byte limit", 413,
+                                      code="request_too_large")
                 chunks.append(chunk)
     except TimeoutError:
         raise bad_request(f"the request body did not arrive within "
-                          f"{settings.idle_timeout_s:g} s", 408) from None
+                          f"{settings.idle_timeout_s:g} s", 408,
+                          code="request_body_timeout") from None
     body = b"".join(chunks)
     coding = request.headers.get("content-encoding", "identity").strip().lower()
     if coding in ("", "identity"):
         return body
     if coding != "gzip":
-        raise bad_request(f"request Content-Encoding {coding!r} is not supported; use gzip", 415)
+        raise bad_request(f"request Content-Encoding {coding!r} is not supported; use gzip", 415,
+                          code="unsupported_content_encoding")
     dec = GzipDecompressor(max_output=limit)
     return dec.decompress(body) + dec.finish()
 
@@ -92,7 +87,8 @@ async def read_json(request: Request, limit: int) -> Any:
     try:
         return msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+        raise bad_request(f"the request body is not valid JSON: {exc}",
+                          code="invalid_json") from None
 
 
 def new_id(prefix: str) -> str:

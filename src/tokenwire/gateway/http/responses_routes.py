@@ -32,9 +32,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from tokenwire.errors import CompactionRefused, ResponsesRequestError
+from tokenwire.errors import CompactionRefused
 from tokenwire.gateway.affinity import TURN_STATE_HEADER
 from tokenwire.gateway.apis.errors import retry_after_header
+from tokenwire.gateway.apis.params import bad_request
 from tokenwire.gateway.apis.responses_hygiene import collaboration_call_fields
 from tokenwire.gateway.apis.responses_render import (
     ResponsesRenderer,
@@ -42,12 +43,9 @@ from tokenwire.gateway.apis.responses_render import (
     new_response_id,
 )
 from tokenwire.gateway.apis.responses_request import ResponsesCall, parse_responses_request
-from tokenwire.gateway.http.requests import json_error, read_body
-from tokenwire.gateway.http.responses_get import (
-    get_response,
-    response_store_of,
-    responses_error_response,
-)
+from tokenwire.gateway.http.generation import check_inputs
+from tokenwire.gateway.http.requests import read_body
+from tokenwire.gateway.http.responses_get import get_response, response_store_of
 from tokenwire.gateway.http.streaming import EventResponse, WireRecord
 from tokenwire.gateway.ir import EventStream, Failure, FailureClass, is_terminal
 
@@ -68,8 +66,8 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
     try:
         body = msgspec.json.decode(raw)
     except msgspec.DecodeError as exc:
-        return json_error(400, f"the request body is not valid JSON: {exc}",
-                          code="invalid_json")
+        raise bad_request(f"the request body is not valid JSON: {exc}",
+                          code="invalid_json") from None
     rid = new_response_id()
     store = response_store_of(request)
     try:
@@ -78,10 +76,9 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
     except CompactionRefused as exc:
         if isinstance(body, dict) and body.get("stream") is True:
             return _refused_stream(rid, body, exc)
-        return await responses_error_response(request, exc)
-    except ResponsesRequestError as exc:
-        return await responses_error_response(request, exc)
+        raise
     served = state.router.route(call.model)
+    check_inputs(served, call.request)
     renderer = ResponsesRenderer(
         response_id=rid, model=served.name, created_at=int(time.time()), stream=call.stream,
         reasoning_summary=call.reasoning_summary or "auto", echo=_echo(call),

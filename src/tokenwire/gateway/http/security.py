@@ -9,6 +9,11 @@ and a 426 with no body and ``Connection: close`` there. An upgrade is an ASGI
 like the Node request handler the seed describes); the latter on other paths is served as
 an ordinary request. Keys are never logged or echoed.
 
+Discovery documents (``/.well-known/codec/``) are public, cacheable data that browsers fetch
+cross-origin (codec-spec §6.4): plain HTTP requests there skip the Origin and key checks
+(their CORS preflight carries neither), and :mod:`.wellknown` answers the preflight. Every
+other route keeps both refusals.
+
 :func:`harden` builds the served stack from :class:`ServerSettings`:
 ``SecurityMiddleware(CrashBarrier(app))``. Refusals come first so they never reach the app,
 its admission counters or an upstream; the barrier turns an unexpected exception into a
@@ -28,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.http.wellknown import WELL_KNOWN_PREFIX
 
 if TYPE_CHECKING:
     from tokenwire.gateway.settings import ServerSettings
@@ -89,6 +95,15 @@ def _target_path(scope: Scope) -> str | None:
         return None
 
 
+def _is_discovery(path: str) -> bool:
+    """A path under ``/.well-known/codec/`` with no dot segment (nothing routes one
+    elsewhere today; a proxy that resolves them later must not turn the exemption into a
+    way around the checks)."""
+    segments = path.split("/")
+    return path.startswith(WELL_KNOWN_PREFIX + "/") and "." not in segments \
+        and ".." not in segments
+
+
 def _headers(scope: Scope) -> dict[bytes, list[bytes]]:
     out: dict[bytes, list[bytes]] = {}
     for name, value in scope.get("headers", ()):
@@ -139,6 +154,8 @@ class SecurityMiddleware:
         path = _target_path(scope)
         if path is None:
             return _BAD_TARGET
+        if scope["type"] == "http" and _is_discovery(path):
+            return None  # public discovery documents, for any origin (§6.4)
         headers = _headers(scope)
         origins = headers.get(b"origin", [])
         if any(o.decode("latin-1").rstrip("/").lower() not in self._origins for o in origins):

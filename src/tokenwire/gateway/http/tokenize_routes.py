@@ -4,10 +4,16 @@ Both use the tokenizer map the server publishes (``Codec-Tokenizer-Map``), not t
 so what a user sees here is what any Codec client holding that map computes:
 
 * ``{"prompt": str, "add_special_tokens": bool}`` -> ``{"count", "max_model_len", "tokens",
-  "token_strs": null}``. Special-token strings inside ``prompt`` are encoded as plain text,
+  "token_strs"}``. Special-token strings inside ``prompt`` are encoded as plain text,
   exactly as the engine encodes a text prompt on ``/v1/completions`` (codec-spec §10 item 8:
   untrusted text never becomes control tokens). SmolLM2's tokenizer adds no BOS/EOS, so
   ``add_special_tokens`` changes nothing for it; it is accepted for vLLM compatibility.
+* vLLM's chat form, ``{"messages": [...], "add_generation_prompt": true,
+  "continue_final_message": false, "tools": [...], "model": ...}``: the messages with the
+  model's chat template applied, tokenized exactly as the engine will evaluate them (the
+  engine itself renders and tokenizes: the map has no chat template). Only a model whose
+  upstream can render its template (the embedded engine) answers; others get a 400.
+* ``return_token_strs: true`` adds each id's vocabulary entry (``token_strs``), as vLLM does.
 * ``{"tokens": [int, ...]}`` -> ``{"prompt": str}``, special tokens rendered as their text.
 """
 
@@ -23,8 +29,11 @@ from tokenwire.codec.detokenizer import Detokenizer
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.tokenizer import Tokenizer
 from tokenwire.codec.versioning import VARY, filter_headers
-from tokenwire.gateway.apis.params import bad_request
+from tokenwire.gateway.apis.chat import parse_chat_request
+from tokenwire.gateway.apis.params import bad_request, json_type
+from tokenwire.gateway.http.generation import check_inputs, route_model
 from tokenwire.gateway.http.requests import client_version, read_json
+from tokenwire.gateway.ir import ChatPrompt
 
 if TYPE_CHECKING:
     from tokenwire.gateway.http.state import GatewayState
@@ -33,6 +42,7 @@ __all__ = ["detokenize", "tokenize"]
 
 _lock = threading.Lock()
 _tokenizers: dict[str, Tokenizer] = {}
+_token_strs: dict[str, dict[int, str]] = {}
 
 
 def _tokenizer(tmap: TokenizerMap) -> Tokenizer:
@@ -44,23 +54,80 @@ def _tokenizer(tmap: TokenizerMap) -> Tokenizer:
         return tok
 
 
-def _respond(request: Request, state: GatewayState, payload: dict[str, Any]) -> Response:
+def _strings(tmap: TokenizerMap, ids: list[int]) -> list[str]:
+    with _lock:
+        by_id = _token_strs.get(tmap.hash)
+        if by_id is None:
+            by_id = _token_strs[tmap.hash] = {i: t for t, i in tmap.vocab.items()}
+    return [by_id.get(i, "") for i in ids]
+
+
+def _respond(request: Request, tmap: TokenizerMap, payload: dict[str, Any]) -> Response:
     headers = filter_headers(
-        [("Vary", VARY), ("Codec-Tokenizer-Map", state.tmap.hash)], client_version(request))
+        [("Vary", VARY), ("Codec-Tokenizer-Map", tmap.hash)], client_version(request))
     return JSONResponse(payload, headers=dict(headers))
+
+
+def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
+    value = body.get(key, default)
+    if not isinstance(value, bool):
+        raise bad_request(f"{key} must be a boolean, got {json_type(value)}", param=key,
+                          code="invalid_type")
+    return value
+
+
+def _tokens_payload(tmap: TokenizerMap, ids: list[int], max_model_len: int | None,
+                    body: dict[str, Any]) -> dict[str, Any]:
+    strs = _strings(tmap, ids) if _flag(body, "return_token_strs", False) else None
+    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
+            "token_strs": strs}
 
 
 async def tokenize(request: Request) -> Response:
     state: GatewayState = request.app.state.gateway
     body = await read_json(request, state.settings.max_body_bytes)
     if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object")
+        raise bad_request(f"the request body must be a JSON object, got {json_type(body)}",
+                          code="invalid_type")
+    if "messages" in body:
+        return await _tokenize_chat(request, state, body)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
-        raise bad_request("prompt must be a string (chat messages are not tokenized here)")
+        raise bad_request("send prompt (a string) or messages (vLLM's chat form)",
+                          param="prompt", code="missing_required_parameter" if prompt is None
+                          else "invalid_type")
+    _flag(body, "add_special_tokens", True)
     ids = _tokenizer(state.tmap).encode(prompt)
-    return _respond(request, state, {"count": len(ids), "max_model_len": state.max_model_len,
-                                     "tokens": ids, "token_strs": None})
+    return _respond(request, state.tmap,
+                    _tokens_payload(state.tmap, ids, state.max_model_len, body))
+
+
+async def _tokenize_chat(request: Request, state: GatewayState,
+                         body: dict[str, Any]) -> Response:
+    """vLLM's ``TokenizeChatRequest``: the prompt the model would be given for ``messages``."""
+    call = parse_chat_request({k: body[k] for k in ("messages", "tools", "model") if k in body})
+    generation_prompt = _flag(body, "add_generation_prompt", True)
+    continue_final = _flag(body, "continue_final_message", False)
+    _flag(body, "add_special_tokens", False)
+    if generation_prompt and continue_final:  # vLLM refuses the pair the same way
+        raise bad_request("continue_final_message and add_generation_prompt cannot both be "
+                          "true", param="continue_final_message")
+    served = route_model(state, call.model, None)
+    render = getattr(served.upstream, "chat_prompt_ids", None)
+    if render is None or served.tmap is None:
+        raise bad_request(f"model {served.name!r} cannot tokenize chat messages here: its "
+                          "upstream applies its own chat template, which tokenwire does not "
+                          "hold; send prompt text", param="messages", code="unsupported_value")
+    check_inputs(served, call.request)
+    assert isinstance(call.request.prompt, ChatPrompt)
+    try:
+        ids = await render(call.request.prompt.messages,
+                           add_generation_prompt=generation_prompt,
+                           continue_final_message=continue_final)
+    except ValueError as exc:  # the template refused the conversation
+        raise bad_request(str(exc), param="messages") from None
+    return _respond(request, served.tmap,
+                    _tokens_payload(served.tmap, ids, served.max_model_len, body))
 
 
 async def detokenize(request: Request) -> Response:
@@ -70,10 +137,13 @@ async def detokenize(request: Request) -> Response:
     if not isinstance(tokens, list) or not all(
         isinstance(t, int) and not isinstance(t, bool) for t in tokens
     ):
-        raise bad_request("tokens must be a list of integers")
+        raise bad_request("tokens must be an array of integers", param="tokens",
+                          code="missing_required_parameter" if tokens is None
+                          else "invalid_type")
     top = state.tmap.max_id
     bad = next((t for t in tokens if not 0 <= t <= top), None)
     if bad is not None:
-        raise bad_request(f"token id {bad} is outside the map's vocabulary 0..{top}")
+        raise bad_request(f"token id {bad} is outside the map's vocabulary 0..{top}",
+                          param="tokens")
     text = Detokenizer(state.tmap).decode(tokens, render_special=True)
-    return _respond(request, state, {"prompt": text})
+    return _respond(request, state.tmap, {"prompt": text})

@@ -20,8 +20,15 @@ Paths (under ``/.well-known/codec/``):
 
 Headers follow §6.4 (``Content-Type: application/json``, ``Access-Control-Allow-Origin: *``,
 ``Cache-Control: public, max-age=300, stale-while-revalidate=86400``). Content-addressed
-bodies also carry a strong ``ETag`` (the hex digest) and answer ``If-None-Match`` with 304.
-Dictionaries are ``application/octet-stream``: they are not JSON.
+bodies also carry a strong ``ETag`` (the hex digest, exposed to scripts) and answer
+``If-None-Match`` with 304. Dictionaries are ``application/octet-stream``: they are not JSON.
+
+**Browsers** (§6.4): these documents are public, so they are served to any origin, without a
+key (``security.py`` lets them through), and a CORS preflight (``OPTIONS`` with
+``Access-Control-Request-Method``) anywhere under the prefix gets a 204 allowing ``GET`` and
+``HEAD`` with the headers a Codec client sends (:data:`PREFLIGHT_HEADERS`). A missing document
+is a 404 in the gateway's one JSON error shape (``code: "not_found"``), with the same CORS
+header, so a script can read why.
 
 **Advertising dictionaries in a map** (§3.7, issue 3 item 3): :func:`advertise_dictionaries`
 returns a map whose ``zstd_dictionaries`` lists the loaded dicts. That changes the map's bytes
@@ -52,10 +59,12 @@ from tokenwire.codec.versioning import (
     version_policy_document,
 )
 from tokenwire.errors import MapValidationError
+from tokenwire.gateway.apis.errors import error_body
 
 __all__ = [
     "CACHE_CONTROL",
     "DISCOVERY_HEADERS",
+    "PREFLIGHT_HEADERS",
     "WELL_KNOWN_PREFIX",
     "DiscoveryState",
     "PublishedPolicy",
@@ -74,10 +83,20 @@ WELL_KNOWN_PREFIX = "/.well-known/codec"
 #: §6.4: pointer documents may change, so caches revalidate after 5 minutes but may serve a
 #: stale copy for a day while they do (maps and dicts themselves are pinned by hash).
 CACHE_CONTROL = "public, max-age=300, stale-while-revalidate=86400"
-#: Browsers fetch discovery documents cross-origin (§6.4).
+#: Browsers fetch discovery documents cross-origin (§6.4); a script may read the ETag to
+#: revalidate with ``If-None-Match``.
 DISCOVERY_HEADERS: dict[str, str] = {
     "Access-Control-Allow-Origin": "*",
+    "Access-Control-Expose-Headers": "ETag",
     "Cache-Control": CACHE_CONTROL,
+}
+#: The answer to a CORS preflight: read-only methods, the request headers a Codec client
+#: sends, and a day's caching of the answer (the documents' own stale window).
+PREFLIGHT_HEADERS: dict[str, str] = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "GET, HEAD, OPTIONS",
+    "Access-Control-Allow-Headers": "Accept, Codec-Client-Version, If-None-Match",
+    "Access-Control-Max-Age": "86400",
 }
 _JSON = "application/json"
 _HEX_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -199,9 +218,18 @@ def advertise_dictionaries(
 
 
 def _not_found(what: str) -> Response:
-    body = json.dumps({"error": "not_found", "detail": what}).encode()
+    body = error_body(what, status=404, code="not_found")
     headers = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-cache"}
     return Response(body, status_code=404, media_type=_JSON, headers=headers)
+
+
+async def _preflight(request: Request) -> Response:
+    return Response(status_code=204, headers={**PREFLIGHT_HEADERS,
+                                              "Allow": "GET, HEAD, OPTIONS"})
+
+
+async def _no_document(request: Request) -> Response:
+    return _not_found(f"no discovery document at {request.url.path}")
 
 
 def _document(
@@ -293,6 +321,8 @@ def wellknown_routes(state: DiscoveryState) -> list[Route]:
         Route(f"{WELL_KNOWN_PREFIX}/maps/{{rest:path}}", maps, methods=["GET"]),
         Route(f"{WELL_KNOWN_PREFIX}/policies/{{rest:path}}", policies, methods=["GET"]),
         Route(f"{WELL_KNOWN_PREFIX}/dicts/{{name}}", dicts, methods=["GET"]),
+        Route(f"{WELL_KNOWN_PREFIX}/{{rest:path}}", _no_document, methods=["GET"]),
+        Route(f"{WELL_KNOWN_PREFIX}/{{rest:path}}", _preflight, methods=["OPTIONS"]),
     ]
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tokenwire.codec.maps import TokenizerMap
-from tokenwire.errors import ConfigError, RemoteProtocolError, UnknownModel
+from tokenwire.errors import ConfigError, InvalidRequest, UnknownModel
 from tokenwire.gateway.ir import EventStream, GenerationRequest, IdsSource, Upstream
 
 __all__ = ["Router", "ServedModel"]
@@ -54,6 +54,12 @@ class ServedModel:
     def has_ids(self) -> bool:
         """True when Codec binary streams can be served for this model."""
         return self.ids_source is not IdsSource.NONE
+
+    @property
+    def accepts_images(self) -> bool:
+        """False when the upstream says its model reads text only (the embedded engine);
+        other upstreams decide for themselves."""
+        return bool(getattr(self.upstream, "accepts_images", True))
 
     def submit(self, request: GenerationRequest) -> EventStream:
         """Start the generation on the upstream, adding ids from text when needed."""
@@ -97,9 +103,9 @@ class Router:
         """The model a request names; the default when it names none."""
         if not model:
             if self.default is None:
-                raise RemoteProtocolError(
+                raise InvalidRequest(
                     f"model is required: this server serves {len(self.models)} models "
-                    f"({self._listing})", status_hint=400)
+                    f"({self._listing})", param="model", code="missing_required_parameter")
             return self.default
         found = self._by_name.get(model) or self._by_alias.get(model.casefold())
         if found is None:

@@ -33,9 +33,13 @@ _BANNED_BIAS = -100
 def _common(request: GenerationRequest, model: str, opts: Mapping[str, Any]) -> dict[str, Any]:
     body: dict[str, Any] = {"model": model, "stream": True,
                             "stream_options": {"include_usage": True}}
-    body[str(opts.get("max_tokens_field", "max_tokens"))] = request.max_tokens
-    body["temperature"] = request.temperature
-    body["top_p"] = request.top_p
+    if request.max_tokens is not None:
+        body[str(opts.get("max_tokens_field", "max_tokens"))] = request.max_tokens
+    # Sampling the client left out stays out: the upstream's own defaults (vLLM's come from
+    # the model's generation_config.json, llama.cpp's from its GGUF) are better than ours.
+    for key in ("temperature", "top_p", "top_k", "min_p"):  # top_k / min_p: vLLM, llama.cpp
+        if (value := getattr(request, key)) is not None:
+            body[key] = value
     if request.seed is not None:
         body["seed"] = request.seed
     if request.stop:

@@ -34,8 +34,10 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import httpx
 import msgspec
 
+from tokenwire.gateway.defaults import DEFAULT_MAX_TOKENS
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -54,7 +56,12 @@ from tokenwire.gateway.ir import (
     Usage,
 )
 from tokenwire.gateway.upstreams.base import UpstreamConfig
-from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
+from tokenwire.gateway.upstreams.failures import (
+    MALFORMED,
+    classify_error,
+    failure_from_exception,
+    failure_from_response,
+)
 from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
@@ -71,6 +78,9 @@ __all__ = [
     "build_messages_body",
 ]
 
+#: The body fields ``/v1/messages/count_tokens`` takes (max_tokens, stream and sampling
+#: fields are refused there).
+_COUNT_FIELDS = frozenset({"model", "messages", "system", "tools", "tool_choice", "thinking"})
 #: The API version every current Messages feature used here is available under.
 ANTHROPIC_VERSION = "2023-06-01"
 DEFAULT_BASE_URL = "https://api.anthropic.com"
@@ -90,8 +100,10 @@ def build_messages_body(request: GenerationRequest, *, model: str,
                         upstream_name: str) -> dict[str, Any]:
     """The Messages API body for ``request``; raises ``ValueError`` when it cannot be sent."""
     system, messages = _conversation(request, upstream_name)
+    # The API requires max_tokens: the gateway's default when the client set none.
+    max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
     body: dict[str, Any] = {"model": model, "messages": messages,
-                            "max_tokens": max(request.max_tokens, 1), "stream": True}
+                            "max_tokens": max(max_tokens, 1), "stream": True}
     if system:
         body["system"] = system
     if request.stop:
@@ -100,10 +112,12 @@ def build_messages_body(request: GenerationRequest, *, model: str,
         budget = THINKING_BUDGETS.get(request.reasoning_effort, THINKING_BUDGETS["medium"])
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         body["max_tokens"] += budget  # budget_tokens must be < max_tokens; keep the answer's
-    elif request.temperature != 1.0:  # Anthropic's range is 0..1 (OpenAI's 0..2)
+    elif request.temperature is not None:  # Anthropic's range is 0..1 (OpenAI's 0..2)
         body["temperature"] = min(request.temperature, 1.0)
-    elif request.top_p != 1.0:  # newer models refuse temperature and top_p together
+    elif request.top_p is not None:  # newer models refuse temperature and top_p together
         body["top_p"] = request.top_p
+    if request.top_k is not None and request.top_k > 0 and not request.reasoning_effort:
+        body["top_k"] = request.top_k  # 0 / -1 mean "off" to OpenAI-side clients
     if request.tools:
         body["tools"] = [_tool(t) for t in request.tools]
         choice = _tool_choice(request)
@@ -450,3 +464,29 @@ class AnthropicUpstream(TextUpstream):
         return SSEUpstreamStream(
             client=self._client, url=f"{self.api_base}/messages", body=body, parser=parser,
             classify_http=failure_from_response, on_done=lambda: self._release(parser))
+
+    async def count_tokens(self, request: GenerationRequest) -> int | Failure:
+        """``POST /v1/messages/count_tokens`` asked of the upstream itself: only it knows
+        how its model tokenizes (system, tools and thinking included)."""
+        try:
+            body = build_messages_body(request, model=self.upstream_model(request.model),
+                                       upstream_name=self.name)
+        except ValueError as exc:
+            return Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc),
+                           status=400)
+        counted = {k: v for k, v in body.items() if k in _COUNT_FIELDS}
+        try:
+            resp = await self._client.post(f"{self.api_base}/messages/count_tokens",
+                                           json=counted, headers={"Accept": "application/json"})
+        except httpx.HTTPError as exc:
+            return failure_from_exception(exc, started=False)
+        if resp.status_code != 200:
+            return failure_from_response(resp.status_code, resp.headers, resp.content)
+        try:
+            n = msgspec.json.decode(resp.content).get("input_tokens")
+        except (msgspec.DecodeError, AttributeError):
+            n = None
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            return Failure(failure_class=FailureClass.UPSTREAM, status=502, code=MALFORMED,
+                           message="the upstream's count_tokens answer has no input_tokens")
+        return n

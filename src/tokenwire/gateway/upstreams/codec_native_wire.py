@@ -47,6 +47,7 @@ from tokenwire.errors import (
     RemoteProtocolError,
     TokenizerMapMismatch,
 )
+from tokenwire.gateway.defaults import DEFAULT_MAX_TOKENS
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -163,7 +164,7 @@ class ModelWire(BaseCodecClient):
 
     def _opts(self, req: GenerationRequest, prompt: str | tuple[int, ...],
               path: str) -> CompletionOptions:
-        return CompletionOptions(prompt, req.max_tokens, req.temperature, req.stop, req.seed,
+        return CompletionOptions(prompt, _max_tokens(req), req.temperature, req.stop, req.seed,
                                  path, _extra_fields(req))
 
     def _chat(self, req: GenerationRequest,
@@ -171,9 +172,11 @@ class ModelWire(BaseCodecClient):
         # The engine applies its own chat template (§2.2: the sglang fork's chat path).
         body: dict[str, Any] = {
             "model": self.model, "messages": [_message_json(m) for m in messages],
-            "max_tokens": req.max_tokens, "temperature": req.temperature, "stream": True,
+            "max_tokens": _max_tokens(req), "stream": True,
             "stream_format": self.stream_format.value, **_extra_fields(req),
         }
+        if req.temperature is not None:
+            body["temperature"] = req.temperature
         if req.seed is not None:
             body["seed"] = req.seed
         if req.stop:
@@ -188,15 +191,23 @@ class ModelWire(BaseCodecClient):
 
 
 def _fits_path_c(req: GenerationRequest) -> bool:
-    """A ``CodecRequest`` (§1.3) has no seed, top_p or ignore_eos: dropping them silently
-    would change the answer, so such requests go by Path B."""
-    return req.seed is None and req.top_p == 1.0 and not req.ignore_eos
+    """A ``CodecRequest`` (§1.3) has no seed, top_p, top_k, min_p or ignore_eos: dropping
+    them silently would change the answer, so such requests go by Path B."""
+    return (req.seed is None and req.top_p is None and req.top_k is None
+            and req.min_p is None and not req.ignore_eos)
+
+
+def _max_tokens(req: GenerationRequest) -> int:
+    """Codec requests carry a number (a ``CodecRequest`` always has one): the gateway's
+    default when the client set none (``gateway/defaults.py``)."""
+    return req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
 
 
 def _extra_fields(req: GenerationRequest) -> dict[str, Any]:
     extra: dict[str, Any] = {}
-    if req.top_p != 1.0:
-        extra["top_p"] = req.top_p
+    for key in ("top_p", "top_k", "min_p"):  # only what the client set
+        if (value := getattr(req, key)) is not None:
+            extra[key] = value
     if req.ignore_eos:
         extra["ignore_eos"] = True
     return extra

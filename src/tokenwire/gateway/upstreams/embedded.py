@@ -12,6 +12,12 @@ the ids on a Codec stream and the text on a JSON stream always agree. A client d
 sets the request's cancel flag, which the worker checks before every token: generation
 stops within one token and the next queued request starts (codec-spec §10 item 17).
 
+Sampling: what the request leaves out comes from the model's recommended settings (the
+GGUF's ``general.sampling.*`` keys, else llama.cpp's defaults: ``gateway/defaults.py``);
+``max_tokens`` left out is :data:`~tokenwire.gateway.defaults.DEFAULT_MAX_TOKENS`, and every
+answer stops at the context window. The engine reads text only: a prompt holding an image is
+refused with the field it came from (the HTTP layer refuses it earlier, before queueing).
+
 End of generation: an end-of-generation id (``llm.token_eos()``, ``<|im_end|>``,
 ``<|endoftext|>``; not sent, unless ``ignore_eos``), a stop string on the detokenized text
 (:mod:`~tokenwire.gateway.stops`), ``max_tokens`` or the context window (``length``), or a
@@ -37,7 +43,9 @@ from typing import Any
 from tokenwire.codec.detokenizer import Detokenizer
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ConfigError, ServerBusy
+from tokenwire.gateway.defaults import DEFAULT_MAX_TOKENS, SamplingDefaults, sampling_from_gguf
 from tokenwire.gateway.ir import (
+    ChatMessage,
     ChatPrompt,
     Event,
     Failure,
@@ -45,6 +53,7 @@ from tokenwire.gateway.ir import (
     Finish,
     FinishKind,
     GenerationRequest,
+    ImagePart,
     Prompt,
     PromptIds,
     PromptText,
@@ -188,14 +197,25 @@ class _JobStream:
 
 
 
+class _ImageInput(ValueError):
+    """The prompt holds an image; ``param`` is where the client put it."""
+
+    def __init__(self, param: str | None) -> None:
+        super().__init__("this model does not accept images (the embedded engine reads text "
+                         "only); send the request without the image")
+        self.param = param
+
+
 class _ContextOverflow(ValueError):
     """The prompt alone fills the context window (no room for one generated token)."""
 
-    def __init__(self, prompt_tokens: int, context_tokens: int) -> None:
+    def __init__(self, prompt_tokens: int, context_tokens: int,
+                 ids: list[int] | None = None) -> None:
         super().__init__(f"the prompt is {prompt_tokens} tokens; the context window is "
                          f"{context_tokens}")
         self.prompt_tokens = prompt_tokens
         self.context_tokens = context_tokens
+        self.ids = ids or []
 
 class EmbeddedEngine:
     """One ``Llama`` behind a worker thread and a bounded FIFO queue (an ``Upstream``)."""
@@ -203,6 +223,8 @@ class EmbeddedEngine:
     #: One generation at a time (one worker thread owns the model): the gateway's admission
     #: queue holds the others, with heartbeats, instead of this engine's own queue.
     max_concurrent = 1
+    #: Text only: the router refuses image parts before they are queued (``check_inputs``).
+    accepts_images = False
 
     def __init__(
         self,
@@ -230,7 +252,10 @@ class EmbeddedEngine:
                                    if t in tmap.special_tokens)}
         self._end_ids = frozenset(i for i in ends if i >= 0)
         self._chat = _chat_formatter(llm, tmap)
+        self._chat_open = _chat_formatter(llm, tmap, add_generation_prompt=False)
         self._add_bos = bool(llm._model.add_bos_token())
+        #: What a request that sets no sampling field is sampled with.
+        self.sampling: SamplingDefaults = sampling_from_gguf(llm.metadata or {})
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
         self._records: deque[JobRecord] = deque(maxlen=MAX_RECORDS)
         self._records_cv = threading.Condition()
@@ -328,7 +353,7 @@ class EmbeddedEngine:
             except Exception as exc:  # the stream must end even if llama.cpp fails
                 log.error("embedded engine failed on request %s: %s", job.request.request_id,
                           type(exc).__name__)
-                self._abandon(job, f"the engine failed: {type(exc).__name__}: {exc}")
+                self._abandon(job, "the engine failed on this request; see the server log")
 
     def _abandon(self, job: _Job, message: str) -> None:
         job.emit(Failure(failure_class=FailureClass.UPSTREAM, message=message, status=503))
@@ -350,6 +375,11 @@ class EmbeddedEngine:
                              prompt_tokens=exc.prompt_tokens, context_tokens=exc.context_tokens))
             self._record(job, "failed", "context_length_exceeded", 0, [], [], started)
             return
+        except _ImageInput as exc:
+            job.emit(Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc),
+                             status=400, code="unsupported_value", param=exc.param))
+            self._record(job, "failed", "invalid_request", 0, [], [], started)
+            return
         except ValueError as exc:
             job.emit(Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc),
                              status=400))
@@ -367,7 +397,8 @@ class EmbeddedEngine:
         self, job: _Job, prompt: list[int], ids: list[int], times: list[float]
     ) -> tuple[FinishKind, str | None]:
         req = job.request
-        budget = min(req.max_tokens, self.n_ctx - len(prompt))
+        wanted = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
+        budget = min(wanted, self.n_ctx - len(prompt))
         llm = self._llm
         llm.set_seed(req.seed if req.seed is not None else random.randrange(2**31))
         text_stream = self._detok.stream()
@@ -378,8 +409,7 @@ class EmbeddedEngine:
         # cached prefix can differ in the last float bits, and greedy decoding must give the
         # same ids for the same request (clients compare streams across formats).
         llm.reset()
-        gen = llm.generate(prompt, temp=max(req.temperature, 0.0), top_p=req.top_p, top_k=0,
-                           min_p=0.0, repeat_penalty=1.0)
+        gen = llm.generate(prompt, **self._sampler_args(req))
         try:
             for tok in gen if budget > 0 else ():
                 if job.cancelled.is_set():
@@ -407,7 +437,46 @@ class EmbeddedEngine:
                 job.emit(TokenDelta(text=tail))
         return reason, None
 
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+    def _sampler_args(self, req: GenerationRequest) -> dict[str, Any]:
+        """llama.cpp's sampler settings: the request's fields, the model's defaults for the
+        rest (at temperature 0 llama.cpp samples greedily and ignores the others)."""
+        d = self.sampling.values
+        return {
+            "temp": max(req.temperature if req.temperature is not None else d.temperature, 0.0),
+            "top_p": req.top_p if req.top_p is not None else d.top_p,
+            "top_k": req.top_k if req.top_k is not None else d.top_k,
+            "min_p": req.min_p if req.min_p is not None else d.min_p,
+            "repeat_penalty": d.repeat_penalty,
+        }
+
+    # -- what the prompt becomes, for count_tokens and /tokenize (any thread) --------------
+
+    def prompt_ids(self, prompt: Prompt, *, add_generation_prompt: bool = True,
+                   continue_final_message: bool = False) -> list[int]:
+        """The ids this engine evaluates for ``prompt`` (chat template applied), however
+        long. Safe beside a running generation: rendering and tokenizing read only the
+        template and the vocabulary."""
+        try:
+            return self._prompt_ids(prompt, add_generation_prompt=add_generation_prompt,
+                                    continue_final_message=continue_final_message)
+        except _ContextOverflow as exc:
+            return exc.ids
+
+    async def count_tokens(self, request: GenerationRequest) -> int:
+        """``POST /v1/messages/count_tokens``: the prompt's length as this engine sees it."""
+        return len(await asyncio.to_thread(self.prompt_ids, request.prompt))
+
+    async def chat_prompt_ids(self, messages: tuple[ChatMessage, ...], *,
+                              add_generation_prompt: bool = True,
+                              continue_final_message: bool = False) -> list[int]:
+        """vLLM's chat ``/tokenize``: ``messages`` as this engine would evaluate them."""
+        return await asyncio.to_thread(
+            self.prompt_ids, ChatPrompt(messages=messages),
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message)
+
+    def _prompt_ids(self, prompt: Prompt, *, add_generation_prompt: bool = True,
+                    continue_final_message: bool = False) -> list[int]:
         n_vocab = self._llm.n_vocab()
         match prompt:
             case PromptIds(ids=ids):
@@ -421,23 +490,32 @@ class EmbeddedEngine:
                 out = self._llm.tokenize(text.encode("utf-8"), add_bos=self._add_bos,
                                          special=False)
             case ChatPrompt(messages=messages):
-                rendered = self._render_chat(messages)
+                rendered = self._render_chat(messages, add_generation_prompt,
+                                             continue_final_message)
                 out = self._llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
         if not out:
             raise ValueError("the prompt is empty")
         if len(out) >= self.n_ctx:
-            raise _ContextOverflow(len(out), self.n_ctx)
+            raise _ContextOverflow(len(out), self.n_ctx, out)
         return out
 
-    def _render_chat(self, messages: tuple[Any, ...]) -> str:
-        if self._chat is None:
+    def _render_chat(self, messages: tuple[Any, ...], add_generation_prompt: bool = True,
+                     continue_final_message: bool = False) -> str:
+        image = next((p for m in messages if not isinstance(m.content, str)
+                      for p in m.content if isinstance(p, ImagePart)), None)
+        if image is not None:  # the template would fail on it with a Jinja type error
+            raise _ImageInput(image.param)
+        chat = self._chat if add_generation_prompt and not continue_final_message \
+            else self._chat_open
+        if chat is None:
             raise ValueError("this model has no chat template; use /v1/completions")
         try:
-            return str(self._chat(
+            rendered = str(chat(
                 messages=[{"role": m.role, "content": m.content} for m in messages]
             ).prompt)
         except Exception as exc:  # jinja2 errors and the template's raise_exception
             raise ValueError(f"the chat template rejected the messages: {exc}") from exc
+        return _open_final(rendered, messages) if continue_final_message else rendered
 
     def _record(
         self, job: _Job, outcome: str, reason: str, n_prompt: int,
@@ -453,7 +531,19 @@ class EmbeddedEngine:
             self._records_cv.notify_all()
 
 
-def _chat_formatter(llm: Any, tmap: TokenizerMap) -> Any:
+def _open_final(rendered: str, messages: tuple[Any, ...]) -> str:
+    """The rendering cut just after the final message's text, so the model continues it
+    (vLLM's ``continue_final_message``, done as Hugging Face's ``apply_chat_template``
+    does: up to the last occurrence of that text)."""
+    final = messages[-1].text if messages else ""
+    at = rendered.rfind(final) if final else -1
+    if at < 0:
+        raise ValueError("continue_final_message needs a final message with text that the "
+                         "chat template renders")
+    return rendered[: at + len(final)]
+
+
+def _chat_formatter(llm: Any, tmap: TokenizerMap, *, add_generation_prompt: bool = True) -> Any:
     """llama-cpp-python's Jinja formatter over the GGUF's own chat template, or None."""
     template = (llm.metadata or {}).get("tokenizer.chat_template")
     if not template:
@@ -463,4 +553,5 @@ def _chat_formatter(llm: Any, tmap: TokenizerMap) -> Any:
     names = {v: k for k, v in tmap.special_tokens.items()}
     eos = names.get(llm.token_eos(), "")
     bos = names.get(llm.token_bos(), "")
-    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos)
+    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
+                               add_generation_prompt=add_generation_prompt)

@@ -96,13 +96,14 @@ def build_responses_body(request: GenerationRequest, *, model: str,
                          upstream_name: str) -> dict[str, Any]:
     """The Responses API body for ``request``; raises ``ValueError`` for token-id prompts."""
     body: dict[str, Any] = {"model": model, "input": _input_items(request, upstream_name),
-                            "stream": True, "store": False,
-                            "max_output_tokens": request.max_tokens}
-    # Reasoning models reject temperature / top_p outright ("Unsupported parameter"), and
-    # 1.0 is the API's default anyway: send them only when the client changed them.
-    if request.temperature != 1.0:
+                            "stream": True, "store": False}
+    # Only what the client set: the API's own defaults otherwise (no output cap; reasoning
+    # models reject temperature / top_p outright, "Unsupported parameter").
+    if request.max_tokens is not None:
+        body["max_output_tokens"] = request.max_tokens
+    if request.temperature is not None:
         body["temperature"] = request.temperature
-    if request.top_p != 1.0:
+    if request.top_p is not None:
         body["top_p"] = request.top_p
     if request.tools:
         body["tools"] = [_tool(t) for t in request.tools]

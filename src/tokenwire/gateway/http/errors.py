@@ -1,0 +1,96 @@
+"""Every error response of the served routes, rendered in one place per API shape.
+
+A route (or a parser it calls) raises; the app's exception handlers land here. The shape is
+the API's: Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on every
+``/v1/messages`` path (404 and 405 included), OpenAI's ``{"error": {"message", "type",
+"param", "code"}}`` everywhere else (:mod:`tokenwire.gateway.apis.errors`). The status,
+``code`` and ``param`` come from the exception's structured fields
+(:class:`~tokenwire.errors.ProtocolError`), never from its class name or message text.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tokenwire.codec.versioning import VARY
+from tokenwire.errors import ProtocolError, TokenwireError
+from tokenwire.gateway.apis.errors import code_for_status, error_body
+from tokenwire.gateway.apis.messages import (
+    anthropic_error_body,
+    is_messages_path,
+    type_for_status,
+)
+
+__all__ = ["error_response", "exception_response", "json_error"]
+
+log = logging.getLogger(__name__)
+
+
+def json_error(status: int, message: str, *, code: str | None = None,
+               param: str | None = None, headers: dict[str, str] | None = None) -> Response:
+    """An OpenAI-shaped error response (``Vary`` as every generation route sends it)."""
+    return Response(error_body(message, status=status, code=code, param=param),
+                    status_code=status, media_type="application/json",
+                    headers={"Vary": VARY, **(headers or {})})
+
+
+def error_response(path: str, status: int, message: str, *, code: str | None = None,
+                   param: str | None = None, headers: dict[str, str] | None = None,
+                   anthropic_type: str | None = None) -> Response:
+    """The error in the shape of the API that ``path`` belongs to.
+
+    Anthropic's shape has no ``param``; a failure the gateway itself caused (a shutdown, a
+    timeout) keeps its ``code`` there too, as a field Anthropic's clients ignore."""
+    if not is_messages_path(path):
+        return json_error(status, message, code=code, param=param, headers=headers)
+    type_ = anthropic_type or (type_for_status(status) if status < 500 else "api_error")
+    body = anthropic_error_body(type_, message)
+    return Response(json.dumps(body).encode(), status_code=status,
+                    media_type="application/json", headers=headers)
+
+
+def _status(exc: Exception, default: int) -> int:
+    status = getattr(exc, "status_hint", default)
+    return status if isinstance(status, int) and 400 <= status <= 599 else default
+
+
+async def exception_response(request: Request, exc: Exception) -> Response:
+    """The exception handler for every error a route raises before its response starts."""
+    path = request.url.path
+    if isinstance(exc, HTTPException):
+        return _http_exception(request, exc)
+    if isinstance(exc, ProtocolError):
+        status = _status(exc, 400)
+        return error_response(path, status, str(exc), code=exc.code or code_for_status(status),
+                              param=exc.param)
+    if isinstance(exc, TokenwireError):
+        status = _status(exc, 500)
+        code = getattr(exc, "code", None)
+        return error_response(path, status, str(exc),
+                              code=code if isinstance(code, str) else code_for_status(status))
+    # A bug: the message and type stay in the log (seed privacy rules), never on the wire.
+    return error_response(path, 500, "The server had an internal error.",
+                          code="internal_error")
+
+
+def _http_exception(request: Request, exc: HTTPException) -> Response:
+    """Starlette's own refusals: no route (404) and a route without this method (405)."""
+    method, path = request.method, request.url.path
+    headers: dict[str, Any] = dict(exc.headers or {})
+    if exc.status_code == 404:
+        message = (f"Unknown request URL: {method} {path}. Check the URL for typos; "
+                   "GET /v1/models lists what this server serves.")
+        return error_response(path, 404, message, code="unknown_url", headers=headers)
+    if exc.status_code == 405:
+        allowed = headers.get("Allow") or headers.get("allow") or ""
+        message = f"{method} is not allowed on {path}" + (f"; use {allowed}" if allowed else "")
+        return error_response(path, 405, message, code="method_not_allowed", headers=headers)
+    status = exc.status_code if 400 <= exc.status_code <= 599 else 500
+    return error_response(path, status, str(exc.detail), code=code_for_status(status),
+                          headers=headers)
