@@ -124,7 +124,9 @@ def test_unknown_model_is_404_model_not_found_listing_models(two) -> None:
     r = httpx.post(two.url + "/v1/completions", json={"model": "c", "prompt": "hi"})
     assert r.status_code == 404
     err = r.json()["error"]
-    assert err["code"] == "model_not_found" and err["type"] == "not_found_error"
+    # OpenAI's own shape for it: a 404 typed invalid_request_error, code model_not_found.
+    assert err["code"] == "model_not_found" and err["type"] == "invalid_request_error"
+    assert err["param"] == "model"
     assert err["message"] == "the model 'c' does not exist on this server; served models: " \
                              "'a', 'b'"
 

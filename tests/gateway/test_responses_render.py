@@ -333,7 +333,8 @@ _QUOTA = "Provider credits or quota are exhausted"
     (FailureClass.CAPACITY, None, "server_is_overloaded", "m"),
     (FailureClass.UPSTREAM, None, "server_error", "m"),
     (FailureClass.CONNECTION, None, "server_error", "m"),
-    (FailureClass.TIMEOUT, "idle_timeout", "server_error", "m"),
+    (FailureClass.TIMEOUT, "idle_timeout", "idle_timeout", "m"),  # the gateway's own code
+    (FailureClass.TIMEOUT, "read_timeout", "server_error", "m"),
     (FailureClass.INTERNAL, None, "server_error", "m"),
 ])
 def test_failure_codes_follow_codex_s_classification(cls: FailureClass, upstream_code: str | None,
@@ -410,6 +411,7 @@ def test_non_streaming_failure_is_an_http_error_with_openai_shape() -> None:
     assert status == 400
     assert json.loads(body) == {"error": {"message": "too long",
                                           "type": "invalid_request_error",
+                                          "param": None,
                                           "code": "context_length_exceeded"}}
     status, _ = failure_error_body(Failure(failure_class=FailureClass.UPSTREAM,
                                            message="x", status=200))

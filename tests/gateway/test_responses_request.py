@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from tokenwire.errors import PreviousResponseNotFound, RemoteProtocolError
 from tokenwire.gateway.apis.responses_render import wrap_encrypted
 from tokenwire.gateway.apis.responses_request import (
-    DEFAULT_MAX_OUTPUT_TOKENS,
     ResponsesCall,
     parse_responses_request,
 )
@@ -85,9 +84,10 @@ def test_text_parts_collapse_to_text_and_images_stay_parts() -> None:
     ]})
     assert messages(call) == (
         ChatMessage(role="user", content="ab"),
-        ChatMessage(role="user", content=(TextPart(text="look"),
-                                          ImagePart(url="https://x/y.png", detail="low"),
-                                          ImagePart(url=data_url))))
+        ChatMessage(role="user", content=(
+            TextPart(text="look"),
+            ImagePart(url="https://x/y.png", detail="low", param="input[1].content[1]"),
+            ImagePart(url=data_url, param="input[1].content[2]"))))
 
 
 def test_an_image_by_file_id_is_a_400() -> None:
@@ -138,7 +138,8 @@ def test_a_tool_output_content_array_may_hold_images() -> None:
         {"type": "function_call", "call_id": "c1", "name": "shot", "arguments": "{}"},
         {"type": "function_call_output", "call_id": "c1", "output": [
             {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]})
-    assert messages(call)[1].content == (ImagePart(url="data:image/png;base64,AA=="),)
+    assert messages(call)[1].content == (ImagePart(url="data:image/png;base64,AA==",
+                                                   param="input[1].output[0]"),)
 
 
 def test_custom_tool_calls_and_outputs_keep_their_kind() -> None:
@@ -271,9 +272,11 @@ def test_request_fields_translate() -> None:
 
 
 def test_defaults_are_openai_s() -> None:
+    """Left out, the output bound and the sampling are the generator's (gateway/defaults.py):
+    an upstream applies its own, never a value the gateway made up."""
     call = parse({"input": "x"})
-    assert (call.stream, call.store, call.request.max_tokens, call.request.temperature) == (
-        False, True, DEFAULT_MAX_OUTPUT_TOKENS, 1.0)
+    assert (call.stream, call.store, call.request.max_tokens, call.request.temperature,
+            call.request.top_p) == (False, True, None, None, None)
 
 
 @pytest.mark.parametrize("body", [

@@ -182,9 +182,10 @@ def _image(block: dict[str, Any], where: str) -> ImagePart:
                       param=f"{where}.source")
 
 
-def _parts(blocks: list[Any], where: str) -> list[ContentPart]:
+def _parts(blocks: list[Any], where: str, start: int = 0) -> list[ContentPart]:
+    """Text and image blocks; ``start`` is the first block's index in ``where``."""
     parts: list[ContentPart] = []
-    for j, block in enumerate(blocks):
+    for j, block in enumerate(blocks, start):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
             parts.append(TextPart(text=block["text"]))
@@ -208,7 +209,7 @@ def _user_turn(blocks: list[dict[str, Any]], i: int) -> list[ChatMessage]:
     pending: list[ContentPart] = []
     for j, block in enumerate(blocks):
         if block.get("type") != "tool_result":
-            pending += _parts([block], f"messages.{i}.content")
+            pending += _parts([block], f"messages.{i}.content", j)
             continue
         if pending:
             out.append(ChatMessage(role="user", content=_content(pending)))

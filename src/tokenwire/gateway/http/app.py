@@ -60,6 +60,7 @@ from tokenwire.gateway.http.requests import (
 from tokenwire.gateway.http.responses_get import get_response
 from tokenwire.gateway.http.responses_routes import responses_routes
 from tokenwire.gateway.http.schema import PROTO_SCHEMA
+from tokenwire.gateway.http.security import internal_error_response
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, Renderer
 from tokenwire.gateway.http.tokenize_routes import detokenize, tokenize
@@ -278,11 +279,12 @@ def create_app(state: GatewayState) -> Starlette:
         state.observability.rejected(api=api_for_path(path), status=status, reason=reason)
 
     # One renderer for every error a route raises, in its API's shape (http/errors.py).
-    # Starlette's ServerErrorMiddleware sends the Exception one (instead of its plain-text
-    # 500) before re-raising; the serving stack's CrashBarrier then only logs.
+    # Starlette's ServerErrorMiddleware sends the Exception one (the crash barrier's body,
+    # instead of its plain-text 500) before re-raising; the CrashBarrier then only logs.
     app = Starlette(routes=routes, middleware=[
         Middleware(AdmissionMiddleware, admission=state.admission, on_rejected=rejected)],
         exception_handlers={TokenwireError: exception_response,
-                            HTTPException: exception_response, Exception: exception_response})
+                            HTTPException: exception_response,
+                            Exception: internal_error_response})
     app.state.gateway = state
     return app

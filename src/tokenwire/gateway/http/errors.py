@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenwire.codec.versioning import VARY
-from tokenwire.errors import ProtocolError, TokenwireError
+from tokenwire.errors import ProtocolError
 from tokenwire.gateway.apis.errors import code_for_status, error_body
 from tokenwire.gateway.apis.messages import (
     anthropic_error_body,
@@ -69,14 +69,10 @@ async def exception_response(request: Request, exc: Exception) -> Response:
         status = _status(exc, 400)
         return error_response(path, status, str(exc), code=exc.code or code_for_status(status),
                               param=exc.param)
-    if isinstance(exc, TokenwireError):
-        status = _status(exc, 500)
-        code = getattr(exc, "code", None)
-        return error_response(path, status, str(exc),
-                              code=code if isinstance(code, str) else code_for_status(status))
-    # A bug: the message and type stay in the log (seed privacy rules), never on the wire.
-    return error_response(path, 500, "The server had an internal error.",
-                          code="internal_error")
+    status = _status(exc, 500)  # another TokenwireError (a bug is security.py's 500)
+    code = getattr(exc, "code", None)
+    return error_response(path, status, str(exc),
+                          code=code if isinstance(code, str) else code_for_status(status))
 
 
 def _http_exception(request: Request, exc: HTTPException) -> Response:
