@@ -147,11 +147,10 @@ def parse_responses_request(
         if stored is None:
             raise previous_response_not_found(previous)
         history = stored.conversation()
-    conv = _Conversation()
-    for item in history:
-        conv.add(item, "previous_response_id")
-    for i, item in enumerate(items):
-        conv.add(item, f"input[{i}]")
+    conv = _Conversation()  # each item with where it came from, for errors
+    for item, path in [*((h, "previous_response_id") for h in history),
+                       *((it, f"input[{i}]") for i, it in enumerate(items))]:
+        conv.add(item, path)
     messages = conv.finish()
     instructions = _opt_str(body, "instructions")
     if instructions:

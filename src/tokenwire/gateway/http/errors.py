@@ -43,10 +43,8 @@ def json_error(status: int, message: str, *, code: str | None = None,
 def error_response(path: str, status: int, message: str, *, code: str | None = None,
                    param: str | None = None, headers: dict[str, str] | None = None,
                    anthropic_type: str | None = None) -> Response:
-    """The error in the shape of the API that ``path`` belongs to.
-
-    Anthropic's shape has no ``param``; a failure the gateway itself caused (a shutdown, a
-    timeout) keeps its ``code`` there too, as a field Anthropic's clients ignore."""
+    """The error in the shape of the API that ``path`` belongs to. Anthropic's shape has
+    neither ``param`` nor ``code``: its message names the field (``messages.0.role: ...``)."""
     if not is_messages_path(path):
         return json_error(status, message, code=code, param=param, headers=headers)
     type_ = anthropic_type or (type_for_status(status) if status < 500 else "api_error")
