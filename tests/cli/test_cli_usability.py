@@ -69,15 +69,18 @@ def test_a_closed_stdout_ends_quietly_with_the_sigpipe_status(argv: list[str]) -
 
 
 def test_serve_help_shows_each_apis_max_tokens_default(capsys) -> None:
-    from tokenwire.gateway.apis.chat import DEFAULT_MAX_TOKENS as CHAT
-    from tokenwire.gateway.apis.completions import DEFAULT_MAX_TOKENS as COMPLETIONS
-    from tokenwire.gateway.apis.responses_request import DEFAULT_MAX_OUTPUT_TOKENS
+    from tokenwire.gateway.defaults import (
+        COMPLETIONS_MAX_TOKENS,
+        DEFAULT_MAX_TOKENS,
+        LLAMA_CPP_SAMPLING,
+    )
 
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert f"/v1/completions {COMPLETIONS}" in out and f"/v1/chat/completions {CHAT}" in out
-    assert f"(max_output_tokens) {DEFAULT_MAX_OUTPUT_TOKENS}" in out
+    assert f"/v1/completions {COMPLETIONS_MAX_TOKENS}" in out
+    assert f"the embedded engine stops at {DEFAULT_MAX_TOKENS}" in out
+    assert "(max_output_tokens) set none" in out and LLAMA_CPP_SAMPLING.describe() in out
 
 
 def test_complete_help_shows_its_max_tokens_default(capsys) -> None:

@@ -108,14 +108,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _defaults_epilog() -> str:
     """The answer length a request gets when it names none, per API (read from the
     constants the APIs use, so the help cannot drift from the server)."""
-    from tokenwire.gateway.apis.chat import DEFAULT_MAX_TOKENS as CHAT
-    from tokenwire.gateway.apis.completions import DEFAULT_MAX_TOKENS as COMPLETIONS
-    from tokenwire.gateway.apis.responses_request import DEFAULT_MAX_OUTPUT_TOKENS as RESPONSES
+    from tokenwire.gateway.defaults import (
+        COMPLETIONS_MAX_TOKENS,
+        DEFAULT_MAX_TOKENS,
+        LLAMA_CPP_SAMPLING,
+        PATH_C_MAX_TOKENS,
+    )
 
     return ("request defaults (a request's own fields override them):\n"
-            f"  max_tokens: /v1/completions {COMPLETIONS}, /v1/chat/completions {CHAT}, "
-            f"/v1/responses (max_output_tokens) {RESPONSES};\n"
-            "  /v1/messages requires max_tokens, as Anthropic's API does")
+            f"  max_tokens: /v1/completions {COMPLETIONS_MAX_TOKENS}; /v1/chat/completions and "
+            "/v1/responses (max_output_tokens) set none: an upstream applies its own, the "
+            f"embedded engine stops at {DEFAULT_MAX_TOKENS} (and at its context window); "
+            f"Path C {PATH_C_MAX_TOKENS};\n"
+            "  /v1/messages requires max_tokens, as Anthropic's API does\n"
+            "  sampling: upstreams get only the fields a request sends; the embedded engine "
+            "uses the GGUF's general.sampling.* values, else llama.cpp's defaults ("
+            f"{LLAMA_CPP_SAMPLING.describe()})")
 
 
 def _version_policy(args: argparse.Namespace) -> VersionPolicy:
