@@ -6,6 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests must not depend on this machine's speed (a loaded 2-core CI machine runs an
+# example many times slower than an idle one): no per-example deadline and no "too slow"
+# health check anywhere. A test's own @settings still sets its example count.
+settings.register_profile("tokenwire", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("tokenwire")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CODEC_FIXTURES = FIXTURES / "codec"
