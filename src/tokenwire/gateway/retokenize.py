@@ -34,9 +34,28 @@ import msgspec
 from tokenwire.codec import pretok
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.tokenizer import Tokenizer
-from tokenwire.gateway.ir import Event, EventStream, TokenDelta, Usage, is_terminal
+from tokenwire.errors import RemoteProtocolError, TokenwireError
+from tokenwire.gateway.ir import (
+    Event,
+    EventStream,
+    Failure,
+    FailureClass,
+    TokenDelta,
+    Usage,
+    is_terminal,
+)
 
-__all__ = ["HOLD_BACK_CHARS", "Retokenizer", "RetokenizingStream", "tokenizer_for"]
+__all__ = [
+    "HOLD_BACK_CHARS",
+    "RETOKENIZE_FAILED",
+    "RetokenizeFailed",
+    "Retokenizer",
+    "RetokenizingStream",
+    "UntokenizableText",
+    "encode_text",
+    "retokenize_failure",
+    "tokenizer_for",
+]
 
 #: Characters before the end of the buffered text whose pieces are never committed. The
 #: longest look-ahead in the shipped pre-tokenizers is a 3-character contraction literal
@@ -48,6 +67,50 @@ HOLD_BACK_CHARS = 3
 def tokenizer_for(tmap: TokenizerMap) -> Tokenizer:
     """The shared :class:`Tokenizer` of ``tmap`` (its ``calls`` count covers every stream)."""
     return Tokenizer.from_map(tmap)
+
+
+#: What may never be swallowed while tokenizing: an interpreter exit or interrupt (a
+#: cancellation cannot arrive inside this synchronous call).
+_PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit)
+#: The code of a stream that ended because its text could not be retokenized.
+RETOKENIZE_FAILED = "retokenize_failed"
+
+
+class UntokenizableText(RemoteProtocolError):
+    """Caller text the model's tokenizer cannot encode: a 400 naming the field."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message, status_hint=400)
+        self.param = param
+
+
+class RetokenizeFailed(TokenwireError):
+    """An upstream's text could not be tokenized with the model's map (our side: a 500)."""
+
+
+def encode_text(tokenizer: Tokenizer, text: str, *, param: str | None = None) -> list[int]:
+    """``tokenizer.encode(text)`` for text a caller sent; any failure is a typed 400.
+
+    Native libraries can fail with exceptions that are not ``Exception``s: tiktoken's Rust
+    regex overflows its stack on a long run of spaces and pyo3 raises ``PanicException``, a
+    ``BaseException``. That must never take a route down, so everything but an interpreter
+    exit becomes :class:`UntokenizableText` (named by type only: seed privacy rules)."""
+    try:
+        return tokenizer.encode(text)
+    except _PASS_THROUGH:
+        raise
+    except BaseException as exc:
+        where = f"{param}: " if param else ""
+        raise UntokenizableText(f"{where}the text cannot be tokenized with the model's map "
+                                f"({type(exc).__name__})", param=param) from None
+
+
+def retokenize_failure(exc: BaseException) -> Failure:
+    """The terminal of a stream whose upstream text could not be tokenized: our failure, a
+    500 that is never retried (another attempt would produce the same text)."""
+    return Failure(failure_class=FailureClass.INTERNAL, status=500, code=RETOKENIZE_FAILED,
+                   message="the upstream's text could not be tokenized with the model's map "
+                           f"({type(exc).__name__})")
 
 
 def _splitter(tmap: TokenizerMap) -> pretok.PreTokenizer | None:
@@ -103,7 +166,12 @@ class Retokenizer:
 
     def _encode(self, text: str) -> tuple[int, ...]:
         self.calls += 1
-        return tuple(self.tokenizer.encode(text))
+        try:
+            return tuple(self.tokenizer.encode(text))
+        except _PASS_THROUGH:
+            raise
+        except BaseException as exc:
+            raise RetokenizeFailed(type(exc).__name__) from None
 
 
 def _committable(pieces: list[str], total: int) -> int:
@@ -132,11 +200,22 @@ class RetokenizingStream:
         self._inner = inner
         self.retokenizer = retokenizer
         self._queued: list[Event] = []
+        self._failed: Failure | None = None
 
     async def next_event(self) -> Event:
         if self._queued:
             return self._queued.pop(0)
+        if self._failed is not None:
+            return self._failed
         event = await self._inner.next_event()
+        try:
+            return self._with_ids(event)
+        except RetokenizeFailed as exc:  # the stream ends with our failure, the upstream stops
+            self._failed = retokenize_failure(exc)
+            self._inner.cancel()
+            return self._failed
+
+    def _with_ids(self, event: Event) -> Event:
         if isinstance(event, TokenDelta) and not event.ids and event.text:
             return msgspec.structs.replace(event, ids=self.retokenizer.feed(event.text))
         if isinstance(event, Usage) or is_terminal(event):

@@ -23,6 +23,7 @@ log line naming only the exception type (seed privacy rules: no bodies, messages
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import ipaddress
@@ -39,7 +40,8 @@ if TYPE_CHECKING:
     from tokenwire.gateway.settings import ServerSettings
 
 __all__ = [
-    "RESPONSES_PATH", "CrashBarrier", "SecurityMiddleware", "harden", "internal_error_response",
+    "MESSAGES_PATH", "RESPONSES_PATH", "CrashBarrier", "SecurityMiddleware", "harden",
+    "internal_error", "internal_error_response",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -49,6 +51,10 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 RESPONSES_PATH = "/v1/responses"
+#: The one route whose errors use Anthropic's shape.
+MESSAGES_PATH = "/v1/messages"
+#: Exceptions the barrier lets through: cancellation (asyncio's and anyio's) and exit.
+_PASS_THROUGH = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
 # Bounded identifiers in logs (seed privacy rules): a path is cut, the query never logged.
 MAX_LOGGED_PATH = 120
 # The ASGI extension that lets a websocket scope answer with a plain HTTP response.
@@ -232,22 +238,46 @@ class CrashBarrier:
 
         try:
             await self.app(scope, receive, tracking_send)
-        except Exception as exc:  # BaseException (cancellation, exit) still propagates
+        except _PASS_THROUGH:  # cancellation and interpreter exit are not crashes
+            raise
+        except BaseException as exc:
+            if _is_disconnect(exc):
+                _log.info("client disconnected path=%r", _logged_path(scope))
+                return
             _log.error("internal error type=%s path=%r response_started=%s",
-                       type(exc).__name__, str(scope.get("path", ""))[:MAX_LOGGED_PATH],
-                       started)
+                       type(exc).__name__, _logged_path(scope), started)
             if not started:
                 with contextlib.suppress(Exception):  # the peer left: nothing more to tell
-                    await _respond(scope, send, *_INTERNAL)
+                    await _respond(scope, send, *internal_error(scope.get("path", "")))
 
 
 async def internal_error_response(request: Any, exc: Exception) -> Any:
     """Starlette's 500 handler: the barrier's body, so both paths answer alike."""
     from starlette.responses import Response
 
-    status, body = _INTERNAL
+    status, body = internal_error(request.url.path)
     return Response(json.dumps(body).encode(), status_code=status,
                     media_type="application/json")
+
+
+def internal_error(path: str) -> tuple[int, dict[str, Any]]:
+    """The 500 of an unexpected exception, in the shape of the API at ``path``."""
+    if path == MESSAGES_PATH:
+        return 500, {"type": "error", "error": {"type": "api_error",
+                                                "message": _INTERNAL[1]["error"]["message"]}}
+    return _INTERNAL
+
+
+def _logged_path(scope: Scope) -> str:
+    return str(scope.get("path", ""))[:MAX_LOGGED_PATH]
+
+
+def _is_disconnect(exc: BaseException) -> bool:
+    """The client went away mid-request (Starlette's ``ClientDisconnect``, a reset socket):
+    an ordinary event, never an internal error."""
+    from starlette.requests import ClientDisconnect
+
+    return isinstance(exc, ClientDisconnect | ConnectionError)
 
 
 def harden(app: ASGIApp, settings: ServerSettings) -> ASGIApp:

@@ -34,6 +34,7 @@ from tokenwire.gateway.apis.params import bad_request, json_type
 from tokenwire.gateway.http.generation import check_inputs, route_model
 from tokenwire.gateway.http.requests import client_version, read_json
 from tokenwire.gateway.ir import ChatPrompt
+from tokenwire.gateway.retokenize import encode_text
 
 if TYPE_CHECKING:
     from tokenwire.gateway.http.state import GatewayState
@@ -97,7 +98,7 @@ async def tokenize(request: Request) -> Response:
                           param="prompt", code="missing_required_parameter" if prompt is None
                           else "invalid_type")
     _flag(body, "add_special_tokens", True)
-    ids = _tokenizer(state.tmap).encode(prompt)
+    ids = encode_text(_tokenizer(state.tmap), prompt, param="prompt")
     return _respond(request, state.tmap,
                     _tokens_payload(state.tmap, ids, state.max_model_len, body))
 

@@ -32,6 +32,7 @@ import logging
 import os
 import queue
 import random
+import secrets
 import threading
 import time
 from collections import deque
@@ -61,6 +62,12 @@ from tokenwire.gateway.ir import (
     Usage,
 )
 from tokenwire.gateway.stops import StopMatcher
+from tokenwire.gateway.upstreams.chat_prompt import (
+    Markers,
+    control_pattern,
+    fragments,
+    split_render,
+)
 
 __all__ = [
     "DEFAULT_N_CTX",
@@ -253,6 +260,8 @@ class EmbeddedEngine:
         self._end_ids = frozenset(i for i in ends if i >= 0)
         self._chat = _chat_formatter(llm, tmap)
         self._chat_open = _chat_formatter(llm, tmap, add_generation_prompt=False)
+        self._control_ids = _control_tokens(llm)
+        self._controls = control_pattern(self._control_ids)
         self._add_bos = bool(llm._model.add_bos_token())
         #: What a request that sets no sampling field is sampled with.
         self.sampling: SamplingDefaults = sampling_from_gguf(llm.metadata or {})
@@ -350,7 +359,9 @@ class EmbeddedEngine:
         while (job := self._jobs.get()) is not None:
             try:
                 self._run(job)
-            except Exception as exc:  # the stream must end even if llama.cpp fails
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:
                 log.error("embedded engine failed on request %s: %s", job.request.request_id,
                           type(exc).__name__)
                 self._abandon(job, "the engine failed on this request; see the server log")
@@ -487,35 +498,61 @@ class EmbeddedEngine:
                 out = list(ids)
             case PromptText(text=text):
                 # special=False: "<|im_end|>" typed by a user is text, not a control token.
-                out = self._llm.tokenize(text.encode("utf-8"), add_bos=self._add_bos,
-                                         special=False)
+                out = self._tokenize_text(text, add_bos=self._add_bos)
             case ChatPrompt(messages=messages):
-                rendered = self._render_chat(messages, add_generation_prompt,
-                                             continue_final_message)
-                out = self._llm.tokenize(rendered.encode("utf-8"), add_bos=False, special=True)
+                out = self._chat_ids(messages, add_generation_prompt, continue_final_message)
         if not out:
             raise ValueError("the prompt is empty")
         if len(out) >= self.n_ctx:
             raise _ContextOverflow(len(out), self.n_ctx, out)
         return out
 
+    def _chat_ids(self, messages: tuple[Any, ...], add_generation_prompt: bool = True,
+                  continue_final_message: bool = False) -> list[int]:
+        """The rendered chat prompt's ids: only the template's own markers become control
+        ids; every caller string is tokenized as text (:mod:`.chat_prompt`)."""
+        markers = Markers(secrets.token_hex(8))
+        plain = self._render_chat(messages, add_generation_prompt, continue_final_message)
+        wrapped = self._render_chat(messages, add_generation_prompt, continue_final_message,
+                                    markers=markers)
+        ids: list[int] = []
+        pieces = split_render(wrapped, plain, markers)
+        for fragment in fragments(pieces, self._controls, self._control_ids):
+            if isinstance(fragment, int):
+                ids.append(fragment)
+            else:
+                ids += self._tokenize_text(fragment)
+        return ids
+
+    def _tokenize_text(self, text: str, *, add_bos: bool = False) -> list[int]:
+        try:
+            return list(self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos,
+                                           special=False))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as exc:
+            raise ValueError(f"the prompt cannot be tokenized ({type(exc).__name__})") from None
+
     def _render_chat(self, messages: tuple[Any, ...], add_generation_prompt: bool = True,
-                     continue_final_message: bool = False) -> str:
+                     continue_final_message: bool = False, *,
+                     markers: Markers | None = None) -> str:
         image = next((p for m in messages if not isinstance(m.content, str)
                       for p in m.content if isinstance(p, ImagePart)), None)
         if image is not None:  # the template would fail on it with a Jinja type error
             raise _ImageInput(image.param)
         chat = self._chat if add_generation_prompt and not continue_final_message \
             else self._chat_open
+        wrap = markers.wrap if markers is not None else str
         if chat is None:
             raise ValueError("this model has no chat template; use /v1/completions")
         try:
             rendered = str(chat(
-                messages=[{"role": m.role, "content": m.content} for m in messages]
+                messages=[{"role": m.role, "content": wrap(m.content)
+                           if isinstance(m.content, str) else m.content} for m in messages]
             ).prompt)
         except Exception as exc:  # jinja2 errors and the template's raise_exception
             raise ValueError(f"the chat template rejected the messages: {exc}") from exc
-        return _open_final(rendered, messages) if continue_final_message else rendered
+        return _open_final(rendered, messages, wrap) if continue_final_message else rendered
 
     def _record(
         self, job: _Job, outcome: str, reason: str, n_prompt: int,
@@ -531,16 +568,31 @@ class EmbeddedEngine:
             self._records_cv.notify_all()
 
 
-def _open_final(rendered: str, messages: tuple[Any, ...]) -> str:
+def _open_final(rendered: str, messages: tuple[Any, ...],
+                wrap: Callable[[str], str] = str) -> str:
     """The rendering cut just after the final message's text, so the model continues it
     (vLLM's ``continue_final_message``, done as Hugging Face's ``apply_chat_template``
-    does: up to the last occurrence of that text)."""
-    final = messages[-1].text if messages else ""
+    does: up to the last occurrence of that text, as ``wrap`` rendered it)."""
+    final = wrap(messages[-1].text) if messages and messages[-1].text else ""
     at = rendered.rfind(final) if final else -1
     if at < 0:
         raise ValueError("continue_final_message needs a final message with text that the "
                          "chat template renders")
     return rendered[: at + len(final)]
+
+
+def _control_tokens(llm: Any) -> dict[str, int]:
+    """Text -> id of the model's control tokens: the ones llama.cpp's ``special=True``
+    parses out of text (user-defined tokens it parses either way)."""
+    import llama_cpp
+
+    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
+    out: dict[str, int] = {}
+    for i in range(llm.n_vocab()):
+        if llama_cpp.llama_vocab_get_attr(vocab, i) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
+            text = llama_cpp.llama_vocab_get_text(vocab, i).decode("utf-8", "replace")
+            out.setdefault(text, i)
+    return out
 
 
 def _chat_formatter(llm: Any, tmap: TokenizerMap, *, add_generation_prompt: bool = True) -> Any:

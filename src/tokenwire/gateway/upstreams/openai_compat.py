@@ -60,7 +60,14 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     Usage,
 )
-from tokenwire.gateway.retokenize import Retokenizer, tokenizer_for
+from tokenwire.gateway.retokenize import (
+    RetokenizeFailed,
+    Retokenizer,
+    UntokenizableText,
+    encode_text,
+    retokenize_failure,
+    tokenizer_for,
+)
 from tokenwire.gateway.upstreams._openai_body import chat_body, completions_body
 from tokenwire.gateway.upstreams.base import (
     ModelRoute,
@@ -203,9 +210,12 @@ class OpenAICompatUpstream:
         if tmap is None:
             return None
         tok = tokenizer_for(tmap)
-        if isinstance(prompt, PromptText):
-            return len(tok.encode(prompt.text))
-        return sum(len(tok.encode(m.text)) for m in prompt.messages if m.text)
+        try:  # a lower bound only: text the map cannot encode just gives no bound
+            if isinstance(prompt, PromptText):
+                return len(encode_text(tok, prompt.text))
+            return sum(len(encode_text(tok, m.text)) for m in prompt.messages if m.text)
+        except UntokenizableText:
+            return None
 
 
 def _route_map(route: ModelRoute, maps: Mapping[str, TokenizerMap]) -> TokenizerMap | None:
@@ -309,14 +319,21 @@ class ChunkParser:
             log.warning("upstream %s returned no token ids; retokenizing", self._up.name)
             self._retok = Retokenizer(tmap)
         if self._retok is not None:
-            return [TokenDelta(ids=self._retok.feed(text), text=text)]
+            try:
+                return [TokenDelta(ids=self._retok.feed(text), text=text)]
+            except RetokenizeFailed as exc:
+                self._ended = True
+                return [retokenize_failure(exc)]
         return [TokenDelta(text=text)]
 
     def _terminal(self) -> list[Event]:
         self._ended = True
         out: list[Event] = []
         if self._retok is not None:
-            rest = self._retok.flush()
+            try:
+                rest = self._retok.flush()
+            except RetokenizeFailed as exc:
+                return [retokenize_failure(exc)]
             if rest:
                 out.append(TokenDelta(ids=rest))
         if self._finish is None:
