@@ -374,11 +374,17 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
     assert calls["served"] and calls["started"] and calls["closed"]
 
 
-def test_uvicorn_admits_a_burst_twice_the_admission_capacity(smollm2_map) -> None:
-    """uvicorn's own 503 (no Retry-After) must not answer before the admission 429."""
+def test_uvicorn_has_no_bare_503_cap_the_connection_guard_replaces_it(smollm2_map) -> None:
+    """uvicorn's own cap counted idle sockets and answered a bare 503 before auth (issue 11
+    item 1); the guarded protocol (gateway/http/connections.py) takes its place."""
+    from tokenwire.gateway.http.connections import GuardedH11Protocol
+
     state = GatewayState(settings=ServerSettings(max_concurrent=64, queue_size=512),
                          upstream=Scripted(SIMPLE), tmap=smollm2_map, max_model_len=1024)
-    assert server_mod.uvicorn_limits(state)["limit_concurrency"] >= 2 * state.admission.capacity
+    limits = server_mod.uvicorn_limits(state)
+    assert limits["limit_concurrency"] is None
+    assert limits["http"].func is GuardedH11Protocol
+    assert state.settings.max_connections > 2 * state.admission.capacity
 
 
 def test_create_app_alone_stays_unwrapped(smollm2_map) -> None:

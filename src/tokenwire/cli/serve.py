@@ -35,7 +35,8 @@ _SERVER_DEFAULTS = {"host": "127.0.0.1", "port": 8080, "coalesce_ms": DEFAULT_WI
                     "legacy_finish_reason": False, "public_url": ""}
 #: [server] keys passed to ServerSettings as they are when given (flag > file > its default).
 _CAPACITY_KEYS = ("max_concurrent", "queue_size", "idle_timeout_s", "request_cap_s",
-                  "heartbeat_s", "retries", "drain_grace_s")
+                  "heartbeat_s", "retries", "drain_grace_s", "head_timeout_s",
+                  "body_timeout_s", "max_connections", "max_connections_per_client")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -83,6 +84,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--drain-grace", type=float, metavar="SECONDS", dest="drain_grace_s",
                    help="on SIGTERM/SIGINT, time streams get to finish before each is ended "
                         "with a clean server_shutting_down failure (default 30)")
+    p.add_argument("--head-timeout", type=float, metavar="SECONDS", dest="head_timeout_s",
+                   help="time a connection gets to send a whole request head, from opening "
+                        "or from its last response (default 10)")
+    p.add_argument("--body-timeout", type=float, metavar="SECONDS", dest="body_timeout_s",
+                   help="time a request body may take to upload; then 408 (default 60)")
+    p.add_argument("--max-connections", type=int, metavar="N",
+                   help="open connections at once; at the cap idle ones are closed first "
+                        "(default 4096)")
+    p.add_argument("--max-connections-per-client", type=int, metavar="N",
+                   help="open connections from one IP address; more get 429 (default 256)")
     p.add_argument("--no-retries", action="store_false", dest="retries", default=None,
                    help="send upstream failures to clients as they come (no retry budgets)")
     p.add_argument("--request-log", choices=("json", "off"), default="json",

@@ -9,6 +9,8 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
     host = "127.0.0.1"          # port, coalesce_ms, max_body_bytes, max_concurrent,
                                 # queue_size, idle_timeout_s, request_cap_s, heartbeat_s,
                                 # retries, drain_grace_s, api_keys_env, allowed_origins,
+                                # head_timeout_s, body_timeout_s, max_connections,
+                                # max_connections_per_client,
     default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s
     api_keys_env = "GW_KEYS"    # the variable holding the client keys (comma-separated)
     allowed_origins = ["https://app.example"]   # browser origins allowed to call
@@ -87,6 +89,8 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "api_keys_env": (str,), "allowed_origins": (list,),
     "max_concurrent": (int,), "idle_timeout_s": _NUM, "request_cap_s": _NUM,
     "heartbeat_s": _NUM, "retries": (bool,), "drain_grace_s": _NUM,
+    "head_timeout_s": _NUM, "body_timeout_s": _NUM, "max_connections": (int,),
+    "max_connections_per_client": (int,),
 }
 _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),

@@ -27,6 +27,7 @@ from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError, ConfigErrors, ListenError
 from tokenwire.gateway.config import GatewayConfig, map_for_model
 from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.http.connections import ConnectionLimits, guarded_protocol
 from tokenwire.gateway.http.security import harden
 from tokenwire.gateway.http.shutdown import graceful_server
 from tokenwire.gateway.http.state import GatewayState
@@ -53,14 +54,16 @@ __all__ = [
     "build_gateway",
     "config_problems",
     "listen_socket",
+    "raise_fd_limit",
     "run",
     "run_gateway",
     "serve_gateway",
+    "uvicorn_limits",
 ]
 
 SMOLLM2_MAP_ID = "huggingfacetb/smollm2"
 
-#: uvicorn settings that bound what a peer controls (issue 6 item 4).
+#: uvicorn settings that bound what a peer controls (issue 6 item 4, issue 11 item 1).
 UVICORN_LIMITS: dict[str, Any] = {
     # What h11 buffers of an unfinished request head: a peer that never ends its headers
     # gets a 400 past it. h11's and Node's default; a long JWT bearer (ChatGPT access
@@ -70,15 +73,14 @@ UVICORN_LIMITS: dict[str, Any] = {
     # Seconds an idle keep-alive connection may hold a slot. SDKs reuse a connection
     # within a turn; an idle one is cheap to reopen. uvicorn's default, pinned here.
     "timeout_keep_alive": 5,
-    # Open connections (and in-flight requests) before uvicorn answers a plain 503 itself.
-    # A last resort far above the gateway's own admission (supervision/admission.py:
-    # requests running plus queue_size, a few dozen by default), which answers first with a JSON
-    # 429 and Retry-After. It counts idle keep-alive connections, refused ones and
-    # non-inference routes too, so it is generous; 512 keeps their file descriptors well
-    # under the common 1024 soft limit, leaving room for upstream pools and logs. A larger
-    # admission capacity raises it (:func:`uvicorn_limits`): below it, uvicorn's plain 503
-    # without Retry-After would answer before the admission 429 could.
-    "limit_concurrency": 512,
+    # uvicorn's own cap answered a bare 503 once *any* connections (idle ones included)
+    # reached it, before auth ran: 520 idle sockets took every route down. The connection
+    # guard (gateway/http/connections.py) replaces it: deadlines for heads and bodies,
+    # per-client and global caps that evict idle connections first.
+    "limit_concurrency": None,
+    # uvicorn's access log prints the query string (``GET /health?api_key=...``); queries
+    # are never logged (README, docs/security.md), and the request log records requests.
+    "access_log": False,
 }
 #: The WebSocket implementation uvicorn hands upgrades to. Without one, uvicorn logs "No
 #: supported WebSocket library detected. Please use pip install 'uvicorn[standard]'" on
@@ -88,17 +90,31 @@ UVICORN_LIMITS: dict[str, Any] = {
 #: ``websockets-sansio`` protocol, 0.54, logs "ASGI callable returned without completing
 #: handshake" after every such refusal and adds a Content-Type to the empty 426.)
 UVICORN_WS = "wsproto"
-#: Connections beyond twice the admission capacity uvicorn still accepts (non-inference
-#: requests, idle keep-alive connections): a burst of twice the capacity still gets the
-#: JSON 429 with Retry-After, not uvicorn's bare 503.
-_SPARE_CONNECTIONS = 64
+#: File descriptors per allowed connection (its socket, plus one for the upstream request
+#: it may make) and a reserve for listening sockets, upstream pools, logs and the model.
+_FDS_PER_CONNECTION = 2
+_FD_RESERVE = 256
 
 
 def uvicorn_limits(state: GatewayState) -> dict[str, Any]:
-    """:data:`UVICORN_LIMITS`, with ``limit_concurrency`` well above the admission capacity."""
-    above = 2 * state.admission.capacity + _SPARE_CONNECTIONS
-    return {**UVICORN_LIMITS,
-            "limit_concurrency": max(UVICORN_LIMITS["limit_concurrency"], above)}
+    """:data:`UVICORN_LIMITS` and the guarded h11 protocol for ``state``'s settings."""
+    limits = ConnectionLimits.from_settings(state.settings)
+    return {**UVICORN_LIMITS, "http": guarded_protocol(limits)}
+
+
+def raise_fd_limit(settings: ServerSettings) -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` (never above the hard one) so ``max_connections``
+    fit; returns the soft limit now in force."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = settings.max_connections * _FDS_PER_CONNECTION + _FD_RESERVE
+    if hard != resource.RLIM_INFINITY:
+        want = min(want, hard)
+    if want > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        return want
+    return soft
 
 
 #: What a failed bind means, in words a person can act on.
@@ -190,6 +206,7 @@ def run(plan: ServingPlan, *, log_level: str = "info",
     import uvicorn
 
     settings = plan.state.settings
+    raise_fd_limit(settings)
     sock = sock or listen_socket(settings.host, settings.port)
     plan.engine.start()
     try:
@@ -356,6 +373,7 @@ async def serve_gateway(
     import uvicorn
 
     gw = await build_gateway(cfg, settings)
+    raise_fd_limit(settings)
     try:
         sockets = sockets or [listen_socket(settings.host, settings.port)]
         config = uvicorn.Config(harden(create_app(gw.state), settings), host=settings.host,

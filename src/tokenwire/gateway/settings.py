@@ -46,6 +46,11 @@ __all__ = [
     "load_zstd_dict_arg",
 ]
 
+#: Connection-limit defaults; the reasons are in ``gateway/http/connections.py``.
+DEFAULT_HEAD_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_MAX_CONNECTIONS = 4096
+DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 256
 DEFAULT_HOST = "127.0.0.1"  # loopback: exposing a model to a network is a decision to make
 DEFAULT_PORT = 8080
 #: Largest request body accepted (after Content-Encoding). A 100K-token prompt as a JSON int
@@ -90,6 +95,13 @@ class ServerSettings:
     #: with a clean ``server_shutting_down`` failure (``gateway/http/shutdown.py``).
     drain_grace_s: float = 30.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    #: Connection limits (``gateway/http/connections.py``, ``docs/security.md``): the time a
+    #: request head and a request body may take, open connections in all and per client
+    #: IP address.
+    head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
     #: Write ``stop`` instead of ``eos_token``/``stop_sequence`` like the engine forks (§5.7).
     legacy_finish_reason: bool = False
     model_path: Path | None = None
@@ -122,7 +134,11 @@ class ServerSettings:
             raise ConfigError("the request queue size must be >= 0")
         if self.max_concurrent < 1:
             raise ConfigError("max_concurrent must be at least 1")
-        for name in ("idle_timeout_s", "request_cap_s", "heartbeat_s"):
+        for name in ("max_connections", "max_connections_per_client"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        for name in ("idle_timeout_s", "request_cap_s", "heartbeat_s", "head_timeout_s",
+                     "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds")
         if not self.drain_grace_s >= 0:

@@ -1,0 +1,318 @@
+"""Connection limits, tested only through raw sockets against a real server (issue 11 item 1).
+
+The server is what ``serve_gateway`` serves (scripted upstream behind it), in a thread on
+its own loopback port; nothing here touches the HTTP server's internals, so a later change
+of server keeps these tests. Every deadline is configured short by the test itself; waits
+are generous safety nets, never the thing measured.
+
+Before the fix a silent or half-head connection was never closed, 520 of them made every
+route answer a bare 503, and a body after a refusal could be dripped for ever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import selectors
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tokenwire.gateway import server as server_mod
+from tokenwire.gateway.settings import ServerSettings
+
+from .test_hardening import KEY, SIMPLE, Scripted, Stack, _state
+
+#: Safety net for "the server closes it" (a deadline of a second or two is configured).
+CLOSE_WAIT_S = 60
+HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "
+
+
+@pytest.fixture(scope="module")
+def guarded(smollm2_map) -> Iterator[Callable[..., Stack]]:
+    """``guarded(**settings) -> Stack``: ``serve_gateway`` on a socket with a deep backlog."""
+    running: list[tuple[Any, threading.Thread]] = []
+    patch = pytest.MonkeyPatch()
+
+    def factory(**kw: Any) -> Stack:
+        settings = ServerSettings(api_keys=(KEY,), auth="keys", **kw)
+        upstream = Scripted(SIMPLE)
+        state = _state(settings, smollm2_map, upstream)
+
+        async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
+            return server_mod.Gateway(state=state, adapters=(), probes=())
+
+        patch.setattr(server_mod, "build_gateway", fake_build)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(4096)
+        ready: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: asyncio.run(server_mod.serve_gateway(
+            None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
+            on_ready=lambda gw, srv: ready.update(server=srv))), daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while not (ready.get("server") and ready["server"].started):
+            assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
+            time.sleep(0.02)
+        running.append((ready["server"], thread))
+        port = sock.getsockname()[1]
+        return Stack(f"http://127.0.0.1:{port}", port, upstream, state)
+
+    yield factory
+    patch.undo()
+    for srv, thread in running:
+        srv.should_exit = True
+        thread.join(10)
+
+
+def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
+    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    conn.bind((source, 0))
+    conn.connect(("127.0.0.1", port))
+    return conn
+
+
+def _read_until_closed(conn: socket.socket, wait: float = CLOSE_WAIT_S) -> bytes:
+    """Everything the server sends until it closes; fails if it keeps the socket open."""
+    conn.settimeout(wait)
+    data = b""
+    try:
+        while chunk := conn.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    except TimeoutError:
+        pytest.fail(f"the server kept the connection open for {wait} s; got {data!r}")
+    return data
+
+
+def _request(port: int, head: bytes, source: str = "127.0.0.1") -> bytes:
+    with _connect(port, source) as conn:
+        conn.sendall(head)
+        return _read_until_closed(conn)
+
+
+AUTHED = (f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+          "Connection: close\r\n\r\n").encode()
+
+
+def _status(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else 0
+
+
+# -- deadlines ---------------------------------------------------------------------------------
+
+
+def test_a_silent_connection_is_closed_at_the_head_deadline(guarded) -> None:
+    stack = guarded(head_timeout_s=0.5)
+    with _connect(stack.port) as conn:
+        assert _read_until_closed(conn) == b""  # nothing was asked, nothing is answered
+
+
+def test_half_a_head_gets_408_and_is_closed_even_while_it_keeps_dripping(guarded) -> None:
+    stack = guarded(head_timeout_s=1.0)
+    with _connect(stack.port) as conn:
+        conn.sendall(HALF_HEAD)
+        conn.settimeout(0.1)
+        data = b""
+        for _ in range(int(CLOSE_WAIT_S / 0.1)):  # one header byte every 0.1 s
+            try:
+                conn.sendall(b"a")
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            data += chunk
+        else:
+            pytest.fail("a dripping head was never closed")
+    assert data.startswith(b"HTTP/1.1 408 ")
+
+
+def test_a_keep_alive_connection_gets_a_fresh_head_deadline_after_each_response(guarded) -> None:
+    stack = guarded(head_timeout_s=1.0)
+    with _connect(stack.port) as conn:
+        conn.sendall(AUTHED.replace(b"Connection: close\r\n", b""))
+        conn.settimeout(CLOSE_WAIT_S)
+        first = conn.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200 ")
+        conn.sendall(HALF_HEAD)
+        rest = _read_until_closed(conn)
+        assert rest.endswith(b"\r\n\r\n") and b"HTTP/1.1 408 " in first + rest
+
+
+def test_a_body_nobody_reads_is_cut_at_the_body_backstop(guarded) -> None:
+    stack = guarded(body_timeout_s=0.2)
+    # A GET route answers without reading the body and keeps the connection: only the
+    # backstop can close it (it stays open for ever without one).
+    head = (f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Length: 1000\r\n\r\n{").encode()
+    with _connect(stack.port) as conn:
+        conn.sendall(head)
+        data = _read_until_closed(conn)
+    assert data.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 408" not in data
+
+
+# -- caps ----------------------------------------------------------------------------------------
+
+
+def test_one_address_over_its_cap_gets_429_and_another_address_is_served(guarded) -> None:
+    stack = guarded(max_connections_per_client=3, head_timeout_s=30)
+    held = [_connect(stack.port, "127.0.0.2") for _ in range(3)]
+    try:
+        refused = _request(stack.port, AUTHED, "127.0.0.2")
+        assert _status(refused) == 429 and b"retry-after: 1" in refused.lower()
+        assert json.loads(refused.partition(b"\r\n\r\n")[2])["error"]["code"] == \
+            "too_many_connections"
+        assert _status(_request(stack.port, AUTHED, "127.0.0.3")) == 200
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_at_the_global_cap_idle_connections_make_room_for_requests(guarded) -> None:
+    stack = guarded(max_connections=4, head_timeout_s=30)
+    held = [_connect(stack.port, f"127.0.0.{2 + i}") for i in range(4)]
+    try:
+        time.sleep(0.2)  # not a timing assertion: lets the server accept all four first
+        for _ in range(3):
+            assert _status(_request(stack.port, AUTHED)) == 200
+        closed = 0
+        for conn in held:  # the oldest waiting connections were evicted for them
+            conn.settimeout(0.5)
+            try:
+                closed += conn.recv(1) == b""
+            except TimeoutError:
+                pass
+            except ConnectionResetError:
+                closed += 1
+        assert closed >= 1
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_when_every_connection_is_busy_a_new_one_gets_503_with_retry_after(guarded) -> None:
+    stack = guarded(max_connections=2, head_timeout_s=30, body_timeout_s=30)
+    head = (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Length: 100\r\nContent-Type: application/json\r\n\r\n{").encode()
+    busy = [_connect(stack.port, f"127.0.0.{2 + i}") for i in range(2)]
+    try:
+        for conn in busy:
+            conn.sendall(head)  # a body in progress: never evicted
+        time.sleep(0.2)  # lets the server read both heads (a safety margin, not measured)
+        refused = _request(stack.port, AUTHED)
+        assert _status(refused) == 503 and b"retry-after: 1" in refused.lower()
+    finally:
+        for conn in busy:
+            conn.close()
+
+
+# -- the flood ---------------------------------------------------------------------------------
+
+
+def _raise_nofile(need: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        pytest.skip(f"needs {need} file descriptors; the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+
+
+@pytest.mark.slow
+def test_a_flood_of_idle_and_half_head_connections_does_not_starve_keyed_clients(
+        guarded) -> None:
+    idle_n, half_n, sources = 2000, 2000, [f"127.0.0.{i}" for i in range(2, 10)]
+    # Each address fills its cap exactly as the table fills: what comes after is refused per
+    # address (429), and every keyed request must then evict an idle connection to get in.
+    per_client = 350
+    max_connections = per_client * len(sources)
+    _raise_nofile(2 * (idle_n + half_n) + 1024)
+    stack = guarded(head_timeout_s=30, max_connections=max_connections,
+                    max_connections_per_client=per_client)
+    held: list[socket.socket] = []
+    try:
+        for i in range(idle_n + half_n):
+            conn = _connect(stack.port, sources[i % len(sources)])
+            if i >= idle_n:
+                conn.sendall(HALF_HEAD)
+            held.append(conn)
+        answers = [_request(stack.port, AUTHED) for _ in range(20)]
+        for answer in answers:  # answered, or told when to come back
+            assert _status(answer) == 200 or (_status(answer) in (429, 503)
+                                               and b"retry-after:" in answer.lower())
+        assert sum(_status(a) == 200 for a in answers) >= 15
+        outcomes = _wait_all_closed(held)
+    finally:
+        for conn in held:
+            conn.close()
+    # 500 from each address: 150 of them over the per-address cap, refused with a 429.
+    assert outcomes["429"] == (idle_n + half_n) - per_client * len(sources)
+    assert outcomes["open"] == 0  # every held connection was closed by the server
+    assert outcomes["408"] > 0  # half heads told why, at the head deadline
+
+
+def _wait_all_closed(conns: list[socket.socket]) -> dict[str, int]:
+    """Read every socket until the server closes it; count how each ended."""
+    sel = selectors.DefaultSelector()
+    data: dict[socket.socket, bytes] = {}
+    for conn in conns:
+        conn.setblocking(False)
+        sel.register(conn, selectors.EVENT_READ)
+        data[conn] = b""
+    deadline = time.monotonic() + CLOSE_WAIT_S
+    open_ = set(conns)
+    while open_ and time.monotonic() < deadline:
+        for key, _ in sel.select(timeout=1.0):
+            conn = key.fileobj
+            try:
+                chunk = conn.recv(65536)  # type: ignore[union-attr]
+            except ConnectionResetError:
+                chunk = b""
+            if chunk:
+                data[conn] += chunk  # type: ignore[index]
+                continue
+            sel.unregister(conn)
+            open_.discard(conn)  # type: ignore[arg-type]
+    sel.close()
+    counts = {"open": len(open_), "429": 0, "408": 0, "other": 0}
+    for conn, got in data.items():
+        if conn in open_:
+            continue
+        key = str(_status(got)) if _status(got) in (429, 408) else "other"
+        counts[key] += 1
+    return counts
+
+
+# -- settings ------------------------------------------------------------------------------------
+
+
+def test_the_limits_come_from_flags_over_the_config_file() -> None:
+    from .test_hardening import _settings
+
+    s = _settings(["--head-timeout", "3", "--max-connections-per-client", "9"], {},
+                  {"head_timeout_s": 7, "body_timeout_s": 11, "max_connections": 99})
+    assert (s.head_timeout_s, s.body_timeout_s, s.max_connections,
+            s.max_connections_per_client) == (3, 11, 99, 9)
+    defaults = ServerSettings()
+    assert (defaults.head_timeout_s, defaults.body_timeout_s, defaults.max_connections,
+            defaults.max_connections_per_client) == (10, 60, 4096, 256)
+
+
+@pytest.mark.parametrize("kw", [{"head_timeout_s": 0}, {"body_timeout_s": -1},
+                                {"max_connections": 0}, {"max_connections_per_client": 0}])
+def test_limits_are_validated(kw) -> None:
+    from tokenwire.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        ServerSettings(**kw)
