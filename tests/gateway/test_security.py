@@ -226,7 +226,30 @@ def test_every_configured_token_is_compared_in_constant_time(monkeypatch):
     assert len(calls) == 3  # no early exit on the first match
     calls.clear()
     assert call(mw, headers=[*bearer("nope"), (b"x-api-key", b"nope")])[0]["status"] == 401
-    assert len(calls) == 6
+    assert len(calls) == 3  # the same key twice is one credential, compared once per token
+
+
+@pytest.mark.parametrize("headers", [
+    [(b"x-api-key", b"nope")] * 4999 + [(b"x-api-key", GOOD.encode())],  # 5,000 keys at once
+    [(b"x-api-key", GOOD.encode()), (b"x-api-key", GOOD.encode())],
+    [*bearer("nope"), (b"x-api-key", GOOD.encode())],  # two credentials that differ
+    [*bearer(GOOD), (b"x-api-key", b"nope")],
+    [*bearer(GOOD), *bearer(GOOD)],
+    [(b"authorization", b"Basic Zm9vOmJhcg=="), (b"x-api-key", GOOD.encode())],
+])
+def test_exactly_one_credential_is_accepted_and_none_is_tried_one_by_one(monkeypatch,
+                                                                        headers) -> None:
+    calls: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: calls.append((a, b)) or real(a, b))
+    mw = make(bearer_tokens=[GOOD, OTHER])
+    assert call(mw, headers=headers)[0]["status"] == 401
+    assert calls == []  # refused as a whole, before any key is compared
+
+
+def test_one_key_in_both_headers_is_one_credential() -> None:
+    mw = make(bearer_tokens=[GOOD])
+    assert call(mw, headers=[*bearer(GOOD), (b"x-api-key", GOOD.encode())])[0]["status"] == 200
 
 
 def test_no_token_without_explicit_localhost_opt_in_is_a_config_error():

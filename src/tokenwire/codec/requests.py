@@ -145,6 +145,9 @@ def _decode_msgpack(body: bytes | bytearray | memoryview) -> CodecRequest:
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise MalformedFrame(f"invalid msgpack request body: {exc}",
                              status_hint=_BAD_REQUEST) from exc
+    except RecursionError:  # an unknown key's value nested thousands deep is skipped recursively
+        raise MalformedFrame("msgpack request body nests too deeply",
+                             status_hint=_BAD_REQUEST) from None
     stop = (raw.stop,) if isinstance(raw.stop, str) else raw.stop
     if raw.temperature is not None and not math.isfinite(raw.temperature):
         raise MalformedFrame(f"temperature {raw.temperature} is not finite",

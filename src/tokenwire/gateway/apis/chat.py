@@ -102,7 +102,7 @@ def _messages(value: Any) -> tuple[ChatMessage, ...]:
         if not isinstance(msg, dict):
             raise bad_request(f"messages[{i}] must be an object, got {json_type(msg)}",
                               param=f"messages[{i}]", code="invalid_type")
-        if msg.get("role") not in ROLES:
+        if not isinstance(msg.get("role"), str) or msg["role"] not in ROLES:
             raise bad_request(f"messages[{i}].role must be one of {sorted(ROLES)}, got "
                               f"{msg.get('role')!r}", param=f"messages[{i}].role")
         tool_call_id = msg.get("tool_call_id")
@@ -189,7 +189,7 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
 
 
 def _tool_choice(value: Any) -> str | dict | None:
-    if value is None or value in ("auto", "none", "required"):
+    if value is None or (isinstance(value, str) and value in ("auto", "none", "required")):
         return value
     if isinstance(value, dict) and isinstance(value.get("function"), dict) \
             and isinstance(value["function"].get("name"), str):
@@ -207,7 +207,8 @@ def _optional_bool(body: dict[str, Any], key: str) -> bool | None:
 
 
 def _reasoning_effort(value: Any) -> str | None:
-    if value is None or value in ("minimal", "low", "medium", "high"):
+    if value is None or (isinstance(value, str)
+                         and value in ("minimal", "low", "medium", "high")):
         return value
     raise bad_request("reasoning_effort must be minimal, low, medium or high",
                       param="reasoning_effort")

@@ -84,6 +84,10 @@ def _prompt(value: Any) -> Prompt:
         value = value[0]
     if isinstance(value, str):
         return PromptText(text=value)
+    if isinstance(value, list):
+        flag = next((i for i, v in enumerate(value) if isinstance(v, bool)), None)
+        if flag is not None:  # JSON true is not the id 1
+            raise bad_request(f"prompt[{flag}] is a boolean; token ids are integers")
     if isinstance(value, list) and value and all(
         isinstance(i, int) and not isinstance(i, bool) for i in value
     ):

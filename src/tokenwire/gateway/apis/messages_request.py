@@ -121,7 +121,8 @@ def _stops(value: Any) -> tuple[str, ...]:
 def _effort(value: Any, output_config: Any) -> str | None:
     if value is None:
         return None
-    if not isinstance(value, dict) or value.get("type") not in _THINKING_TYPES:
+    if not isinstance(value, dict) or not isinstance(value.get("type"), str) \
+            or value["type"] not in _THINKING_TYPES:
         raise bad_request("thinking: must be {type: enabled, budget_tokens}, adaptive or "
                           "disabled", param="thinking")
     if value["type"] == "disabled":
@@ -154,7 +155,7 @@ def _turns(value: Any, encrypted_for: str | None) -> tuple[ChatMessage, ...]:
     out: list[ChatMessage] = []
     for i, msg in enumerate(value):
         role = msg.get("role") if isinstance(msg, dict) else None
-        if role not in ("user", "assistant"):
+        if not isinstance(role, str) or role not in ("user", "assistant"):
             raise bad_request(f"messages.{i}.role: must be 'user' or 'assistant'",
                               param=f"messages.{i}.role")
         content = msg.get("content")
@@ -296,6 +297,7 @@ def _tool_choice(value: Any) -> tuple[str | dict | None, bool | None]:
     if value is None:
         return None, None
     kind = value.get("type") if isinstance(value, dict) else None
+    kind = kind if isinstance(kind, str) else None
     parallel = None
     if isinstance(value, dict) and value.get("disable_parallel_tool_use") is True:
         parallel = False

@@ -44,7 +44,12 @@ from tokenwire.codec.versioning import OWN_VERSION, format_version
 from tokenwire.errors import TokenwireError, UnknownModel
 from tokenwire.gateway.apis.chat import ChatRenderer, parse_chat_request
 from tokenwire.gateway.apis.completions import CompletionsRenderer, parse_completions_request
-from tokenwire.gateway.apis.params import JSON_FORMAT, SUPPORTED_STREAM_FORMATS, bad_request
+from tokenwire.gateway.apis.params import (
+    JSON_FORMAT,
+    MAX_MAX_TOKENS,
+    SUPPORTED_STREAM_FORMATS,
+    bad_request,
+)
 from tokenwire.gateway.http import wellknown
 from tokenwire.gateway.http.admission import AdmissionMiddleware
 from tokenwire.gateway.http.errors import exception_response
@@ -158,9 +163,11 @@ async def completions_codec(request: Request) -> Response | EventResponse:
                           code="unsupported_media_type")
     if not creq.prompt_ids:
         raise bad_request("prompt_ids is empty", param="prompt_ids", code="empty_array")
-    if creq.max_tokens < 1:
-        raise bad_request("max_tokens must be at least 1", param="max_tokens",
-                          code="integer_below_min_value")
+    if not 1 <= creq.max_tokens <= MAX_MAX_TOKENS:
+        raise bad_request(f"max_tokens must be between 1 and {MAX_MAX_TOKENS}, got "
+                          f"{creq.max_tokens}", param="max_tokens",
+                          code="integer_below_min_value" if creq.max_tokens < 1
+                          else "integer_above_max_value")
     try:
         stop = validate_stops(creq.stop)
     except ValueError as exc:

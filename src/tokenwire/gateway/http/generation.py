@@ -32,12 +32,12 @@ from tokenwire.gateway.apis.sse import openai_error_code
 from tokenwire.gateway.http.requests import client_version
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, Renderer
-from tokenwire.gateway.ir import ChatPrompt, Failure, GenerationRequest, ImagePart
+from tokenwire.gateway.ir import ChatPrompt, Failure, GenerationRequest, ImagePart, PromptIds
 from tokenwire.gateway.observability.records import api_for_path
 from tokenwire.gateway.routing.router import ServedModel
 
-__all__ = ["check_inputs", "codec_renderer", "generation_headers", "route_model",
-           "start_generation"]
+__all__ = ["check_inputs", "check_model_limits", "codec_renderer", "generation_headers",
+           "route_model", "start_generation"]
 
 #: Server-side order of preference (codec-spec §4.1); availability is the registry's.
 _PREFERENCE = ("zstd", "br", "gzip", "identity")
@@ -68,6 +68,25 @@ def check_inputs(served: ServedModel, gen: GenerationRequest) -> None:
             raise bad_request(f"this model does not accept images ({served.name!r} reads "
                               "text only); send the request without the image",
                               param=image.param, code="unsupported_value")
+
+
+def check_model_limits(served: ServedModel, gen: GenerationRequest, *,
+                       prompt_field: str = "prompt") -> GenerationRequest:
+    """What reaches an upstream is what the routed model can do: prompt ids outside its
+    map's vocabulary are a 400 naming the field; ``max_tokens`` is capped at its context
+    window (the parsers already refuse values past ``MAX_MAX_TOKENS``, naming their field;
+    APIs with a default, like Responses' 4096, must still work on a small model)."""
+    if isinstance(gen.prompt, PromptIds) and served.tmap is not None:
+        top = served.tmap.max_id
+        bad = next((i for i, t in enumerate(gen.prompt.ids) if not 0 <= t <= top), None)
+        if bad is not None:
+            raise bad_request(f"{prompt_field}[{bad}]: token id {gen.prompt.ids[bad]} is "
+                              f"outside model {served.name!r}'s vocabulary 0..{top}",
+                              param=f"{prompt_field}[{bad}]", code="invalid_value")
+    limit = served.max_model_len
+    if limit is not None and gen.max_tokens > limit:
+        gen = msgspec.structs.replace(gen, max_tokens=limit)
+    return gen
 
 
 def generation_headers(
@@ -111,6 +130,8 @@ def start_generation(
     ``on_failure`` builds the error response for a failure before any byte was sent: an
     API with its own error shape (Anthropic Messages) passes one; the default is OpenAI's."""
     check_inputs(served, gen)
+    gen = check_model_limits(served, gen, prompt_field="prompt_ids"
+                             if request.url.path.endswith("/codec") else "prompt")
     cv = client_version(request)
     policy = state.policy_for(served)
     gen = msgspec.structs.replace(

@@ -29,7 +29,14 @@ from tokenwire.gateway.http.admission import TICKET_SCOPE_KEY
 if TYPE_CHECKING:
     from tokenwire.gateway.http.state import GatewayState
 
-__all__ = ["client_version", "new_id", "read_body", "read_json", "upgrade_response"]
+__all__ = ["MAX_JSON_DEPTH", "client_version", "decode_json", "new_id", "read_body",
+           "read_json", "upgrade_response"]
+
+#: Deepest JSON nesting a request may have. Real bodies nest under 10 levels (a tool's JSON
+#: schema a few more); msgspec stops at Python's recursion limit with a RecursionError, and
+#: later steps (templates, re-encoding for an upstream) recurse too, so a small bound here
+#: keeps every one of them safe.
+MAX_JSON_DEPTH = 64
 
 
 def client_version(request: Request) -> Version:
@@ -49,8 +56,10 @@ def upgrade_response(state: GatewayState, request: Request) -> Response | None:
 async def read_body(request: Request, limit: int) -> bytes:
     """The request body, at most ``limit`` bytes after an optional gzip coding (§4.1).
 
-    An inference request's upload counts against its silence bound (seed: ``timeoutMs``
-    "covers the upload and queue wait"): a client that stops sending gets a 408."""
+    Every route's upload has a deadline, ``body_timeout_s`` from its arrival (the admission
+    ticket's time for inference requests, whose upload also counts against their silence
+    bound: seed ``timeoutMs`` "covers the upload and queue wait"); a client that stops
+    sending gets a 408 instead of holding its slot for the whole idle timeout."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise bad_request(f"request body is {declared} bytes; the limit is {limit}", 413,
@@ -58,9 +67,10 @@ async def read_body(request: Request, limit: int) -> bytes:
     chunks, size = [], 0
     ticket = request.scope.get(TICKET_SCOPE_KEY)
     settings = request.app.state.gateway.settings
-    deadline = ticket.arrived_at + settings.idle_timeout_s if ticket is not None else None
+    started = ticket.arrived_at if ticket is not None else asyncio.get_running_loop().time()
+    allowed = min(settings.body_timeout_s, settings.idle_timeout_s)
     try:
-        async with asyncio.timeout_at(deadline):
+        async with asyncio.timeout_at(started + allowed):
             async for chunk in request.stream():
                 size += len(chunk)
                 if size > limit:
@@ -68,8 +78,7 @@ async def read_body(request: Request, limit: int) -> bytes:
                                       code="request_too_large")
                 chunks.append(chunk)
     except TimeoutError:
-        raise bad_request(f"the request body did not arrive within "
-                          f"{settings.idle_timeout_s:g} s", 408,
+        raise bad_request(f"the request body did not arrive within {allowed:g} s", 408,
                           code="request_body_timeout") from None
     body = b"".join(chunks)
     coding = request.headers.get("content-encoding", "identity").strip().lower()
@@ -83,12 +92,43 @@ async def read_body(request: Request, limit: int) -> bytes:
 
 
 async def read_json(request: Request, limit: int) -> Any:
-    body = await read_body(request, limit)
+    return decode_json(await read_body(request, limit))
+
+
+def decode_json(body: bytes) -> Any:
+    """A JSON request body, nested at most :data:`MAX_JSON_DEPTH` deep; else a 400."""
     try:
-        return msgspec.json.decode(body)
+        value = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}",
                           code="invalid_json") from None
+    except RecursionError:
+        raise _too_deep() from None
+    if _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise _too_deep()
+    return value
+
+
+def _too_deep() -> Exception:
+    return bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels",
+                       code="invalid_json")
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` containers deep (iterative: the walk
+    itself must not recurse)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item \
+            if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children
+                     if isinstance(child, dict | list))
+    return False
 
 
 def new_id(prefix: str) -> str:

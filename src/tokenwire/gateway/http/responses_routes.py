@@ -35,7 +35,6 @@ from starlette.routing import BaseRoute, Route
 from tokenwire.errors import CompactionRefused
 from tokenwire.gateway.affinity import TURN_STATE_HEADER
 from tokenwire.gateway.apis.errors import retry_after_header
-from tokenwire.gateway.apis.params import bad_request
 from tokenwire.gateway.apis.responses_hygiene import collaboration_call_fields
 from tokenwire.gateway.apis.responses_render import (
     ResponsesRenderer,
@@ -43,8 +42,8 @@ from tokenwire.gateway.apis.responses_render import (
     new_response_id,
 )
 from tokenwire.gateway.apis.responses_request import ResponsesCall, parse_responses_request
-from tokenwire.gateway.http.generation import check_inputs
-from tokenwire.gateway.http.requests import read_body
+from tokenwire.gateway.http.generation import check_inputs, check_model_limits
+from tokenwire.gateway.http.requests import decode_json, read_body
 from tokenwire.gateway.http.responses_get import get_response, response_store_of
 from tokenwire.gateway.http.streaming import EventResponse, WireRecord
 from tokenwire.gateway.ir import EventStream, Failure, FailureClass, is_terminal
@@ -63,11 +62,7 @@ _SSE_HEADERS = (("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"))
 async def create_response(request: Request) -> Response | EventResponse | _SSEResponse:
     state = request.app.state.gateway
     raw = await read_body(request, state.settings.max_body_bytes)
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}",
-                          code="invalid_json") from None
+    body = decode_json(raw)
     rid = new_response_id()
     store = response_store_of(request)
     try:
@@ -88,6 +83,7 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
                             collaboration_tools=call.collaboration_tools))
     gen = msgspec.structs.replace(call.request, model=served.name, request_id=rid,
                                   want_ids=False, want_text=True)
+    gen = check_model_limits(served, gen)
     stream = state.supervise(request, served, gen, streaming=call.stream, api="responses")
     headers = [("Content-Type", renderer.content_type), *_SSE_HEADERS, ("X-Request-Id", rid)]
     on_final = _store_hook(store, call)

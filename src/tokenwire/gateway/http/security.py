@@ -40,8 +40,8 @@ if TYPE_CHECKING:
     from tokenwire.gateway.settings import ServerSettings
 
 __all__ = [
-    "MESSAGES_PATH", "RESPONSES_PATH", "CrashBarrier", "SecurityMiddleware", "harden",
-    "internal_error", "internal_error_response",
+    "MESSAGES_PATH", "RESPONSES_PATH", "CrashBarrier", "QueryRedactor", "SecurityMiddleware",
+    "harden", "internal_error", "internal_error_response", "redact_access_log",
 ]
 
 Scope = MutableMapping[str, Any]
@@ -122,13 +122,27 @@ def _asks_upgrade(headers: dict[bytes, list[bytes]]) -> bool:
     return b"upgrade" in tokens and bool(headers.get(b"upgrade"))
 
 
-def _presented_keys(headers: dict[bytes, list[bytes]]) -> list[bytes]:
-    keys = list(headers.get(b"x-api-key", []))  # what Anthropic clients send
-    for value in headers.get(b"authorization", []):
+def _presented_key(headers: dict[bytes, list[bytes]]) -> bytes | None:
+    """The one credential the request presents, or None.
+
+    Exactly one is accepted: one ``x-api-key`` (what Anthropic clients send) or one
+    ``Authorization: Bearer`` (the scheme is case-insensitive), or both carrying the same
+    key. Several ``x-api-key`` headers, several ``Authorization`` headers, or two that
+    differ are refused as a whole, never tried one by one: one request must not be able to
+    test thousands of keys."""
+    api_keys = headers.get(b"x-api-key", [])
+    auths = headers.get(b"authorization", [])
+    if len(api_keys) > 1 or len(auths) > 1:
+        return None
+    keys = [k.strip() for k in api_keys]
+    for value in auths:
         scheme, _, cred = value.strip().partition(b" ")
-        if scheme.lower() == b"bearer" and cred.strip():  # scheme is case-insensitive
-            keys.append(cred.strip())
-    return keys
+        if scheme.lower() != b"bearer" or not cred.strip():
+            return None
+        keys.append(cred.strip())
+    if not keys or any(k != keys[0] for k in keys) or not keys[0]:
+        return None
+    return keys[0]
 
 
 class SecurityMiddleware:
@@ -150,10 +164,12 @@ class SecurityMiddleware:
     def _authorized(self, scope: Scope, headers: dict[bytes, list[bytes]]) -> bool:
         if self._localhost_open and _is_loopback(scope.get("client")):
             return True
+        key = _presented_key(headers)
+        if key is None:
+            return False
         ok = False
-        for key in _presented_keys(headers):
-            for token in self._tokens:  # every token, no early exit: time says nothing
-                ok |= hmac.compare_digest(key, token)
+        for token in self._tokens:  # every token, no early exit: time says nothing
+            ok |= hmac.compare_digest(key, token)
         return ok
 
     def _refusal(self, scope: Scope) -> tuple[int, dict[str, Any] | None] | None:
@@ -280,6 +296,34 @@ def _is_disconnect(exc: BaseException) -> bool:
     return isinstance(exc, ClientDisconnect | ConnectionError)
 
 
+class QueryRedactor(logging.Filter):
+    """Drops the query string from every request target in a log record's arguments:
+    queries carry keys and prompts (``GET /health?api_key=...``) and are never logged.
+
+    Installed on uvicorn's access logger by :func:`redact_access_log` (its record arguments
+    are client, method, target, HTTP version, status); ``serve`` also turns that log off,
+    so this guards anyone who turns it back on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_without_query(a) for a in record.args)
+        record.msg = _without_query(record.msg)
+        return True
+
+
+def _without_query(value: Any) -> Any:
+    if isinstance(value, str) and "?" in value and ("/" in value or value.startswith("?")):
+        return value.split("?", 1)[0]
+    return value
+
+
+def redact_access_log() -> None:
+    """Install :class:`QueryRedactor` on uvicorn's access logger (idempotent)."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, QueryRedactor) for f in access.filters):
+        access.addFilter(QueryRedactor())
+
+
 def harden(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
     """The app as ``tokenwire serve`` serves it: checks outermost, then the crash barrier.
 
@@ -287,6 +331,7 @@ def harden(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
     embedders can mount the bare routes). ``settings.auth`` ``"localhost-open"`` lets
     loopback peers in without a key; with no key configured, remote peers are all refused.
     """
+    redact_access_log()
     return SecurityMiddleware(
         CrashBarrier(app), bearer_tokens=settings.api_keys,
         allowed_origins=settings.allowed_origins,

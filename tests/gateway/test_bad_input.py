@@ -1,0 +1,236 @@
+"""Bad input gets a typed 4xx in its API's shape, never a 500 (issue 11 items 5 and 6).
+
+Each case is the input that showed the defect; the served stack is ``serve_gateway``'s
+(``guarded`` from ``test_connection_limits``) over a scripted upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+
+import httpx
+import msgspec
+import pytest
+
+from tokenwire.codec.requests import CodecRequest, encode_request
+
+from .test_connection_limits import _connect, _read_until_closed, guarded  # noqa: F401
+from .test_hardening import KEY
+
+AUTH = {"authorization": f"Bearer {KEY}"}
+USER = [{"role": "user", "content": "Hi"}]
+DEEP = 5000
+
+
+@pytest.fixture(scope="module")
+def stack(guarded):  # noqa: F811
+    return guarded()
+
+
+def _post(stack, path: str, body: object, **kw) -> httpx.Response:
+    return httpx.post(stack.url + path, json=body, headers=AUTH, timeout=30, **kw)
+
+
+def _openai_error(resp: httpx.Response, status: int = 400) -> dict:
+    assert resp.status_code == status, resp.text
+    err = resp.json()["error"]
+    assert isinstance(err["message"], str) and isinstance(err["type"], str)
+    return err
+
+
+def _nested(depth: int) -> object:
+    value: object = "x"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def _deep_json(depth: int) -> bytes:
+    return b'{"model": "scripted", "x": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/v1/responses",
+                                  "/tokenize", "/detokenize"])
+def test_json_nested_thousands_deep_is_a_400(stack, path) -> None:
+    resp = httpx.post(stack.url + path, content=_deep_json(DEEP), headers={
+        **AUTH, "content-type": "application/json"}, timeout=30)
+    assert "nests" in _openai_error(resp)["message"] or resp.status_code == 400
+
+
+def test_deep_json_on_messages_is_a_400_in_anthropics_shape(stack) -> None:
+    resp = httpx.post(stack.url + "/v1/messages", content=_deep_json(DEEP), headers={
+        **AUTH, "content-type": "application/json"}, timeout=30)
+    assert resp.status_code == 400
+    assert resp.json()["type"] == "error" and resp.json()["error"]["type"]
+
+
+def test_moderately_deep_json_that_python_could_decode_is_refused_too(stack) -> None:
+    body = {"model": "scripted", "messages": USER, "metadata": _nested(200)}
+    assert "nests" in _openai_error(_post(stack, "/v1/chat/completions", body))["message"]
+
+
+def test_path_c_msgpack_nested_in_an_unknown_key_is_a_400(stack) -> None:
+    head = msgspec.msgpack.encode({"prompt_ids": [1], "max_tokens": 1,
+                                   "stream_format": "msgpack"})
+    assert head[0] == 0x83  # a fixmap of 3: add a 4th key, an array nested DEEP times
+    raw = b"\x84" + head[1:] + msgspec.msgpack.encode("junk") + b"\x91" * DEEP + b"\xc0"
+    resp = httpx.post(stack.url + "/v1/completions/codec", content=raw, timeout=30,
+                      headers={**AUTH, "content-type": "application/x-msgpack"})
+    _openai_error(resp)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": [{"role": ["user"], "content": "x"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": {"a": 1}, "content": "x"}]}),
+    ("/v1/chat/completions", {"messages": USER, "tools": ["not an object"]}),
+    ("/v1/chat/completions", {"messages": USER, "tool_choice": ["auto"]}),
+    ("/v1/chat/completions", {"messages": USER, "reasoning_effort": {"x": 1}}),
+    ("/v1/completions", {"prompt": [True, 1]}),
+])
+def test_wrong_types_are_400s_naming_the_field(stack, path, body) -> None:
+    err = _openai_error(_post(stack, path, {"model": "scripted", **body}))
+    assert err["type"] == "invalid_request_error"
+
+
+def test_a_boolean_prompt_is_not_called_a_batch(stack) -> None:
+    err = _openai_error(_post(stack, "/v1/completions", {"prompt": [True, 1]}))
+    assert "prompt[0] is a boolean" in err["message"] and "batch" not in err["message"]
+
+
+@pytest.mark.parametrize("thinking", [{"type": ["enabled"]}, {"type": {"a": 1}}])
+def test_messages_thinking_type_of_the_wrong_type_is_anthropics_400(stack, thinking) -> None:
+    resp = _post(stack, "/v1/messages", {"model": "scripted", "max_tokens": 5,
+                                         "messages": USER, "thinking": thinking})
+    assert resp.status_code == 400, resp.text
+    body = resp.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+
+
+def test_messages_roles_of_the_wrong_type_are_anthropics_400(stack) -> None:
+    resp = _post(stack, "/v1/messages", {"model": "scripted", "max_tokens": 5,
+                                         "messages": [{"role": ["user"], "content": "x"}]})
+    assert resp.status_code == 400 and resp.json()["type"] == "error"
+
+
+# -- ids and numbers the model cannot take -----------------------------------------------------
+
+
+def test_out_of_vocabulary_prompt_ids_never_reach_the_upstream(stack, smollm2_map) -> None:
+    before = len(stack.upstream.requests)
+    err = _openai_error(_post(stack, "/v1/completions",
+                              {"model": "scripted", "prompt": [1, smollm2_map.max_id + 1]}))
+    assert "prompt[1]" in err["message"] and "vocabulary" in err["message"]
+    raw = encode_request(CodecRequest(prompt_ids=(1, 10**9), max_tokens=4,
+                                      stream_format="msgpack"), "msgpack")
+    resp = httpx.post(stack.url + "/v1/completions/codec", content=raw, timeout=30,
+                      headers={**AUTH, "content-type": "application/x-msgpack"})
+    assert "prompt_ids[1]" in _openai_error(resp)["message"]
+    assert len(stack.upstream.requests) == before
+
+
+def test_path_c_max_tokens_of_2_to_the_32_is_refused_naming_the_field(stack) -> None:
+    raw = encode_request(CodecRequest(prompt_ids=(1,), max_tokens=2**32 - 1,
+                                      stream_format="msgpack"), "msgpack")
+    resp = httpx.post(stack.url + "/v1/completions/codec", content=raw, timeout=30,
+                      headers={**AUTH, "content-type": "application/x-msgpack"})
+    assert "max_tokens" in _openai_error(resp)["message"]
+
+
+def test_max_tokens_is_capped_at_the_models_context_window(stack) -> None:
+    resp = _post(stack, "/v1/chat/completions", {"model": "scripted", "messages": USER,
+                                                 "max_tokens": 100_000})
+    assert resp.status_code == 200
+    assert stack.upstream.requests[-1].max_tokens == 1024  # the served model's window
+
+
+# -- the upload deadline -----------------------------------------------------------------------
+
+
+def _slow_upload(port: int, path: str) -> bytes:
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{").encode()
+    with _connect(port) as conn:
+        conn.sendall(head)  # and never the rest
+        return _read_until_closed(conn)
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize", "/v1/chat/completions",
+                                  "/v1/messages"])
+def test_a_body_that_never_ends_gets_a_408_in_the_apis_shape(guarded, path) -> None:  # noqa: F811
+    stack = guarded(body_timeout_s=0.3)
+    data = _slow_upload(stack.port, path)
+    assert data.startswith(b"HTTP/1.1 408 "), data[:200]
+    body = json.loads(data.partition(b"\r\n\r\n")[2])
+    assert ("error" in body) if path != "/v1/messages" else body["type"] == "error"
+
+
+def test_slow_uploads_free_their_slots_at_the_body_deadline(guarded) -> None:  # noqa: F811
+    stack = guarded(body_timeout_s=0.5, max_concurrent=1, queue_size=1)
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}"
+            "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{").encode()
+    slow = [_connect(stack.port) for _ in range(2)]  # every admission slot
+    try:
+        for conn in slow:
+            conn.sendall(head)
+        for conn in slow:
+            assert _read_until_closed(conn).startswith(b"HTTP/1.1 408 ")
+        resp = _post(stack, "/v1/chat/completions", {"model": "scripted", "messages": USER})
+        assert resp.status_code == 200
+    finally:
+        for conn in slow:
+            conn.close()
+
+
+# -- logs --------------------------------------------------------------------------------------
+
+
+def test_a_client_that_disconnects_mid_upload_is_not_an_internal_error(guarded,  # noqa: F811
+                                                                      caplog) -> None:
+    stack = guarded()
+    caplog.set_level(logging.INFO)
+    head = (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{").encode()
+    conn = _connect(stack.port)
+    conn.sendall(head)
+    time.sleep(0.3)  # lets the route start reading (a margin, not a measurement)
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    conn.close()
+    deadline = time.monotonic() + 10
+    while "disconnected" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "internal error" not in caplog.text
+    assert "Traceback" not in caplog.text
+
+
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_queries_are_never_logged(guarded) -> None:  # noqa: F811
+    stack = guarded()
+    collect = _Collect()
+    # uvicorn's loggers do not propagate to the root: listen on each server-side logger.
+    loggers = [logging.getLogger(n) for n in ("uvicorn", "uvicorn.access", "uvicorn.error",
+                                              "tokenwire")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(collect)
+        lg.setLevel(logging.DEBUG)
+    try:
+        resp = httpx.get(stack.url + "/health?api_key=sekrit-in-query&prompt=private",
+                         headers=AUTH)
+        assert resp.status_code == 200
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.removeHandler(collect)
+            lg.setLevel(level)
+    text = "\n".join(collect.lines)
+    assert "sekrit-in-query" not in text and "private" not in text
