@@ -32,6 +32,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from tokenwire.client.bounded_read import BodyOverBudget, aread_bounded, read_bounded
 from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.maps import (
     MapCache,
@@ -43,6 +44,7 @@ from tokenwire.codec.maps import (
 )
 from tokenwire.codec.safety_policy import SafetyPolicyDescriptor, canonical_bytes, parse_policy
 from tokenwire.errors import (
+    DecompressionError,
     DiscoveryDocumentInvalid,
     DiscoveryError,
     DiscoveryHashMismatch,
@@ -420,32 +422,35 @@ def _get(http: httpx.Client, req: Fetch) -> Fetched:
     try:
         with http.stream("GET", req.url) as resp:
             limit = req.max_bytes if resp.status_code == 200 else MAX_ERROR_BODY
-            chunks, size = [], 0
-            for chunk in resp.iter_bytes():
-                size += len(chunk)
-                if size > limit:
-                    if resp.status_code != 200:
-                        break
-                    raise DiscoveryError(f"{req.url} is over {limit} bytes")
-                chunks.append(chunk)
-            return Fetched(str(resp.url), resp.status_code, b"".join(chunks))
+            try:
+                body = read_bounded(resp, limit)
+            except BodyOverBudget as exc:
+                body = _over_budget(req, resp.status_code, limit, exc)
+            return Fetched(str(resp.url), resp.status_code, body)
+    except DecompressionError as exc:
+        raise DiscoveryError(f"{req.url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
         raise DiscoveryError(f"GET {req.url} failed: {exc}") from exc
+
+
+def _over_budget(req: Fetch, status: int, limit: int, exc: BodyOverBudget) -> bytes:
+    """An error body is only read to explain the error: what fitted is kept."""
+    if status != 200:
+        return exc.partial
+    raise DiscoveryError(f"{req.url} is over {limit} bytes") from None
 
 
 async def _aget(http: httpx.AsyncClient, req: Fetch) -> Fetched:
     try:
         async with http.stream("GET", req.url) as resp:
             limit = req.max_bytes if resp.status_code == 200 else MAX_ERROR_BODY
-            chunks, size = [], 0
-            async for chunk in resp.aiter_bytes():
-                size += len(chunk)
-                if size > limit:
-                    if resp.status_code != 200:
-                        break
-                    raise DiscoveryError(f"{req.url} is over {limit} bytes")
-                chunks.append(chunk)
-            return Fetched(str(resp.url), resp.status_code, b"".join(chunks))
+            try:
+                body = await aread_bounded(resp, limit)
+            except BodyOverBudget as exc:
+                body = _over_budget(req, resp.status_code, limit, exc)
+            return Fetched(str(resp.url), resp.status_code, body)
+    except DecompressionError as exc:
+        raise DiscoveryError(f"{req.url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
         raise DiscoveryError(f"GET {req.url} failed: {exc}") from exc
 

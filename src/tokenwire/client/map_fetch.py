@@ -11,8 +11,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tokenwire.client.bounded_read import BodyOverBudget, aread_bounded, read_bounded
 from tokenwire.codec.maps import MapCache, TokenizerMap, load_map_bytes, parse_hash
-from tokenwire.errors import MapError
+from tokenwire.errors import DecompressionError, MapError
 
 __all__ = ["MAX_MAP_BYTES", "MapFetchError", "afetch_map", "fetch_map"]
 
@@ -35,10 +36,9 @@ def _check_url(url: str, allow_http: bool) -> None:
     raise MapFetchError(f"map URL {url!r} must be {allowed}")
 
 
-def _checked_body(url: str, status: int, chunks: list[bytes]) -> bytes:
+def _check_status(url: str, status: int) -> None:
     if status != 200:
         raise MapFetchError(f"GET {url} answered {status}")
-    return b"".join(chunks)
 
 
 def _pinned(expected_hash: str | None, unverified: bool) -> str | None:
@@ -64,13 +64,12 @@ def fetch_map(
     http = client or httpx.Client(timeout=30.0)
     try:
         with http.stream("GET", url) as resp:
-            chunks, size = [], 0
-            for chunk in resp.iter_bytes():
-                size += len(chunk)
-                if size > MAX_MAP_BYTES:
-                    raise MapFetchError(f"map at {url} is over {MAX_MAP_BYTES} bytes")
-                chunks.append(chunk)
-            body = _checked_body(url, resp.status_code, chunks)
+            _check_status(url, resp.status_code)
+            body = read_bounded(resp, MAX_MAP_BYTES)
+    except BodyOverBudget:
+        raise MapFetchError(f"map at {url} is over {MAX_MAP_BYTES} bytes") from None
+    except DecompressionError as exc:
+        raise MapFetchError(f"map at {url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
         raise MapFetchError(f"GET {url} failed: {exc}") from exc
     finally:
@@ -97,13 +96,12 @@ async def afetch_map(
     http = client or httpx.AsyncClient(timeout=30.0)
     try:
         async with http.stream("GET", url) as resp:
-            chunks, size = [], 0
-            async for chunk in resp.aiter_bytes():
-                size += len(chunk)
-                if size > MAX_MAP_BYTES:
-                    raise MapFetchError(f"map at {url} is over {MAX_MAP_BYTES} bytes")
-                chunks.append(chunk)
-            body = _checked_body(url, resp.status_code, chunks)
+            _check_status(url, resp.status_code)
+            body = await aread_bounded(resp, MAX_MAP_BYTES)
+    except BodyOverBudget:
+        raise MapFetchError(f"map at {url} is over {MAX_MAP_BYTES} bytes") from None
+    except DecompressionError as exc:
+        raise MapFetchError(f"map at {url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
         raise MapFetchError(f"GET {url} failed: {exc}") from exc
     finally:
