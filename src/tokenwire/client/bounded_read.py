@@ -6,8 +6,8 @@
 codec core's budgeted decompressors (:mod:`tokenwire.codec.compression`), which bound
 every call's output and count decoded bytes as they are produced, so memory stays near the
 budget whatever the body claims (within twice the cap: what was kept, plus one decoder
-call's output, itself within what is left of the cap). gzip, br and zstd (plain, without a Codec dictionary, as
-any HTTP server may send it) are decoded; other codings are refused.
+call's output, itself within what is left of the cap). gzip, br and zstd (plain, without
+a Codec dictionary, as any HTTP server may send it) are decoded; other codings are refused.
 """
 
 from __future__ import annotations

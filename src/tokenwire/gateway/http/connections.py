@@ -230,6 +230,12 @@ class GuardedH11Protocol(H11Protocol):
         if not self._refused:
             super().connection_lost(exc)
 
+    def handle_websocket_upgrade(self, event: Any) -> None:
+        # The socket moves to another protocol object, which this table never hears from.
+        self._table.close(self)
+        self._cancel()
+        super().handle_websocket_upgrade(event)
+
     def evict(self) -> None:
         """Close a connection that waits for a head, to make room for a new one."""
         self._cancel()
