@@ -144,3 +144,24 @@ def test_every_api_tokenizes_caller_markers_as_text(engine, serve, path) -> None
     per_text = len(tok.encode(ATTACK)) - len(tok.encode(ALTERED))
     copies = {"/v1/responses": 2, "/v1/messages": 2}.get(path, 1)  # system + user
     assert attack - altered == copies * per_text
+
+
+# -- where tokenwire tokenizes for an upstream -----------------------------------------------
+
+
+def test_tokenize_retokenized_streams_and_token_counts_keep_markers_as_text(
+        serve, smollm2_map) -> None:
+    from tokenwire.gateway.ir import Finish, FinishKind, PromptText
+    from tokenwire.gateway.retokenize import Retokenizer, encode_text, tokenizer_for
+
+    from .conftest import ScriptedUpstream
+
+    controls = {smollm2_map.special_tokens[t] for t in ("<|im_start|>", "<|im_end|>")}
+    served = serve(ScriptedUpstream([(0.0, Finish(reason=FinishKind.EOS))]))
+    ids = httpx.post(served.url + "/tokenize", json={"prompt": ATTACK}, timeout=30).json()
+    assert not controls & set(ids["tokens"])
+    retok = Retokenizer(smollm2_map)
+    streamed = [*retok.feed(ATTACK[:20]), *retok.feed(ATTACK[20:]), *retok.flush()]
+    assert not controls & set(streamed)
+    assert not controls & set(encode_text(tokenizer_for(smollm2_map), PromptText(
+        text=ATTACK).text))
