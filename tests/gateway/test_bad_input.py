@@ -234,3 +234,16 @@ def test_queries_are_never_logged(guarded) -> None:  # noqa: F811
             lg.setLevel(level)
     text = "\n".join(collect.lines)
     assert "sekrit-in-query" not in text and "private" not in text
+
+
+@pytest.mark.parametrize(("headers", "status", "kind"), [
+    ({}, 401, "authentication_error"),
+    ({**AUTH, "origin": "https://evil.example"}, 403, "permission_error"),
+])
+def test_messages_refusals_use_anthropics_shape(stack, headers, status, kind) -> None:
+    resp = httpx.post(stack.url + "/v1/messages", json={"model": "scripted", "max_tokens": 5,
+                                                        "messages": USER},
+                      headers=headers, timeout=30)
+    assert resp.status_code == status
+    assert resp.json() == {"type": "error", "error": {"type": kind,
+                                                      "message": resp.json()["error"]["message"]}}

@@ -213,10 +213,15 @@ def test_get_routes_answer_any_identifier_with_a_2xx_or_a_typed_4xx(client) -> N
     prop()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 10 (newcomer-api) turns Python class names "
-                   "like RemoteProtocolError into OpenAI codes such as invalid_value")
 def test_error_codes_are_api_style_strings_not_python_class_names(client) -> None:
-    resp = _send(client, "/v1/completions", b'{"model": "scripted", "prompt": [true, 1]}')
-    err = _check("/v1/completions", resp)
-    assert err is not None and API_CODE.match(err["code"] or ""), err
-    assert not re.match(r"^[A-Z][A-Za-z]+$", err["code"] or "")
+    """Issue 10's codes (``invalid_value`` with ``param``), never a Python class name, on
+    every mutated request of every JSON route."""
+    @settings(settings.get_profile(PROFILE))
+    @given(path=st.sampled_from(sorted(BASES)), data=st.data())
+    def prop(path: str, data: st.DataObject) -> None:
+        err = _check(path, _send(client, path, data.draw(mutated(BASES[path]))))
+        code = err.get("code") if err is not None and path != "/v1/messages" else None
+        if code is not None:
+            assert API_CODE.match(code) and not re.match(r"^[A-Z][A-Za-z]+$", code), err
+
+    prop()

@@ -171,7 +171,11 @@ def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
 @pytest.mark.parametrize("path", list(APIS))
 def test_every_api_refuses_a_missing_or_wrong_key_before_the_upstream(keyed, path) -> None:
     before = len(keyed.upstream.requests)
-    assert _error(_post(keyed, path), 401)["code"] == "invalid_api_key"
+    err = _error(_post(keyed, path), 401)
+    if path == "/v1/messages":  # Anthropic's shape on its route
+        assert err["type"] == "authentication_error" and "message" in err
+    else:
+        assert err["code"] == "invalid_api_key"
     assert _error(_post(keyed, path, authorization="Bearer nope"), 401)
     assert _error(_post(keyed, path, **{"x-api-key": KEY[:-1]}), 401)
     assert len(keyed.upstream.requests) == before  # refusals never reach the upstream
@@ -194,7 +198,10 @@ def test_a_foreign_origin_is_403_even_with_a_key_and_an_allowed_one_is_served(ke
     before = len(keyed.upstream.requests)
     err = _error(_post(keyed, path, authorization=f"Bearer {KEY}",
                        origin="https://evil.example"), 403)
-    assert err["code"] == "origin_not_allowed"
+    if path == "/v1/messages":
+        assert err["type"] == "permission_error"
+    else:
+        assert err["code"] == "origin_not_allowed"
     assert _error(_post(keyed, path, origin="https://evil.example"), 403)  # before the 401
     assert len(keyed.upstream.requests) == before
     assert _post(keyed, path, authorization=f"Bearer {KEY}", origin=ORIGIN).status_code == 200

@@ -84,7 +84,7 @@ def check_model_limits(served: ServedModel, gen: GenerationRequest, *,
                               f"outside model {served.name!r}'s vocabulary 0..{top}",
                               param=f"{prompt_field}[{bad}]", code="invalid_value")
     limit = served.max_model_len
-    if limit is not None and gen.max_tokens > limit:
+    if limit is not None and gen.max_tokens is not None and gen.max_tokens > limit:
         gen = msgspec.structs.replace(gen, max_tokens=limit)
     return gen
 

@@ -201,6 +201,8 @@ class SecurityMiddleware:
             return
         status, body = refusal
         _log.info("refused status=%d path=%r", status, str(scope.get("path", ""))[:MAX_LOGGED_PATH])
+        if body is not None and scope.get("path") == MESSAGES_PATH:
+            body = _anthropic(body)
         await _respond(scope, send, status, body)
 
 
@@ -274,6 +276,15 @@ async def internal_error_response(request: Any, exc: Exception) -> Any:
     status, body = internal_error(request.url.path)
     return Response(json.dumps(body).encode(), status_code=status,
                     media_type="application/json")
+
+
+def _anthropic(body: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI-shaped refusal in Anthropic's shape, for the Messages route (its SDKs
+    read ``error.type``: ``authentication_error``, ``permission_error``, ...)."""
+    err = body["error"]
+    kind = {"invalid_request": "invalid_request_error", "not_found": "not_found_error"}.get(
+        err.get("code"), err["type"])
+    return {"type": "error", "error": {"type": kind, "message": err["message"]}}
 
 
 def internal_error(path: str) -> tuple[int, dict[str, Any]]:
