@@ -97,7 +97,7 @@ def test_the_engine_keeps_benign_prompts_identical_to_llama_cpps_own_tokenizatio
         engine) -> None:
     for text in ["Hi", "  spaced out  ", "Tabs\tand\nnew lines", "emoji 🙂 ok"]:
         messages = (ChatMessage(role="user", content=text),)
-        rendered = engine._render_chat(messages, None)
+        rendered = engine._render_chat(messages)
         whole = engine._llm.tokenize(rendered.encode(), add_bos=False, special=True)
         assert _chat(engine, text) == whole, text
 
