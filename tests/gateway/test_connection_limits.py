@@ -11,7 +11,6 @@ route answer a bare 503, and a body after a refusal could be dripped for ever.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import resource
 import selectors
@@ -23,10 +22,9 @@ from typing import Any
 
 import pytest
 
-from tokenwire.gateway import server as server_mod
 from tokenwire.gateway.settings import ServerSettings
 
-from .test_hardening import KEY, SIMPLE, Scripted, Stack, _state
+from .test_hardening import KEY, Stack, serve_stack, stop_stacks
 
 #: Safety net for "the server closes it" (a deadline of a second or two is configured).
 CLOSE_WAIT_S = 60
@@ -38,38 +36,10 @@ def guarded(smollm2_map) -> Iterator[Callable[..., Stack]]:
     """``guarded(**settings) -> Stack``: ``serve_gateway`` on a socket with a deep backlog."""
     running: list[tuple[Any, threading.Thread]] = []
     patch = pytest.MonkeyPatch()
-
-    def factory(**kw: Any) -> Stack:
-        settings = ServerSettings(api_keys=(KEY,), auth="keys", **kw)
-        upstream = Scripted(SIMPLE)
-        state = _state(settings, smollm2_map, upstream)
-
-        async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
-            return server_mod.Gateway(state=state, adapters=(), probes=())
-
-        patch.setattr(server_mod, "build_gateway", fake_build)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(4096)
-        ready: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: asyncio.run(server_mod.serve_gateway(
-            None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
-            on_ready=lambda gw, srv: ready.update(server=srv))), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 20
-        while not (ready.get("server") and ready["server"].started):
-            assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.02)
-        running.append((ready["server"], thread))
-        port = sock.getsockname()[1]
-        return Stack(f"http://127.0.0.1:{port}", port, upstream, state)
-
-    yield factory
-    patch.undo()
-    for srv, thread in running:
-        srv.should_exit = True
-        thread.join(10)
+    yield lambda **kw: serve_stack(patch, running, ServerSettings(api_keys=(KEY,), auth="keys",
+                                                                  **kw),
+                                   smollm2_map, backlog=4096)
+    stop_stacks(patch, running)
 
 
 def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:

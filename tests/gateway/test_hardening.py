@@ -88,44 +88,53 @@ def _state(settings: ServerSettings, smollm2_map: Any, upstream: ScriptedUpstrea
     return GatewayState(settings=settings, router=router)
 
 
+def serve_stack(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Thread]],
+                settings: ServerSettings, smollm2_map: Any, *, backlog: int = 64,
+                app_factory: Any = None) -> Stack:
+    """``serve_gateway`` (what ``tokenwire serve --upstream`` runs) over a scripted upstream,
+    in a thread on its own loopback socket; ``running`` collects it for the fixture to stop."""
+    upstream = Scripted(SIMPLE)
+    state = _state(settings, smollm2_map, upstream)
+
+    async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
+        return server_mod.Gateway(state=state, adapters=(), probes=())
+
+    patch.setattr(server_mod, "build_gateway", fake_build)
+    if app_factory is not None:
+        patch.setattr(server_mod, "create_app", app_factory)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(backlog)
+    ready: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: asyncio.run(server_mod.serve_gateway(
+        None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
+        on_ready=lambda gw, srv: ready.update(server=srv))), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not (ready.get("server") and ready["server"].started):
+        assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
+        time.sleep(0.02)
+    running.append((ready["server"], thread))
+    port = sock.getsockname()[1]
+    return Stack(f"http://127.0.0.1:{port}", port, upstream, state)
+
+
+def stop_stacks(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Thread]]) -> None:
+    patch.undo()
+    for srv, thread in running:
+        srv.should_exit = True
+        thread.join(10)
+
+
 @pytest.fixture(scope="module")
 def stacks(smollm2_map) -> Iterator[Callable[..., Stack]]:
     """``stacks(**settings) -> Stack``: ``serve_gateway`` over a scripted upstream."""
     running: list[tuple[Any, threading.Thread]] = []
     patch = pytest.MonkeyPatch()
-
-    def factory(**kw: Any) -> Stack:
-        settings = ServerSettings(**kw)
-        upstream = Scripted(SIMPLE)
-        state = _state(settings, smollm2_map, upstream)
-
-        async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
-            return server_mod.Gateway(state=state, adapters=(), probes=())
-
-        patch.setattr(server_mod, "build_gateway", fake_build)
-        patch.setattr(server_mod, "create_app", _create_app_with_a_crashing_route)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        ready: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: asyncio.run(server_mod.serve_gateway(
-            None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
-            on_ready=lambda gw, srv: ready.update(server=srv))), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 20
-        while not (ready.get("server") and ready["server"].started):
-            assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.02)
-        running.append((ready["server"], thread))
-        port = sock.getsockname()[1]
-        return Stack(f"http://127.0.0.1:{port}", port, upstream, state)
-
-    yield factory
-    patch.undo()
-    for srv, thread in running:
-        srv.should_exit = True
-        thread.join(10)
+    yield lambda **kw: serve_stack(patch, running, ServerSettings(**kw), smollm2_map,
+                                   app_factory=_create_app_with_a_crashing_route)
+    stop_stacks(patch, running)
 
 
 @pytest.fixture(scope="module")
