@@ -45,6 +45,8 @@ KINDS = ("python", "sh", "check", "codex-config")
 START_TIMEOUT_S = 180
 RUN_TIMEOUT_S = 180
 
+#: Why the README's first block (``./dev run`` / ``./dev test``) is not run here.
+SETUP_REASON = "the set-up commands, run by CI itself (.ci/run calls ./dev test)"
 _FENCE = re.compile(r"^```(\S*)\s*$")
 _MARK = re.compile(r"<!--\s*(runs|illustrative):\s*(.*?)\s*-->\s*\Z", re.S)
 
@@ -78,6 +80,13 @@ def blocks(path: Path) -> list[Block]:
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         before = "\n".join(lines[max(0, i - 6):i])
         mark = _MARK.search(before)
+        if i == 0 and path.name == "README.md":
+            # The README must open with its two set-up commands and nothing before them;
+            # they install everything (minutes), and CI runs `./dev test` itself.
+            out.append(Block(path, 1, m.group(1), "\n".join(lines[1:end]), "illustrative",
+                             SETUP_REASON))
+            i = end + 1
+            continue
         out.append(Block(path, i + 1, m.group(1), "\n".join(lines[i + 1:end]),
                          mark.group(1) if mark else None,
                          " ".join(mark.group(2).split()) if mark else ""))
