@@ -117,6 +117,25 @@ def test_verify_against_gguf_with_llama_cpp(capsys: pytest.CaptureFixture[str]) 
     assert rc == 0 and "0 mismatches" in out and "structure:" not in out
 
 
+@pytest.mark.parametrize("against", ["gguf", "tokenizer-json"])
+def test_verify_drops_bytes_the_vocab_lacks_as_the_reference_does(
+    against: str, tmp_path: Path, smollm2_tokenizer_json: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # SmolLM2 has no token for 0x1d or 0x04: llama.cpp drops them after merging, HF before,
+    # and they disagree on '!\x1d!'; each reference is compared with its own behaviour.
+    pytest.importorskip("llama_cpp")
+    from tokenwire.gguf_tokenizer import smollm2_gguf_path
+
+    corpus = tmp_path / "missing.json"
+    corpus.write_text(json.dumps({"missing": ["a\x1db", "!\x1d!", "x\x04\x04 y", "\x1d"]}))
+    ref = (["--against-gguf", str(smollm2_gguf_path())] if against == "gguf"
+           else ["--against-tokenizer-json", str(smollm2_tokenizer_json)])
+    rc = main(["maps", "verify", str(BUNDLED), *ref, "--corpus", str(corpus)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "4 samples, 0 mismatches, 0 vocab misses" in out, out
+
+
 def test_corpus_file_formats(tmp_path: Path) -> None:
     (tmp_path / "a.json").write_text(json.dumps({"x": ["a", "b"], "y": ["c"]}))
     (tmp_path / "b.json").write_text(json.dumps(["a", "b"]))

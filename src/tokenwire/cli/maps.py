@@ -286,7 +286,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return 0
     samples = load_corpus(args.corpus) if args.corpus else list(DEFAULT_SAMPLES)
     matched = args.specials == "all"
-    ours = _our_encoder(tmap, matched)
+    # Bytes the vocabulary lacks are dropped as the reference drops them: llama.cpp after
+    # merging, HF before (codec/tokenizer.py, on_missing), so only real differences count.
+    ours = _our_encoder(tmap, matched,
+                        "drop_after_merge" if args.against_gguf is not None else "drop")
     if args.against_gguf is not None:
         problems = _structural_diff_gguf(tmap, args.against_gguf)
         reference, name = _llama_cpp_encoder(args.against_gguf, matched), "llama.cpp"
@@ -307,10 +310,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
 # still splits non-special added tokens, so texts containing those can differ.
 
 
-def _our_encoder(tmap: TokenizerMap, matched: bool) -> Callable[[str], list[int]]:
+def _our_encoder(tmap: TokenizerMap, matched: bool,
+                 on_missing: str) -> Callable[[str], list[int]]:
     from tokenwire.codec.tokenizer import Tokenizer
 
-    tok = Tokenizer.from_map(tmap)
+    tok = Tokenizer.from_map(tmap, on_missing=on_missing)
     allowed = "all" if matched and tmap.special_tokens else frozenset()
     return lambda text: tok.encode(text, allowed_special=allowed)
 
