@@ -17,9 +17,11 @@ import argparse
 import contextlib
 import json
 import os
+import queue
+import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -54,11 +56,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_chat)
 
 
-def stream_reply(http: httpx.Client, url: str, body: dict[str, Any]) -> Iterator[str]:
-    """The text deltas of one streamed Chat Completions answer."""
+def stream_reply(http: httpx.Client, url: str, body: dict[str, Any], *,
+                 on_open: Callable[[httpx.Response], None] | None = None) -> Iterator[str]:
+    """The text deltas of one streamed Chat Completions answer (``on_open`` receives the
+    response as soon as its head arrives, e.g. to abort it from another thread)."""
     target = f"{url.rstrip('/')}/v1/chat/completions"
     try:
         with http.stream("POST", target, json={**body, "stream": True}) as resp:
+            if on_open is not None:
+                on_open(resp)
             if resp.status_code != 200:
                 raise CodecHTTPError(resp.status_code, resp.read(), target)
             for line in resp.iter_lines():
@@ -102,18 +108,51 @@ def _embedded_server() -> Iterator[str]:
 
 
 def _turn(http: httpx.Client, url: str, body: dict[str, Any]) -> str:
-    """Stream one answer to the terminal; Ctrl-C stops it. Returns what was shown."""
+    """Stream one answer to the terminal; Ctrl-C stops it. Returns what was shown.
+
+    The HTTP stream is read in a worker thread and the main thread only waits on a queue,
+    so Ctrl-C's KeyboardInterrupt always lands here, never inside the HTTP client's
+    internals (a blocked read there did not always give it back). Stopping shuts the
+    connection's socket down, which ends the worker's read and, at the gateway, the
+    generation."""
     shown: list[str] = []
+    events: queue.Queue[str | BaseException | None] = queue.Queue()
+    opened: list[httpx.Response] = []
+
+    def pump() -> None:
+        try:
+            for text in stream_reply(http, url, body, on_open=opened.append):
+                events.put(text)
+        except BaseException as exc:  # the main thread raises it (or ignores it once stopped)
+            events.put(exc)
+        else:
+            events.put(None)
+
+    threading.Thread(target=pump, name="tokenwire-chat-stream", daemon=True).start()
     try:
-        for text in stream_reply(http, url, body):
-            shown.append(text)
-            sys.stdout.write(text)
+        while (item := events.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            shown.append(item)
+            sys.stdout.write(item)
             sys.stdout.flush()
-    except KeyboardInterrupt:  # leaving the `with` closed the response: generation stops
+    except KeyboardInterrupt:
+        if opened:
+            _abort(opened[0])
         sys.stdout.write(" [stopped]")
     sys.stdout.write("\n")
     sys.stdout.flush()
     return "".join(shown)
+
+
+def _abort(resp: httpx.Response) -> None:
+    """End a response another thread is reading: shutting the socket down wakes its read
+    (closing the file descriptor alone would not)."""
+    stream = resp.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
 
 def _read_line() -> str | None:
