@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -197,6 +198,10 @@ def _loop(http: httpx.Client, url: str, args: argparse.Namespace) -> int:
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    # Ctrl-C is this command's way to stop an answer, so it must raise KeyboardInterrupt
+    # even when the parent left SIGINT ignored (a background job of a non-interactive
+    # shell, as CI scripts start them, passes SIG_IGN on; Python then installs no handler).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:  # pragma: no cover (not on every platform)
