@@ -1,10 +1,14 @@
 """Encode throughput, single thread: ~2 MB of corpus text, MB/s of UTF-8 input.
 
-    TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 .venv/bin/python -m bench.bench_encode
+    TOKENIZERS_PARALLELISM=false RAYON_NUM_THREADS=1 .venv/bin/python -m bench.bench_encode [MAP]
 
 The corpus (tests/fixtures/corpus) is repeated to ~2 MB and encoded sample by sample, so
-word caches warm up after the first repetition for every implementation alike. Each
-figure is the best of ``REPEATS`` runs, each run on a freshly built tokenizer ("cold").
+word caches warm up after the first repetition for every implementation alike ("warm").
+Metaspace maps also get a "cold" row: each of the corpus texts once, so almost every word is
+new. Each figure is the best of ``REPEATS`` runs, each run on a freshly built tokenizer.
+The Llama-2 map is not shipped (its licence, tests/fixtures/README.md): set
+``TOKENWIRE_BENCH_LLAMA2`` to a copy of codec-maps' ``meta-llama/llama-2.json`` to add its
+rows. ``MAP`` arguments (row names such as ``phi-3``) run only those maps.
 Rows: tokenwire (tiktoken and python backends), codecai 0.4.1 ``BPETokenizer`` (its phi-3
 ids are wrong, peer-bench §2; its smollm2 uses the map's v1 pattern), HF `tokenizers`, and
 tiktoken itself built from the cl100k map with tiktoken's own pattern. "same ids" compares
@@ -52,7 +56,16 @@ BENCH_MAPS = [
     ("smollm2 (v2 program)", "huggingfacetb/smollm2"),
     ("cl100k", "openai/cl100k_base"),
     ("phi-3", "microsoft/phi-3"),
+    ("llama-2", "meta-llama/llama-2"),
 ]
+LLAMA2_ENV = "TOKENWIRE_BENCH_LLAMA2"
+
+
+def _map_path(map_id: str) -> Path | None:
+    if map_id == "meta-llama/llama-2":
+        where = os.environ.get(LLAMA2_ENV)
+        return Path(where) if where else None
+    return MAPS / f"{map_id}.json"
 
 
 def _texts() -> list[str]:
@@ -87,7 +100,8 @@ def _impls(map_id: str) -> list[tuple[str, Callable[[], Callable[[str], list[int
     from tokenwire.codec.maps import load_map_file
     from tokenwire.codec.tokenizer import Tokenizer
 
-    path = MAPS / f"{map_id}.json"
+    path = _map_path(map_id)
+    assert path is not None
     tmap = load_map_file(path)
     real = None
     if map_id == "huggingfacetb/smollm2":
@@ -119,11 +133,13 @@ def _tiktoken_cl100k(tmap: Any) -> Callable[[str], list[int]]:
     return enc.encode_ordinary
 
 
-def run() -> list[dict]:
+def run(only: list[str] | None = None) -> list[dict]:
     texts = _texts()
     mb = sum(len(t.encode()) for t in texts) / 1e6
     rows = []
     for name, map_id in BENCH_MAPS:
+        if (only and name not in only) or _map_path(map_id) is None:
+            continue
         impls = _impls(map_id)
         hf_encode = impls[-2 if map_id == "openai/cl100k_base" else -1][1]()
         probe = texts[:200]
@@ -135,7 +151,7 @@ def run() -> list[dict]:
                          "value": round(_measure(build, texts), 2), "unit": "MB/s",
                          "same ids as HF": "yes" if same else "no",
                          "input MB": round(mb, 2)})  # fmt: skip
-            if map_id == "microsoft/phi-3":  # issue 18: every word new, caches cold
+            if name in ("phi-3", "llama-2"):  # issue 18: every word new, caches cold
                 cold = _distinct_texts()
                 cold_mb = sum(len(t.encode()) for t in cold) / 1e6
                 rows.append({"op": "encode, each text once (cold)", "map": name,
@@ -146,6 +162,8 @@ def run() -> list[dict]:
 
 
 if __name__ == "__main__":
+    import sys
+
     from bench.run import table
 
-    print(table(run()))
+    print(table(run(sys.argv[1:] or None)))

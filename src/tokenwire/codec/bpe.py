@@ -137,18 +137,19 @@ class BPE:
         self.ranks = parse_merges(merges)
         self.byte_fallback = byte_fallback
         self.map_id = map_id
-        self._cached: Callable[[str], tuple[int, ...]] = lru_cache(maxsize=cache_size)(
+        #: :meth:`encode_uncached` behind the LRU cache, for callers that keep words short.
+        self.cached: Callable[[str], tuple[int, ...]] = lru_cache(maxsize=cache_size)(
             self.encode_uncached
         )
 
     def encode_word(self, word: str) -> tuple[int, ...]:
         """The ids of one pre-tokenized word (already in vocab characters), cached."""
         if len(word) <= MAX_CACHED_WORD:
-            return self._cached(word)
+            return self.cached(word)
         return self.encode_uncached(word)
 
     def cache_info(self) -> object:
-        return self._cached.cache_info()  # type: ignore[attr-defined]
+        return self.cached.cache_info()  # type: ignore[attr-defined]
 
     def encode_uncached(self, word: str) -> tuple[int, ...]:
         """:meth:`encode_word` without the cache (for callers that cache on their own key)."""

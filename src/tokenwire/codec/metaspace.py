@@ -14,20 +14,38 @@ text segment between special tokens:
 * ``"never"``: spaces become ``▁``, nothing is prepended.
 
 Then BPE runs over the whole segment with merge priorities and byte fallback
-(:class:`~tokenwire.codec.bpe.BPE`). To make that fast and cacheable the segment is cut in
-front of every ``▁`` that follows a non-``▁`` character. The cut is exact, not a heuristic:
-BPE can only join two symbols across it into a token containing ``x▁`` (x not ``▁``), and
-the constructor checks that no merge produces such a token; if one does, segments are merged
-whole.
+(:class:`~tokenwire.codec.bpe.BPE`). To make that fast and cacheable the segment is cut
+into pieces that BPE provably never merges across, each merged alone and cached:
+
+* **Class cuts** (Llama-2, Phi-3). Only a few hundred characters occur in any merge product;
+  call those with Unicode category L or M *letters*, the others but ``▁`` *others*, and every
+  remaining character *isolated* (newline, digits, most CJK, characters the vocabulary
+  lacks: each is a token or byte fallback on its own). A piece is ``▁*letters+``,
+  ``▁*others+``, ``▁+`` or one isolated character, so every cut sits between a letter and
+  an other, in front of a ``▁`` that follows a non-``▁``, or next to an isolated character.
+  A merge joining two symbols across such a cut would produce a token containing that
+  character pair; the constructor checks that no merge product contains one.
+* **Metaspace cuts**: in front of every ``▁`` that follows a non-``▁`` character, used when
+  the class check fails but no product contains ``x▁`` (x not ``▁``).
+* Otherwise segments are merged whole.
+
+Each check reads the map's own merges at load; nothing is assumed about a vocabulary.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import unicodedata
+from collections.abc import Callable, Iterable, Sequence
+from functools import lru_cache
 from itertools import chain
+from typing import Literal
 
-from tokenwire.codec.bpe import BPE, DEFAULT_CACHE_SIZE
+from tokenwire.codec.bpe import BPE, DEFAULT_CACHE_SIZE, MAX_CACHED_WORD
 from tokenwire.codec.maps import TokenizerMap
+from tokenwire.codec.metaspace_tiktoken import TiktokenPieces, needs_python, product_ranks
+from tokenwire.errors import TokenizeError
 
 __all__ = ["METASPACE", "MetaspaceEncoder"]
 
@@ -38,22 +56,77 @@ METASPACE = "\u2581"
 _CHUNK_RE = re.compile(f"{METASPACE}+[^{METASPACE}]*|[^{METASPACE}]+")
 _CROSSES_CUT_RE = re.compile(f"[^{METASPACE}]{METASPACE}")
 
+# Joins merge products for one regex scan; a map whose products contain it gets no class cuts.
+_SEPARATOR = "\x00"
+
+
+def class_cut_pattern(products: Sequence[str]) -> re.Pattern[str] | None:
+    """The class-cut piece pattern (module docstring) if no merge product crosses one of its
+    cuts, else ``None``."""
+    joined = _SEPARATOR.join(products)
+    if joined.count(_SEPARATOR) != len(products) - 1:
+        return None
+    chars = set(joined) - {_SEPARATOR, METASPACE}
+    letters = {c for c in chars if unicodedata.category(c)[0] in "LM"}
+    others = chars - letters
+    if not letters or not others:  # an empty class cannot be written; unusual enough
+        return None
+    # One C-level pass writes each product as classes (L letter, O other, S metaspace).
+    table = str.maketrans({**dict.fromkeys(letters, "L"), **dict.fromkeys(others, "O"),
+                           METASPACE: "S", _SEPARATOR: " "})  # fmt: skip
+    if re.search("LO|OL|[LO]S", joined.translate(table)):
+        return None
+    let, oth, m = _char_class(letters), _char_class(others), METASPACE
+    return re.compile(f"{m}*{let}+|{m}*{oth}+|{m}+|.", re.DOTALL)
+
+
+def _char_class(chars: Iterable[str]) -> str:
+    return "[" + "".join(sorted(map(re.escape, chars))) + "]"
+
 
 class MetaspaceEncoder:
-    """Encodes text segments (no special tokens inside) of one metaspace map."""
+    """Encodes text segments (no special tokens inside) of one metaspace map.
 
-    def __init__(self, tmap: TokenizerMap, *, cache_size: int = DEFAULT_CACHE_SIZE) -> None:
+    ``native`` merges pieces in tiktoken's Rust core where that gives HF's ids
+    (:mod:`tokenwire.codec.metaspace_tiktoken`): ``"auto"`` when tiktoken is installed and
+    the map passes the check, ``True`` demands it (:class:`TokenizeError` otherwise),
+    ``False`` is pure Python. ``self.native`` says which it is.
+    """
+
+    def __init__(
+        self,
+        tmap: TokenizerMap,
+        *,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        native: bool | Literal["auto"] = False,
+    ) -> None:
         self.scheme = tmap.metaspace_prepend_scheme
         self.bpe = BPE(
-            tmap.vocab,
-            tmap.merges,
-            byte_fallback=tmap.byte_fallback,
-            map_id=tmap.id,
-            cache_size=cache_size,
+            tmap.vocab, tmap.merges, byte_fallback=tmap.byte_fallback, map_id=tmap.id,
+            cache_size=0,  # pieces are cached below, whichever engine merges them
+        )  # fmt: skip
+        products = [left + right for left, right in self.bpe.ranks]
+        pattern = class_cut_pattern(products)
+        if pattern is None and not any(map(_CROSSES_CUT_RE.search, products)):
+            pattern = _CHUNK_RE
+        #: How segments are cut: "classes", "metaspace" or "none" (merged whole).
+        self.cuts = (
+            "none" if pattern is None else "metaspace" if pattern is _CHUNK_RE else "classes"
         )
-        self.chunked = not any(
-            _CROSSES_CUT_RE.search(left + right) for left, right in self.bpe.ranks
+        self._pieces = None if pattern is None else pattern.findall
+        self._native = _native_pieces(tmap, self.bpe, native)
+        self.native = self._native is not None
+        self._cached: Callable[[str], tuple[int, ...]] = lru_cache(maxsize=cache_size)(
+            self._encode_piece
         )
+
+    def cache_info(self) -> object:
+        return self._cached.cache_info()  # type: ignore[attr-defined]
+
+    def _encode_piece(self, piece: str) -> tuple[int, ...]:
+        if self._native is None or needs_python(piece):
+            return self.bpe.encode_uncached(piece)
+        return self._native.encode(piece)
 
     def normalize(self, segment: str, *, at_text_start: bool) -> str:
         """The segment as the BPE model sees it (HF normaliser / pre-tokenizer output)."""
@@ -70,8 +143,27 @@ class MetaspaceEncoder:
         text = self.normalize(segment, at_text_start=at_text_start)
         if not text:
             return []
-        encode_word = self.bpe.encode_word
-        if not self.chunked:
-            return list(encode_word(text))
-        # encode_word caches short chunks and merges long ones uncached; one C-level loop
-        return list(chain.from_iterable(map(encode_word, _CHUNK_RE.findall(text))))
+        pieces = [text] if self._pieces is None else self._pieces(text)
+        if max(map(len, pieces)) <= MAX_CACHED_WORD:  # the common case: one C-level loop
+            return list(chain.from_iterable(map(self._cached, pieces)))
+        # long pieces rarely repeat, and caching one would pin megabytes
+        cached, uncached = self._cached, self._encode_piece
+        return list(chain.from_iterable(
+            cached(p) if len(p) <= MAX_CACHED_WORD else uncached(p) for p in pieces
+        ))  # fmt: skip
+
+
+def _native_pieces(
+    tmap: TokenizerMap, bpe: BPE, native: bool | Literal["auto"]
+) -> TiktokenPieces | None:
+    if native is False:
+        return None
+    order = product_ranks(bpe.ranks) if tmap.byte_fallback is not None else None
+    available = importlib.util.find_spec("tiktoken") is not None
+    if order is not None and available:
+        return TiktokenPieces(tmap, order)
+    if native == "auto":
+        return None
+    why = "tiktoken is not installed" if order is not None else (
+        "its merges are not grouped by product and complete, or it has no byte fallback")
+    raise TokenizeError(f"map {tmap.id!r} cannot be merged by tiktoken exactly: {why}")

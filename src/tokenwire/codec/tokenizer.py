@@ -17,7 +17,9 @@ codec-spec §3.4 gives the reference algorithm; this module keeps its shape and 
   client's cold speed. Without tiktoken the pure-Python :class:`~tokenwire.codec.bpe.BPE`
   does the same work.
 * **metaspace** is SentencePiece-exact (:mod:`tokenwire.codec.metaspace`), with the
-  Llama-2 vs Mistral-v3 prepend difference taken from ``metaspace_prepend_scheme``.
+  Llama-2 vs Mistral-v3 prepend difference taken from ``metaspace_prepend_scheme``; pieces
+  are merged by tiktoken where a per-map check proves it gives HF's ids
+  (:mod:`tokenwire.codec.metaspace_tiktoken`), in Python otherwise.
 * **identity** maps use longest-prefix match over the vocab (§3.4 step 6).
 * A byte the vocabulary lacks (SmolLM2 has no token for 0x04, 0x06, 0x13, 0x14, 0x16,
   0x1d, 0xf1, 0xf2; Falcon none for 0x0b) is dropped the way the model's own tokenizer
@@ -301,8 +303,9 @@ class _PythonByteLevel:
 
 
 class _Metaspace:
-    def __init__(self, tmap: TokenizerMap, cache_size: int) -> None:
-        self.encoder = MetaspaceEncoder(tmap, cache_size=cache_size)
+    def __init__(self, tmap: TokenizerMap, cache_size: int, backend: Backend) -> None:
+        native = {"auto": "auto", "tiktoken": True, "python": False}[backend]
+        self.encoder = MetaspaceEncoder(tmap, cache_size=cache_size, native=native)  # type: ignore[arg-type]
 
     def encode_segment(self, text: str, at_text_start: bool) -> list[int]:
         return self.encoder.encode_segment(text, at_text_start=at_text_start)
@@ -391,10 +394,11 @@ class Tokenizer:
                 engine: _Engine = _TiktokenByteLevel(tmap, pretok, cache_size, on_missing)
                 return cls(tmap, engine, "tiktoken")
             return cls(tmap, _PythonByteLevel(tmap, pretok, cache_size, on_missing), "python")
-        if backend == "tiktoken":
-            raise TokenizeError(f"the tiktoken backend needs a byte_level map, not {tmap.encoder}")
         if tmap.encoder == "metaspace":
-            return cls(tmap, _Metaspace(tmap, cache_size), "python")
+            metaspace = _Metaspace(tmap, cache_size, backend)
+            return cls(tmap, metaspace, "tiktoken" if metaspace.encoder.native else "python")
+        if backend == "tiktoken":
+            raise TokenizeError(f"the tiktoken backend needs a BPE map, not {tmap.encoder}")
         return cls(tmap, _Identity(tmap), "python")
 
     def encode(self, text: str, *, allowed_special: AllowedSpecial = frozenset()) -> list[int]:

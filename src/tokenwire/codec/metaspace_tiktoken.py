@@ -1,0 +1,102 @@
+"""Metaspace BPE pieces merged in tiktoken's Rust core, where the map's merges allow it.
+
+HF merges the adjacent pair with the lowest *pair* rank (its index in ``merges``); tiktoken
+merges the adjacent pair whose *concatenation* has the lowest rank, leftmost on ties. For a
+SentencePiece-converted merge list (Llama-2, Phi-3) the two agree on a piece when
+:func:`product_ranks` accepts the map, which it checks at load:
+
+1. **Grouped**: all pairs making one product stand together in ``merges``, so ordering
+   pairs by rank orders them by product first. Ranking each product by its place picks,
+   at every step, a pair of the same product HF picks.
+2. **Complete**: every way to split a product into two symbols (products or single
+   characters) is a merge, so tiktoken never joins a pair HF has no merge for.
+
+They can still differ when two *different* pairs of the product being merged are present
+at once (HF takes the lower pair rank, tiktoken the leftmost). That needs the product to
+occur at two offsets of the piece, and a product with two pairs has at least three
+characters, so its first three characters occur twice: :func:`needs_python` sends every
+piece with a repeated trigram (and every long piece, where tiktoken's quadratic merge would
+be slow) to the pure-Python engine, which implements HF's rule itself.
+
+tiktoken works on UTF-8 bytes. Every single-character token and each proper prefix of its
+bytes is ranked below every product, so characters are assembled before any merge; a
+character the vocabulary lacks is left as bytes (or as a prefix of a known character's
+bytes) and becomes its byte-fallback ids, which is what HF gives it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from itertools import chain, count, groupby
+
+from tokenwire.codec.maps import TokenizerMap
+
+__all__ = ["TiktokenPieces", "needs_python", "product_ranks"]
+
+#: Pieces longer than this are merged in Python: tiktoken's merge rescans the piece after
+#: every merge (quadratic), the Python heap merge is O(n log n).
+MAX_NATIVE_PIECE = 256
+
+
+def needs_python(piece: str) -> bool:
+    """True if tiktoken might disagree with HF on ``piece`` (module docstring)."""
+    n = len(piece)
+    if n > MAX_NATIVE_PIECE:
+        return True
+    return n > 2 and len(set(zip(piece, piece[1:], piece[2:], strict=False))) != n - 2
+
+
+def product_ranks(ranks: Mapping[tuple[str, str], int]) -> list[str] | None:
+    """The merge products in rank order if tiktoken's rule gives HF's ids (module
+    docstring, checks 1 and 2), else ``None``. ``ranks`` iterates in rank order
+    (:func:`~tokenwire.codec.bpe.parse_merges` builds it so)."""
+    products = [left + right for left, right in ranks]
+    order = [product for product, _ in groupby(products)]
+    if len(order) != len(set(order)):
+        return None  # some product's pairs are not contiguous
+    pairs_of = Counter(products)
+    symbols = pairs_of.keys() | set("".join(order))
+    # Two characters have one split, and it is the merge. One list of every valid split's
+    # product is the fast way to count them (this runs once per map, ~50 ms for Llama-2).
+    splits = Counter([product for product in order if len(product) > 2
+                      for k in range(1, len(product))
+                      if product[:k] in symbols and product[k:] in symbols])  # fmt: skip
+    if any(splits[product] != pairs_of[product] for product in order if len(product) > 2):
+        return None  # every merge is a valid split, so some valid split is not a merge
+    return order
+
+
+class TiktokenPieces:
+    """One tiktoken core ranking a metaspace map's characters and products; ``encode``
+    gives the ids of one piece (no special tokens, already normalised)."""
+
+    def __init__(self, tmap: TokenizerMap, products: Sequence[str]) -> None:
+        import tiktoken
+
+        assert tmap.byte_fallback is not None
+        start = tmap.byte_fallback[0]
+        vocab = tmap.vocab
+        # rank -> ids; single bytes first (tiktoken needs every one), then characters and
+        # the proper prefixes of their bytes, then the products, so products rank last.
+        remap = [(vocab[chr(b)],) if b < 0x80 and chr(b) in vocab else (start + b,)
+                 for b in range(256)]  # fmt: skip
+        ranks = {bytes([b]): b for b in range(256)}
+        for char in (key for key in vocab if len(key) == 1):
+            data = char.encode("utf-8")
+            for end in range(2, len(data) + 1):
+                if data[:end] not in ranks:
+                    ranks[data[:end]] = len(remap)
+                    remap.append((vocab[char],) if end == len(data)
+                                 else tuple(start + b for b in data[:end]))  # fmt: skip
+        ranks.update(zip(map(str.encode, products), count(len(remap))))
+        remap.extend((vocab[product],) for product in products)
+        self._remap = remap
+        self._encode = tiktoken.Encoding(
+            f"tokenwire:{tmap.id}:metaspace", pat_str=r"(?s:.+)",
+            mergeable_ranks=ranks, special_tokens={},
+        )._core_bpe.encode_single_piece  # fmt: skip
+
+    def encode(self, piece: str) -> tuple[int, ...]:
+        remap = self._remap
+        return tuple(chain.from_iterable(map(remap.__getitem__, self._encode(piece.encode()))))

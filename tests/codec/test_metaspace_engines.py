@@ -1,0 +1,135 @@
+"""Metaspace encoding fast paths (issue 18 item 4): every way of cutting and merging a segment
+gives the ids of one whole-sequence merge and of HF `tokenizers`, and each per-map check
+falls back when its property does not hold.
+
+The corpus differential for the pure-Python engine is test_tokenizer_differential.py; the
+tiktoken engine gets the same corpus check here. The Llama-2 map is not shipped; its merges
+are identical to Phi-3's (checked by hand against codec-maps' llama-2.json, BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from functools import cache
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.conftest import corpus, fixture_map_path
+from tests.hf_oracle import hf_encode, hf_tokenizer
+from tokenwire.codec.maps import TokenizerMap, load_map_file
+from tokenwire.codec.metaspace import METASPACE, MetaspaceEncoder
+from tokenwire.codec.metaspace_tiktoken import needs_python, product_ranks
+from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.errors import TokenizeError
+
+PHI3 = "microsoft/phi-3"
+TEXTS = [s for samples in corpus().values() for s in samples]
+
+# Letters, others, metaspace runs, isolated characters (digits, newline, CJK), a character
+# the vocabulary lacks (byte fallback), a combining mark, and repeats that make trigrams recur.
+ALPHABET = [
+    *"abcethrsn ▁.,;:()-'\"\n\t0129中文ßé",
+    *["\u0301", "\U0001d11e", "😀", "ab", "the", "  ", "aaa", "--"],
+]
+
+
+@cache
+def phi3(scheme: str | None = None) -> TokenizerMap:
+    tmap = load_map_file(fixture_map_path(PHI3))
+    return tmap if scheme is None else dataclasses.replace(tmap, metaspace_prepend_scheme=scheme)
+
+
+@cache
+def encoder(native: bool, scheme: str | None = None) -> MetaspaceEncoder:
+    return MetaspaceEncoder(phi3(scheme), native=native)
+
+
+@cache
+def oracle(scheme: str | None = None) -> Any:
+    return hf_tokenizer(phi3(scheme))
+
+
+def whole(enc: MetaspaceEncoder, text: str) -> list[int]:
+    """One merge over the whole normalised segment: no cuts, no tiktoken."""
+    normalized = enc.normalize(text, at_text_start=True)
+    return list(enc.bpe.encode_uncached(normalized)) if normalized else []
+
+
+def test_phi3_passes_both_checks() -> None:
+    assert encoder(True).cuts == "classes"
+    assert encoder(True).native
+    assert product_ranks(encoder(True).bpe.ranks) is not None
+
+
+@pytest.mark.parametrize("scheme", [None, "first"])
+def test_tiktoken_engine_equals_hf_on_the_corpus(scheme: str | None) -> None:
+    tok = Tokenizer.from_map(phi3(scheme), "tiktoken")
+    assert tok.backend == "tiktoken"
+    bad = [t for t in TEXTS if tok.encode(t) != hf_encode(oracle(scheme), t)]
+    assert bad == [], f"{len(bad)} of {len(TEXTS)} differ, first: {bad[:1]!r}"
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(ALPHABET), max_size=80).map("".join))
+def test_cut_and_native_merges_equal_one_whole_merge_and_hf(text: str) -> None:
+    expected = whole(encoder(False), text)
+    assert encoder(False).encode_segment(text, at_text_start=True) == expected  # cuts only
+    assert encoder(True).encode_segment(text, at_text_start=True) == expected  # + tiktoken
+    assert expected == hf_encode(oracle(), text)
+
+
+def test_long_pieces_and_repeated_trigrams_take_the_python_merge() -> None:
+    assert needs_python("▁abcabc")  # "abc" twice: two pairs of one product could compete
+    assert needs_python("a" * 300)
+    assert not needs_python("▁consideration")
+    assert not needs_python("ab")
+    text = "▁" * 700 + "ab" * 400 + " aaaaaaa " + "x" * 300
+    assert encoder(True).encode_segment(text, at_text_start=True) == whole(encoder(False), text)
+
+
+def _with_extra_merge(tmap: TokenizerMap, token: str) -> TokenizerMap:
+    """``tmap`` with one more token, made by a merge of its first character and the rest
+    that ranks first, so the merge wins wherever its pair occurs."""
+    vocab = dict(tmap.vocab)
+    vocab[token] = max(vocab.values()) + 1
+    return dataclasses.replace(tmap, vocab=vocab, merges=[f"{token[0]} {token[1:]}", *tmap.merges])
+
+
+@pytest.mark.parametrize(
+    ("token", "cuts"),
+    [
+        ("s.", "metaspace"),  # a letter joined to an other: no class cuts
+        ("s" + METASPACE, "none"),  # a letter joined to a following metaspace: no cuts at all
+    ],
+)
+def test_a_product_crossing_a_cut_turns_the_cut_off(token: str, cuts: str) -> None:
+    tmap = _with_extra_merge(phi3(), token)
+    enc = MetaspaceEncoder(tmap, native=False)
+    assert enc.cuts == cuts
+    hf = hf_tokenizer(tmap)
+    for text in ["this is. a test", "lots of s. and s s", "yes.no s  x"]:
+        ids = enc.encode_segment(text, at_text_start=True)
+        assert ids == whole(enc, text) == hf_encode(hf, text)
+        assert tmap.vocab[token] in ids  # the crossing merge really happens
+
+
+def test_merges_not_grouped_by_product_keep_the_python_engine() -> None:
+    merges = list(phi3().merges)
+    moved = next(i for i, m in enumerate(merges) if m == "▁ the")  # "▁the" has three pairs
+    merges.append(merges.pop(moved))
+    tmap = dataclasses.replace(phi3(), merges=merges)
+    assert Tokenizer.from_map(tmap).backend == "python"
+    with pytest.raises(TokenizeError):
+        Tokenizer.from_map(tmap, "tiktoken")
+    hf = hf_tokenizer(tmap)
+    assert Tokenizer.from_map(tmap).encode(" the theme") == hf_encode(hf, " the theme")
+
+
+def test_a_split_that_is_not_a_merge_keeps_the_python_engine() -> None:
+    merges = [m for m in phi3().merges if m != "▁ the"]  # "▁" and "the" are both symbols
+    tmap = dataclasses.replace(phi3(), merges=merges)
+    assert product_ranks(MetaspaceEncoder(tmap).bpe.ranks) is None
+    assert Tokenizer.from_map(tmap).backend == "python"
