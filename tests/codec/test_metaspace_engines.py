@@ -10,6 +10,7 @@ are identical to Phi-3's (checked by hand against codec-maps' llama-2.json, BENC
 from __future__ import annotations
 
 import dataclasses
+import json
 from functools import cache
 from typing import Any
 
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.conftest import corpus, fixture_map_path
 from tests.hf_oracle import hf_encode, hf_tokenizer
-from tokenwire.codec.maps import TokenizerMap, load_map_file
+from tokenwire.codec.maps import TokenizerMap, load_map_bytes, load_map_file
 from tokenwire.codec.metaspace import METASPACE, MetaspaceEncoder
 from tokenwire.codec.metaspace_tiktoken import needs_python, product_ranks
 from tokenwire.codec.tokenizer import Tokenizer
@@ -81,11 +82,16 @@ def test_cut_and_native_merges_equal_one_whole_merge_and_hf(text: str) -> None:
     assert expected == hf_encode(oracle(), text)
 
 
-def test_long_pieces_and_repeated_trigrams_take_the_python_merge() -> None:
-    assert needs_python("▁abcabc")  # "abc" twice: two pairs of one product could compete
-    assert needs_python("a" * 300)
-    assert not needs_python("▁consideration")
-    assert not needs_python("ab")
+def test_long_pieces_and_repeated_contested_trigrams_take_the_python_merge() -> None:
+    found = product_ranks(encoder(True).bpe.ranks)
+    assert found is not None
+    contested = found.contested
+    assert "▁th" in contested  # "▁the" is made by three pairs
+    assert needs_python("▁the▁th", contested)  # two pairs of one product could compete
+    assert needs_python("a" * 300, contested)  # long
+    assert not needs_python("▁consideration", contested)  # no trigram repeats
+    assert needs_python("▁banana", contested) == ("ana" in contested)
+    assert not needs_python("ab", contested)
     text = "▁" * 700 + "ab" * 400 + " aaaaaaa " + "x" * 300
     assert encoder(True).encode_segment(text, at_text_start=True) == whole(encoder(False), text)
 
@@ -133,3 +139,29 @@ def test_a_split_that_is_not_a_merge_keeps_the_python_engine() -> None:
     tmap = dataclasses.replace(phi3(), merges=merges)
     assert product_ranks(MetaspaceEncoder(tmap).bpe.ranks) is None
     assert Tokenizer.from_map(tmap).backend == "python"
+
+
+def _tiny_map(tokens: list[str], merges: list[str]) -> TokenizerMap:
+    """A metaspace map with byte fallback over ``tokens``, prepending nothing."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    vocab.update({f"<0x{b:02X}>": 3 + b for b in range(256)})
+    vocab.update({t: 259 + i for i, t in enumerate(tokens)})
+    return load_map_bytes(json.dumps({
+        "id": "test/tiny-metaspace", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "metaspace", "merges": merges, "byte_fallback_start": 3,
+        "byte_fallback_end": 258, "special_tokens": {"<unk>": 0, "<s>": 1, "</s>": 2},
+        "metaspace_prepend_scheme": "never",
+    }).encode())  # fmt: skip
+
+
+def test_a_piece_that_is_an_unreachable_token_is_merged_not_looked_up() -> None:
+    # "b c" ranks first, so "abcd" ends as a|bc|d and never reaches the token "abcd" that
+    # "ab cd" makes; tiktoken would return a piece that is a token whole (the sentinel).
+    tmap = _tiny_map(["▁", "a", "b", "c", "d", "bc", "ab", "cd", "abcd"],
+                     ["b c", "a b", "c d", "ab cd"])  # fmt: skip
+    tok = Tokenizer.from_map(tmap, "tiktoken")
+    v = tmap.vocab
+    for text in ["abcd", "ab", "abcdé", "cd"]:
+        assert tok.encode(text) == hf_encode(hf_tokenizer(tmap), text)
+    assert tok.encode("abcd") == [v["a"], v["bc"], v["d"]]
+    assert tok.encode("ab") == [v["ab"]]

@@ -44,7 +44,7 @@ from typing import Literal
 
 from tokenwire.codec.bpe import BPE, DEFAULT_CACHE_SIZE, MAX_CACHED_WORD
 from tokenwire.codec.maps import TokenizerMap
-from tokenwire.codec.metaspace_tiktoken import TiktokenPieces, needs_python, product_ranks
+from tokenwire.codec.metaspace_tiktoken import TiktokenPieces, product_ranks
 from tokenwire.errors import TokenizeError
 
 __all__ = ["METASPACE", "MetaspaceEncoder"]
@@ -69,15 +69,14 @@ def class_cut_pattern(products: Sequence[str]) -> re.Pattern[str] | None:
     chars = set(joined) - {_SEPARATOR, METASPACE}
     letters = {c for c in chars if unicodedata.category(c)[0] in "LM"}
     others = chars - letters
-    if not letters or not others:  # an empty class cannot be written; unusual enough
-        return None
     # One C-level pass writes each product as classes (L letter, O other, S metaspace).
     table = str.maketrans({**dict.fromkeys(letters, "L"), **dict.fromkeys(others, "O"),
                            METASPACE: "S", _SEPARATOR: " "})  # fmt: skip
     if re.search("LO|OL|[LO]S", joined.translate(table)):
         return None
-    let, oth, m = _char_class(letters), _char_class(others), METASPACE
-    return re.compile(f"{m}*{let}+|{m}*{oth}+|{m}+|.", re.DOTALL)
+    m = METASPACE
+    runs = [f"{m}*{_char_class(c)}+" for c in (letters, others) if c]
+    return re.compile("|".join([*runs, f"{m}+", "."]), re.DOTALL)
 
 
 def _char_class(chars: Iterable[str]) -> str:
@@ -124,9 +123,8 @@ class MetaspaceEncoder:
         return self._cached.cache_info()  # type: ignore[attr-defined]
 
     def _encode_piece(self, piece: str) -> tuple[int, ...]:
-        if self._native is None or needs_python(piece):
-            return self.bpe.encode_uncached(piece)
-        return self._native.encode(piece)
+        ids = None if self._native is None else self._native.encode(piece)
+        return self.bpe.encode_uncached(piece) if ids is None else ids
 
     def normalize(self, segment: str, *, at_text_start: bool) -> str:
         """The segment as the BPE model sees it (HF normaliser / pre-tokenizer output)."""
@@ -158,12 +156,12 @@ def _native_pieces(
 ) -> TiktokenPieces | None:
     if native is False:
         return None
-    order = product_ranks(bpe.ranks) if tmap.byte_fallback is not None else None
+    found = product_ranks(bpe.ranks) if tmap.byte_fallback is not None else None
     available = importlib.util.find_spec("tiktoken") is not None
-    if order is not None and available:
-        return TiktokenPieces(tmap, order)
+    if found is not None and available:
+        return TiktokenPieces(tmap, found)
     if native == "auto":
         return None
-    why = "tiktoken is not installed" if order is not None else (
+    why = "tiktoken is not installed" if found is not None else (
         "its merges are not grouped by product and complete, or it has no byte fallback")
     raise TokenizeError(f"map {tmap.id!r} cannot be merged by tiktoken exactly: {why}")

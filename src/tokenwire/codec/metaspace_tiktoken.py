@@ -14,9 +14,15 @@ SentencePiece-converted merge list (Llama-2, Phi-3) the two agree on a piece whe
 They can still differ when two *different* pairs of the product being merged are present
 at once (HF takes the lower pair rank, tiktoken the leftmost). That needs the product to
 occur at two offsets of the piece, and a product with two pairs has at least three
-characters, so its first three characters occur twice: :func:`needs_python` sends every
-piece with a repeated trigram (and every long piece, where tiktoken's quadratic merge would
-be slow) to the pure-Python engine, which implements HF's rule itself.
+characters, so its first three characters occur twice: :meth:`TiktokenPieces.encode`
+declines every piece in which such a trigram (the start of a product with several pairs)
+repeats, and every long piece, where tiktoken's quadratic merge would be slow; the caller
+merges those in Python, which implements HF's rule itself.
+
+tiktoken returns a piece that is itself a token as that token without merging. HF does not
+promise that (a product is not always reachable from its own characters), so every piece
+is given to tiktoken with a trailing 0xFF byte, which no token contains: the piece is then
+never a token, tiktoken runs the whole merge, and the 0xFF token is dropped from the end.
 
 tiktoken works on UTF-8 bytes. Every single-character token and each proper prefix of its
 bytes is ranked below every product, so characters are assembled before any merge; a
@@ -27,27 +33,49 @@ bytes) and becomes its byte-fallback ids, which is what HF gives it.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from itertools import chain, count, groupby
 
 from tokenwire.codec.maps import TokenizerMap
 
-__all__ = ["TiktokenPieces", "needs_python", "product_ranks"]
+__all__ = ["ProductRanks", "TiktokenPieces", "needs_python", "product_ranks"]
 
 #: Pieces longer than this are merged in Python: tiktoken's merge rescans the piece after
 #: every merge (quadratic), the Python heap merge is O(n log n).
 MAX_NATIVE_PIECE = 256
 
 
-def needs_python(piece: str) -> bool:
+# Never part of UTF-8, so no token contains it (module docstring: tiktoken's whole-piece
+# shortcut).
+_SENTINEL = b"\xff"
+
+
+@dataclass(frozen=True)
+class ProductRanks:
+    """What :func:`product_ranks` found: products in rank order, and the first three
+    characters of each product made by more than one pair."""
+
+    order: list[str]
+    contested: frozenset[str]
+
+
+def needs_python(piece: str, contested: AbstractSet[str]) -> bool:
     """True if tiktoken might disagree with HF on ``piece`` (module docstring)."""
     n = len(piece)
     if n > MAX_NATIVE_PIECE:
         return True
-    return n > 2 and len(set(zip(piece, piece[1:], piece[2:], strict=False))) != n - 2
+    if n < 3:
+        return False
+    trigrams = list(map("".join, zip(piece, piece[1:], piece[2:], strict=False)))
+    if len(set(trigrams)) == len(trigrams):
+        return False
+    repeated = {t for t, c in Counter(trigrams).items() if c > 1}
+    return not repeated.isdisjoint(contested)
 
 
-def product_ranks(ranks: Mapping[tuple[str, str], int]) -> list[str] | None:
+def product_ranks(ranks: Mapping[tuple[str, str], int]) -> ProductRanks | None:
     """The merge products in rank order if tiktoken's rule gives HF's ids (module
     docstring, checks 1 and 2), else ``None``. ``ranks`` iterates in rank order
     (:func:`~tokenwire.codec.bpe.parse_merges` builds it so)."""
@@ -64,16 +92,19 @@ def product_ranks(ranks: Mapping[tuple[str, str], int]) -> list[str] | None:
                       if product[:k] in symbols and product[k:] in symbols])  # fmt: skip
     if any(splits[product] != pairs_of[product] for product in order if len(product) > 2):
         return None  # every merge is a valid split, so some valid split is not a merge
-    return order
+    contested = frozenset(product[:3] for product in order if pairs_of[product] > 1)
+    return ProductRanks(order, contested)
 
 
 class TiktokenPieces:
     """One tiktoken core ranking a metaspace map's characters and products; ``encode``
     gives the ids of one piece (no special tokens, already normalised)."""
 
-    def __init__(self, tmap: TokenizerMap, products: Sequence[str]) -> None:
+    def __init__(self, tmap: TokenizerMap, found: ProductRanks) -> None:
         import tiktoken
 
+        products = found.order
+        self._contested = found.contested
         assert tmap.byte_fallback is not None
         start = tmap.byte_fallback[0]
         vocab = tmap.vocab
@@ -97,6 +128,10 @@ class TiktokenPieces:
             mergeable_ranks=ranks, special_tokens={},
         )._core_bpe.encode_single_piece  # fmt: skip
 
-    def encode(self, piece: str) -> tuple[int, ...]:
-        remap = self._remap
-        return tuple(chain.from_iterable(map(remap.__getitem__, self._encode(piece.encode()))))
+    def encode(self, piece: str) -> tuple[int, ...] | None:
+        """The ids of ``piece``, or ``None`` if it must be merged in Python."""
+        if needs_python(piece, self._contested):
+            return None
+        ranks = self._encode(piece.encode() + _SENTINEL)
+        ranks.pop()  # the sentinel's own token
+        return tuple(chain.from_iterable(map(self._remap.__getitem__, ranks)))
