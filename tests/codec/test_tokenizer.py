@@ -6,6 +6,7 @@ The differential checks against HF `tokenizers` live in test_tokenizer_different
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 from functools import cache
 
@@ -18,7 +19,7 @@ from tests.hf_oracle import hf_encode, hf_tokenizer
 from tokenwire.codec.bpe import BPE, _merge_heap, _merge_scan
 from tokenwire.codec.byte_level import BYTE_TO_CHAR
 from tokenwire.codec.maps import TokenizerMap, load_map_bytes, load_map_file
-from tokenwire.codec.metaspace import MetaspaceEncoder
+from tokenwire.codec.metaspace import NATIVE_AFTER_MISSES, MetaspaceEncoder
 from tokenwire.codec.tokenizer import Tokenizer
 from tokenwire.errors import TokenizeError, VocabMiss
 
@@ -251,8 +252,22 @@ def test_calls_counts_every_encoded_text() -> None:
 
 def test_backend_auto_picks_tiktoken_where_it_is_exact() -> None:
     assert tokenizer("openai/cl100k_base").backend == "tiktoken"
-    assert tokenizer("microsoft/phi-3").backend == "tiktoken"  # the map passes the check
+    assert Tokenizer.from_map(fixture_map("microsoft/phi-3"), "tiktoken").backend == "tiktoken"
     assert tokenizer("microsoft/phi-3", "python").backend == "python"
+
+
+def test_metaspace_auto_moves_to_tiktoken_once_busy() -> None:
+    tok = Tokenizer.from_map(fixture_map("microsoft/phi-3"))
+    python = tokenizer("microsoft/phi-3", "python")
+    assert tok.backend == "python"  # a map is ready before the tiktoken engine is built
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(w) for w in itertools.product(letters, repeat=3)][:NATIVE_AFTER_MISSES]
+    for i in range(0, len(words), 16):
+        text = " ".join(words[i : i + 16])
+        assert tok.encode(text) == python.encode(text)
+    assert tok.backend == "tiktoken"
+    text = "after the switch, the same ids"
+    assert tok.encode(text) == python.encode(text)
 
 
 def test_tiktoken_backend_is_refused_for_identity_maps() -> None:

@@ -69,27 +69,34 @@ def class_cut_pattern(products: Sequence[str]) -> re.Pattern[str] | None:
     chars = set(joined) - {_SEPARATOR, METASPACE}
     letters = {c for c in chars if unicodedata.category(c)[0] in "LM"}
     others = chars - letters
-    # One C-level pass writes each product as classes (L letter, O other, S metaspace).
-    table = str.maketrans({**dict.fromkeys(letters, "L"), **dict.fromkeys(others, "O"),
-                           METASPACE: "S", _SEPARATOR: " "})  # fmt: skip
-    if re.search("LO|OL|[LO]S", joined.translate(table)):
-        return None
     m = METASPACE
-    runs = [f"{m}*{_char_class(c)}+" for c in (letters, others) if c]
-    return re.compile("|".join([*runs, f"{m}+", "."]), re.DOTALL)
+    runs = "|".join(f"{_char_class(c)}+" for c in (letters, others) if c)
+    # Every product is a piece of its own: metaspaces, then letters only or others only.
+    if re.fullmatch(f"(?:{m}*(?:{runs})?{_SEPARATOR})*", joined + _SEPARATOR) is None:
+        return None
+    return re.compile(f"{m}*(?:{runs})|{m}+|.", re.DOTALL)
 
 
 def _char_class(chars: Iterable[str]) -> str:
     return "[" + "".join(sorted(map(re.escape, chars))) + "]"
 
 
+#: Distinct pieces merged in Python before ``native="auto"`` builds the tiktoken engine.
+#: Building it reads every merge (the checks, then the ranks: ~100 ms for Llama-2 on an idle
+#: core, as long as the rest of loading the map), which a tokenizer that encodes a prompt or
+#: two never earns back; this way a map is ready as soon as the Python engine is, and a
+#: tokenizer that is kept busy switches within its first few texts.
+NATIVE_AFTER_MISSES = 256
+
+
 class MetaspaceEncoder:
     """Encodes text segments (no special tokens inside) of one metaspace map.
 
     ``native`` merges pieces in tiktoken's Rust core where that gives HF's ids
-    (:mod:`tokenwire.codec.metaspace_tiktoken`): ``"auto"`` when tiktoken is installed and
-    the map passes the check, ``True`` demands it (:class:`TokenizeError` otherwise),
-    ``False`` is pure Python. ``self.native`` says which it is.
+    (:mod:`tokenwire.codec.metaspace_tiktoken`): ``"auto"`` starts in Python and switches
+    after :data:`NATIVE_AFTER_MISSES` distinct pieces if tiktoken is installed and the map
+    passes the check; ``True`` builds it at once (:class:`TokenizeError` if it cannot be
+    exact); ``False`` is pure Python. ``native`` (the attribute) says whether it is in use.
     """
 
     def __init__(
@@ -99,30 +106,33 @@ class MetaspaceEncoder:
         cache_size: int = DEFAULT_CACHE_SIZE,
         native: bool | Literal["auto"] = False,
     ) -> None:
+        self.map = tmap
         self.scheme = tmap.metaspace_prepend_scheme
-        self.bpe = BPE(
-            tmap.vocab, tmap.merges, byte_fallback=tmap.byte_fallback, map_id=tmap.id,
-            cache_size=0,  # pieces are cached below, whichever engine merges them
-        )  # fmt: skip
-        products = [left + right for left, right in self.bpe.ranks]
-        pattern = class_cut_pattern(products)
-        if pattern is None and not any(map(_CROSSES_CUT_RE.search, products)):
-            pattern = _CHUNK_RE
+        self.bpe, pattern = _bpe_and_cuts(tmap)
         #: How segments are cut: "classes", "metaspace" or "none" (merged whole).
         self.cuts = (
             "none" if pattern is None else "metaspace" if pattern is _CHUNK_RE else "classes"
         )
         self._pieces = None if pattern is None else pattern.findall
-        self._native = _native_pieces(tmap, self.bpe, native)
-        self.native = self._native is not None
+        self._native = _native_for(tmap, required=True) if native is True else None
+        # "auto" with a chance of success counts misses down to the switch
+        self._until_native = NATIVE_AFTER_MISSES if native == "auto" and _can_be_native(tmap) else 0
         self._cached: Callable[[str], tuple[int, ...]] = lru_cache(maxsize=cache_size)(
             self._encode_piece
         )
+
+    @property
+    def native(self) -> bool:
+        return self._native is not None
 
     def cache_info(self) -> object:
         return self._cached.cache_info()  # type: ignore[attr-defined]
 
     def _encode_piece(self, piece: str) -> tuple[int, ...]:
+        if self._until_native:
+            self._until_native -= 1
+            if not self._until_native:
+                self._native = _native_for(self.map, required=False)
         ids = None if self._native is None else self._native.encode(piece)
         return self.bpe.encode_uncached(piece) if ids is None else ids
 
@@ -151,17 +161,31 @@ class MetaspaceEncoder:
         ))  # fmt: skip
 
 
-def _native_pieces(
-    tmap: TokenizerMap, bpe: BPE, native: bool | Literal["auto"]
-) -> TiktokenPieces | None:
-    if native is False:
-        return None
-    found = product_ranks(bpe.ranks) if tmap.byte_fallback is not None else None
-    available = importlib.util.find_spec("tiktoken") is not None
-    if found is not None and available:
+@lru_cache(maxsize=4)  # per map object: every tokenizer of a map shares the work
+def _bpe_and_cuts(tmap: TokenizerMap) -> tuple[BPE, re.Pattern[str] | None]:
+    bpe = BPE(
+        tmap.vocab, tmap.merges, byte_fallback=tmap.byte_fallback, map_id=tmap.id,
+        cache_size=0,  # no state: encoders cache pieces themselves, whichever engine merges
+    )  # fmt: skip
+    products = [left + right for left, right in bpe.ranks]
+    pattern = class_cut_pattern(products)
+    if pattern is None and not any(map(_CROSSES_CUT_RE.search, products)):
+        pattern = _CHUNK_RE
+    return bpe, pattern
+
+
+def _can_be_native(tmap: TokenizerMap) -> bool:
+    return tmap.byte_fallback is not None and importlib.util.find_spec("tiktoken") is not None
+
+
+@lru_cache(maxsize=4)
+def _native_for(tmap: TokenizerMap, *, required: bool) -> TiktokenPieces | None:
+    found = product_ranks(_bpe_and_cuts(tmap)[0].ranks) if _can_be_native(tmap) else None
+    if found is not None:
         return TiktokenPieces(tmap, found)
-    if native == "auto":
+    if not required:
         return None
-    why = "tiktoken is not installed" if found is not None else (
-        "its merges are not grouped by product and complete, or it has no byte fallback")
-    raise TokenizeError(f"map {tmap.id!r} cannot be merged by tiktoken exactly: {why}")
+    raise TokenizeError(
+        f"map {tmap.id!r} cannot be merged by tiktoken exactly: tiktoken is not installed, the "
+        "map has no byte fallback, or its merges are not grouped by product and complete"
+    )

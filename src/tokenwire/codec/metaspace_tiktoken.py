@@ -14,10 +14,10 @@ SentencePiece-converted merge list (Llama-2, Phi-3) the two agree on a piece whe
 They can still differ when two *different* pairs of the product being merged are present
 at once (HF takes the lower pair rank, tiktoken the leftmost). That needs the product to
 occur at two offsets of the piece, and a product with two pairs has at least three
-characters, so its first three characters occur twice: :meth:`TiktokenPieces.encode`
-declines every piece in which such a trigram (the start of a product with several pairs)
-repeats, and every long piece, where tiktoken's quadratic merge would be slow; the caller
-merges those in Python, which implements HF's rule itself.
+characters. :meth:`TiktokenPieces.encode` declines every piece in which a product made by
+several pairs occurs at two offsets (found through its first three characters repeating,
+which is rare), and every long piece, where tiktoken's quadratic merge would be slow; the
+caller merges those in Python, which implements HF's rule itself.
 
 tiktoken returns a piece that is itself a token as that token without merging. HF does not
 promise that (a product is not always reachable from its own characters), so every piece
@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from itertools import chain, count, groupby
 
@@ -52,27 +51,36 @@ MAX_NATIVE_PIECE = 256
 _SENTINEL = b"\xff"
 
 
+Trigram = tuple[str, str, str]
+
+
 @dataclass(frozen=True)
 class ProductRanks:
-    """What :func:`product_ranks` found: products in rank order, and the first three
-    characters of each product made by more than one pair."""
+    """What :func:`product_ranks` found: products in rank order, and the products made by
+    more than one pair, by their first three characters."""
 
     order: list[str]
-    contested: frozenset[str]
+    contested: Mapping[Trigram, tuple[str, ...]]
 
 
-def needs_python(piece: str, contested: AbstractSet[str]) -> bool:
+def needs_python(piece: str, contested: Mapping[Trigram, tuple[str, ...]]) -> bool:
     """True if tiktoken might disagree with HF on ``piece`` (module docstring)."""
     n = len(piece)
     if n > MAX_NATIVE_PIECE:
         return True
-    if n < 3:
+    # The common cases, fastest first: no character repeats, or no trigram does.
+    if n < 3 or len(set(piece)) == n:
         return False
-    trigrams = list(map("".join, zip(piece, piece[1:], piece[2:], strict=False)))
-    if len(set(trigrams)) == len(trigrams):
+    trigrams = list(zip(piece, piece[1:], piece[2:], strict=False))
+    if len(set(trigrams)) == n - 2:
         return False
-    repeated = {t for t, c in Counter(trigrams).items() if c > 1}
-    return not repeated.isdisjoint(contested)
+    for trigram, seen in Counter(trigrams).items():
+        if seen > 1 and trigram in contested:
+            for product in contested[trigram]:
+                first = piece.find(product)
+                if first >= 0 and piece.find(product, first + 1) >= 0:
+                    return True
+    return False
 
 
 def product_ranks(ranks: Mapping[tuple[str, str], int]) -> ProductRanks | None:
@@ -92,8 +100,11 @@ def product_ranks(ranks: Mapping[tuple[str, str], int]) -> ProductRanks | None:
                       if product[:k] in symbols and product[k:] in symbols])  # fmt: skip
     if any(splits[product] != pairs_of[product] for product in order if len(product) > 2):
         return None  # every merge is a valid split, so some valid split is not a merge
-    contested = frozenset(product[:3] for product in order if pairs_of[product] > 1)
-    return ProductRanks(order, contested)
+    by_trigram: dict[Trigram, list[str]] = {}
+    for product in order:
+        if pairs_of[product] > 1:
+            by_trigram.setdefault((product[0], product[1], product[2]), []).append(product)
+    return ProductRanks(order, {key: tuple(found) for key, found in by_trigram.items()})
 
 
 class TiktokenPieces:
@@ -121,7 +132,7 @@ class TiktokenPieces:
                     remap.append((vocab[char],) if end == len(data)
                                  else tuple(start + b for b in data[:end]))  # fmt: skip
         ranks.update(zip(map(str.encode, products), count(len(remap))))
-        remap.extend((vocab[product],) for product in products)
+        remap.extend(zip(map(vocab.__getitem__, products), strict=True))  # 1-tuples
         self._remap = remap
         self._encode = tiktoken.Encoding(
             f"tokenwire:{tmap.id}:metaspace", pat_str=r"(?s:.+)",

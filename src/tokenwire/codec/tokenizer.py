@@ -307,6 +307,10 @@ class _Metaspace:
         native = {"auto": "auto", "tiktoken": True, "python": False}[backend]
         self.encoder = MetaspaceEncoder(tmap, cache_size=cache_size, native=native)  # type: ignore[arg-type]
 
+    @property
+    def backend(self) -> str:  # "auto" switches to tiktoken once the tokenizer is busy
+        return "tiktoken" if self.encoder.native else "python"
+
     def encode_segment(self, text: str, at_text_start: bool) -> list[int]:
         return self.encoder.encode_segment(text, at_text_start=at_text_start)
 
@@ -353,13 +357,15 @@ def _has_repeated_product(tmap: TokenizerMap) -> bool:
 class Tokenizer:
     """Encodes text to the ids the model's own tokenizer would produce.
 
-    Build with :meth:`from_map`. ``backend`` is the resolved engine name (``"tiktoken"``,
-    ``"python"``); ``calls`` counts encoded texts.
+    Build with :meth:`from_map`. ``backend`` is the engine in use (``"tiktoken"``,
+    ``"python"``; a metaspace map under ``"auto"`` starts in Python and moves to tiktoken
+    once busy, :data:`~tokenwire.codec.metaspace.NATIVE_AFTER_MISSES`); ``calls`` counts
+    encoded texts.
     """
 
     def __init__(self, tmap: TokenizerMap, engine: _Engine, backend: str) -> None:
         self.map = tmap
-        self.backend = backend
+        self._backend = backend
         self.calls = 0
         self._engine = engine
         self._specials = dict(tmap.special_tokens)
@@ -395,11 +401,14 @@ class Tokenizer:
                 return cls(tmap, engine, "tiktoken")
             return cls(tmap, _PythonByteLevel(tmap, pretok, cache_size, on_missing), "python")
         if tmap.encoder == "metaspace":
-            metaspace = _Metaspace(tmap, cache_size, backend)
-            return cls(tmap, metaspace, "tiktoken" if metaspace.encoder.native else "python")
+            return cls(tmap, _Metaspace(tmap, cache_size, backend), "python")
         if backend == "tiktoken":
             raise TokenizeError(f"the tiktoken backend needs a BPE map, not {tmap.encoder}")
         return cls(tmap, _Identity(tmap), "python")
+
+    @property
+    def backend(self) -> str:
+        return self._engine.backend if isinstance(self._engine, _Metaspace) else self._backend
 
     def encode(self, text: str, *, allowed_special: AllowedSpecial = frozenset()) -> list[int]:
         """The ids of ``text``. Special-token strings are plain text unless allowed."""
