@@ -166,3 +166,14 @@ def test_a_piece_that_is_an_unreachable_token_is_merged_not_looked_up() -> None:
         assert tok.encode(text) == hf_encode(hf_tokenizer(tmap), text)
     assert tok.encode("abcd") == [v["a"], v["bc"], v["d"]]
     assert tok.encode("ab") == [v["ab"]]
+
+
+def test_a_missing_character_sharing_bytes_with_a_known_one_is_byte_fallback() -> None:
+    # tiktoken assembles the known character's first bytes, then stops: those bytes must
+    # still come out as byte-fallback ids, as HF gives them.
+    vocab = phi3().vocab
+    known = {c.encode()[:2] for c in vocab if len(c) == 1 and len(c.encode()) == 3}
+    missing = next(chr(cp) for cp in range(0x4E00, 0xA000)
+                   if chr(cp) not in vocab and chr(cp).encode()[:2] in known)  # fmt: skip
+    for text in [missing, f"a{missing}b", f"中{missing}{missing}文"]:
+        assert encoder(True).encode_segment(text, at_text_start=True) == hf_encode(oracle(), text)

@@ -119,21 +119,24 @@ class TiktokenPieces:
         assert tmap.byte_fallback is not None
         start = tmap.byte_fallback[0]
         vocab = tmap.vocab
-        # rank -> ids; single bytes first (tiktoken needs every one), then characters and
-        # the proper prefixes of their bytes, then the products, so products rank last.
-        remap = [(vocab[chr(b)],) if b < 0x80 and chr(b) in vocab else (start + b,)
-                 for b in range(256)]  # fmt: skip
+        # rank -> id; single bytes first (tiktoken needs every one), then characters and
+        # the proper prefixes of their bytes, then the products, so products rank last. A
+        # prefix left over (a character the vocab lacks) is several byte-fallback ids: its
+        # id is -1 and _prefixes has them.
+        ids = [vocab[chr(b)] if b < 0x80 and chr(b) in vocab else start + b for b in range(256)]
         ranks = {bytes([b]): b for b in range(256)}
+        self._prefixes: dict[int, tuple[int, ...]] = {}
         for char in (key for key in vocab if len(key) == 1):
             data = char.encode("utf-8")
             for end in range(2, len(data) + 1):
                 if data[:end] not in ranks:
-                    ranks[data[:end]] = len(remap)
-                    remap.append((vocab[char],) if end == len(data)
-                                 else tuple(start + b for b in data[:end]))  # fmt: skip
-        ranks.update(zip(map(str.encode, products), count(len(remap))))
-        remap.extend(zip(map(vocab.__getitem__, products), strict=True))  # 1-tuples
-        self._remap = remap
+                    ranks[data[:end]] = len(ids)
+                    if end < len(data):
+                        self._prefixes[len(ids)] = tuple(start + b for b in data[:end])
+                    ids.append(vocab[char] if end == len(data) else -1)
+        ranks.update(zip(map(str.encode, products), count(len(ids))))
+        ids.extend(map(vocab.__getitem__, products))
+        self._ids = ids
         self._encode = tiktoken.Encoding(
             f"tokenwire:{tmap.id}:metaspace", pat_str=r"(?s:.+)",
             mergeable_ranks=ranks, special_tokens={},
@@ -145,4 +148,10 @@ class TiktokenPieces:
             return None
         ranks = self._encode(piece.encode() + _SENTINEL)
         ranks.pop()  # the sentinel's own token
-        return tuple(chain.from_iterable(map(self._remap.__getitem__, ranks)))
+        ids = tuple(map(self._ids.__getitem__, ranks))
+        if -1 not in ids:
+            return ids
+        prefixes = self._prefixes
+        return tuple(chain.from_iterable(
+            prefixes[r] if r in prefixes else (i,) for r, i in zip(ranks, ids, strict=True)
+        ))  # fmt: skip
