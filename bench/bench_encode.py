@@ -6,7 +6,8 @@ The corpus (tests/fixtures/corpus) is repeated to ~2 MB and encoded sample by sa
 word caches warm up after the first repetition for every implementation alike ("warm").
 Metaspace maps also get a "cold" row: each of the corpus texts once, so almost every word is
 new to the tokenizer (its map's one-time tiktoken engine, built in round 1, is shared by the
-later rounds' tokenizers, as in a server that keeps the map loaded). Each figure is the best of ``REPEATS`` rounds of CPU time (see :func:`_measure_all`).
+later rounds' tokenizers, as in a server that keeps the map loaded). Each figure is the
+best of ``REPEATS`` rounds of CPU time (see :func:`_measure_all`).
 The Llama-2 map is not shipped (its licence, tests/fixtures/README.md): set
 ``TOKENWIRE_BENCH_LLAMA2`` to a copy of codec-maps' ``meta-llama/llama-2.json`` to add its
 rows. ``MAP`` arguments (row names such as ``phi-3``) run only those maps.
