@@ -177,3 +177,51 @@ def test_a_missing_character_sharing_bytes_with_a_known_one_is_byte_fallback() -
                    if chr(cp) not in vocab and chr(cp).encode()[:2] in known)  # fmt: skip
     for text in [missing, f"a{missing}b", f"中{missing}{missing}文"]:
         assert encoder(True).encode_segment(text, at_text_start=True) == hf_encode(oracle(), text)
+
+
+# Indentation and other metaspace runs in front of words, symbols and isolated characters.
+RUNS_ALPHABET = [
+    *["▁", "▁▁", "▁▁▁▁", "▁" * 8, "▁" * 17, " ", "    ", "\n", "\t"],
+    *["def", "self", "x", "(", ")", ":", "the", "中", "0", "\U0001d11e", "é", "aaa", "--"],
+]
+
+
+def test_phi3_splits_metaspace_runs_off_words() -> None:
+    from tokenwire.codec.metaspace import leading_runs_split
+
+    assert leading_runs_split(encoder(True).bpe.ranks, phi3().vocab)
+    assert encoder(True)._split_runs_id == phi3().vocab[METASPACE]
+    assert encoder(False)._split_runs_id is None  # pure Python: never built
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(RUNS_ALPHABET), max_size=40).map("".join))
+def test_metaspace_runs_split_off_words_equal_one_whole_merge_and_hf(text: str) -> None:
+    enc = MetaspaceEncoder(phi3(), native=True)  # fresh: every piece is a cache miss
+    expected = whole(encoder(False), text)
+    assert enc.encode_segment(text, at_text_start=True) == expected
+    assert expected == hf_encode(oracle(), text)
+
+
+def test_a_pure_merge_ranked_before_a_mixed_one_keeps_runs_whole() -> None:
+    from tokenwire.codec.metaspace import leading_runs_split
+
+    merges = list(phi3().merges)
+    merges.insert(0, merges.pop(merges.index("▁ ▁")))  # "▁▁" now merges before "▁d"
+    tmap = dataclasses.replace(phi3(), merges=merges)
+    enc = MetaspaceEncoder(tmap, native=True)
+    assert not leading_runs_split(enc.bpe.ranks, tmap.vocab)
+    assert enc._split_runs_id is None
+    hf = hf_tokenizer(tmap)
+    for text in ["    def f", "  x", "        return self", "   (a)"]:
+        ids = enc.encode_segment(text, at_text_start=True)
+        assert ids == whole(enc, text) == hf_encode(hf, text)
+    v = tmap.vocab
+    assert enc.encode_segment("    def", at_text_start=False)[:1] == [v["▁▁▁▁"]]
+
+
+def test_a_mixed_product_after_two_metaspaces_keeps_runs_whole() -> None:
+    from tokenwire.codec.metaspace import leading_runs_split
+
+    tmap = _with_extra_merge(phi3(), "▁▁def")
+    assert not leading_runs_split(MetaspaceEncoder(tmap).bpe.ranks, tmap.vocab)

@@ -29,6 +29,11 @@ into pieces that BPE provably never merges across, each merged alone and cached:
   the class check fails but no product contains ``x▁`` (x not ``▁``).
 * Otherwise segments are merged whole.
 
+With the tiktoken engine, a piece ``▁▁…▁W`` (k ``▁``, then ``W`` without ``▁``; indented
+code) is composed from the pieces ``▁W`` and the run ``▁`` * (k-1) or * k when
+:func:`leading_runs_split` holds (its docstring has the proof): ``▁W`` goes to tiktoken
+and the few distinct runs are merged once each, instead of the whole piece in Python.
+
 Each check reads the map's own merges at load; nothing is assumed about a vocabulary.
 """
 
@@ -37,7 +42,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import lru_cache
 from itertools import chain
 from typing import Literal
@@ -55,6 +60,7 @@ METASPACE = "\u2581"
 # A chunk is a run of metaspaces plus the non-metaspace text after it, or leading text.
 _CHUNK_RE = re.compile(f"{METASPACE}+[^{METASPACE}]*|[^{METASPACE}]+")
 _CROSSES_CUT_RE = re.compile(f"[^{METASPACE}]{METASPACE}")
+_TWO_METASPACES = METASPACE * 2
 
 # Joins merge products for one regex scan; a map whose products contain it gets no class cuts.
 _SEPARATOR = "\x00"
@@ -75,6 +81,35 @@ def class_cut_pattern(products: Sequence[str]) -> re.Pattern[str] | None:
     if re.fullmatch(f"(?:{m}*(?:{runs})?{_SEPARATOR})*", joined + _SEPARATOR) is None:
         return None
     return re.compile(f"{m}*(?:{runs})|{m}+|.", re.DOTALL)
+
+
+def leading_runs_split(ranks: Mapping[tuple[str, str], int], vocab: Mapping[str, int]) -> bool:
+    """True if, for every ``k >= 2`` and ``W`` non-empty without ``▁``, HF's merge of
+    ``▁``*k + ``W`` is: merge(``▁W``) = T; if T's first symbol is not the lone ``▁``,
+    merge(``▁``*(k-1)) + T, else merge(``▁``*k) + T[1:].
+
+    It holds when (checked here, on the map's merges) ``▁`` is a token, every *pure* merge
+    (product all ``▁``) ranks after every *mixed* one, and no mixed product starts with
+    ``▁▁``. Proof: HF merges the lowest-ranked pair present, so while a mixed pair is present
+    no pure pair merges (phase 1). In phase 1 the first k-1 ``▁`` stay single: their pairs are
+    ``(▁, ▁)`` (pure) or ``(▁, ▁…)`` with a mixed right symbol (a product starting ``▁▁``,
+    none exists); so phase 1 is exactly the merge of ``▁W`` alone (the same pairs in the same
+    order; a lone ``▁W`` has no pure pair), giving T. Then only pure pairs are left: the
+    single ``▁`` in front (k-1, plus T's first symbol if it is the lone ``▁``) merge as that
+    run alone would, and no new mixed pair appears (it would start with ``▁▁``).
+    """
+    if METASPACE not in vocab:
+        return False
+    last_mixed, first_pure = -1, len(ranks)
+    for (left, right), rank in ranks.items():
+        product = left + right
+        if product.strip(METASPACE):
+            if product.startswith(METASPACE * 2):
+                return False
+            last_mixed = max(last_mixed, rank)
+        else:
+            first_pure = min(first_pure, rank)
+    return last_mixed < first_pure
 
 
 def _char_class(chars: Iterable[str]) -> str:
@@ -115,6 +150,9 @@ class MetaspaceEncoder:
         )
         self._pieces = None if pattern is None else pattern.findall
         self._native = _native_for(tmap, required=True) if native is True else None
+        # ids of "▁" if runs are split off pieces (leading_runs_split), with tiktoken only:
+        # it is what makes the split pay, and the check costs a pass over the merges
+        self._split_runs_id = self._runs_id() if self._native is not None else None
         # "auto" with a chance of success counts misses down to the switch
         self._until_native = NATIVE_AFTER_MISSES if native == "auto" and _can_be_native(tmap) else 0
         self._cached: Callable[[str], tuple[int, ...]] = lru_cache(maxsize=cache_size)(
@@ -128,13 +166,29 @@ class MetaspaceEncoder:
     def cache_info(self) -> object:
         return self._cached.cache_info()  # type: ignore[attr-defined]
 
+    def _runs_id(self) -> int | None:
+        return self.map.vocab[METASPACE] if _runs_split_for(self.map) else None
+
     def _encode_piece(self, piece: str) -> tuple[int, ...]:
         if self._until_native:
             self._until_native -= 1
             if not self._until_native:
                 self._native = _native_for(self.map, required=False)
+                self._split_runs_id = self._runs_id() if self._native is not None else None
+        if self._split_runs_id is not None and piece.startswith(_TWO_METASPACES):
+            word = piece.lstrip(METASPACE)
+            if word and METASPACE not in word:
+                return self._split_run(piece, len(piece) - len(word), self._split_runs_id)
         ids = None if self._native is None else self._native.encode(piece)
         return self.bpe.encode_uncached(piece) if ids is None else ids
+
+    def _split_run(self, piece: str, run: int, metaspace_id: int) -> tuple[int, ...]:
+        """``piece`` = ``▁`` * run + a word, composed as :func:`leading_runs_split` says."""
+        encode = self._cached if len(piece) <= MAX_CACHED_WORD else self._encode_piece
+        word = encode(piece[run - 1 :])
+        if word[0] != metaspace_id:
+            return encode(piece[: run - 1]) + word
+        return encode(piece[:run]) + word[1:]
 
     def normalize(self, segment: str, *, at_text_start: bool) -> str:
         """The segment as the BPE model sees it (HF normaliser / pre-tokenizer output)."""
@@ -172,6 +226,11 @@ def _bpe_and_cuts(tmap: TokenizerMap) -> tuple[BPE, re.Pattern[str] | None]:
     if pattern is None and not any(map(_CROSSES_CUT_RE.search, products)):
         pattern = _CHUNK_RE
     return bpe, pattern
+
+
+@lru_cache(maxsize=4)
+def _runs_split_for(tmap: TokenizerMap) -> bool:
+    return leading_runs_split(_bpe_and_cuts(tmap)[0].ranks, tmap.vocab)
 
 
 def _can_be_native(tmap: TokenizerMap) -> bool:
