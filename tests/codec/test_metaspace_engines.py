@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from tests.conftest import corpus, fixture_map_path
 from tests.hf_oracle import hf_encode, hf_tokenizer
 from tokenwire.codec.maps import TokenizerMap, load_map_bytes, load_map_file
-from tokenwire.codec.metaspace import METASPACE, MetaspaceEncoder
+from tokenwire.codec.metaspace import METASPACE, MetaspaceEncoder, leading_runs_split
 from tokenwire.codec.metaspace_tiktoken import needs_python, product_ranks
 from tokenwire.codec.tokenizer import Tokenizer
 from tokenwire.errors import TokenizeError
@@ -187,8 +187,6 @@ RUNS_ALPHABET = [
 
 
 def test_phi3_splits_metaspace_runs_off_words() -> None:
-    from tokenwire.codec.metaspace import leading_runs_split
-
     assert leading_runs_split(encoder(True).bpe.ranks, phi3().vocab)
     assert encoder(True)._split_runs_id == phi3().vocab[METASPACE]
     assert encoder(False)._split_runs_id is None  # pure Python: never built
@@ -204,8 +202,6 @@ def test_metaspace_runs_split_off_words_equal_one_whole_merge_and_hf(text: str) 
 
 
 def test_a_pure_merge_ranked_before_a_mixed_one_keeps_runs_whole() -> None:
-    from tokenwire.codec.metaspace import leading_runs_split
-
     merges = list(phi3().merges)
     merges.insert(0, merges.pop(merges.index("▁ ▁")))  # "▁▁" now merges before "▁d"
     tmap = dataclasses.replace(phi3(), merges=merges)
@@ -221,7 +217,5 @@ def test_a_pure_merge_ranked_before_a_mixed_one_keeps_runs_whole() -> None:
 
 
 def test_a_mixed_product_after_two_metaspaces_keeps_runs_whole() -> None:
-    from tokenwire.codec.metaspace import leading_runs_split
-
     tmap = _with_extra_merge(phi3(), "▁▁def")
     assert not leading_runs_split(MetaspaceEncoder(tmap).bpe.ranks, tmap.vocab)
