@@ -161,13 +161,15 @@ BAD_FLAGS = [
     (["--config", "x.toml", "--upstream", "http://h/v1"], {},
      "--config and --upstream cannot be combined; declare the upstream in the config file"),
     (["--upstream-kind", "openai"], {},
-     "--upstream-kind, --upstream-api-key-env and --upstream-max-concurrent need --upstream "
-     "URL"),
+     "--upstream-kind, --upstream-api-key-env, --upstream-max-concurrent and "
+     "--upstream-context-length need --upstream URL"),
     (["--config", "x.toml", "--upstream-max-concurrent", "8"], {},
-     "--upstream-kind, --upstream-api-key-env and --upstream-max-concurrent apply to "
-     "--upstream; set them in the config file"),
+     "--upstream-kind, --upstream-api-key-env, --upstream-max-concurrent and "
+     "--upstream-context-length apply to --upstream; set them in the config file"),
     (["--upstream", "http://h/v1", "--upstream-max-concurrent", "0"], {},
      "--upstream: upstream 'h': max_concurrent must be at least 1"),
+    (["--upstream", "http://h/v1", "--upstream-context-length", "0"], {},
+     "--upstream: upstream 'h': context_length must be a positive number of tokens"),
     (["--upstream", "ftp://h/v1"], {},
      "--upstream: upstream 'h': base_url 'ftp://h/v1' is not an http:// or https:// URL "
      "with a host"),

@@ -53,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="environment variable holding the --upstream API key")
     p.add_argument("--upstream-max-concurrent", type=int, metavar="N",
                    help="requests in flight to each --upstream at once (default 4)")
+    p.add_argument("--upstream-context-length", type=int, metavar="TOKENS",
+                   help="context window of the --upstream models (default: what the "
+                        "upstream reports, if it does)")
     p.add_argument("--no-probe", action="store_true",
                    help="do not check upstreams at start-up (they may start later)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -164,6 +167,7 @@ def gateway_config_from_args(args: argparse.Namespace, env: dict[str, str] | Non
     return resolve(config_path=args.config, upstream_urls=args.upstream,
                    upstream_kind=args.upstream_kind, api_key_env=args.upstream_api_key_env,
                    probe=not args.no_probe, max_concurrent=args.upstream_max_concurrent,
+                   context_length=args.upstream_context_length,
                    env=os.environ if env is None else env)
 
 

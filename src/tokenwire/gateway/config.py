@@ -30,6 +30,8 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
     name = "qwen"               # what clients send as ``model``
     upstream_model = "Qwen/Qwen2.5-7B-Instruct"
     map = "qwen/qwen2"          # a bundled map id or HF alias; or map_path = "file.json"
+    context_length = 32768      # its context window (else the upstream's report; also
+                                # settable per [[upstreams]] for all its models)
 
 An upstream without ``[[upstreams.models]]`` serves whatever its ``/v1/models`` lists
 (found by probing at start-up), with the map its HF alias names when one is bundled.
@@ -96,9 +98,11 @@ _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),
     "max_concurrent": (int,), "connect_timeout_s": _NUM, "read_timeout_s": _NUM,
     "probe": (bool,), "headers": (dict,), "options": (dict,), "models": (list,),
+    "context_length": (int,),
 }
 _MODEL_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "upstream_model": (str,), "map": (str,), "map_path": (str,),
+    "context_length": (int,),
 }
 _TOP_KEYS: dict[str, tuple[type, ...]] = {"server": (dict,), "upstreams": (list,)}
 
@@ -209,13 +213,23 @@ def _parse_model(doc: Mapping[str, Any], where: str) -> tuple[ModelRoute, Tokeni
         tmap = problems.check(load_map, doc["map_path"], path=True, where=where)
     if problems.messages:
         raise ConfigErrors(problems.messages)
+    problems.check(_check_context_length, doc, where)
+    if problems.messages:
+        raise ConfigErrors(problems.messages)
     route = ModelRoute(name=doc["name"], upstream_model=doc.get("upstream_model", ""),
                        map_id=tmap.id if tmap and "map" in doc else None,
-                       map_path=doc.get("map_path"))
+                       map_path=doc.get("map_path"), context_length=doc.get("context_length"))
     return route, tmap
 
 
+def _check_context_length(doc: Mapping[str, Any], where: str) -> None:
+    value = doc.get("context_length")
+    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        raise ConfigError(f"{where}: context_length must be a positive number of tokens")
+
+
 def _check_numbers(doc: Mapping[str, Any], where: str) -> None:
+    _check_context_length(doc, where)
     if doc.get("max_concurrent", 1) < 1:
         raise ConfigError(f"{where}: max_concurrent must be at least 1")
     for key in ("connect_timeout_s", "read_timeout_s"):
@@ -275,7 +289,8 @@ def _parse_upstream(
         name=doc["name"], kind=kind, base_url=base_url, api_key_env=key_env,
         models=tuple(routes), max_concurrent=doc.get("max_concurrent", 4),
         **{k: float(doc[k]) for k in ("connect_timeout_s", "read_timeout_s") if k in doc},
-        headers=tuple(headers.items()), options=dict(doc.get("options", {})))
+        headers=tuple(headers.items()), options=dict(doc.get("options", {})),
+        context_length=doc.get("context_length"))
     return config, maps
 
 
@@ -408,12 +423,14 @@ def load_config_file(path: str | Path, *, env: Mapping[str, str] | None = None) 
 def config_from_urls(
     urls: Sequence[str], *, kind: str = "openai", api_key_env: str | None = None,
     env: Mapping[str, str] | None = None, probe: bool = True, source: str = "--upstream",
-    max_concurrent: int | None = None,
+    max_concurrent: int | None = None, context_length: int | None = None,
 ) -> GatewayConfig:
     """``--upstream URL`` without a file: models are discovered by probing each upstream."""
     extra: dict[str, Any] = {"api_key_env": api_key_env} if api_key_env else {}
     if max_concurrent is not None:
         extra["max_concurrent"] = max_concurrent
+    if context_length is not None:
+        extra["context_length"] = context_length
     ups = [{"name": _name_for(url, i, len(urls)), "kind": kind, "base_url": url, **extra}
            for i, url in enumerate(urls)]
     return parse_config({"server": {"probe": probe}, "upstreams": ups}, source=source, env=env)
@@ -428,6 +445,7 @@ def resolve(
     *, config_path: str | None = None, upstream_urls: Sequence[str] = (),
     upstream_kind: str | None = None, api_key_env: str | None = None, probe: bool = True,
     env: Mapping[str, str] | None = None, max_concurrent: int | None = None,
+    context_length: int | None = None,
 ) -> GatewayConfig | None:
     """Flags over environment over nothing; ``None`` means "serve the embedded engine"."""
     env = os.environ if env is None else env
@@ -439,10 +457,11 @@ def resolve(
         if not config_path:
             upstream_urls = [u.strip() for u in env.get(ENV_UPSTREAM, "").split(",") if u.strip()]
     if config_path:
-        if upstream_kind or api_key_env or max_concurrent is not None:
-            raise ConfigError("--upstream-kind, --upstream-api-key-env and "
-                              "--upstream-max-concurrent apply to --upstream; set them in "
-                              "the config file")
+        if upstream_kind or api_key_env or max_concurrent is not None \
+                or context_length is not None:
+            raise ConfigError("--upstream-kind, --upstream-api-key-env, "
+                              "--upstream-max-concurrent and --upstream-context-length apply "
+                              "to --upstream; set them in the config file")
         cfg = load_config_file(config_path, env=env)
         if not probe:
             cfg = GatewayConfig(upstreams=cfg.upstreams, server=cfg.server, maps=cfg.maps,
@@ -452,8 +471,10 @@ def resolve(
     if upstream_urls:
         return config_from_urls(upstream_urls, kind=upstream_kind or "openai",
                                 api_key_env=api_key_env, env=env, probe=probe,
-                                max_concurrent=max_concurrent)
-    if upstream_kind or api_key_env or max_concurrent is not None:
-        raise ConfigError("--upstream-kind, --upstream-api-key-env and "
-                          "--upstream-max-concurrent need --upstream URL")
+                                max_concurrent=max_concurrent, context_length=context_length)
+    if upstream_kind or api_key_env or max_concurrent is not None \
+            or context_length is not None:
+        raise ConfigError("--upstream-kind, --upstream-api-key-env, "
+                          "--upstream-max-concurrent and --upstream-context-length need "
+                          "--upstream URL")
     return None

@@ -26,6 +26,7 @@ from typing import Any
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError, ConfigErrors, ListenError
 from tokenwire.gateway.config import GatewayConfig, map_for_model
+from tokenwire.gateway.context_window import ContextSource, first_known
 from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.connections import ConnectionLimits, guarded_protocol
 from tokenwire.gateway.http.security import harden
@@ -309,11 +310,23 @@ def _served(built: _Built) -> list[ServedModel]:
                            if hasattr(adapter, "ids_source_for") else adapter.ids_source)
         if source is IdsSource.RETOKENIZED and tmap is None:
             source = IdsSource.NONE  # text only, and nothing to tokenize it with
+        window, window_source = _context_length(built.config, route, adapter)
         out.append(ServedModel(
             name=route.name, upstream=adapter, tmap=tmap, ids_source=source,
-            max_model_len=getattr(adapter, "n_ctx", None), upstream_name=built.config.name,
-            aliases=tuple(getattr(adapter, "aliases", ()))))
+            max_model_len=window, context_source=window_source.value if window_source else "",
+            upstream_name=built.config.name, aliases=tuple(getattr(adapter, "aliases", ()))))
     return out
+
+
+def _context_length(up: UpstreamConfig, route: ModelRoute,
+                    adapter: Any) -> tuple[int | None, ContextSource | None]:
+    """The model's context window, in the order of precedence ``context_window`` documents:
+    configuration (the model's, then its upstream's), the upstream's report, the engine."""
+    reported = getattr(adapter, "context_length_for", None)
+    return first_known(
+        (route.context_length, ContextSource.CONFIG), (up.context_length, ContextSource.CONFIG),
+        (reported(route.name) if reported is not None else None, ContextSource.UPSTREAM),
+        (getattr(adapter, "n_ctx", None), ContextSource.ENGINE))
 
 
 async def build_gateway(

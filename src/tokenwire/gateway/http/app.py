@@ -210,6 +210,8 @@ def _model_entry(state: GatewayState, m: ServedModel) -> dict[str, Any]:
                              "codec_ids_source": m.ids_source.value}
     if m.max_model_len is not None:
         entry["max_model_len"] = m.max_model_len
+        if m.context_source:  # config, upstream or engine (gateway/context_window.py)
+            entry["context_length_source"] = m.context_source
     if m.tmap is not None:
         entry["codec_tokenizer_map"] = {"id": m.tmap.id, "hash": m.tmap.hash}
     if m.aliases:  # other names requests may use for this model (one entry per model)

@@ -18,6 +18,7 @@ from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.safety_policy import BannedTokenPolicy, SafetyPolicyDescriptor, hash_policy
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.context_window import ContextSource
 from tokenwire.gateway.http.admission import ticket_of
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
 from tokenwire.gateway.observability.records import Observability
@@ -69,6 +70,7 @@ class GatewayState:
             self.router = Router([ServedModel(
                 name=self.upstream.model_id, upstream=self.upstream, tmap=self.tmap,
                 max_model_len=self.max_model_len, ids_source=IdsSource.ENGINE,
+                context_source=ContextSource.ENGINE.value if self.max_model_len else "",
                 upstream_name=getattr(self.upstream, "name", "embedded"),
                 aliases=tuple(getattr(self.upstream, "aliases", ())))])
         primary = self.router.primary

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ConfigError, InvalidRequest, UnknownModel
-from tokenwire.gateway.ir import EventStream, GenerationRequest, IdsSource, Upstream
+from tokenwire.gateway.context_window import certain_prompt_tokens, overflow_before_sending
+from tokenwire.gateway.ir import EventStream, Failure, GenerationRequest, IdsSource, Upstream
 
 __all__ = ["Router", "ServedModel"]
 
@@ -36,6 +37,8 @@ class ServedModel:
     ``upstream_name`` is the configured upstream's name (``owned_by`` in ``/v1/models``).
     ``aliases`` are other names clients may send for it (the embedded engine's Hugging Face
     id and GGUF file name, say); ``/v1/models`` keeps one entry per model and lists them.
+    ``max_model_len`` is its context length and ``context_source`` where that came from
+    (``gateway/context_window.py``: configuration, the upstream's report, the engine).
     """
 
     name: str
@@ -45,6 +48,7 @@ class ServedModel:
     ids_source: IdsSource = IdsSource.NONE
     upstream_name: str = ""
     aliases: tuple[str, ...] = ()
+    context_source: str = ""
 
     def __post_init__(self) -> None:
         if self.ids_source is IdsSource.RETOKENIZED and self.tmap is None:
@@ -60,6 +64,16 @@ class ServedModel:
         """False when the upstream says its model reads text only (the embedded engine);
         other upstreams decide for themselves."""
         return bool(getattr(self.upstream, "accepts_images", True))
+
+    def preflight(self, request: GenerationRequest) -> Failure | None:
+        """``context_length_exceeded`` when the prompt certainly does not fit this model's
+        window (decided before sending, ``gateway/context_window.py``), else None."""
+        if self.max_model_len is None:
+            return None
+        return overflow_before_sending(
+            certain_prompt_tokens(request.prompt, self.tmap), self.max_model_len,
+            max_tokens=request.max_tokens, source=self.context_source,
+            max_tokens_binding=bool(getattr(self.upstream, "binds_max_tokens", False)))
 
     def submit(self, request: GenerationRequest) -> EventStream:
         """Start the generation on the upstream, adding ids from text when needed."""

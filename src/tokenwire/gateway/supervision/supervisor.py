@@ -6,6 +6,8 @@ upstream's own, so the APIs render it without knowing what it did (DESIGN.md: N 
 + M APIs). Its one task, started by the first :meth:`~SupervisedStream.next_event`:
 
 1. **Waits for a slot** (:mod:`.admission`), in arrival order.
+   A prompt its model's context window certainly cannot hold is refused first, without
+   queueing or an attempt (``ServedModel.preflight``, ``gateway/context_window.py``).
 2. **Runs attempts** under :class:`~.retry.RetryState`: a failure before any
    output was published may be retried on its budget (seed, "Provider failures and retry
    budgets"); once text, reasoning or a tool call went to the client nothing is replayed,
@@ -139,6 +141,10 @@ class Upstreamish(Protocol):
     def submit(self, request: GenerationRequest) -> EventStream: ...
 
 
+def _no_preflight(request: GenerationRequest) -> Failure | None:
+    return None
+
+
 class _Deadline(Exception):
     """A request deadline passed; carries the failure to report."""
 
@@ -231,6 +237,12 @@ class SupervisedStream:
         self._last_sent = now()
         try:
             try:
+                # A prompt that certainly does not fit is refused before it queues or
+                # reaches an upstream: no attempt, final (gateway/context_window.py).
+                refusal = getattr(self._served, "preflight", _no_preflight)(self._request)
+                if refusal is not None:
+                    await self._emit_terminal(refusal)
+                    return
                 await self._admit()
                 terminal = await self._attempts()
             except _Deadline as exc:

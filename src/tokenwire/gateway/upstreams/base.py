@@ -56,6 +56,9 @@ class ModelRoute:
     upstream_model: str = ""
     map_id: str | None = None
     map_path: str | None = None
+    #: The model's context window in tokens, when configured (``gateway/context_window.py``
+    #: says how it is used and what the upstream's own report gives otherwise).
+    context_length: int | None = None
 
     @property
     def sent_as(self) -> str:
@@ -80,6 +83,8 @@ class UpstreamConfig:
     headers: tuple[tuple[str, str], ...] = ()
     #: Kind-specific options (e.g. ``{"api": "completions"}`` for an ``openai`` upstream).
     options: dict[str, object] = field(default_factory=dict)
+    #: The context window of every model of this upstream that does not set its own.
+    context_length: int | None = None
 
 
 class UpstreamState(enum.StrEnum):

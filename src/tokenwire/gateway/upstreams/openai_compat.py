@@ -30,6 +30,13 @@ a lower bound of the templated prompt), the stream ends with ``Failure(CONTEXT_L
 instead of ``Finish`` (option ``truncation = "ignore"`` turns this off). The answer has been
 streamed by then; there is no pre-flight (Ollama's context size is per request and per model
 and not reported by the OpenAI layer), so this is the earliest point it is known.
+
+Context windows: :meth:`OpenAICompatUpstream.probe` reads the one the server reports
+(``max_model_len`` in ``/models``; else llama.cpp's ``/props``, else Ollama's ``/api/show``;
+``gateway/context_window.py``), which the router uses to refuse, before sending, a prompt
+that certainly does not fit. llama-cpp-python reports none and answers an overflowing
+stream with an empty 200: that stream is confirmed non-streamed (``upstreams/overflow_probe.py``,
+option ``empty_stream``).
 """
 
 from __future__ import annotations
@@ -44,6 +51,11 @@ import msgspec
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.context_window import (
+    context_length_from_listing,
+    context_length_from_props,
+    context_length_from_show,
+)
 from tokenwire.gateway.ir import (
     ChatPrompt,
     Event,
@@ -74,7 +86,19 @@ from tokenwire.gateway.upstreams.base import (
     UpstreamConfig,
     UpstreamHealth,
 )
-from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
+from tokenwire.gateway.upstreams.failures import (
+    MALFORMED,
+    classify_error,
+    failure_from_response,
+    read_capped,
+)
+from tokenwire.gateway.upstreams.overflow_probe import (
+    EMPTY_STREAM,
+    EMPTY_STREAM_MODES,
+    ConfirmingStream,
+    confirmation_body,
+    confirmed_failure,
+)
 from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
@@ -92,6 +116,12 @@ IDS_MODES = ("auto", "vllm", "llama.cpp", "none")
 _APIS = ("auto", "chat", "completions")
 #: ``owned_by`` values of ``GET /models`` that identify a server that returns ids.
 _OWNERS = {"vllm": "vllm", "llamacpp": "llama.cpp"}
+#: ``owned_by`` -> the server, for the behaviours that differ (llama-cpp-python says "me").
+_SERVERS = {"vllm": "vllm", "llamacpp": "llama.cpp", "me": "llama-cpp-python"}
+#: A props endpoint answers at once or not at all; a slow one must not delay start-up.
+PROPS_TIMEOUT_S = 5.0
+#: A confirmation that met a connection the server had closed is sent once more.
+CONFIRM_TRIES = 2
 _FINISH = {"stop": FinishKind.EOS, "length": FinishKind.LENGTH,
            "tool_calls": FinishKind.TOOL_CALLS, "function_call": FinishKind.TOOL_CALLS,
            "content_filter": FinishKind.CONTENT_FILTER}
@@ -111,11 +141,18 @@ class OpenAICompatUpstream:
         self.ids_mode = str(opts.get("ids", "auto"))
         self.api = str(opts.get("api", "auto"))
         self.truncation = str(opts.get("truncation", "fail"))
+        self.empty_stream = str(opts.get("empty_stream", "auto"))
+        if self.empty_stream not in EMPTY_STREAM_MODES:
+            raise ConfigError(f"upstream {config.name!r}: empty_stream must be one of "
+                              f"{EMPTY_STREAM_MODES}")
         if self.ids_mode not in IDS_MODES:
             raise ConfigError(f"upstream {config.name!r}: ids must be one of {IDS_MODES}")
         if self.api not in _APIS:
             raise ConfigError(f"upstream {config.name!r}: api must be one of {_APIS}")
         self._detected: str | None = None  # what probe() found for ids="auto"
+        self._server: str | None = None  # which server owned_by names, when known
+        self._reported: dict[str, int] = {}  # upstream model id -> its reported window
+        self._props_probed = False
         self._client = client
         self._base = config.base_url.rstrip("/")
         self._routes = {r.name: r for r in config.models}
@@ -158,6 +195,23 @@ class OpenAICompatUpstream:
     def tmap_for(self, model: str) -> TokenizerMap | None:
         return self._maps.get(model)
 
+    def context_length_for(self, model: str) -> int | None:
+        """The context window the server reported for ``model`` when probed, if it did."""
+        route = self._routes.get(model) or ModelRoute(name=model)
+        return self._reported.get(route.sent_as)
+
+    @property
+    def binds_max_tokens(self) -> bool:
+        """vLLM refuses ``prompt + max_tokens`` over its window; llama.cpp servers shorten
+        the answer instead (``gateway/context_window.py``)."""
+        return self._server == "vllm"
+
+    @property
+    def confirms_empty_streams(self) -> bool:
+        if self.empty_stream == "auto":
+            return self._server == "llama-cpp-python"
+        return self.empty_stream == "confirm"
+
     # -- the Upstream protocol -------------------------------------------------------------
 
     def submit(self, request: GenerationRequest) -> SSEUpstreamStream | FailedStream:
@@ -165,18 +219,80 @@ class OpenAICompatUpstream:
         if isinstance(built, Failure):
             return FailedStream(built)
         path, body = built
-        return SSEUpstreamStream(client=self._client, url=f"{self._base}/{path}", body=body,
-                                 parser=ChunkParser(request, self),
-                                 classify_http=failure_from_response, slots=self._slots)
+        stream = SSEUpstreamStream(client=self._client, url=f"{self._base}/{path}", body=body,
+                                   parser=ChunkParser(request, self),
+                                   classify_http=failure_from_response, slots=self._slots)
+        if not self.confirms_empty_streams:
+            return stream
+        return ConfirmingStream(stream, lambda: self._confirm(path, body))
+
+    async def _confirm(self, path: str, body: dict[str, Any]) -> Failure | None:
+        """Ask again, non-streamed (``upstreams/overflow_probe.py``); None: nothing found.
+        llama_cpp.server closes the connection of a stream that failed, and the pool may
+        hand that dead connection to this request, which then fails unanswered (a reset or
+        a disconnect): one more try, on a fresh connection (a one-token request is cheap
+        to repeat)."""
+        for tries_left in range(CONFIRM_TRIES - 1, -1, -1):
+            try:
+                async with self._slots, self._client.stream(
+                        "POST", f"{self._base}/{path}", json=confirmation_body(body)) as resp:
+                    return confirmed_failure(resp.status_code, resp.headers,
+                                             await read_capped(resp))
+            except (httpx.RemoteProtocolError, httpx.NetworkError):
+                if not tries_left:
+                    return None
+            except httpx.HTTPError:
+                return None  # the empty stream stands
+        return None
 
     async def probe(self) -> UpstreamHealth:
-        return await probe_models(self._client, f"{self._base}/models", self,
-                                  on_listing=self._read_owners)
+        health = await probe_models(self._client, f"{self._base}/models", self,
+                                    on_listing=self._read_owners)
+        # Once: the health monitor probes again every interval, and a server that has no
+        # props endpoint will not grow one.
+        if health.models and not self._props_probed and any(
+                r.sent_as not in self._reported for r in self.config.models):
+            self._props_probed = True
+            await self._probe_props()
+        return health
 
     def _read_owners(self, data: list[Any]) -> None:
-        """``ids = "auto"``: the server that ``owned_by`` names decides."""
+        """``ids = "auto"``: the server that ``owned_by`` names decides; a listed
+        ``max_model_len`` (vLLM) is the model's window."""
         owners = {str(m.get("owned_by", "")) for m in data}
         self._detected = next((_OWNERS[o] for o in owners if o in _OWNERS), None)
+        self._server = next((_SERVERS[o] for o in owners if o in _SERVERS), None)
+        for entry in data:
+            if isinstance(entry, dict) and (n := context_length_from_listing(entry)):
+                self._reported[str(entry.get("id"))] = n
+
+    async def _probe_props(self) -> None:
+        """Windows the listing did not give: llama.cpp ``GET /props`` (one model per
+        server), else Ollama ``POST /api/show`` per model. Both live at the server root,
+        not under ``/v1``; an error or another server's 404 just tells nothing."""
+        root = self._base.removesuffix("/v1")
+        props = await self._get_json("GET", f"{root}/props")
+        n_ctx = context_length_from_props(props) if props is not None else None
+        for route in self.config.models:
+            if route.sent_as in self._reported:
+                continue
+            if n_ctx is not None:
+                self._reported[route.sent_as] = n_ctx
+                continue
+            show = await self._get_json("POST", f"{root}/api/show", {"model": route.sent_as})
+            if show is not None and (n := context_length_from_show(show)):
+                self._reported[route.sent_as] = n
+            elif show is None:
+                return  # not Ollama: no point asking for every model
+
+    async def _get_json(self, method: str, url: str,
+                        body: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        try:
+            resp = await self._client.request(method, url, json=body, timeout=PROPS_TIMEOUT_S)
+            doc = _json.decode(resp.content) if resp.status_code == 200 else None
+        except (httpx.HTTPError, msgspec.DecodeError):
+            return None
+        return doc if isinstance(doc, dict) else None
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -246,6 +362,7 @@ class ChunkParser:
         self._seen_ids = False
         self._retok: Retokenizer | None = None
         self._ended = False
+        self._any = False  # any event at all: an empty 200 is its own failure
 
     def on_sse(self, sse: SSEEvent) -> list[Event]:
         return self.on_data(sse.data)
@@ -253,6 +370,7 @@ class ChunkParser:
     def on_data(self, data: str) -> list[Event]:
         if self._ended:
             return []
+        self._any = True
         if data.strip() == "[DONE]":
             return self._terminal()
         try:
@@ -282,6 +400,9 @@ class ChunkParser:
         one without is a broken stream, never a Finish."""
         if self._ended:
             return []
+        if not self._any:
+            return self._fail("upstream answered 200 with an empty stream (no event)",
+                              EMPTY_STREAM)
         if self._finish is None:
             return self._fail("upstream stream ended without a finish_reason")
         return self._terminal()
