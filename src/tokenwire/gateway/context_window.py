@@ -24,7 +24,9 @@ map:
 
 * token ids: their number (an upstream may add a BOS, never remove an id);
 * text: its encoding, where each special-token string (``<|im_end|>``) counts as one token
-  (an upstream that parses specials in text counts it so; one that does not counts more);
+  (an upstream that parses specials in text counts it so; one that does not counts more),
+  minus :data:`TEXT_SLACK` (two tokenizer implementations of one vocabulary can split a
+  rare piece differently);
 * chat: the same count for each message's text, minus :data:`CHAT_BOUNDARY_SLACK` per
   message (the template's own text next to a message can absorb the message's first and
   last token into a merged one), and zero for the template, tool definitions, tool calls
@@ -47,6 +49,7 @@ from tokenwire.gateway.retokenize import tokenizer_for
 
 __all__ = [
     "CHAT_BOUNDARY_SLACK",
+    "TEXT_SLACK",
     "ContextSource",
     "certain_prompt_tokens",
     "context_length_from_listing",
@@ -60,6 +63,10 @@ __all__ = [
 #: token at each end (byte-level BPE splits on pre-tokenizer pieces, and only the piece at
 #: each edge of the message can join the template's text). Two per side, to be safe.
 CHAT_BOUNDARY_SLACK = 4
+#: Tokens a text prompt's count gives up: the map's tokenizer and the engine's (llama.cpp's,
+#: vLLM's HF tokenizer) agree on ordinary text, and may not on a rare piece (bytes the
+#: vocabulary lacks are dropped before or after merging); at the window's edge that matters.
+TEXT_SLACK = 2
 #: Listing keys servers use for the served window (vLLM ``max_model_len``; others).
 _LISTING_KEYS = ("max_model_len", "context_length", "context_window", "max_context_length")
 #: A context length outside this range is not believed (a typo, a sentinel like -1).
@@ -129,7 +136,8 @@ def certain_prompt_tokens(prompt: Prompt, tmap: TokenizerMap | None) -> int | No
         return None
     tok = tokenizer_for(tmap)
     if isinstance(prompt, PromptText):
-        return _text_lower_bound(tok, prompt.text, tmap.special_tokens)
+        n = _text_lower_bound(tok, prompt.text, tmap.special_tokens)
+        return None if n is None else max(0, n - TEXT_SLACK)
     if isinstance(prompt, ChatPrompt):
         total = 0
         for message in prompt.messages:

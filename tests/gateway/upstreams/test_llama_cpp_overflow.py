@@ -25,6 +25,7 @@ requests and the gateway's attempts from the gateway's ``/metrics``.
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 import threading
 import time
@@ -168,6 +169,34 @@ def test_completions_overflow_is_one_400_context_length_exceeded(stack, stream) 
     assert posts == _expected_posts(stack, "/v1/completions")
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_responses_overflow_is_response_failed_or_a_400(stack, stream) -> None:
+    def run() -> Any:
+        with _openai(stack) as c:
+            if stream:
+                return [e for e in c.responses.create(model=MODEL, input=LONG, stream=True)
+                        if e.type == "response.failed"]
+            return c.responses.create(model=MODEL, input=LONG)
+
+    posts, out = _upstream_posts(stack, run)
+    if stream:
+        [failed] = out
+        assert failed.response.error.code == "context_length_exceeded"
+    else:
+        assert isinstance(out, openai.BadRequestError), out
+        assert out.status_code == 400 and out.code == "context_length_exceeded"
+    assert posts == _expected_posts(stack, "/v1/chat/completions")
+
+
+def test_codec_stream_overflow_is_a_400_before_the_first_frame(stack) -> None:
+    posts, resp = _upstream_posts(stack, lambda: httpx.post(
+        stack.url + "/v1/completions", timeout=SDK_TIMEOUT_S, json={
+            "model": MODEL, "prompt": LONG, "max_tokens": 8, "stream_format": "msgpack"}))
+    assert resp.status_code == 400, resp.content
+    assert resp.json()["error"]["code"] == "context_length_exceeded"
+    assert posts == _expected_posts(stack, "/v1/completions")
+
+
 # -- the anthropic SDK: Messages, streamed and not ----------------------------------------------
 
 
@@ -231,3 +260,64 @@ def test_codex_gets_one_request_its_ran_out_of_room_message_and_no_reconnect(
     assert posts == _expected_posts(stack, "/v1/chat/completions")
     print(f"codex overflow ({'configured' if configured else 'unconfigured'}): 1 request, "
           f"{len(posts)} upstream requests, {elapsed:.1f} s")
+
+
+# -- the rule against the real peer: never refuse what it would take ---------------------------
+
+
+def _upstream_prompt_tokens(peer: LlamaServer, kind: str, words: int) -> int | None:
+    """llama_cpp.server's own count of a prompt of ``words`` words when it refuses it
+    (its 400 says "P in the messages" / "P in your prompt"), None when it serves it
+    (non-streamed, one token)."""
+    text = "word " * words
+    body: dict[str, Any] = {"model": peer.model, "max_tokens": 1, "temperature": 0}
+    if kind == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    resp = httpx.post(f"{peer.url}/{kind.replace('chat', 'chat/completions')}", json=body,
+                      timeout=SDK_TIMEOUT_S)
+    assert resp.status_code in (200, 400), resp.text
+    if resp.status_code == 200:
+        return None
+    m = re.search(r"\((\d+) in (?:the messages|your prompt)", resp.json()["error"]["message"])
+    assert m, resp.text
+    return int(m[1])
+
+
+def _we_refuse(kind: str, words: int) -> bool:
+    from tokenwire.codec.maps import bundled_map_path, load_map_file
+    from tokenwire.gateway.ir import ChatMessage, ChatPrompt, GenerationRequest, PromptText
+    from tokenwire.gateway.routing.router import ServedModel
+
+    tmap = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
+    text = "word " * words
+    prompt = (ChatPrompt(messages=(ChatMessage(role="user", content=text),))
+              if kind == "chat" else PromptText(text=text))
+    served = ServedModel(name=MODEL, upstream=object(), tmap=tmap, max_model_len=N_CTX)
+    return served.preflight(GenerationRequest(prompt=prompt, max_tokens=8)) is not None
+
+
+#: Chat: SmolLM2's template adds its default system prompt and markers (~30 tokens) that
+#: the gateway does not count, plus the rule's boundary slack; text: the rule's text slack.
+MAX_MARGIN_TOKENS = {"chat": 40, "completions": 4}
+
+
+@pytest.mark.parametrize("kind", ["chat", "completions"])
+def test_the_refusal_threshold_is_at_or_past_the_upstreams_own(peer, kind) -> None:
+    """The longest prompt llama_cpp.server serves must be sent, and the gateway must refuse
+    soon after, not never. Each "word " is one more token, so two refusals (cheap: the
+    server stops at tokenizing) give its count as a line, hence its exact limit, which one
+    served request and one more refusal then confirm."""
+    p700, p800 = (_upstream_prompt_tokens(peer, kind, w) for w in (700, 800))
+    assert p700 is not None and p800 is not None
+    per_word = (p800 - p700) // 100
+    assert per_word == 1, (p700, p800)
+    limit = 700 - (p700 - N_CTX)  # the first length the server refuses (P >= n_ctx)
+    assert _upstream_prompt_tokens(peer, kind, limit) == N_CTX
+    assert _upstream_prompt_tokens(peer, kind, limit - 1) is None  # served
+    assert not _we_refuse(kind, limit - 1), f"refused {limit - 1} words, which it serves"
+    ours = next(w for w in range(limit, 800) if _we_refuse(kind, w))
+    print(f"{kind}: llama_cpp.server refuses from {limit} words, tokenwire before sending "
+          f"from {ours}")
+    assert ours - limit <= MAX_MARGIN_TOKENS[kind]
