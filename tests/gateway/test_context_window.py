@@ -215,6 +215,18 @@ def test_preflight_reads_the_served_models_window(smollm2_map) -> None:
     assert unknown.preflight(GenerationRequest(prompt=PromptIds(ids=(1,) * 99))) is None
 
 
+def test_an_upstream_that_counts_exactly_itself_is_not_counted_again(smollm2_map) -> None:
+    """The embedded engine and Codec engines refuse an overflow at once, exactly."""
+    from tokenwire.gateway.upstreams.codec_native import CodecNativeUpstream
+    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+
+    assert EmbeddedEngine.checks_context_itself and CodecNativeUpstream.checks_context_itself
+    up = _Counting()
+    up.checks_context_itself = True  # type: ignore[attr-defined]
+    served = ServedModel(name="m", upstream=up, tmap=smollm2_map, max_model_len=8)
+    assert served.preflight(GenerationRequest(prompt=PromptIds(ids=(1,) * 99))) is None
+
+
 # -- configuration and the order of precedence, through build_gateway ---------------------------
 
 

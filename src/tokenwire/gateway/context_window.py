@@ -33,7 +33,10 @@ map:
   and images (unknown here; they only add tokens).
 
 A model without a map has a certain count only for token ids. The map must be the model's
-own vocabulary (``tokenwire maps verify``): a wrong map gives wrong counts.
+own vocabulary (``tokenwire maps verify``): a wrong map gives wrong counts. Upstreams that
+count their own prompt exactly and refuse an overflow before streaming (the embedded engine,
+Codec engines: ``checks_context_itself``) are left to do so: the gateway does not tokenize
+their prompts a second time.
 """
 
 from __future__ import annotations

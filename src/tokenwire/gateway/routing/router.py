@@ -68,8 +68,8 @@ class ServedModel:
     def preflight(self, request: GenerationRequest) -> Failure | None:
         """``context_length_exceeded`` when the prompt certainly does not fit this model's
         window (decided before sending, ``gateway/context_window.py``), else None."""
-        if self.max_model_len is None:
-            return None
+        if self.max_model_len is None or getattr(self.upstream, "checks_context_itself", False):
+            return None  # unknown, or the upstream decides exactly and at once itself
         return overflow_before_sending(
             certain_prompt_tokens(request.prompt, self.tmap), self.max_model_len,
             max_tokens=request.max_tokens, source=self.context_source,

@@ -46,6 +46,7 @@ class EmbeddedUpstream:
     kind = "embedded"
     ids_source = IdsSource.ENGINE
     max_concurrent = 1  # one worker thread owns the model (see EmbeddedEngine)
+    checks_context_itself = True  # the engine counts its prompt exactly (EmbeddedEngine)
 
     def __init__(self, name: str, engine: Any, tmap: TokenizerMap) -> None:
         self.name = name

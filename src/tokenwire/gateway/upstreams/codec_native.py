@@ -248,6 +248,9 @@ class CodecNativeUpstream:
 
     kind = "codec"
     ids_source = IdsSource.UPSTREAM
+    #: A Codec engine counts its own ids and answers a typed overflow error before it
+    #: streams: the router does not tokenize the prompt to count it again.
+    checks_context_itself = True
 
     def __init__(self, config: UpstreamConfig, opts: CodecOptions, http: httpx.AsyncClient,
                  maps: Mapping[str, TokenizerMap], api_key: str | None) -> None:

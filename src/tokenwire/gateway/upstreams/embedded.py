@@ -232,6 +232,9 @@ class EmbeddedEngine:
     max_concurrent = 1
     #: Text only: the router refuses image parts before they are queued (``check_inputs``).
     accepts_images = False
+    #: It counts the rendered prompt exactly and refuses an overflow at once, so the router
+    #: does not count it again (``gateway/context_window.py``).
+    checks_context_itself = True
 
     def __init__(
         self,
