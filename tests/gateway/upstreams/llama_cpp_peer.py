@@ -1,9 +1,9 @@
 """``python -m llama_cpp.server`` (the real peer in ``.venv-peers``) on a free loopback port.
 
-Shared by the interop suites (``test_llama_cpp_server.py``, ``test_llama_cpp_overflow.py``).
-The server's output goes to a file, not a pipe (llama.cpp logs a lot at load, and a full pipe
-would block it); uvicorn's access log (stdout) is in it, one line per request, which is how a test
-counts what reached the upstream (:meth:`LlamaServer.posts`).
+For suites that need their own server (``test_llama_cpp_overflow.py`` runs one with a small
+``--n_ctx``). Its output goes to a file, not a pipe (llama.cpp logs a lot at load, and a full
+pipe would block it); uvicorn's access log (stdout) is in it, one line per request, which is
+how a test counts what reached the upstream (:meth:`LlamaServer.posts`).
 """
 
 from __future__ import annotations

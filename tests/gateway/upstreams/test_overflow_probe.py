@@ -195,25 +195,32 @@ def test_llama_server_props_give_the_window_once() -> None:
 
 
 def test_ollama_show_gives_the_window() -> None:
+    seen: list[str] = []
+
     def handler(r: httpx.Request) -> httpx.Response:
+        seen.append(r.url.path)
         if r.url.path == "/api/show":
             assert json.loads(r.content) == {"model": "u"}
             return httpx.Response(200, json={"model_info": {
                 "general.architecture": "llama", "llama.context_length": 131072}})
-        if r.url.path == "/props":
-            return httpx.Response(404)
         return _listing("library")
 
     up = _upstream(handler)
     _probe(up)
-    assert up.context_length_for("m") == 131072
+    assert up.context_length_for("m") == 131072 and seen == ["/v1/models", "/api/show"]
 
 
 def test_llama_cpp_python_reports_no_window_and_its_empty_streams_are_confirmed() -> None:
-    up = _upstream(lambda r: _listing("me") if r.url.path == "/v1/models"
-                   else httpx.Response(404))
+    seen: list[str] = []
+
+    def handler(r: httpx.Request) -> httpx.Response:
+        seen.append(r.url.path)
+        return _listing("me")
+
+    up = _upstream(handler)
     _probe(up)
     assert up.context_length_for("m") is None and up.confirms_empty_streams
+    assert seen == ["/v1/models"]  # it has no props endpoint to ask
     assert not _upstream(lambda r: httpx.Response(404), empty_stream="retry") \
         .confirms_empty_streams
 

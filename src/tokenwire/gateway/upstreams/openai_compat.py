@@ -267,23 +267,28 @@ class OpenAICompatUpstream:
                 self._reported[str(entry.get("id"))] = n
 
     async def _probe_props(self) -> None:
-        """Windows the listing did not give: llama.cpp ``GET /props`` (one model per
-        server), else Ollama ``POST /api/show`` per model. Both live at the server root,
-        not under ``/v1``; an error or another server's 404 just tells nothing."""
+        """Windows the listing did not give, from the server's own endpoint at its root
+        (not under ``/v1``): llama.cpp's ``GET /props`` (one model per server) when
+        ``owned_by`` says llama.cpp; else Ollama's ``POST /api/show`` per model (an unknown
+        server's 404 just tells nothing). llama-cpp-python has neither."""
         root = self._base.removesuffix("/v1")
-        props = await self._get_json("GET", f"{root}/props")
-        n_ctx = context_length_from_props(props) if props is not None else None
+        if self._server == "llama.cpp":
+            props = await self._get_json("GET", f"{root}/props")
+            n_ctx = context_length_from_props(props) if props is not None else None
+            for route in self.config.models:
+                if n_ctx is not None and route.sent_as not in self._reported:
+                    self._reported[route.sent_as] = n_ctx
+            return
+        if self._server is not None:
+            return
         for route in self.config.models:
             if route.sent_as in self._reported:
                 continue
-            if n_ctx is not None:
-                self._reported[route.sent_as] = n_ctx
-                continue
             show = await self._get_json("POST", f"{root}/api/show", {"model": route.sent_as})
-            if show is not None and (n := context_length_from_show(show)):
-                self._reported[route.sent_as] = n
-            elif show is None:
+            if show is None:
                 return  # not Ollama: no point asking for every model
+            if n := context_length_from_show(show):
+                self._reported[route.sent_as] = n
 
     async def _get_json(self, method: str, url: str,
                         body: dict[str, Any] | None = None) -> dict[str, Any] | None:
