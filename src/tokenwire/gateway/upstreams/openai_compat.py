@@ -214,7 +214,8 @@ class OpenAICompatUpstream:
 
     # -- the Upstream protocol -------------------------------------------------------------
 
-    def submit(self, request: GenerationRequest) -> SSEUpstreamStream | FailedStream:
+    def submit(self, request: GenerationRequest,
+               ) -> SSEUpstreamStream | ConfirmingStream | FailedStream:
         built = self.build(request)
         if isinstance(built, Failure):
             return FailedStream(built)
