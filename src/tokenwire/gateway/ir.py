@@ -41,6 +41,7 @@ __all__ = [
     "PromptIds",
     "PromptText",
     "ReasoningDelta",
+    "ResponseFormat",
     "ResponseMeta",
     "TextPart",
     "TokenDelta",
@@ -306,6 +307,23 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     strict: bool | None = None
 
 
+class ResponseFormat(msgspec.Struct, frozen=True, kw_only=True):
+    """Structured output the client asked for: Chat ``response_format``, Responses
+    ``text.format`` (a ``text`` format is no format: the parsers leave it ``None``).
+
+    ``type`` is ``json_object`` (any JSON object) or ``json_schema`` (``schema`` must
+    match); ``name`` and ``strict`` are the client's, kept for upstreams that take them.
+    ``param`` is where the client put it (``response_format``, ``text.format``), so an
+    engine that cannot enforce the schema names that field in its 400.
+    """
+
+    type: str
+    schema: dict | None = None
+    name: str | None = None
+    strict: bool | None = None
+    param: str | None = None
+
+
 class ChatPrompt(msgspec.Struct, frozen=True, kw_only=True, tag="chat"):
     """Chat messages; the upstream applies its model's chat template."""
 
@@ -348,6 +366,8 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: "auto", "none", "required", or {"name": ...} for one tool.
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool | None = None
+    #: JSON output the answer must be (``None``: text); see :class:`ResponseFormat`.
+    response_format: ResponseFormat | None = None
     #: "low" / "medium" / "high" where the upstream supports reasoning effort.
     reasoning_effort: str | None = None
     #: The service tier the client asked for; only Responses upstreams receive it (the

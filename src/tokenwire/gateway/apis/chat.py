@@ -17,6 +17,7 @@ from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
 from tokenwire.gateway.apis.params import bad_request, json_type, parse_openai_fields
+from tokenwire.gateway.apis.response_format import parse_chat_response_format
 from tokenwire.gateway.apis.sse import (
     SSE_CONTENT_TYPE,
     SSE_DONE,
@@ -80,6 +81,7 @@ def parse_chat_request(body: Any, *, request_id: str = "") -> ChatCall:
         request_id=request_id, tools=_tools(body.get("tools")),
         tool_choice=_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=_optional_bool(body, "parallel_tool_calls"),
+        response_format=parse_chat_response_format(body.get("response_format")),
         reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
         want_ids=fmt is not None,
     )

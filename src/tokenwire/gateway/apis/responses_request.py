@@ -37,6 +37,7 @@ import msgspec
 from tokenwire.errors import PreviousResponseNotFound
 from tokenwire.gateway.affinity import affinity_hints
 from tokenwire.gateway.apis.params import MAX_MAX_TOKENS, bad_request, json_type, parse_sampling
+from tokenwire.gateway.apis.response_format import parse_text_format
 from tokenwire.gateway.apis.responses_hygiene import (
     COLLABORATION_NAMESPACE,
     COLLABORATION_TOOLS,
@@ -174,6 +175,7 @@ def parse_responses_request(
         temperature=sampling.temperature, top_p=sampling.top_p, request_id=request_id,
         tools=tools.specs, tool_choice=_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=_opt_bool(body, "parallel_tool_calls"),
+        response_format=parse_text_format(body.get("text")),
         reasoning_effort=_opt_str(reasoning, "effort"),
         service_tier=_opt_str(body, "service_tier"),
         passthrough_body=raw_body, affinity=affinity_hints(body, headers))

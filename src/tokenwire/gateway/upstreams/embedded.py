@@ -36,7 +36,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,6 +59,7 @@ from tokenwire.gateway.ir import (
     PromptIds,
     PromptText,
     TokenDelta,
+    ToolSpec,
     Usage,
 )
 from tokenwire.gateway.stops import StopMatcher
@@ -67,6 +68,21 @@ from tokenwire.gateway.upstreams.chat_prompt import (
     control_pattern,
     fragments,
     split_render,
+)
+from tokenwire.gateway.upstreams.embedded_tools import (
+    NO_TOOLS,
+    GrammarCache,
+    ToolPlan,
+    ToolRequestError,
+    ToolTurn,
+    plan_tools,
+)
+from tokenwire.gateway.upstreams.tool_prompt import (
+    fallback_messages,
+    function_json,
+    native_message,
+    template_takes_tools,
+    wrap_strings,
 )
 
 __all__ = [
@@ -182,6 +198,7 @@ class _Job:
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.cancelled = threading.Event()
         self.queued_at = time.monotonic()
+        self.plan: ToolPlan = NO_TOOLS
 
     def emit(self, event: Event) -> None:
         try:
@@ -266,6 +283,10 @@ class EmbeddedEngine:
         self._control_ids = _control_tokens(llm)
         self._controls = control_pattern(self._control_ids)
         self._add_bos = bool(llm._model.add_bos_token())
+        #: The GGUF's template renders ``tools`` itself; else the fallback (:mod:`.tool_prompt`).
+        self._native_tools = template_takes_tools((llm.metadata or {}).get(
+            "tokenizer.chat_template"))
+        self._grammars = GrammarCache(self._grammar_parses)
         #: What a request that sets no sampling field is sampled with.
         self.sampling: SamplingDefaults = sampling_from_gguf(llm.metadata or {})
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
@@ -331,6 +352,12 @@ class EmbeddedEngine:
     def submit(self, request: GenerationRequest) -> _JobStream:
         """Queue a request (call from the event loop); raise :class:`ServerBusy` when full."""
         job = _Job(request, asyncio.get_running_loop())
+        try:  # before queueing: a schema we cannot enforce is a 400 at once, naming the field
+            job.plan = plan_tools(request, self._grammars)
+        except ToolRequestError as exc:
+            job.emit(Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc),
+                             status=400, code="unsupported_value", param=exc.param))
+            return _JobStream(job)
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
@@ -382,7 +409,7 @@ class EmbeddedEngine:
             self._record(job, "aborted", FinishKind.ABORT, 0, [], [], started)
             return
         try:
-            prompt = self._prompt_ids(req.prompt)
+            prompt = self._prompt_ids(req.prompt, tools=job.plan.prompt_tools)
         except _ContextOverflow as exc:  # a client that compacts history acts on this class
             job.emit(Failure(failure_class=FailureClass.CONTEXT_LENGTH, message=str(exc),
                              status=400, code="context_length_exceeded",
@@ -413,19 +440,15 @@ class EmbeddedEngine:
         req = job.request
         wanted = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
         budget = min(wanted, self.n_ctx - len(prompt))
-        llm = self._llm
-        llm.set_seed(req.seed if req.seed is not None else random.randrange(2**31))
+        self._llm.set_seed(req.seed if req.seed is not None else random.randrange(2**31))
         text_stream = self._detok.stream()
         stops = StopMatcher(req.stop)
+        turn = ToolTurn(job.plan) if job.plan.active else None
         banned = req.banned_ids
         reason = FinishKind.LENGTH
-        # No KV prefix reuse: a prompt evaluated in one batch and one re-evaluated from a
-        # cached prefix can differ in the last float bits, and greedy decoding must give the
-        # same ids for the same request (clients compare streams across formats).
-        llm.reset()
-        gen = llm.generate(prompt, **self._sampler_args(req))
+        tokens = self._tokens(job, prompt, ids, times, turn)
         try:
-            for tok in gen if budget > 0 else ():
+            for tok in tokens if budget > 0 else ():
                 if job.cancelled.is_set():
                     reason = FinishKind.ABORT
                     break
@@ -435,21 +458,60 @@ class EmbeddedEngine:
                 if tok in banned:  # codec-spec §5.5: stop before sending the banned id
                     reason = FinishKind.POLICY_VIOLATION
                     break
-                text = stops.feed(text_stream.feed((tok,)))
                 ids.append(tok)
                 times.append(self._clock())
-                job.emit(TokenDelta(ids=(tok,), text=text))
+                piece = text_stream.feed((tok,))
+                for event in turn.feed(tok, piece) if turn is not None else (
+                        TokenDelta(ids=(tok,), text=piece),):
+                    job.emit(_with_stops(event, stops))  # a delta with no text still goes
                 if stops.matched is not None:
                     return FinishKind.STOP_SEQUENCE, stops.matched
                 if len(ids) >= budget:
                     break
         finally:
-            gen.close()
+            tokens.close()
         if reason is not FinishKind.ABORT:
-            tail = stops.feed(text_stream.flush()) + stops.flush()
-            if tail:
-                job.emit(TokenDelta(text=tail))
+            tail = text_stream.flush()
+            events = turn.feed(None, tail) if turn is not None else [TokenDelta(text=tail)]
+            for event in [*(_with_stops(e, stops) for e in events),
+                          TokenDelta(text=stops.flush())]:
+                if not isinstance(event, TokenDelta) or event.text or event.ids:
+                    job.emit(event)
+        if turn is not None and turn.calls and reason is FinishKind.EOS:
+            reason = FinishKind.TOOL_CALLS
         return reason, None
+
+    def _tokens(self, job: _Job, prompt: list[int], ids: list[int], times: list[float],
+                turn: ToolTurn | None) -> Iterator[int]:
+        """The sampled ids, under the plan's grammar; in auto mode, restarted once from where
+        the answer began a tool call, under the call grammar (:mod:`.embedded_tools`)."""
+        from llama_cpp import LlamaGrammar
+
+        grammar = job.plan.grammar
+        # No KV prefix reuse across requests: a prompt evaluated in one batch and one
+        # re-evaluated from a cached prefix can differ in the last float bits, and greedy
+        # decoding must give the same ids for the same request (clients compare streams
+        # across formats). A restart within a request reuses its own prefix, deterministic.
+        self._llm.reset()
+        context = list(prompt)
+        while True:
+            gen = self._llm.generate(context, **self._sampler_args(job.request), grammar=(
+                LlamaGrammar.from_string(grammar, verbose=False) if grammar else None))
+            try:
+                for tok in gen:
+                    yield tok
+                    if turn is not None and turn.restart is not None:
+                        break
+                else:
+                    return
+            finally:
+                gen.close()
+            assert turn is not None and turn.restart is not None
+            restart, turn.restart = turn.restart, None
+            del ids[restart.kept:], times[restart.kept:]
+            ids += self._tokenize_text(restart.text)
+            times += [self._clock()] * (len(ids) - len(times))
+            context, grammar = [*prompt, *ids], job.plan.tail_grammar
 
     def _sampler_args(self, req: GenerationRequest) -> dict[str, Any]:
         """llama.cpp's sampler settings: the request's fields, the model's defaults for the
@@ -466,19 +528,22 @@ class EmbeddedEngine:
     # -- what the prompt becomes, for count_tokens and /tokenize (any thread) --------------
 
     def prompt_ids(self, prompt: Prompt, *, add_generation_prompt: bool = True,
-                   continue_final_message: bool = False) -> list[int]:
-        """The ids this engine evaluates for ``prompt`` (chat template applied), however
-        long. Safe beside a running generation: rendering and tokenizing read only the
-        template and the vocabulary."""
+                   continue_final_message: bool = False,
+                   tools: tuple[ToolSpec, ...] = ()) -> list[int]:
+        """The ids this engine evaluates for ``prompt`` (chat template and ``tools``
+        applied), however long. Safe beside a running generation: rendering and tokenizing
+        read only the template and the vocabulary."""
         try:
             return self._prompt_ids(prompt, add_generation_prompt=add_generation_prompt,
-                                    continue_final_message=continue_final_message)
+                                    continue_final_message=continue_final_message,
+                                    tools=tools)
         except _ContextOverflow as exc:
             return exc.ids
 
     async def count_tokens(self, request: GenerationRequest) -> int:
         """``POST /v1/messages/count_tokens``: the prompt's length as this engine sees it."""
-        return len(await asyncio.to_thread(self.prompt_ids, request.prompt))
+        tools = request.tools if request.tool_choice != "none" else ()
+        return len(await asyncio.to_thread(self.prompt_ids, request.prompt, tools=tools))
 
     async def chat_prompt_ids(self, messages: tuple[ChatMessage, ...], *,
                               add_generation_prompt: bool = True,
@@ -490,7 +555,8 @@ class EmbeddedEngine:
             continue_final_message=continue_final_message)
 
     def _prompt_ids(self, prompt: Prompt, *, add_generation_prompt: bool = True,
-                    continue_final_message: bool = False) -> list[int]:
+                    continue_final_message: bool = False,
+                    tools: tuple[ToolSpec, ...] = ()) -> list[int]:
         n_vocab = self._llm.n_vocab()
         match prompt:
             case PromptIds(ids=ids):
@@ -503,7 +569,8 @@ class EmbeddedEngine:
                 # special=False: "<|im_end|>" typed by a user is text, not a control token.
                 out = self._tokenize_text(text, add_bos=self._add_bos)
             case ChatPrompt(messages=messages):
-                out = self._chat_ids(messages, add_generation_prompt, continue_final_message)
+                out = self._chat_ids(messages, add_generation_prompt, continue_final_message,
+                                     tools)
         if not out:
             raise ValueError("the prompt is empty")
         if len(out) >= self.n_ctx:
@@ -511,13 +578,19 @@ class EmbeddedEngine:
         return out
 
     def _chat_ids(self, messages: tuple[Any, ...], add_generation_prompt: bool = True,
-                  continue_final_message: bool = False) -> list[int]:
+                  continue_final_message: bool = False,
+                  tools: tuple[ToolSpec, ...] = ()) -> list[int]:
         """The rendered chat prompt's ids: only the template's own markers become control
-        ids; every caller string is tokenized as text (:mod:`.chat_prompt`)."""
+        ids; every caller string (tool schemas and results too) is tokenized as text
+        (:mod:`.chat_prompt`)."""
         markers = Markers(secrets.token_hex(8))
-        plain = self._render_chat(messages, add_generation_prompt, continue_final_message)
+        if not self._native_tools:  # the fallback turns tools and calls into messages
+            messages = tuple(fallback_messages(messages, tools))
+            tools = ()
+        plain = self._render_chat(messages, add_generation_prompt, continue_final_message,
+                                  tools=tools)
         wrapped = self._render_chat(messages, add_generation_prompt, continue_final_message,
-                                    markers=markers)
+                                    markers=markers, tools=tools)
         ids: list[int] = []
         pieces = split_render(wrapped, plain, markers)
         for fragment in fragments(pieces, self._controls, self._control_ids):
@@ -538,7 +611,7 @@ class EmbeddedEngine:
 
     def _render_chat(self, messages: tuple[Any, ...], add_generation_prompt: bool = True,
                      continue_final_message: bool = False, *,
-                     markers: Markers | None = None) -> str:
+                     markers: Markers | None = None, tools: tuple[ToolSpec, ...] = ()) -> str:
         image = next((p for m in messages if not isinstance(m.content, str)
                       for p in m.content if isinstance(p, ImagePart)), None)
         if image is not None:  # the template would fail on it with a Jinja type error
@@ -548,14 +621,31 @@ class EmbeddedEngine:
         wrap = markers.wrap if markers is not None else str
         if chat is None:
             raise ValueError("this model has no chat template; use /v1/completions")
+        if self._native_tools:
+            listed = [native_message(m, wrap) for m in messages]
+            extra = {"tools": wrap_strings([function_json(t) for t in tools], wrap)} \
+                if tools else {}
+        else:
+            listed = [{"role": m.role, "content": wrap(m.content)
+                       if isinstance(m.content, str) else m.content} for m in messages]
+            extra = {}
         try:
-            rendered = str(chat(
-                messages=[{"role": m.role, "content": wrap(m.content)
-                           if isinstance(m.content, str) else m.content} for m in messages]
-            ).prompt)
+            rendered = str(chat(messages=listed, **extra).prompt)
         except Exception as exc:  # jinja2 errors and the template's raise_exception
             raise ValueError(f"the chat template rejected the messages: {exc}") from exc
         return _open_final(rendered, messages, wrap) if continue_final_message else rendered
+
+    def _grammar_parses(self, text: str) -> bool:
+        """llama.cpp's own grammar parser accepts ``text`` (it would crash the sampler
+        chain otherwise); a grammar sampler is built against the vocabulary and freed."""
+        import llama_cpp
+
+        sampler = llama_cpp.llama_sampler_init_grammar(self._llm._model.vocab,
+                                                       text.encode("utf-8"), b"root")
+        if not sampler:
+            return False
+        llama_cpp.llama_sampler_free(sampler)
+        return True
 
     def _record(
         self, job: _Job, outcome: str, reason: str, n_prompt: int,
@@ -569,6 +659,13 @@ class EmbeddedEngine:
         with self._records_cv:
             self._records.append(rec)
             self._records_cv.notify_all()
+
+
+def _with_stops(event: Event, stops: StopMatcher) -> Event:
+    """Text goes through the stop matcher (which may hold some back); calls do not."""
+    if isinstance(event, TokenDelta) and event.text:
+        return TokenDelta(ids=event.ids, text=stops.feed(event.text))
+    return event
 
 
 def _open_final(rendered: str, messages: tuple[Any, ...],

@@ -1,0 +1,317 @@
+"""JSON Schemas and tool calls -> llama.cpp grammars (GBNF), for constrained decoding.
+
+The conversion itself is llama-cpp-python's ``SchemaConverter`` (a port of llama.cpp's
+``json_schema_to_grammar``). It handles a subset of JSON Schema and *ignores* what it does
+not know (``minimum``, ``format: email``, ``if``/``then``...), which would let an answer
+that breaks the schema through. So every schema is first walked here (:func:`normalise`):
+a keyword outside :data:`SUPPORTED` (or a supported one in a combination the converter
+would mishandle) raises :class:`UnsupportedSchema` naming it, which the engine answers as a
+400. What passes is copied without annotations, so the converter sees only what it enforces.
+
+Two fixes over the converter's defaults: a JSON string's characters exclude the control
+characters JSON forbids raw (the port allows a raw newline inside a string, which
+``json.loads`` and Pydantic reject), and ``$defs`` names are prefixed per tool, so two tools
+with a ``$defs/Item`` each get their own rule.
+
+Tool calls use the Hermes / Qwen convention, the fallback prompt of :mod:`.tool_prompt`::
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Sans-IO: strings in, grammar text out; the engine parses each grammar once with llama.cpp
+and caches it (``upstreams/embedded_tools.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from llama_cpp.llama_grammar import PRIMITIVE_RULES, BuiltinRule, SchemaConverter
+
+from tokenwire.gateway.ir import ToolSpec
+
+__all__ = [
+    "ANNOTATIONS",
+    "CALL_CLOSE",
+    "CALL_OPEN",
+    "MAX_CALLS",
+    "STRING_FORMATS",
+    "SUPPORTED",
+    "UnsupportedSchema",
+    "call_grammar",
+    "normalise",
+    "response_grammar",
+]
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+#: Calls one answer may make: a tiny model can repeat a call until max_tokens; eight covers
+#: every parallel-call example in OpenAI's and Anthropic's documentation.
+MAX_CALLS = 8
+
+#: Keywords that describe and never constrain: accepted and dropped.
+ANNOTATIONS = frozenset({
+    "title", "description", "default", "examples", "$schema", "$id", "$comment",
+    "deprecated", "readOnly", "writeOnly",
+})
+#: Keywords the grammar enforces (see the README's "Tools and structured output").
+SUPPORTED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "enum", "const", "anyOf", "$ref", "$defs", "definitions",
+    "minLength", "maxLength", "pattern", "format",
+})
+#: ``format`` values the converter turns into rules; any other is refused, not ignored.
+STRING_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
+_TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
+_DEFS = ("$defs", "definitions")
+
+#: JSON's string characters: no raw control characters (RFC 8259 §7), unlike the port.
+_JSON_CHAR = BuiltinRule(
+    r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] '
+    r'[0-9a-fA-F])', [])
+
+
+class UnsupportedSchema(ValueError):
+    """A schema the grammar cannot enforce: ``keyword`` at ``path`` (``$.properties.a``)."""
+
+    def __init__(self, keyword: str, path: str, why: str = "") -> None:
+        super().__init__(f"JSON Schema keyword {keyword!r} at {path} is not supported by "
+                         f"this engine's constrained decoding{': ' + why if why else ''}")
+        self.keyword, self.path = keyword, path
+
+
+# -- the supported subset ----------------------------------------------------------------
+
+
+def normalise(schema: Any, path: str = "$") -> dict[str, Any]:
+    """A copy of ``schema`` holding only enforced keywords; raises :class:`UnsupportedSchema`
+    for anything the grammar would not enforce."""
+    if not isinstance(schema, dict):
+        raise UnsupportedSchema("type", path, "a schema must be an object (boolean schemas "
+                                "are not supported)")
+    out = _node(schema, path)
+    _check_refs(out, out)
+    return out
+
+
+def _node(schema: dict[str, Any], path: str) -> dict[str, Any]:
+    for key in schema:
+        if key not in ANNOTATIONS and key not in SUPPORTED:
+            raise UnsupportedSchema(key, path)
+    out = {k: v for k, v in schema.items() if k in SUPPORTED}
+    _check_combinations(out, path)
+    for key in ("properties", *_DEFS):
+        if key in out:
+            if not isinstance(out[key], dict):
+                raise UnsupportedSchema(key, path, "must be an object of schemas")
+            out[key] = {n: _child(s, f"{path}.{key}.{n}") for n, s in out[key].items()}
+    if isinstance(out.get("additionalProperties"), dict):
+        out["additionalProperties"] = _child(out["additionalProperties"],
+                                             f"{path}.additionalProperties")
+    for key in ("anyOf", "prefixItems"):
+        if key in out:
+            if not isinstance(out[key], list) or not out[key]:
+                raise UnsupportedSchema(key, path, "must be a non-empty array of schemas")
+            out[key] = [_child(s, f"{path}.{key}[{i}]") for i, s in enumerate(out[key])]
+    items = out.get("items")
+    if isinstance(items, dict):
+        out["items"] = _child(items, f"{path}.items")
+    elif isinstance(items, list):
+        out["items"] = [_child(s, f"{path}.items[{i}]") for i, s in enumerate(items)]
+    return out
+
+
+def _child(schema: Any, path: str) -> dict[str, Any]:
+    if not isinstance(schema, dict):
+        raise UnsupportedSchema("type", path, "a schema must be an object (boolean schemas "
+                                "are not supported)")
+    return _node(schema, path)
+
+
+def _structural(node: dict[str, Any]) -> set[str]:
+    return set(node) - {*_DEFS}
+
+
+def _check_combinations(node: dict[str, Any], path: str) -> None:
+    """Combinations the converter would silently get wrong (one keyword wins, the others
+    are dropped) are refused, naming the keyword that would be lost."""
+    keys = _structural(node)
+    for lead, allowed in (("$ref", set()), ("anyOf", set()), ("const", {"type"}),
+                          ("enum", {"type"})):
+        if lead in keys:
+            extra = sorted(keys - {lead} - allowed)
+            if extra:
+                raise UnsupportedSchema(extra[0], path, f"beside {lead!r}")
+    kind = node.get("type")
+    if isinstance(kind, list):
+        if not kind or any(t not in _TYPES for t in kind):
+            raise UnsupportedSchema("type", path, f"unknown type in {kind!r}")
+        extra = sorted(keys - {"type"})
+        if extra:
+            raise UnsupportedSchema(extra[0], path, "beside a list of types")
+    elif kind is not None and kind not in _TYPES:
+        raise UnsupportedSchema("type", path, f"unknown type {kind!r}")
+    _check_strings(node, keys, path)
+    _check_arrays(node, keys, path)
+    _check_objects(node, path)
+    ref = node.get("$ref")
+    if ref is not None and not (isinstance(ref, str) and ref.startswith("#/")):
+        raise UnsupportedSchema("$ref", path, "only local references (#/...) are supported")
+
+
+def _check_strings(node: dict[str, Any], keys: set[str], path: str) -> None:
+    lengths = keys & {"minLength", "maxLength"}
+    if "pattern" in keys:
+        pattern = node["pattern"]
+        if lengths or "format" in keys:
+            raise UnsupportedSchema(sorted(lengths or {"format"})[0], path, "beside 'pattern'")
+        if not isinstance(pattern, str) or not pattern.startswith("^") \
+                or not pattern.endswith("$") or "(?" in pattern:
+            raise UnsupportedSchema("pattern", path, "a pattern must be anchored (^...$) and "
+                                    "use no lookaround or (?...) groups")
+    if "format" in keys:
+        if node["format"] not in STRING_FORMATS:
+            raise UnsupportedSchema("format", path, f"format {node['format']!r} (supported: "
+                                    + ", ".join(sorted(STRING_FORMATS)) + ")")
+        if lengths:
+            raise UnsupportedSchema(sorted(lengths)[0], path, "beside 'format'")
+    if lengths and node.get("type") != "string":
+        raise UnsupportedSchema(sorted(lengths)[0], path, "needs type 'string'")
+    for key in lengths:
+        if not isinstance(node[key], int) or isinstance(node[key], bool) or node[key] < 0:
+            raise UnsupportedSchema(key, path, "must be a non-negative integer")
+
+
+def _check_arrays(node: dict[str, Any], keys: set[str], path: str) -> None:
+    prefix, items = node.get("prefixItems"), node.get("items")
+    if prefix is not None and items is not None:
+        raise UnsupportedSchema("items", path, "beside 'prefixItems'")
+    if items is not None and not isinstance(items, dict | list):
+        raise UnsupportedSchema("items", path, "must be a schema")
+    for key in keys & {"minItems", "maxItems"}:
+        value = node[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise UnsupportedSchema(key, path, "must be a non-negative integer")
+        if items is None and prefix is None:
+            raise UnsupportedSchema(key, path, "needs 'items'")
+    fixed = prefix if prefix is not None else items if isinstance(items, list) else None
+    if fixed is not None:  # a tuple has exactly len(fixed) items: the bounds must allow it
+        if node.get("minItems", 0) > len(fixed) or node.get("maxItems", len(fixed)) < len(fixed):
+            raise UnsupportedSchema("minItems" if node.get("minItems", 0) > len(fixed)
+                                    else "maxItems", path, "a tuple's length is fixed")
+
+
+def _check_objects(node: dict[str, Any], path: str) -> None:
+    required = node.get("required")
+    if required is None:
+        return
+    props = node.get("properties") or {}
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise UnsupportedSchema("required", path, "must be an array of property names")
+    missing = [r for r in required if r not in props]
+    if missing:
+        raise UnsupportedSchema("required", path, f"{missing[0]!r} is required but not "
+                                "defined in 'properties'")
+
+
+def _check_refs(node: Any, root: dict[str, Any]) -> None:
+    if isinstance(node, list):
+        for item in node:
+            _check_refs(item, root)
+        return
+    if not isinstance(node, dict):
+        return
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        target: Any = root
+        for part in ref[2:].split("/"):
+            if not isinstance(target, dict) or part not in target:
+                raise UnsupportedSchema("$ref", "$", f"{ref!r} does not resolve")
+            target = target[part]
+    for value in node.values():
+        if isinstance(value, dict | list):
+            _check_refs(value, root)
+
+
+# -- grammar text ------------------------------------------------------------------------
+
+
+class _Converter(SchemaConverter):
+    """The port, with JSON-correct strings, ``{}`` meaning any value, prefixed ``$defs``."""
+
+    def __init__(self) -> None:
+        super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self._ref_prefix = ""
+
+    def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
+        return super()._add_primitive(name, _JSON_CHAR if name == "char" else rule)
+
+    def visit(self, schema: dict[str, Any], name: str) -> str:
+        if not schema:  # JSON Schema's "anything" (the port would allow objects only)
+            return self._add_rule(name or "root", self._add_primitive(
+                "value", PRIMITIVE_RULES["value"]))
+        return str(super().visit(schema, name))
+
+    def _resolve_ref(self, ref: str) -> str:
+        rule = self._ref_prefix + ref.split("/")[-1]
+        if rule not in self._rules and ref not in self._refs_being_resolved:
+            self._refs_being_resolved.add(ref)
+            rule = self.visit(self._refs[ref], rule)
+            self._refs_being_resolved.remove(ref)
+        return rule
+
+    def add_schema(self, schema: dict[str, Any], name: str) -> str:
+        """The rule name for ``schema`` (already :func:`normalise`-d), its refs scoped."""
+        self._ref_prefix = f"{name}-def-"
+        resolved = self.resolve_refs(json.loads(json.dumps(schema)), name)
+        return self.visit(resolved, name)
+
+    def literal(self, text: str) -> str:
+        return str(self._format_literal(text))
+
+    def rule(self, name: str, body: str) -> str:
+        return str(self._add_rule(name, body))
+
+    def text(self) -> str:
+        return str(self.format_grammar())
+
+
+def response_grammar(schema: dict[str, Any] | None) -> str:
+    """The grammar of an answer that is JSON matching ``schema`` (``None``: any object)."""
+    conv = _Converter()
+    answer = conv.add_schema(schema if schema is not None else {"type": "object"}, "answer")
+    conv.rule("root", answer)
+    return conv.text()
+
+
+def call_grammar(tools: Sequence[ToolSpec], *, parallel: bool = True, after_open: bool = False,
+                 or_schema: dict[str, Any] | None = None, or_object: bool = False) -> str:
+    """The grammar of an answer made of tool calls (one of ``tools`` each).
+
+    ``after_open``: the answer already holds ``<tool_call>`` (a call the model began
+    unconstrained); ``or_schema`` / ``or_object`` allow instead an answer that is JSON (a
+    response format with ``tool_choice: auto``). Parameters must be :func:`normalise`-d."""
+    conv = _Converter()
+    names = []
+    for i, tool in enumerate(tools):
+        if tool.kind == "custom":  # freeform input travels as one JSON string
+            args = conv.add_schema({"type": "string"}, f"tool{i}-args")
+        else:
+            args = conv.add_schema(tool.parameters or {"type": "object"}, f"tool{i}-args")
+        names.append(conv.rule(f"tool{i}", (
+            '"{" space ' + conv.literal('"name"') + ' space ":" space '
+            + conv.literal(json.dumps(tool.name)) + ' space "," space '
+            + conv.literal('"arguments"') + f' space ":" space {args} "}}" space')))
+    conv.rule("call", " | ".join(names))
+    body = conv.rule("call-body", '"\\n"? call "\\n"? ' + conv.literal(CALL_CLOSE))
+    block = conv.rule("call-block", f"{conv.literal(CALL_OPEN)} {body}")
+    more = f' ("\\n"? {block}){{0,{MAX_CALLS - 1}}}' if parallel else ""
+    root = conv.rule("calls", f"{body if after_open else block}{more}")
+    if or_schema is not None or or_object:
+        answer = conv.add_schema(or_schema if or_schema is not None else {"type": "object"},
+                                 "answer")
+        root = f"{answer} | {root}"
+    conv.rule("root", root)
+    return conv.text()
