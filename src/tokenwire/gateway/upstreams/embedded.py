@@ -466,6 +466,9 @@ class EmbeddedEngine:
                     job.emit(_with_stops(event, stops))  # a delta with no text still goes
                 if stops.matched is not None:
                     return FinishKind.STOP_SEQUENCE, stops.matched
+                if turn is not None and turn.repeated:
+                    reason = FinishKind.EOS
+                    break
                 if len(ids) >= budget:
                     break
         finally:

@@ -197,6 +197,11 @@ class ToolTurn:
         self._ends = [0]  # len(self._answer) after each token
         self._pending: list[int] = []  # ids of text not yet released
         self.calls = 0
+        #: The model repeated a call it already made in this answer: the engine stops there
+        #: (a tiny model repeats a forced call until ``max_tokens``; an identical second
+        #: call would only run the same thing twice).
+        self.repeated = False
+        self._made: set[tuple[str, str]] = set()
 
     def feed(self, tok: int | None, text: str) -> list[TokenDelta | ToolCallDelta]:
         """One token's text; ``tok=None`` at the end, with the detokenizer's flushed text."""
@@ -223,7 +228,10 @@ class ToolTurn:
         for item in items:
             if isinstance(item, str):
                 out.append(TokenDelta(ids=tuple(self._pending), text=item))
+            elif (item.name, item.arguments) in self._made or self.repeated:
+                self.repeated = True
             else:
+                self._made.add((item.name, item.arguments))
                 out.append(ToolCallDelta(index=self.calls, id=f"call_{secrets.token_hex(12)}",
                                          name=item.name, arguments=item.arguments,
                                          kind=item.kind))

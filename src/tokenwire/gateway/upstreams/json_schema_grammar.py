@@ -38,6 +38,7 @@ __all__ = [
     "CALL_CLOSE",
     "CALL_OPEN",
     "MAX_CALLS",
+    "MAX_UNBOUNDED_ITEMS",
     "STRING_FORMATS",
     "SUPPORTED",
     "UnsupportedSchema",
@@ -64,6 +65,13 @@ SUPPORTED = frozenset({
 })
 #: ``format`` values the converter turns into rules; any other is refused, not ignored.
 STRING_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
+#: Items of an array whose schema sets no ``maxItems``: the grammar closes the array there.
+#: A small model can repeat an item until ``max_tokens`` (SmolLM2-135M did, on a list of
+#: hobbies); a bound keeps every answer both closable and valid against the schema.
+MAX_UNBOUNDED_ITEMS = 32
+#: Characters of a string whose schema sets no ``maxLength`` (the same reason: SmolLM2 can
+#: write one string forever). A custom tool's freeform input (a patch) is not bounded.
+MAX_UNBOUNDED_STRING = 256
 _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 _DEFS = ("$defs", "definitions")
 
@@ -71,6 +79,8 @@ _DEFS = ("$defs", "definitions")
 _JSON_CHAR = BuiltinRule(
     r'[^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] '
     r'[0-9a-fA-F])', [])
+_BOUNDED_STRING = BuiltinRule(rf'"\"" char{{0,{MAX_UNBOUNDED_STRING}}} "\"" space', ["char"])
+_FREEFORM_STRING = r'"\"" char* "\"" space'
 
 
 class UnsupportedSchema(ValueError):
@@ -118,6 +128,7 @@ def _node(schema: dict[str, Any], path: str) -> dict[str, Any]:
     items = out.get("items")
     if isinstance(items, dict):
         out["items"] = _child(items, f"{path}.items")
+        out.setdefault("maxItems", max(MAX_UNBOUNDED_ITEMS, out.get("minItems", 0)))
     elif isinstance(items, list):
         out["items"] = [_child(s, f"{path}.items[{i}]") for i, s in enumerate(items)]
     return out
@@ -246,7 +257,8 @@ class _Converter(SchemaConverter):
         self._ref_prefix = ""
 
     def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
-        return super()._add_primitive(name, _JSON_CHAR if name == "char" else rule)
+        fixed = {"char": _JSON_CHAR, "string": _BOUNDED_STRING}.get(name, rule)
+        return super()._add_primitive(name, fixed)
 
     def visit(self, schema: dict[str, Any], name: str) -> str:
         if not schema:  # JSON Schema's "anything" (the port would allow objects only)
@@ -265,7 +277,11 @@ class _Converter(SchemaConverter):
     def add_schema(self, schema: dict[str, Any], name: str) -> str:
         """The rule name for ``schema`` (already :func:`normalise`-d), its refs scoped."""
         self._ref_prefix = f"{name}-def-"
-        resolved = self.resolve_refs(json.loads(json.dumps(schema)), name)
+        copy = json.loads(json.dumps(schema))
+        if "$ref" in copy:  # the port's resolve_refs stops at a root $ref, missing $defs'
+            copy = {k: v for k, v in copy.items() if k != "$ref"} | {
+                "anyOf": [{"$ref": copy["$ref"]}]}
+        resolved = self.resolve_refs(copy, name)
         return self.visit(resolved, name)
 
     def literal(self, text: str) -> str:
@@ -297,7 +313,8 @@ def call_grammar(tools: Sequence[ToolSpec], *, parallel: bool = True, after_open
     names = []
     for i, tool in enumerate(tools):
         if tool.kind == "custom":  # freeform input travels as one JSON string
-            args = conv.add_schema({"type": "string"}, f"tool{i}-args")
+            conv.add_schema({"type": "string"}, f"tool{i}-args")  # defines char
+            args = conv.rule("freeform-string", _FREEFORM_STRING)
         else:
             args = conv.add_schema(tool.parameters or {"type": "object"}, f"tool{i}-args")
         names.append(conv.rule(f"tool{i}", (
