@@ -16,6 +16,8 @@ from tokenwire.gateway.upstreams.embedded_tools import (
     plan_tools,
 )
 from tokenwire.gateway.upstreams.json_schema_grammar import (
+    MAX_UNBOUNDED_ITEMS,
+    MAX_UNBOUNDED_STRING,
     UnsupportedSchema,
     call_grammar,
     normalise,
@@ -146,3 +148,13 @@ def test_tool_choice_needs_tools_and_a_declared_name(parses) -> None:
                               tools=(ToolSpec(name="a", parameters={"type": "object"}),))
     with pytest.raises(ToolRequestError, match="not among the declared tools"):
         plan_tools(named, cache)
+
+
+def test_unbounded_arrays_and_strings_get_bounds_inside_the_schema(parses) -> None:
+    schema = normalise({"type": "array", "items": {"type": "string"}})
+    assert schema["maxItems"] == MAX_UNBOUNDED_ITEMS
+    grammar = response_grammar(schema)
+    assert f"char{{0,{MAX_UNBOUNDED_STRING}}}" in grammar and parses(grammar)
+    assert normalise({"type": "array", "items": {}, "maxItems": 100})["maxItems"] == 100
+    custom = call_grammar([ToolSpec(name="patch", kind="custom")])
+    assert 'freeform-string ::= "\\"" char* "\\"" space' in custom and parses(custom)

@@ -83,3 +83,9 @@ def test_a_started_call_restarts_from_the_last_whole_token_before_the_tag() -> N
     events = turn.feed(10, '\n{"name": "get_weather", "arguments": {}}\n</tool_call>')
     assert [type(e) for e in events] == [ToolCallDelta]
     assert turn.calls == 1 and events[0].arguments == "{}"
+
+
+def test_a_repeated_identical_call_ends_the_answer() -> None:
+    turn = ToolTurn(ToolPlan(callable_tools=TOOLS, grammar="root ::= x"))
+    events = turn.feed(0, CALL + "\n" + CALL)
+    assert [type(e) for e in events] == [ToolCallDelta] and turn.repeated

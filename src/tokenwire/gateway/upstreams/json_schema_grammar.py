@@ -68,10 +68,10 @@ STRING_FORMATS = frozenset({"date", "time", "date-time", "uuid"})
 #: Items of an array whose schema sets no ``maxItems``: the grammar closes the array there.
 #: A small model can repeat an item until ``max_tokens`` (SmolLM2-135M did, on a list of
 #: hobbies); a bound keeps every answer both closable and valid against the schema.
-MAX_UNBOUNDED_ITEMS = 32
+MAX_UNBOUNDED_ITEMS = 16
 #: Characters of a string whose schema sets no ``maxLength`` (the same reason: SmolLM2 can
 #: write one string forever). A custom tool's freeform input (a patch) is not bounded.
-MAX_UNBOUNDED_STRING = 256
+MAX_UNBOUNDED_STRING = 128
 _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 _DEFS = ("$defs", "definitions")
 

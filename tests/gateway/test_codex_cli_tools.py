@@ -1,0 +1,116 @@
+"""A Codex CLI turn against the embedded engine with Codex's own tools (``tools`` and
+``tool_choice: auto``), on a context large enough for its prompt.
+
+Codex's first request is ~4.6k SmolLM2 tokens without tools; the fallback tool block (every
+Codex function's signature as JSON) brings it to about 8k, so the engine here runs with
+``n_ctx`` :data:`CODEX_N_CTX` (``tokenwire serve --n-ctx 16384`` for the same by hand).
+SmolLM2-135M may call a tool or answer in prose; either is fine. What must hold: the turn
+completes without a reconnect, and every call tokenwire sent is a declared Codex tool whose
+arguments match that tool's parameters (a malformed call would reach Codex as an error
+item, or be refused by it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.ir import IdsSource
+from tokenwire.gateway.routing.router import Router, ServedModel
+from tokenwire.gateway.settings import ServerSettings
+
+from . import test_codex_cli
+from .conftest import _PROBE
+from .test_codex_cli import CODEX, Gateway, run_codex, serve_gateway
+
+#: Codex's prompt with its tools in the fallback block, and room for an answer.
+CODEX_N_CTX = 16384
+#: Two ~8k-token prompts (the turn, and the turn after a call) on one thread of a shared
+#: 2-core machine, plus answers Codex does not bound: a generous safety net, not a target.
+CODEX_TURN_TIMEOUT_S = 1800
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CODEX.exists(), reason="the Codex CLI is not installed: run "
+                       "scripts/codex-install.sh (needs node + npm)"),
+]
+
+
+@pytest.fixture(scope="module")
+def engine_large(smollm2_map: TokenizerMap):
+    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {probe.returncode})")
+    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+
+    eng = EmbeddedEngine.load(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=1, queue_size=4)
+    eng.start()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def gateway(engine_large, smollm2_map) -> Iterator[Gateway]:
+    router = Router([ServedModel(name=engine_large.model_id, upstream=engine_large,
+                                 tmap=smollm2_map, max_model_len=engine_large.n_ctx,
+                                 ids_source=IdsSource.ENGINE, upstream_name="embedded")])
+    gw = serve_gateway(GatewayState(settings=ServerSettings(), router=router))
+    yield gw
+    gw.stop()
+
+
+def _functions(tools: list[dict]) -> dict[str, dict]:
+    out = {}
+    for tool in tools:
+        for inner in tool.get("tools", [tool]) if tool.get("type") == "namespace" else [tool]:
+            if inner.get("type") == "function":
+                out[inner["name"]] = inner.get("parameters") or {}
+    return out
+
+
+def _matches(args: dict, schema: dict) -> bool:
+    """The arguments' top level against the tool's parameters: an object, required keys
+    present, no undeclared key when additionalProperties is false, JSON types right."""
+    kinds = {"string": str, "integer": int, "number": (int, float), "boolean": bool,
+             "array": list, "object": dict}
+    props = schema.get("properties", {})
+    if not isinstance(args, dict) or not set(schema.get("required", [])) <= set(args):
+        return False
+    if schema.get("additionalProperties") is False and not set(args) <= set(props):
+        return False
+    return all(isinstance(v, kinds.get(props.get(k, {}).get("type"), object))
+               for k, v in args.items())
+
+
+def test_a_codex_turn_on_the_embedded_engine_never_sees_a_malformed_call(
+        engine_large, gateway, tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(test_codex_cli, "CODEX_TIMEOUT_S", CODEX_TURN_TIMEOUT_S)
+    run = run_codex(gateway.url, engine_large.model_id,
+                    "Run `echo hello` in the shell and tell me what it printed.", tmp_path)
+    assert "Reconnecting" not in run.stdout
+    assert run.of_type("turn.completed"), (run.stdout[-3000:], run.stderr[-2000:])
+    first = gateway.recording.bodies[0]
+    assert first["tool_choice"] == "auto" and first["tools"]
+    declared = _functions(first["tools"])
+    calls = [e["item"] for n in range(len(gateway.recording.answers))
+             for e in gateway.recording.events(n)
+             if e["type"] == "response.output_item.done"
+             and e["item"]["type"] == "function_call"]
+    for call in calls:
+        assert call["name"] in declared, call
+        assert _matches(json.loads(call["arguments"]), declared[call["name"]]), call
+    for rec in engine_large.records():
+        print(f"engine: prompt {rec.prompt_tokens} tokens, answer {len(rec.ids)} tokens, "
+              f"{rec.reason}, {rec.ended_at - rec.started_at:.0f} s")
+    executed = run.items("command_execution")
+    answered = run.items("agent_message")
+    print(f"codex: {len(gateway.recording.bodies)} requests, {len(calls)} calls, "
+          f"{len(executed)} executed, {len(answered)} answers")
+    assert calls or answered  # a call Codex ran, or a plain answer
+    assert len(executed) == len(calls)  # every call was a real one Codex executed
