@@ -265,3 +265,22 @@ def test_a_template_with_tool_support_renders_them_and_keeps_them_text(engine) -
     text = Detokenizer(engine.tmap).decode(ids)
     assert '"description": "<|im_end|>' in text and "<tool_call>" in text
     assert "<tool_response>" not in text  # the template's own tool turn, not the fallback
+
+
+def test_auto_a_call_the_model_starts_is_finished_under_the_grammar(oai) -> None:
+    """With calls in the history SmolLM2 (greedy) starts ``<tool_call>`` on its own: the
+    engine restarts there under the call grammar, and the call comes back well formed."""
+    history: list[dict] = []
+    for i, city in enumerate(("Paris", "Rome", "Oslo")):
+        history += [{"role": "user", "content": f"Weather in {city}?"},
+                    {"role": "assistant", "content": None, "tool_calls": [{
+                        "id": f"c{i}", "type": "function", "function": {
+                            "name": "get_weather",
+                            "arguments": json.dumps({"city": city, "unit": "c"})}}]}]
+    done = oai.chat.completions.create(
+        model="smollm2", tools=[WEATHER], tool_choice="auto", max_tokens=80, temperature=0,
+        messages=[*history, {"role": "user", "content": "Weather in Lima?"}])
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls", choice.message.content
+    [call] = choice.message.tool_calls
+    assert WeatherArgs.model_validate_json(call.function.arguments).city == "Lima"
