@@ -8,11 +8,12 @@ Rules this module enforces (codec-spec §4):
 * One compression context spans the whole response body, never one per frame (§4.1).
 * zstd only with a pre-trained dictionary (§4.1): :class:`ZstdCompressor` cannot be built
   without a :class:`ZstdDict`, and the decompressor refuses a zstd body without one.
-* Flushing ends a block but keeps the history: gzip ``Z_SYNC_FLUSH``, brotli
-  ``BROTLI_OPERATION_FLUSH``, zstd ``FLUSH_BLOCK``. ``Z_FULL_FLUSH`` (which resets the window)
-  is never used (§4.2). The reference engine never flushes mid-stream (§9.1 item 9), so a
-  client decodes nothing until the end; the :class:`Coalescer` flushes at the end of every
-  coalescing window instead (§10 item 1), so each frame is decodable within one window.
+* Flushing ends a block but keeps the history: gzip ``Z_BLOCK`` on fixed-Huffman blocks
+  (see :data:`GZIP_FLUSH`), brotli ``BROTLI_OPERATION_FLUSH``, zstd ``FLUSH_BLOCK``.
+  ``Z_FULL_FLUSH`` (which resets the window) is never used (§4.2). The reference engine
+  never flushes mid-stream (§9.1 item 9), so a client decodes nothing until the end; the
+  :class:`Coalescer` flushes at the end of every coalescing window instead (§10 item 1), so
+  each frame is decodable within one window.
 * Decompression has a budget of decompressed bytes (§9.1 item 23, §10 item 4): going over it
   raises :class:`DecompressionLimitExceeded`; output is never silently truncated.
 
@@ -56,7 +57,9 @@ __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
     "DEFAULT_WINDOW_S",
     "DICT_SIZE",
+    "GZIP_FLUSH",
     "GZIP_LEVEL",
+    "GZIP_STRATEGY",
     "GZIP_WBITS",
     "MAX_PENDING_BYTES",
     "MAX_ZSTD_WINDOW",
@@ -84,6 +87,19 @@ __all__ = [
 #: gzip level of the reference engine (codec-spec §4.2); wbits 31 = gzip header + trailer.
 GZIP_LEVEL = 6
 GZIP_WBITS = 31
+#: How a gzip window is flushed: ``Z_BLOCK`` ends the deflate block without the 4-byte empty
+#: stored block and byte alignment of ``Z_SYNC_FLUSH``, keeping up to 7 bits for the next
+#: byte. Those held bits must never carry data, or the client could not decode the last
+#: token until the next window: :data:`GZIP_STRATEGY` makes every block fixed-Huffman, whose
+#: end-of-block code is 7 bits, so the held bits are always part of it and a stock streaming
+#: inflater (zlib: Python, browsers, curl) has every byte of the block. With zlib's default
+#: strategy a large dynamic block has a shorter end-of-block code and a 5 s window left a
+#: byte undecodable (BENCHMARKS.md, "Compression at short windows"). Measured on the 2,048-token
+#: replay at 20 ms, msgpack: Z_SYNC_FLUSH 8.76, Z_PARTIAL_FLUSH 5.00, Z_BLOCK 3.78 B/token.
+GZIP_FLUSH = zlib.Z_BLOCK
+#: Fixed Huffman codes only (see :data:`GZIP_FLUSH`); zlib already picks them for every block
+#: up to a 500 ms window here, and they cost ~1% at 5 s windows.
+GZIP_STRATEGY = zlib.Z_FIXED
 #: Brotli quality. The engine uses 4. Measured at 1 id/frame, 2,048-token msgpack streams with
 #: a flush per window (50 / 100 ms): q4 6.0 / 4.35, q5 4.4 / 3.4, q6 4.3 / 3.4 B/token. q4
 #: loses 25-35% when flushed; q6 gains ~1% over q5 for more CPU, so 5.
@@ -174,6 +190,12 @@ class Compressor(ABC):
         self._finished = True
         return self._finish()
 
+    def compress_body(self, data: bytes) -> bytes:
+        """A whole body at once, finished: no flush points, so a codec may code it as it
+        would a file (gzip drops the fixed-Huffman rule of :data:`GZIP_STRATEGY`)."""
+        out = self.compress(data)
+        return out + self.finish()
+
     def _check_open(self) -> None:
         if self._finished:
             raise LocalProtocolError(f"{self.encoding} compressor used after finish()")
@@ -204,23 +226,36 @@ class IdentityCompressor(Compressor):
 
 
 class GzipCompressor(Compressor):
-    """gzip (RFC 1952) via zlib, flushed with ``Z_SYNC_FLUSH`` (an empty stored block)."""
+    """gzip (RFC 1952) via zlib, fixed-Huffman blocks flushed with ``Z_BLOCK`` (GZIP_FLUSH)."""
 
     encoding = "gzip"
 
     def __init__(self, *, level: int = GZIP_LEVEL) -> None:
         super().__init__()
-        self._z = zlib.compressobj(level, zlib.DEFLATED, GZIP_WBITS)
+        self._level = level
+        self._z_used = False
+        self._z = zlib.compressobj(level, zlib.DEFLATED, GZIP_WBITS, strategy=GZIP_STRATEGY)
 
     def _compress(self, data: bytes) -> bytes:
+        self._z_used = True
         return self._z.compress(data)
 
     def _flush(self) -> bytes:
-        # Z_SYNC_FLUSH keeps the 32 KiB history; Z_FULL_FLUSH would reset it (§4.2).
-        return self._z.flush(zlib.Z_SYNC_FLUSH)
+        self._z_used = True
+        # Z_BLOCK keeps the 32 KiB history; Z_FULL_FLUSH would reset it (§4.2).
+        return self._z.flush(GZIP_FLUSH)
 
     def _finish(self) -> bytes:
         return self._z.flush(zlib.Z_FINISH)
+
+    def compress_body(self, data: bytes) -> bytes:
+        if self._z_used:  # part of the body went through the streaming context already
+            return super().compress_body(data)
+        self._check_open()
+        self._finished = True
+        # Never flushed, so zlib's default strategy (dynamic blocks) is safe, and smaller.
+        whole = zlib.compressobj(self._level, zlib.DEFLATED, GZIP_WBITS)
+        return whole.compress(data) + whole.flush()
 
 
 class BrotliCompressor(Compressor):

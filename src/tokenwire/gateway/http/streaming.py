@@ -148,7 +148,7 @@ class EventResponse:
         renderer = self._renderer
         body = b"".join(chunk for ev in events for chunk in renderer.on_event(ev))
         comp = self._new_compressor()
-        data = comp.compress(body) + comp.finish()
+        data = comp.compress_body(body)
         await self._send_whole(send, 200, self._headers, data)
         self._count(comp.encoding, data)
 
