@@ -21,8 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "BENCHMARKS.md"
-MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames", "bench_serve",
-           "bench_upstreams", "bench_load"]
+MODULES = ["bench_encode", "bench_decode", "bench_maps", "bench_frames", "bench_compression",
+           "bench_serve", "bench_upstreams", "bench_load"]
 BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
 
 

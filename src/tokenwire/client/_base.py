@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from tokenwire.background import in_background
 from tokenwire.client.discovery import (
     DiscoveryCache,
     Flow,
@@ -394,7 +395,9 @@ class BaseCodecClient:
     def _tokenize(self, tmap: TokenizerMap, text: str) -> tuple[int, ...]:
         tok = self._tokenizers.get(tmap.hash)
         if tok is None:
-            tok = self._tokenizers[tmap.hash] = Tokenizer.from_map(tmap)
+            # defer: the first prompts encode on the exact Python engine while tiktoken's
+            # core is built on a background thread (map load-to-ready, BENCHMARKS.md).
+            tok = self._tokenizers[tmap.hash] = Tokenizer.from_map(tmap, defer=in_background)
         return tuple(tok.encode(text))
 
     # -- responses ---------------------------------------------------------------------------

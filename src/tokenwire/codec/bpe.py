@@ -132,9 +132,10 @@ class BPE:
         byte_fallback: tuple[int, int] | None = None,
         map_id: str = "",
         cache_size: int = DEFAULT_CACHE_SIZE,
+        ranks: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
         self.vocab = vocab
-        self.ranks = parse_merges(merges)
+        self.ranks = parse_merges(merges) if ranks is None else ranks  # prebuilt: tokenizer.py
         self.byte_fallback = byte_fallback
         self.map_id = map_id
         #: :meth:`encode_uncached` behind the LRU cache, for callers that keep words short.

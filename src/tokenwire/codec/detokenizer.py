@@ -33,9 +33,11 @@ which hides corrupt streams. This is the only intended difference from HF.
 
 from __future__ import annotations
 
+import os
 from codecs import utf_8_decode as _utf8_decode
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from tokenwire.codec.byte_level import chars_to_bytes, chars_to_bytes_bulk
 from tokenwire.codec.maps import TokenizerMap
@@ -72,15 +74,83 @@ class _Tables:
 
 
 _cache: dict[str, _Tables] = {}
+# Maps whose tables a ``defer`` was asked to build (hash -> the pid that asked: a forked
+# child has no builder thread), and their per-id decoders.
+_deferred: dict[str, int] = {}
+_starters: dict[str, _Starter] = {}
+#: Runs a build later, e.g. on a thread (``tokenwire.background.in_background``).
+Defer = Callable[[Callable[[], object]], object]
 
 
-def _tables_for(tmap: TokenizerMap) -> _Tables:
-    found = _cache.pop(tmap.hash, None)
+def _tables_for(tmap: TokenizerMap, defer: Defer | None = None) -> _Tables | None:
+    """The map's tables, built now if need be; with ``defer``, ``None`` until the build it
+    was handed has run (it is handed one per map)."""
+    found = _cache.get(tmap.hash)
+    if found is not None:
+        _cache[tmap.hash] = _cache.pop(tmap.hash, found)  # most recently used at the end
+        return found
+    if defer is None:
+        return _build_and_cache(tmap)
+    asked = _deferred.get(tmap.hash)
+    if asked is None:
+        _deferred[tmap.hash] = os.getpid()
+        defer(partial(_build_and_cache, tmap))
+    elif asked != os.getpid():
+        return _build_and_cache(tmap)
+    return None
+
+
+def _build_and_cache(tmap: TokenizerMap) -> _Tables:
+    found = _build_tables(tmap)
+    while len(_cache) >= MAX_CACHED_TABLES:
+        _cache.pop(next(iter(_cache), ""), None)  # another thread may evict at once
+    _cache[tmap.hash] = found
+    _deferred.pop(tmap.hash, None)
+    _starters.pop(tmap.hash, None)
+    return found
+
+
+class _Starter:
+    """Per-id decoding of a byte_level map while its tables are built: the same pieces as
+    :func:`_build_tables` (special overrides, hidden specials, U+FFFD for unknown ids), one
+    lookup per id instead of converting the whole vocabulary first."""
+
+    def __init__(self, tmap: TokenizerMap) -> None:
+        keys = list(tmap.vocab)
+        in_order = list(tmap.vocab.values()) == list(range(len(keys)))
+        self._key: Sequence[str] | dict[int, str] = (
+            keys if in_order else dict(zip(tmap.vocab.values(), keys, strict=True)))  # fmt: skip
+        self._size = tmap.max_id + 1
+        self._specials = frozenset(tmap.special_tokens.values())
+        self._override = {i: _key_bytes(tmap, key) for key, i in tmap.special_tokens.items()
+                          if tmap.vocab.get(key) != i}  # fmt: skip
+
+    def piece(self, i: int, render_special: bool) -> bytes:
+        if not isinstance(i, int):
+            raise TypeError(f"token ids are ints, got {type(i).__name__}")
+        if not 0 <= i < self._size:
+            return _REPLACEMENT_BYTES
+        if i in self._specials and not render_special:
+            return b""
+        found = self._override.get(i)
+        if found is not None:
+            return found
+        try:
+            key = self._key[i]
+        except (IndexError, KeyError):
+            return _REPLACEMENT_BYTES  # a hole in the ids
+        raw = chars_to_bytes(key)
+        return key.encode() if raw is None else raw
+
+    def decode(self, ids: Iterable[int], render_special: bool) -> str:
+        data = b"".join([self.piece(i, render_special) for i in ids])
+        return data.decode("utf-8", "replace")  # byte_level: no byte runs, no strip
+
+
+def _starter_for(tmap: TokenizerMap) -> _Starter:
+    found = _starters.get(tmap.hash)
     if found is None:
-        found = _build_tables(tmap)
-        while len(_cache) >= MAX_CACHED_TABLES:
-            del _cache[next(iter(_cache))]
-    _cache[tmap.hash] = found  # most recently used at the end
+        found = _starters.setdefault(tmap.hash, _Starter(tmap))
     return found
 
 
@@ -182,13 +252,16 @@ def _decode_runs(
 
 class Detokenizer:
     """Decodes ids of one :class:`TokenizerMap`. Tables are built on first use and shared
-    by every Detokenizer of the same map (content hash)."""
+    by every Detokenizer of the same map (content hash). With ``defer`` (e.g.
+    ``tokenwire.background.in_background``) a byte_level map's tables are built by it, and
+    :meth:`decode` looks ids up one by one until then (map load-to-ready, BENCHMARKS.md)."""
 
-    __slots__ = ("_map", "_tables")
+    __slots__ = ("_defer", "_map", "_tables")
 
-    def __init__(self, tmap: TokenizerMap) -> None:
+    def __init__(self, tmap: TokenizerMap, *, defer: Defer | None = None) -> None:
         self._map = tmap
         self._tables: _Tables | None = None
+        self._defer = defer if tmap.encoder == "byte_level" else None
 
     @property
     def map(self) -> TokenizerMap:
@@ -200,8 +273,15 @@ class Detokenizer:
         return self._tables
 
     def decode(self, ids: Iterable[int], *, render_special: bool = False) -> str:
-        """All of ``ids`` to text, as HF ``decode(ids, skip_special_tokens=not render_special)``."""
-        t = self._t()
+        """All of ``ids`` to text, as HF ``decode(ids, skip_special_tokens=not render_special)``.
+
+        With ``defer``, the first decodes run per id until the deferred build has run;
+        streams and :meth:`token_bytes` build the tables at once."""
+        t = self._tables
+        if t is None:
+            t = self._tables = _tables_for(self._map, self._defer)
+            if t is None:
+                return _starter_for(self._map).decode(ids, render_special)
         if not isinstance(ids, list | tuple):
             ids = list(ids)
         data = _join(t.shown if render_special else t.hidden, ids)

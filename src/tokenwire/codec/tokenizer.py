@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import importlib
 import operator
+import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from functools import lru_cache
 from itertools import chain, islice
@@ -63,6 +64,7 @@ __all__ = [
     "ON_MISSING",
     "AllowedSpecial",
     "Backend",
+    "Defer",
     "OnMissing",
     "Tokenizer",
 ]
@@ -71,6 +73,9 @@ Backend = Literal["auto", "tiktoken", "python"]
 BACKENDS: tuple[str, ...] = ("auto", "tiktoken", "python")
 AllowedSpecial = AbstractSet[str] | Literal["all"]
 OnMissing = Literal["drop", "drop_after_merge", "raise"]
+#: Runs a build later, e.g. on a thread (``tokenwire.background.in_background``); the codec
+#: core never starts threads itself (sans-IO).
+Defer = Callable[[Callable[[], None]], object]
 ON_MISSING: tuple[str, ...] = ("drop", "drop_after_merge", "raise")
 
 #: Longest text handed to tiktoken's native regex in one call. fancy-regex runs the
@@ -148,6 +153,29 @@ def _products_as_bytes(products: list[str]) -> list[bytes]:
     return raw  # type: ignore[return-value]
 
 
+class _JoinedPairRanks(Mapping[tuple[str, str], int]):
+    """Pair ranks keyed by the merge lines themselves, for the pure-Python engine that
+    encodes while tiktoken's core is built: one C-level dict build, several times cheaper
+    than splitting every line into a pair (``bpe.parse_merges``); a lookup pays one string
+    join. Exact for byte_level maps, whose symbols never hold a space. The first occurrence
+    of a line keeps its rank, as in ``parse_merges``."""
+
+    def __init__(self, merges: Sequence[str]) -> None:
+        self._lines = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1), strict=True))
+
+    def get(self, pair: tuple[str, str], default: int | None = None) -> int | None:  # type: ignore[override]
+        return self._lines.get(f"{pair[0]} {pair[1]}", default)
+
+    def __getitem__(self, pair: tuple[str, str]) -> int:
+        return self._lines[f"{pair[0]} {pair[1]}"]
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        return (tuple(line.split(" ", 1)) for line in self._lines)  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return len(self._lines)
+
+
 class _TiktokenByteLevel:
     """byte_level BPE in tiktoken's Rust core.
 
@@ -156,32 +184,85 @@ class _TiktokenByteLevel:
     ranks grow with merge index, so: single bytes keep any rank (tiktoken never ranks them
     while merging), merge products are ranked in merge order, and only bytes and products
     are given to tiktoken (a vocab token no merge produces must never be formed).
+
+    With ``defer`` (``backend="auto"``) the ranks and the core, ~3/4 of a map's
+    load-to-ready time (BENCHMARKS.md), are built when ``defer`` runs :meth:`build` (on a
+    thread), and the exact pure-Python engine encodes until then; a map tiktoken cannot rank
+    (a repeated product) stays on the Python engine. Steady state is the same code as before.
     """
 
     def __init__(
-        self, tmap: TokenizerMap, pretok: _PreTokenizer, cache_size: int, on_missing: OnMissing
-    ) -> None:
-        import tiktoken
-
+        self, tmap: TokenizerMap, pretok: _PreTokenizer, cache_size: int, on_missing: OnMissing,
+        *, defer: Defer | None = None,
+    ) -> None:  # fmt: skip
         self.map_id = tmap.id
         self.pretok = pretok
         self.on_missing = on_missing
-        self._ranks, self.remap, self.miss_floor = _tiktoken_ranks(tmap)
         self.missing = bytes(b for b in range(256) if BYTE_TO_CHAR[b] not in tmap.vocab)
         self.core = None
-        if pretok.single_regex is not None:
-            try:
-                enc = tiktoken.Encoding(
-                    f"tokenwire:{tmap.id}", pat_str=pretok.single_regex,
-                    mergeable_ranks=self._ranks, special_tokens={},
-                )  # fmt: skip
-                self.core = enc._core_bpe  # skips the wrapper's surrogate repair, see encode
-            except ValueError:  # a pattern fancy-regex cannot compile: split in Python
-                self.core = None
+        self.remap: list[int] | None = None
+        self.miss_floor: int | None = None
         self._single_piece: Callable[[bytes], list[int]] | None = None
         self._piece = lru_cache(maxsize=cache_size)(self._piece_uncached)
+        self._starter: _PythonByteLevel | None = None
+        self._tmap: TokenizerMap | None = None
+        self.unrankable = False  # tiktoken cannot hold the map: the Python engine stays
+        if defer is None:
+            self._build(tmap)
+            return
+        self._starter = _PythonByteLevel(tmap, pretok, cache_size, on_missing,
+                                         ranks=_JoinedPairRanks(tmap.merges))
+        self._tmap = tmap
+        self._pid = os.getpid()
+        defer(self.build)
+
+    def build(self) -> None:
+        """Build the tiktoken engine now unless it is built (idempotent; the result is
+        published with one attribute store, so encodes on other threads see all or none)."""
+        tmap = self._tmap
+        if tmap is None or self._starter is None:
+            return
+        try:
+            self._build(tmap)
+        except TokenizeError:
+            self.unrankable = True
+            return
+        self._tmap = None
+        self._starter = None  # published last: encode_segment switches on it
+
+    def _build(self, tmap: TokenizerMap) -> None:
+        import tiktoken
+
+        ranks, remap, floor = _tiktoken_ranks(tmap)
+        core = None
+        if self.pretok.single_regex is not None:
+            try:
+                enc = tiktoken.Encoding(
+                    f"tokenwire:{tmap.id}", pat_str=self.pretok.single_regex,
+                    mergeable_ranks=ranks, special_tokens={},
+                )  # fmt: skip
+                core = enc._core_bpe  # skips the wrapper's surrogate repair, see encode
+            except ValueError:  # a pattern fancy-regex cannot compile: split in Python
+                core = None
+        self._ranks, self.remap, self.miss_floor, self.core = ranks, remap, floor, core
+
+    @property
+    def backend(self) -> str:
+        """"tiktoken", or "python" when tiktoken turned out unable to rank the map."""
+        return "python" if self.unrankable else "tiktoken"
+
+    @property
+    def built(self) -> bool:
+        return self._starter is None or self.unrankable
 
     def encode_segment(self, text: str, at_text_start: bool) -> list[int]:
+        starter = self._starter
+        if starter is not None:
+            if not self.unrankable and os.getpid() != self._pid:
+                self.build()  # a forked child: the thread that was to build it is gone
+            starter = self._starter
+            if starter is not None:
+                return starter.encode_segment(text, at_text_start)
         if self.on_missing == "drop" and self.missing and _has_any(text, self.missing):
             # HF drops the byte before merging: BPE each piece without it.
             ranks = [r for piece in self.pretok.split(text) for r in self._single(
@@ -275,12 +356,13 @@ class _PythonByteLevel:
     """byte_level BPE in pure Python (the fallback when tiktoken is absent)."""
 
     def __init__(
-        self, tmap: TokenizerMap, pretok: _PreTokenizer, cache_size: int, on_missing: OnMissing
-    ) -> None:
+        self, tmap: TokenizerMap, pretok: _PreTokenizer, cache_size: int, on_missing: OnMissing,
+        ranks: Mapping[tuple[str, str], int] | None = None,
+    ) -> None:  # fmt: skip
         self.map_id = tmap.id
         self.split = pretok.split
         self.on_missing = on_missing
-        self.bpe = BPE(tmap.vocab, tmap.merges, map_id=tmap.id, cache_size=0)
+        self.bpe = BPE(tmap.vocab, tmap.merges, map_id=tmap.id, cache_size=0, ranks=ranks)
         missing = [BYTE_TO_CHAR[b] for b in range(256) if BYTE_TO_CHAR[b] not in tmap.vocab]
         self._drop_missing = str.maketrans(dict.fromkeys(missing)) if missing else None
         self._piece = lru_cache(maxsize=cache_size)(self._piece_uncached)
@@ -379,6 +461,7 @@ class Tokenizer:
         *,
         cache_size: int = DEFAULT_CACHE_SIZE,
         on_missing: OnMissing = "drop",
+        defer: Defer | None = None,
     ) -> Tokenizer:
         """A tokenizer for ``tmap``. ``"auto"`` uses tiktoken for byte_level maps when it
         is installed and exact for the map, the pure-Python engine otherwise.
@@ -386,19 +469,27 @@ class Tokenizer:
         ``on_missing`` says what happens to a byte a byte_level vocab has no token for:
         ``"drop"`` (HF ``tokenizers``, the default), ``"drop_after_merge"`` (llama.cpp) or
         ``"raise"`` (:class:`VocabMiss`). Metaspace maps use byte fallback; identity maps
-        always raise."""
+        always raise.
+
+        ``defer`` (e.g. ``tokenwire.background.in_background``) takes the tiktoken build of
+        ``"auto"`` off the caller: the exact pure-Python engine encodes until ``defer`` has
+        run it (map load-to-ready, BENCHMARKS.md)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if on_missing not in ON_MISSING:
             raise ValueError(f"on_missing must be one of {ON_MISSING}, got {on_missing!r}")
         if tmap.encoder == "byte_level":
             pretok = _pre_tokenizer(tmap)
-            use_tiktoken = backend == "tiktoken" or (
-                backend == "auto" and _tiktoken_available() and not _has_repeated_product(tmap)
-            )
-            if use_tiktoken:
+            if backend == "tiktoken":
                 engine: _Engine = _TiktokenByteLevel(tmap, pretok, cache_size, on_missing)
                 return cls(tmap, engine, "tiktoken")
+            if backend == "auto" and _tiktoken_available():
+                if defer is not None:  # ready at once on the Python engine, tiktoken once built
+                    engine = _TiktokenByteLevel(tmap, pretok, cache_size, on_missing, defer=defer)
+                    return cls(tmap, engine, "tiktoken")
+                if not _has_repeated_product(tmap):
+                    engine = _TiktokenByteLevel(tmap, pretok, cache_size, on_missing)
+                    return cls(tmap, engine, "tiktoken")
             return cls(tmap, _PythonByteLevel(tmap, pretok, cache_size, on_missing), "python")
         if tmap.encoder == "metaspace":
             return cls(tmap, _Metaspace(tmap, cache_size, backend), "python")
@@ -408,7 +499,21 @@ class Tokenizer:
 
     @property
     def backend(self) -> str:
-        return self._engine.backend if isinstance(self._engine, _Metaspace) else self._backend
+        """The engine in use: a metaspace map under "auto" moves to tiktoken once busy; a
+        byte_level map loaded with ``defer`` reports "tiktoken" (its steady state), or "python"
+        if tiktoken turned out unable to rank it."""
+        return getattr(self._engine, "backend", self._backend)
+
+    @property
+    def built(self) -> bool:
+        """False while a deferred build (``from_map(defer=...)``) has not run yet."""
+        return getattr(self._engine, "built", True)
+
+    def build(self) -> None:
+        """Run a deferred build now, if it has not run (idempotent)."""
+        build = getattr(self._engine, "build", None)
+        if build is not None:
+            build()
 
     def encode(self, text: str, *, allowed_special: AllowedSpecial = frozenset()) -> list[int]:
         """The ids of ``text``. Special-token strings are plain text unless allowed."""

@@ -1,0 +1,153 @@
+"""Compression at short windows: bytes per token of each flush point, on a recorded replay.
+
+The replay is a real greedy SmolLM2 generation with the time of every token
+(``tests/fixtures/replay/smollm2-replay.json``, 2,048 tokens, recorded on this VM), so the
+figures do not move with the machine's load at bench time. Each row frames it as msgpack or
+protobuf (one frame per token, as the server does), drives the :class:`Coalescer` schedule
+(first frame at once, then one flush per window) and compresses with one flush point.
+``decodable`` checks, after every flush, that the stock streaming decoder (Python's
+``zlib.decompressobj``, the ``brotli`` and ``zstandard`` libraries) has output every byte of
+every frame sent so far; a flush point that fails it is not acceptable however small.
+``shipped`` marks what ``tokenwire serve`` uses (codec/compression.py). The zstd dictionaries
+are trained on the replay's 24 other answers, as ``bench_serve`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import brotli
+import zstandard
+
+from tokenwire.codec import frames_msgpack, frames_protobuf
+from tokenwire.codec.compression import Coalescer, ZstdDict, new_compressor, train_dictionary
+from tokenwire.codec.frames import Frame
+
+ROOT = Path(__file__).resolve().parent.parent
+REPLAY = ROOT / "tests/fixtures/replay/smollm2-replay.json"
+WINDOWS = (0.02, 0.15)
+ENCODERS = {"msgpack": frames_msgpack.FrameEncoder, "protobuf": frames_protobuf.FrameEncoder}
+
+# (label, encoding, step(data) -> wire bytes, end() -> wire bytes) factories per lever.
+Lever = tuple[str, str, Callable[[ZstdDict], tuple[Callable, Callable, Callable]]]
+
+
+def _zlib(flush: int, strategy: int = zlib.Z_DEFAULT_STRATEGY, level: int = 6):
+    def make(_: ZstdDict):
+        z = zlib.compressobj(level, zlib.DEFLATED, 31, 8, strategy)
+        return (lambda d: z.compress(d) + z.flush(flush), lambda: z.flush(zlib.Z_FINISH),
+                zlib.decompressobj(31).decompress)
+    return make
+
+
+def _brotli(**kw):
+    def make(_: ZstdDict):
+        b = brotli.Compressor(**kw)
+        return (lambda d: b.process(d) + b.flush(), b.finish, brotli.Decompressor().process)
+    return make
+
+
+def _zstd(level: int, with_dict: bool = True):
+    def make(zd: ZstdDict):
+        zdict = zstandard.ZstdCompressionDict(zd.raw) if with_dict else None
+        z = zstandard.ZstdCompressor(level=level, dict_data=zdict).compressobj()
+        d = zstandard.ZstdDecompressor(dict_data=zdict).decompressobj()
+        return (lambda data: z.compress(data) + z.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK),
+                lambda: z.flush(zstandard.COMPRESSOBJ_FLUSH_FINISH), d.decompress)
+    return make
+
+
+def _shipped(encoding: str):
+    def make(zd: ZstdDict):
+        c = new_compressor(encoding, dictionary=zd if encoding == "zstd" else None)
+        dec = {"gzip": lambda: zlib.decompressobj(31).decompress,
+               "br": lambda: brotli.Decompressor().process,
+               "zstd": lambda: _zstd(3)(zd)[2]}[encoding]()
+        return (lambda d: c.compress(d) + c.flush(), c.finish, dec)
+    return make
+
+
+LEVERS: list[Lever] = [
+    ("Z_SYNC_FLUSH (before)", "gzip", _zlib(zlib.Z_SYNC_FLUSH)),
+    ("Z_PARTIAL_FLUSH", "gzip", _zlib(zlib.Z_PARTIAL_FLUSH)),
+    ("Z_BLOCK, default strategy", "gzip", _zlib(zlib.Z_BLOCK)),
+    ("Z_BLOCK, Z_FIXED, level 9", "gzip", _zlib(zlib.Z_BLOCK, zlib.Z_FIXED, 9)),
+    ("shipped: Z_BLOCK, Z_FIXED, level 6", "gzip", _shipped("gzip")),
+    ("flush, quality 1", "br", _brotli(quality=1)),
+    ("flush, quality 4 (engine's)", "br", _brotli(quality=4)),
+    ("shipped: flush, quality 5, lgwin 22", "br", _shipped("br")),
+    ("flush, quality 5, MODE_TEXT", "br", _brotli(quality=5, mode=brotli.MODE_TEXT)),
+    ("flush, quality 5, lgwin 16, lgblock 16", "br", _brotli(quality=5, lgwin=16, lgblock=16)),
+    ("flush, quality 9", "br", _brotli(quality=9)),
+    ("flush, quality 11", "br", _brotli(quality=11)),
+    ("FLUSH_BLOCK, level 3, no dictionary", "zstd", _zstd(3, with_dict=False)),
+    ("shipped: FLUSH_BLOCK, level 3, dictionary", "zstd", _shipped("zstd")),
+    ("FLUSH_BLOCK, level 19, dictionary", "zstd", _zstd(19)),
+]
+
+
+def _frames(stream: list, fmt: str) -> list[tuple[float, bytes]]:
+    enc = ENCODERS[fmt]()
+    out = [(t, enc.encode(Frame(ids=tuple(ids), done=False))) for t, ids in stream]
+    return [*out, (stream[-1][0], enc.encode(Frame(ids=(), done=True, finish_reason="length")))]
+
+
+def _schedule(timed: list[tuple[float, bytes]], window: float) -> list[bytes]:
+    """The raw bytes of each flush, on the Coalescer's own schedule (identity is not delayed,
+    so gzip stands in for any coding; only the boundaries are taken)."""
+    co = Coalescer(new_compressor("gzip"), window=window)
+    flushes: list[bytes] = []
+    pending: list[bytes] = []
+    for t, frame in timed:
+        if co.deadline is not None and co.deadline <= t and co.poll(co.deadline):
+            flushes.append(b"".join(pending))
+            pending.clear()
+        pending.append(frame)
+        if co.add(frame, t) and co.deadline is None:
+            flushes.append(b"".join(pending))
+            pending.clear()
+    flushes.append(b"".join(pending))  # close(): the rest and the end of the coded stream
+    return flushes
+
+
+def _measure(flushes: list[bytes], make: Callable, zd: ZstdDict) -> tuple[int, bool]:
+    step, end, decode = make(zd)
+    total, sent, got, ok = 0, b"", b"", True
+    for data in flushes[:-1]:
+        out = step(data)
+        total += len(out)
+        sent += data
+        got += decode(out)
+        ok &= got == sent
+    out = step(flushes[-1]) + end() if flushes[-1] else end()
+    total += len(out)
+    got += decode(out)
+    return total, ok and got == sent + flushes[-1]
+
+
+def run() -> list[dict]:
+    replay = json.loads(REPLAY.read_text("utf-8"))
+    stream = replay["main"]["2048"]
+    tokens = sum(len(ids) for _, ids in stream)
+    rows = []
+    for fmt in ENCODERS:
+        samples = [b"".join(f for _, f in _frames(s, fmt)) for s in replay["train"]]
+        zd = ZstdDict.from_bytes(train_dictionary(samples))
+        timed = _frames(stream, fmt)
+        schedules = {w: _schedule(timed, w) for w in WINDOWS}
+        for label, encoding, make in LEVERS:
+            row = {"format": fmt, "encoding": encoding, "flush point": label}
+            for w, flushes in schedules.items():
+                size, ok = _measure(flushes, make, zd)
+                row[f"B/token {int(w * 1000)} ms"] = round(size / tokens, 2)
+                row[f"decodable {int(w * 1000)} ms"] = "yes" if ok else "**no**"
+            rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    for r in run():
+        print(r)

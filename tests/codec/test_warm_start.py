@@ -1,0 +1,166 @@
+"""Ready at once, fast once built (issue 15, map load-to-ready).
+
+With ``defer``, a byte_level map encodes and decodes right after loading on exact slow
+paths (the pure-Python BPE with merge-line ranks; per-id pieces) while tiktoken's core and
+the decode tables are built by ``defer`` (a thread: tokenwire/background.py). These tests
+hand the builds to a ``defer`` that holds them back, so the slow paths answer, and check
+them against the fast paths and Hugging Face on real maps and the differential corpus; then
+run the builds and check the fast path takes over.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from functools import cache
+
+import pytest
+
+from tests.conftest import corpus, fixture_map_path
+from tests.hf_oracle import hf_encode, hf_tokenizer
+from tokenwire.codec import detokenizer, tokenizer
+from tokenwire.codec.byte_level import BYTE_TO_CHAR
+from tokenwire.codec.detokenizer import Detokenizer, _build_tables
+from tokenwire.codec.maps import TokenizerMap, load_map_bytes, load_map_file
+from tokenwire.codec.tokenizer import Tokenizer
+
+BYTE_LEVEL = ["huggingfacetb/smollm2", "openai/cl100k_base", "tiiuae/falcon"]
+
+
+def corpus_samples() -> list[str]:
+    return [s for samples in corpus().values() for s in samples]
+
+
+@cache
+def _map(map_id: str) -> TokenizerMap:
+    return load_map_file(fixture_map_path(map_id))
+
+
+class _HeldBack:
+    """A ``defer`` that keeps the builds it is handed until :meth:`run_all`."""
+
+    def __init__(self) -> None:
+        self.queued: list[Callable[[], object]] = []
+
+    def __call__(self, build: Callable[[], object]) -> None:
+        self.queued.append(build)
+
+    def run_all(self) -> None:
+        while self.queued:
+            self.queued.pop(0)()
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> _HeldBack:
+    monkeypatch.setattr(detokenizer, "_cache", {})
+    monkeypatch.setattr(detokenizer, "_deferred", {})
+    monkeypatch.setattr(detokenizer, "_starters", {})
+    return _HeldBack()
+
+
+@pytest.mark.parametrize("map_id", BYTE_LEVEL)
+def test_starter_encode_equals_tiktoken_engine(held: _HeldBack, map_id: str) -> None:
+    tmap = _map(map_id)
+    warm = Tokenizer.from_map(tmap, defer=held)
+    fast = Tokenizer.from_map(tmap, "tiktoken")
+    assert held.queued and warm.backend == "tiktoken"
+    for text in corpus_samples()[::7]:
+        assert warm.encode(text) == fast.encode(text), text[:80]
+    name = next(iter(tmap.special_tokens))
+    assert warm.encode(f"a{name}b", allowed_special="all") == fast.encode(
+        f"a{name}b", allowed_special="all")
+    assert warm._engine.core is None and not warm.built  # type: ignore[attr-defined]
+    held.run_all()
+    assert warm.built
+    assert warm.encode("Hello world") == fast.encode("Hello world")
+    assert warm._engine.core is not None  # type: ignore[attr-defined]
+
+
+def test_starter_encode_matches_hf_on_smollm2(held: _HeldBack) -> None:
+    tmap = load_map_file(fixture_map_path("huggingfacetb/smollm2"))
+    warm, hf = Tokenizer.from_map(tmap, defer=held), hf_tokenizer(tmap)
+    for text in corpus_samples()[1::11]:
+        assert warm.encode(text) == hf_encode(hf, text), text[:80]
+
+
+def test_map_tiktoken_cannot_rank_stays_on_python_engine(held: _HeldBack) -> None:
+    # "a bc" and "ab c" both make "abc": tiktoken ranks products, so it cannot hold this map.
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)}
+    merges = ["b c", "a b", "a bc", "ab c"]
+    for m in merges:
+        vocab.setdefault(m.replace(" ", ""), len(vocab))
+    tmap = load_map_bytes(json.dumps({
+        "id": "test/repeated", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "merges": merges, "pre_tokenizer_pattern": r" ?\w+|\s+|\W+",
+    }).encode())  # fmt: skip
+    warm = Tokenizer.from_map(tmap, defer=held)
+    before = warm.encode("abc abcabc")
+    held.run_all()
+    assert warm.backend == "python"
+    assert warm.encode("abc abcabc") == before == Tokenizer.from_map(tmap, "python").encode(
+        "abc abcabc") == hf_encode(hf_tokenizer(tmap), "abc abcabc")
+
+
+def test_forked_child_builds_in_place(held: _HeldBack, monkeypatch: pytest.MonkeyPatch) -> None:
+    # After a fork the builder thread is gone: what it was handed would never run.
+    warm = Tokenizer.from_map(_map("huggingfacetb/smollm2"), defer=held)
+    monkeypatch.setattr(tokenizer.os, "getpid", lambda: -1)
+    assert warm.encode("Hello") == Tokenizer.from_map(_map("huggingfacetb/smollm2"),
+                                                       "tiktoken").encode("Hello")
+    assert warm._engine.core is not None  # type: ignore[attr-defined]
+
+
+def _id_lists(tmap: TokenizerMap) -> list[list[int]]:
+    rng = random.Random(15)
+    top = tmap.max_id
+    specials = sorted(tmap.special_ids)
+    lists = [[rng.randrange(top + 1) for _ in range(rng.randrange(1, 40))] for _ in range(300)]
+    lists += [[specials[0], 1, 2, specials[-1]], [-1, 0, top, top + 1, 10**9], [], [True, 5]]
+    if tmap.id == "openai/cl100k_base":
+        lists.append(list(range(100250, 100280)))  # the hole 100261..100275
+    return lists
+
+
+@pytest.mark.parametrize("map_id", BYTE_LEVEL)
+def test_starter_decode_equals_table_decode(held: _HeldBack, map_id: str) -> None:
+    tmap = _map(map_id)
+    tables = _build_tables(tmap)
+    warm = Detokenizer(tmap, defer=held)
+    for ids in _id_lists(tmap):
+        for shown in (False, True):
+            data = b"".join(detokenizer._lookup(tables.shown if shown else tables.hidden, i,
+                                                detokenizer._REPLACEMENT_BYTES) for i in ids)
+            assert warm.decode(ids, render_special=shown) == data.decode("utf-8", "replace")
+    assert warm._tables is None and len(held.queued) == 1  # one build, handed over once
+    with pytest.raises(TypeError):
+        warm.decode(["1"])  # type: ignore[list-item]
+    held.run_all()
+    assert warm.decode([1, 2]) == Detokenizer(tmap).decode([1, 2])
+    assert warm._tables is not None
+
+
+def test_forked_child_builds_decode_tables_in_place(held: _HeldBack,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    tmap = _map("huggingfacetb/smollm2")
+    Detokenizer(tmap, defer=held).decode([1])
+    monkeypatch.setattr(detokenizer.os, "getpid", lambda: -1)
+    warm = Detokenizer(tmap, defer=held)
+    assert warm.decode([28120]) == Detokenizer(tmap).decode([28120])
+    assert warm._tables is not None
+
+
+def test_without_defer_nothing_is_deferred() -> None:
+    tok = Tokenizer.from_map(_map("huggingfacetb/smollm2"))
+    assert tok.built and tok._engine.core is not None  # type: ignore[attr-defined]
+    detok = Detokenizer(_map("huggingfacetb/smollm2"))
+    detok.decode([1])
+    assert detok._tables is not None
+
+
+def test_streams_and_other_encoders_build_at_once(held: _HeldBack) -> None:
+    smol = Detokenizer(_map("huggingfacetb/smollm2"), defer=held)
+    assert smol.stream().feed([28120]) == smol.decode([28120])  # tables built in place
+    phi = Detokenizer(_map("microsoft/phi-3"), defer=held)
+    assert phi.decode([3 + 0x41]) == "A"
+    assert not held.queued
