@@ -19,6 +19,7 @@ __all__ = [
     "SMOLLM2_GGUF_NAME",
     "SMOLLM2_MAP_ID",
     "GGUFTokenizerMeta",
+    "read_gguf_prompt_format",
     "read_gguf_tokenizer",
     "smollm2_gguf_path",
 ]
@@ -73,6 +74,27 @@ def read_gguf_tokenizer(path: str | Path) -> GGUFTokenizerMeta:
         )
     except UnicodeDecodeError as exc:
         raise GenerateError(f"{path}: a tokenizer string is not UTF-8: {exc}") from exc
+
+
+def read_gguf_prompt_format(path: str | Path) -> tuple[str | None, str, str, bool]:
+    """``(chat template, BOS string, EOS string, adds BOS)`` of a GGUF file: how a server
+    of this model renders and tokenizes a prompt (``gateway/usage.py`` counts with it)."""
+    import gguf
+
+    try:
+        fields = gguf.GGUFReader(str(path), "r").fields
+    except (OSError, ValueError) as exc:
+        raise GenerateError(f"{path}: not a readable GGUF file: {exc}") from exc
+    tokens = fields.get("tokenizer.ggml.tokens")
+
+    def name(key: str) -> str:
+        i = _scalar(fields, key)
+        if tokens is None or not isinstance(i, int) or not 0 <= i < len(tokens.data):
+            return ""
+        return bytes(tokens.parts[tokens.data[i]]).decode("utf-8", "replace")
+    return (_scalar(fields, "tokenizer.chat_template"), name("tokenizer.ggml.bos_token_id"),
+            name("tokenizer.ggml.eos_token_id"),
+            bool(_scalar(fields, "tokenizer.ggml.add_bos_token")))
 
 
 def _scalar(fields: dict[str, Any], key: str) -> Any:

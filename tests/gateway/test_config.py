@@ -95,7 +95,7 @@ BAD_FILES = [
      "{f}: model 'm' is declared by upstreams 'u' and 'v'; model names must be unique"),
     ("model typo", _UP + "[[upstreams.models]]\nname = \"m\"\nmap_id = \"x\"\n",
      "{f}: upstream 'u' model #1: unknown key 'map_id'; expected one of name, "
-     "upstream_model, map, map_path, context_length"),
+     "upstream_model, map, map_path, context_length, chat_template"),
     ("model without name", _UP + "[[upstreams.models]]\nmap = \"x\"\n",
      "{f}: upstream 'u' model #1: name is required"),
     ("unknown map id", _UP + "[[upstreams.models]]\nname = \"m\"\nmap = \"acme/nope\"\n",

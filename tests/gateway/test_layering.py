@@ -68,7 +68,7 @@ def test_gateway_modules_declare_all(name: str) -> None:
 #: never import each other (the test above). Modules directly in ``gateway/`` are named.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("ir", "affinity", "stops", "defaults"),
-    ("retokenize", "context_window", "supervision.retry", "state", "observability"),
+    ("retokenize", "usage", "context_window", "supervision.retry", "state", "observability"),
     ("upstreams", "apis"),
     ("routing",),
     ("supervision",),

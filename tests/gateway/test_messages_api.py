@@ -275,7 +275,9 @@ def test_usage_reaches_message_delta_and_the_unstreamed_body() -> None:
         {"type": "thinking", "thinking": "r", "signature": ""}, {"type": "text", "text": "Hi"},
         {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]
     assert body["stop_reason"] == "tool_use"
-    assert body["usage"] == {"input_tokens": 7, "output_tokens": 3}
+    assert body["usage"] == {"input_tokens": 7, "output_tokens": 3,
+                             "cache_creation_input_tokens": None,
+                             "cache_read_input_tokens": None, "tokenwire_source": "upstream"}
 
 
 @pytest.mark.parametrize(("failure", "type_", "message"), [
@@ -424,7 +426,9 @@ def test_unstreamed_answer_is_one_message_body(text_server) -> None:
     r = post(text_server.url, {"model": "scripted", "max_tokens": 5, "messages": USER})
     body = r.json()
     assert body["content"] == [{"type": "text", "text": "Hello"}]
-    assert body["usage"] == {"input_tokens": 4, "output_tokens": 1}
+    assert body["usage"] == {"input_tokens": 4, "output_tokens": 1,
+                             "cache_creation_input_tokens": None,
+                             "cache_read_input_tokens": None, "tokenwire_source": "upstream"}
     assert body["id"].startswith("msg_") and body["stop_reason"] == "end_turn"
 
 

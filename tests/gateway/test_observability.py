@@ -139,7 +139,7 @@ def test_completed_request_moves_every_metric_and_logs_one_line(h: Harness) -> N
     r.tokens(3)
     r.wire_bytes("gzip", 120)
     r.wire_bytes("gzip", 30)
-    r.usage(42, 8)
+    r.usage(42, 8, "upstream")
     h.now += 1.75
     r.finished(outcome="completed", status=200)
 
@@ -174,7 +174,8 @@ def test_completed_request_moves_every_metric_and_logs_one_line(h: Harness) -> N
         "status": 200, "elapsed_ms": 5000.0, "queue_wait_ms": 250.0, "ttft_ms": 3250.0,
         "attempts": 2, "retries": {"connection": 1, "single": 0, "throttle": 1},
         "retry_wait_ms": 3000.0, "heartbeats": 1, "completion_tokens": 8,
-        "usage_prompt_tokens": 42, "usage_completion_tokens": 8, "wire_bytes": 150,
+        "usage_prompt_tokens": 42, "usage_completion_tokens": 8, "usage_source": "upstream",
+        "wire_bytes": 150,
         "encoding": "gzip", "retried_failure_class": "connection", "retried_code": None,
     }
 

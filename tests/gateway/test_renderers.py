@@ -150,7 +150,9 @@ def test_completions_body_is_one_json_object() -> None:
     doc = json.loads(body)
     assert doc["choices"][0] == {"index": 0, "text": "a", "logprobs": None,
                                  "finish_reason": "length"}
-    assert doc["usage"] == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+    assert doc["usage"] == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2,
+                            "prompt_tokens_details": None, "completion_tokens_details": None,
+                            "tokenwire_source": "upstream"}
 
 
 def test_completions_failure_mid_stream_is_an_error_event() -> None:

@@ -194,7 +194,8 @@ def test_parser_starts_each_message_item_with_its_known_phase() -> None:
          .completed(1, 2))
     assert parse(s) == [MessageStart(phase="commentary"), TokenDelta(text="x"),
                         MessageStart(), TokenDelta(text="y"),
-                        Usage(prompt_tokens=1, completion_tokens=2), Finish(reason=FinishKind.EOS)]
+                        Usage(prompt_tokens=1, completion_tokens=2, cached_tokens=0,
+                              reasoning_tokens=0), Finish(reason=FinishKind.EOS)]
 
 
 def test_parser_fails_when_a_message_phase_changes() -> None:

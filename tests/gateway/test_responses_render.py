@@ -30,6 +30,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     ToolCallDelta,
     Usage,
+    UsageSource,
 )
 
 TERMINALS = {"response.completed", "response.incomplete", "response.failed"}
@@ -271,10 +272,20 @@ def test_text_and_tool_calls_in_one_response_are_both_kept() -> None:
 
 
 def test_completed_usage_has_integer_counts_and_details() -> None:
+    usage = render([TokenDelta(text="Hi"),
+                    Usage(prompt_tokens=5, completion_tokens=3, cached_tokens=2,
+                          reasoning_tokens=1, source=UsageSource.ENGINE), EOS]
+                   )[-1]["response"]["usage"]
+    assert usage == {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 2},
+                     "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 1},
+                     "total_tokens": 8, "tokenwire_source": "engine"}
+
+
+def test_details_an_upstream_did_not_report_are_null_never_zero() -> None:
     usage = render(TEXT)[-1]["response"]["usage"]
-    assert usage == {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0},
-                     "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
-                     "total_tokens": 8}
+    assert usage == {"input_tokens": 5, "input_tokens_details": None,
+                     "output_tokens": 3, "output_tokens_details": None,
+                     "total_tokens": 8, "tokenwire_source": "upstream"}
 
 
 def test_length_ends_incomplete_with_max_output_tokens() -> None:

@@ -32,6 +32,8 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
     map = "qwen/qwen2"          # a bundled map id or HF alias; or map_path = "file.json"
     context_length = 32768      # its context window (else the upstream's report; also
                                 # settable per [[upstreams]] for all its models)
+    chat_template = "tokenizer_config.json"  # or a GGUF / Jinja file: counts usage the
+                                # upstream does not report (README "Usage")
 
 An upstream without ``[[upstreams.models]]`` serves whatever its ``/v1/models`` lists
 (found by probing at start-up), with the map its HF alias names when one is bundled.
@@ -103,6 +105,7 @@ _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
 _MODEL_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "upstream_model": (str,), "map": (str,), "map_path": (str,),
     "context_length": (int,),
+    "chat_template": (str,),
 }
 _TOP_KEYS: dict[str, tuple[type, ...]] = {"server": (dict,), "upstreams": (list,)}
 
@@ -218,7 +221,8 @@ def _parse_model(doc: Mapping[str, Any], where: str) -> tuple[ModelRoute, Tokeni
         raise ConfigErrors(problems.messages)
     route = ModelRoute(name=doc["name"], upstream_model=doc.get("upstream_model", ""),
                        map_id=tmap.id if tmap and "map" in doc else None,
-                       map_path=doc.get("map_path"), context_length=doc.get("context_length"))
+                       map_path=doc.get("map_path"), context_length=doc.get("context_length"),
+                       chat_template=doc.get("chat_template"))
     return route, tmap
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "ToolSpec",
     "Upstream",
     "Usage",
+    "UsageSource",
     "is_terminal",
 ]
 
@@ -141,11 +142,38 @@ class ReasoningDelta(msgspec.Struct, frozen=True, kw_only=True, tag="reasoning")
     encrypted: tuple[tuple[str, str], ...] = ()
 
 
-class Usage(msgspec.Struct, frozen=True, kw_only=True, tag="usage"):
-    """Token counts; sent once, just before the terminal event."""
+class UsageSource(enum.StrEnum):
+    """Who counted a :class:`Usage` (README "Usage": ``Tokenwire-Usage-Source``)."""
 
-    prompt_tokens: int
-    completion_tokens: int
+    ENGINE = "engine"  # the embedded engine: the ids it evaluated and sampled
+    UPSTREAM = "upstream"  # the upstream reported the counts itself
+    GATEWAY = "gateway"  # tokenwire counted with the model's map (the upstream said nothing)
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True, tag="usage"):
+    """Token counts, in OpenAI's convention: ``prompt_tokens`` is the whole prompt,
+    cached and cache-written tokens included; ``completion_tokens`` includes reasoning.
+
+    Sent just before the terminal event; an upstream that knows the prompt's count early
+    may also send one before any output with ``completion_tokens=None`` (Anthropic's
+    ``message_start`` shows it). Renderers keep the last. ``None`` always means "not
+    known", never zero: ``cached_tokens`` (prompt tokens read from a cache),
+    ``cache_creation_tokens`` (written to it, Anthropic's), ``reasoning_tokens`` (of the
+    completion) are ``None`` when the upstream did not say.
+    """
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    cached_tokens: int | None = None
+    cache_creation_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    source: UsageSource = UsageSource.UPSTREAM
+
+    @property
+    def total_tokens(self) -> int | None:
+        if self.prompt_tokens is None or self.completion_tokens is None:
+            return None
+        return self.prompt_tokens + self.completion_tokens
 
 
 class Finish(msgspec.Struct, frozen=True, kw_only=True, tag="finish"):

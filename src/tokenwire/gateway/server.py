@@ -44,6 +44,7 @@ from tokenwire.gateway.upstreams.base import (
     UpstreamState,
 )
 from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+from tokenwire.gateway.usage import PromptCounter, load_prompt_format
 
 __all__ = [
     "SMOLLM2_MAP_ID",
@@ -314,7 +315,8 @@ def _served(built: _Built) -> list[ServedModel]:
         out.append(ServedModel(
             name=route.name, upstream=adapter, tmap=tmap, ids_source=source,
             max_model_len=window, context_source=window_source.value if window_source else "",
-            upstream_name=built.config.name, aliases=tuple(getattr(adapter, "aliases", ()))))
+            upstream_name=built.config.name, aliases=tuple(getattr(adapter, "aliases", ())),
+            usage=_usage_counter(built.config.kind, route, tmap)))
     return out
 
 
@@ -327,6 +329,15 @@ def _context_length(up: UpstreamConfig, route: ModelRoute,
         (route.context_length, ContextSource.CONFIG), (up.context_length, ContextSource.CONFIG),
         (reported(route.name) if reported is not None else None, ContextSource.UPSTREAM),
         (getattr(adapter, "n_ctx", None), ContextSource.ENGINE))
+
+
+def _usage_counter(kind: str, route: ModelRoute, tmap: TokenizerMap | None
+                   ) -> PromptCounter | None:
+    """What counts the usage an upstream leaves out; the embedded engine counts its own."""
+    if kind == "embedded" or tmap is None:
+        return None
+    fmt = load_prompt_format(route.chat_template) if route.chat_template else None
+    return PromptCounter(tmap, fmt)
 
 
 async def build_gateway(

@@ -94,6 +94,14 @@ def chat(*messages: ChatMessage, **kw: Any) -> GenerationRequest:
 
 
 HELLO = chat(ChatMessage(role="user", content="Hi"))
+#: message_start's prompt count (the fake's 12 input tokens, its caches 0), sent at once.
+EARLY = Usage(prompt_tokens=12, completion_tokens=None, cached_tokens=0,
+              cache_creation_tokens=0)
+
+
+def final_usage(output_tokens: int) -> Usage:
+    return Usage(prompt_tokens=12, completion_tokens=output_tokens, cached_tokens=0,
+                 cache_creation_tokens=0)
 
 
 # -- streams ---------------------------------------------------------------------------------
@@ -102,8 +110,8 @@ HELLO = chat(ChatMessage(role="user", content="Hi"))
 def test_text_deltas_then_usage_then_eos_with_pings_ignored(fake: ScriptedServer) -> None:
     s = MessagesStream(input_tokens=12).ping().text(["Hel", "lo"]).ping().end("end_turn", 4)
     assert generate(fake, HELLO, Script(s.chunks())) == [
-        TokenDelta(text="Hel"), TokenDelta(text="lo"),
-        Usage(prompt_tokens=12, completion_tokens=4), Finish(reason=FinishKind.EOS)]
+        EARLY, TokenDelta(text="Hel"), TokenDelta(text="lo"),
+        final_usage(4), Finish(reason=FinishKind.EOS)]
 
 
 def test_parallel_tool_use_blocks_keep_ids_and_get_own_indexes(fake: ScriptedServer) -> None:
@@ -111,13 +119,13 @@ def test_parallel_tool_use_blocks_keep_ids_and_get_own_indexes(fake: ScriptedSer
          .tool_use("toolu_01A", "get_weather", ['{"city": ', '"Oslo"}'])
          .tool_use("toolu_01B", "get_time", ['{"tz": "CET"}']).end("tool_use", 30))
     assert generate(fake, HELLO, Script(s.chunks())) == [
-        TokenDelta(text="Let me check."),
+        EARLY, TokenDelta(text="Let me check."),
         ToolCallDelta(index=0, id="toolu_01A", name="get_weather"),
         ToolCallDelta(index=0, arguments='{"city": '),
         ToolCallDelta(index=0, arguments='"Oslo"}'),
         ToolCallDelta(index=1, id="toolu_01B", name="get_time"),
         ToolCallDelta(index=1, arguments='{"tz": "CET"}'),
-        Usage(prompt_tokens=12, completion_tokens=30), Finish(reason=FinishKind.TOOL_CALLS)]
+        final_usage(30), Finish(reason=FinishKind.TOOL_CALLS)]
 
 
 def test_thinking_is_reasoning_and_signed_block_is_kept_for_this_upstream(
@@ -126,7 +134,7 @@ def test_thinking_is_reasoning_and_signed_block_is_kept_for_this_upstream(
     events = generate(fake, HELLO, Script(s.end().chunks()))
     signed = dumps({"type": "thinking", "thinking": "Let me think.", "signature": "sig=="})
     redacted = dumps({"type": "redacted_thinking", "data": "opaque"})
-    assert events[:5] == [ReasoningDelta(text="Let me "), ReasoningDelta(text="think."),
+    assert events[:6] == [EARLY, ReasoningDelta(text="Let me "), ReasoningDelta(text="think."),
                           ReasoningDelta(text="", encrypted=(("claude", signed),)),
                           ReasoningDelta(text="", encrypted=(("claude", redacted),)),
                           TokenDelta(text="4")]
@@ -136,8 +144,8 @@ def test_custom_tool_input_is_unwrapped_to_raw_text(fake: ScriptedServer) -> Non
     s = MessagesStream().tool_use("toolu_P", "apply_patch", ['{"input": "*** Begin', '\\n"}'])
     req = chat(ChatMessage(role="user", content="x"),
                tools=(ToolSpec(name="apply_patch", kind="custom"),))
-    assert generate(fake, req, Script(s.end("tool_use").chunks()))[:2] == [
-        ToolCallDelta(index=0, id="toolu_P", name="apply_patch", kind="custom"),
+    assert generate(fake, req, Script(s.end("tool_use").chunks()))[:3] == [
+        EARLY, ToolCallDelta(index=0, id="toolu_P", name="apply_patch", kind="custom"),
         ToolCallDelta(index=0, arguments="*** Begin\n", kind="custom")]
 
 
@@ -163,15 +171,15 @@ def test_mid_stream_error_event_is_classified_by_type(fake: ScriptedServer, type
                                                      cls: FailureClass) -> None:
     s = MessagesStream().text(["partial"]).error(type_, "Overloaded")
     events = generate(fake, HELLO, Script(s.chunks()))
-    assert events[0] == TokenDelta(text="partial") and len(events) == 2
-    assert isinstance(events[1], Failure)
-    assert (events[1].failure_class, events[1].code) == (cls, type_)
+    assert events[:2] == [EARLY, TokenDelta(text="partial")] and len(events) == 3
+    assert isinstance(events[2], Failure)
+    assert (events[2].failure_class, events[2].code) == (cls, type_)
 
 
 def test_stream_ending_without_message_stop_is_upstream_failure(fake: ScriptedServer) -> None:
     s = MessagesStream().text(["half"])
     events = generate(fake, HELLO, Script(s.chunks()))
-    assert events[0] == TokenDelta(text="half")
+    assert events[:2] == [EARLY, TokenDelta(text="half")]
     assert isinstance(events[-1], Failure)
     assert events[-1].failure_class is FailureClass.UPSTREAM
 
@@ -205,13 +213,14 @@ def test_http_errors_are_classified_from_status_type_and_headers(
 def test_cancel_closes_the_upstream_response_and_ends_with_abort(fake: ScriptedServer) -> None:
     async def body(up: AnthropicUpstream) -> list[Event]:
         stream = up.submit(HELLO)
-        got = [await asyncio.wait_for(stream.next_event(), 10)]
+        got = [await asyncio.wait_for(stream.next_event(), 10) for _ in range(2)]
         stream.cancel()
         got.append(await asyncio.wait_for(stream.next_event(), 10))
         return got
 
     fake.push(Script(MessagesStream().text(["first"]).chunks(), hold=True))
-    assert run(fake.url, body) == [TokenDelta(text="first"), Finish(reason=FinishKind.ABORT)]
+    assert run(fake.url, body) == [EARLY, TokenDelta(text="first"),
+                                   Finish(reason=FinishKind.ABORT)]
     assert fake.disconnected.wait(10), "the upstream never saw the disconnect"
 
 

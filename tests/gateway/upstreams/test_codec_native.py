@@ -46,6 +46,7 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     ToolSpec,
     Usage,
+    UsageSource,
 )
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams import codec_native
@@ -256,7 +257,7 @@ def test_prompt_ids_go_upstream_as_ids_and_usage_counts_them(tokenwire_peer):
     events = run(adapter(url), ids_request(seed=5, top_p=0.5))
     assert scripted.requests[0].prompt == PromptIds(ids=(1, 2, 3))
     assert scripted.requests[0].seed == 5 and scripted.requests[0].top_p == 0.5
-    assert Usage(prompt_tokens=3, completion_tokens=2) in events
+    assert Usage(prompt_tokens=3, completion_tokens=2, source=UsageSource.GATEWAY) in events
     assert events[-1] == Finish(reason=FinishKind.LENGTH)
 
 

@@ -106,7 +106,8 @@ def test_text_deltas_then_usage_then_eos(fake: ScriptedServer) -> None:
     s = ResponsesStream().message(["Hel", "lo", "!"]).completed(11, 3)
     assert generate(fake, HELLO, Script(s.chunks())) == [
         MessageStart(), TokenDelta(text="Hel"), TokenDelta(text="lo"), TokenDelta(text="!"),
-        Usage(prompt_tokens=11, completion_tokens=3), Finish(reason=FinishKind.EOS)]
+        Usage(prompt_tokens=11, completion_tokens=3, cached_tokens=0, reasoning_tokens=0),
+        Finish(reason=FinishKind.EOS)]
 
 
 def test_parallel_function_calls_keep_call_ids_and_get_own_indexes(fake: ScriptedServer) -> None:
@@ -118,7 +119,8 @@ def test_parallel_function_calls_keep_call_ids_and_get_own_indexes(fake: Scripte
         ToolCallDelta(index=0, arguments='"Oslo"}'),
         ToolCallDelta(index=1, id="call_XyZ", name="get_time"),
         ToolCallDelta(index=1, arguments='{"tz":"CET"}'),
-        Usage(prompt_tokens=20, completion_tokens=9), Finish(reason=FinishKind.TOOL_CALLS)]
+        Usage(prompt_tokens=20, completion_tokens=9, cached_tokens=0, reasoning_tokens=0),
+        Finish(reason=FinishKind.TOOL_CALLS)]
 
 
 def test_arguments_only_in_done_event_are_sent_once(fake: ScriptedServer) -> None:
@@ -180,7 +182,8 @@ def test_incomplete_response_finishes_with_its_reason(fake: ScriptedServer, reas
                                                      kind: FinishKind) -> None:
     s = ResponsesStream().message(["cut"]).incomplete(reason)
     assert generate(fake, HELLO, Script(s.chunks()))[-2:] == [
-        Usage(prompt_tokens=11, completion_tokens=16), Finish(reason=kind)]
+        Usage(prompt_tokens=11, completion_tokens=16, cached_tokens=0, reasoning_tokens=0),
+        Finish(reason=kind)]
 
 
 @pytest.mark.parametrize(("code", "cls"), [

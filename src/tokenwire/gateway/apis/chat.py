@@ -28,6 +28,7 @@ from tokenwire.gateway.apis.sse import (
     openai_finish_reason,
     sse_data,
 )
+from tokenwire.gateway.apis.usage_json import openai_usage
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -290,11 +291,8 @@ class ChatRenderer:
             frag["function"]["name"] = d.name
         return frag
 
-    def _usage_dict(self) -> dict[str, int] | None:
-        if self._usage is None:
-            return None
-        p, c = self._usage.prompt_tokens, self._usage.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    def _usage_dict(self) -> dict[str, Any] | None:
+        return openai_usage(self._usage)
 
     def _finish(self, reason: str) -> list[bytes]:
         if not self.stream:

@@ -26,6 +26,7 @@ from tokenwire.gateway.apis.sse import (
     openai_finish_reason,
     sse_data,
 )
+from tokenwire.gateway.apis.usage_json import openai_usage
 from tokenwire.gateway.defaults import COMPLETIONS_MAX_TOKENS
 from tokenwire.gateway.ir import (
     Event,
@@ -155,11 +156,8 @@ class CompletionsRenderer:
             choice["token_ids"] = list(ids)
         return {**self._base, "choices": [choice]}
 
-    def _usage_dict(self) -> dict[str, int] | None:
-        if self._usage is None:
-            return None
-        p, c = self._usage.prompt_tokens, self._usage.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+    def _usage_dict(self) -> dict[str, Any] | None:
+        return openai_usage(self._usage)
 
     def _finish(self, reason: str) -> list[bytes]:
         if not self.stream:

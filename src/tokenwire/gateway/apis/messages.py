@@ -26,6 +26,7 @@ import msgspec
 
 from tokenwire.gateway.apis.errors import retry_after_header
 from tokenwire.gateway.apis.sse import json_bytes
+from tokenwire.gateway.apis.usage_json import anthropic_usage
 from tokenwire.gateway.ir import (
     GATEWAY_FAILURE_CODES,
     Event,
@@ -175,6 +176,8 @@ class MessagesRenderer:
     # -- events --
 
     def on_event(self, event: Event) -> list[bytes]:
+        if isinstance(event, Usage):  # before _start: an early count goes in message_start
+            self._usage = event
         out = self._start() if not self._started else []
         match event:
             case TokenDelta(text=text) if text:
@@ -183,8 +186,6 @@ class MessagesRenderer:
                 out += self._reasoning(event)
             case ToolCallDelta():
                 out += self._tool(event)
-            case Usage():
-                self._usage = event
             case Finish():
                 out += self._finish(event)
             case Failure():
@@ -213,8 +214,9 @@ class MessagesRenderer:
         return [_sse("message_start", {"message": {
             "id": self._id, "type": "message", "role": "assistant", "model": self._model,
             "content": [], "stop_reason": None, "stop_sequence": None,
-            # The prompt's count is known only at the end; message_delta repeats it there.
-            "usage": {"input_tokens": 0, "output_tokens": 0}}})]
+            # The prompt's count when it is known this early (README "Usage");
+            # message_delta has the final counts.
+            "usage": anthropic_usage(self._usage, output=False)}})]
 
     def _open_block(self, block: dict[str, Any]) -> bytes:
         self._blocks.append(block)
@@ -347,14 +349,11 @@ class MessagesRenderer:
             return []
         return [*self._close(), _sse("error", {"error": body["error"]})]
 
-    def _usage_dict(self) -> dict[str, int]:
-        if self._usage is None:
-            return {"input_tokens": 0, "output_tokens": 0}
-        return {"input_tokens": self._usage.prompt_tokens,
-                "output_tokens": self._usage.completion_tokens}
+    def _usage_dict(self) -> dict[str, Any]:
+        return anthropic_usage(self._usage)
 
     def _message(self, reason: str, stop_seq: str | None,
-                 usage: dict[str, int]) -> dict[str, Any]:
+                 usage: dict[str, Any]) -> dict[str, Any]:
         content = [{**block, "input": _parse_input(self._block_tool[i].input_json())}
                    if block["type"] == "tool_use" else block
                    for i, block in enumerate(self._blocks)]

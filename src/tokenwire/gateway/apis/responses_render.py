@@ -61,6 +61,7 @@ import msgspec
 from tokenwire.gateway.affinity import TURN_STATE_HEADER
 from tokenwire.gateway.apis.errors import error_object
 from tokenwire.gateway.apis.sse import SSE_CONTENT_TYPE, json_bytes
+from tokenwire.gateway.apis.usage_json import responses_usage
 from tokenwire.gateway.ir import (
     GATEWAY_FAILURE_CODES,
     Event,
@@ -554,7 +555,7 @@ class ResponsesRenderer:
             "metadata": {},
         }
         response.update(self._echo)
-        response["usage"] = _usage(self._usage) if status != "in_progress" else None
+        response["usage"] = responses_usage(self._usage) if status != "in_progress" else None
         return response
 
 
@@ -562,11 +563,3 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _usage(usage: Usage | None) -> dict[str, Any] | None:
-    """Responses usage. The IR carries no cached or reasoning counts, so those are 0."""
-    if usage is None:
-        return None
-    p, c = usage.prompt_tokens, usage.completion_tokens
-    return {"input_tokens": p, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": c, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": p + c}

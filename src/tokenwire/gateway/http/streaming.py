@@ -36,10 +36,14 @@ from tokenwire.gateway.ir import (
     Failure,
     MessageStart,
     ResponseMeta,
+    Usage,
     is_terminal,
 )
 
-__all__ = ["ErrorFactory", "EventResponse", "Renderer", "WireRecord"]
+__all__ = ["USAGE_SOURCE_HEADER", "ErrorFactory", "EventResponse", "Renderer", "WireRecord"]
+
+#: Names who counted a non-streamed answer's usage: engine, upstream or gateway.
+USAGE_SOURCE_HEADER = "Tokenwire-Usage-Source"
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +68,13 @@ class Renderer(Protocol):
     def on_event(self, event: Event) -> list[bytes]: ...
 
     def on_error(self, exc: BaseException) -> list[bytes]: ...
+
+
+def _usage_header(events: list[Event]) -> Headers:
+    """Who counted the usage of a whole body (README "Usage"); a stream's headers go out
+    before its counts exist, so a stream names it in its usage object instead."""
+    usage = next((e for e in reversed(events) if isinstance(e, Usage)), None)
+    return [] if usage is None else [(USAGE_SOURCE_HEADER, usage.source.value)]
 
 
 class EventResponse:
@@ -149,7 +160,7 @@ class EventResponse:
         body = b"".join(chunk for ev in events for chunk in renderer.on_event(ev))
         comp = self._new_compressor()
         data = comp.compress_body(body)
-        await self._send_whole(send, 200, self._headers, data)
+        await self._send_whole(send, 200, self._headers + _usage_header(events), data)
         self._count(comp.encoding, data)
 
     async def _stream_body(self, send: Send) -> None:

@@ -115,8 +115,10 @@ _NOTE_KEY_RE: Final = re.compile(r"[a-z][a-z0-9_]{0,39}")
 _RESERVED_NOTE_KEYS: Final = frozenset((  # the standard fields of a request record
     "ts event request_id api model upstream stream outcome status failure_class code elapsed_ms "
     "queue_wait_ms ttft_ms attempts retries retry_wait_ms heartbeats completion_tokens "
-    "usage_prompt_tokens usage_completion_tokens wire_bytes encoding retried_failure_class "
-    "retried_code").split())
+    "usage_prompt_tokens usage_completion_tokens usage_source wire_bytes encoding "
+    "retried_failure_class retried_code").split())
+#: Who counted a request's usage (``ir.UsageSource``), as the request log names it.
+_USAGE_SOURCES: Final = frozenset({"engine", "upstream", "gateway"})
 #: Streamed tokens are added to the shared counter in batches of this many (see ``tokens``).
 TOKEN_FLUSH_EVERY: Final = 32
 _MAX_COUNT: Final = 2**53  # exact in a JSON double; no real count gets near it
@@ -340,6 +342,7 @@ class RequestRecord:
         "_queue_wait_s",
         "_request_id", "_retries", "_retry_class", "_retry_code", "_retry_wait_s", "_started",
         "_stream", "_tokens", "_tokens_pending", "_upstream", "_upstream_l", "_usage",
+        "_usage_source",
         "_wire_bytes",
     )
 
@@ -374,7 +377,8 @@ class RequestRecord:
         self._tokens = 0
         self._tokens_pending = 0
         self._notes: dict[str, bool | int | str | None] | None = None
-        self._usage: tuple[int, int] | None = None
+        self._usage: tuple[int | None, int | None] | None = None
+        self._usage_source: str | None = None
         self._wire_bytes = 0
         self._encoding: str | None = None
 
@@ -463,12 +467,16 @@ class RequestRecord:
             self._c_tokens.inc(pending)
 
     @_never_raises
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> None:
-        """The upstream's usage report; the last one wins (some upstreams repeat it
-        cumulatively), and it is counted once, at :meth:`finished`."""
+    def usage(self, prompt_tokens: int | None, completion_tokens: int | None,
+              source: str | None = None) -> None:
+        """The usage the client is shown (``gateway/usage.py``); the last one wins (an
+        early prompt count, then the final one), and it is counted once, at
+        :meth:`finished`. ``None`` is "not known" and stays ``None`` (never a 0)."""
         if self._done:
             return
-        self._usage = (_count(prompt_tokens), _count(completion_tokens))
+        self._usage = (None if prompt_tokens is None else _count(prompt_tokens),
+                       None if completion_tokens is None else _count(completion_tokens))
+        self._usage_source = _closed(source, _USAGE_SOURCES) if source is not None else None
 
     def wire_bytes(self, encoding: str, n: int) -> None:
         """``n`` bytes written to the client socket after content-coding (once per write,
@@ -554,7 +562,7 @@ class RequestRecord:
             prompt, completion = self._usage
             if prompt:
                 m.prompt_tokens.labels(self._model_l).inc(prompt)
-            if completion > self._tokens:  # non-streamed paths report usage only
+            if completion is not None and completion > self._tokens:  # non-streamed paths
                 self._c_tokens.inc(completion - self._tokens)
         fclass: str | None = None
         fcode: str | None = None
@@ -600,6 +608,7 @@ class RequestRecord:
             "completion_tokens": self._tokens,
             "usage_prompt_tokens": None if self._usage is None else self._usage[0],
             "usage_completion_tokens": None if self._usage is None else self._usage[1],
+            "usage_source": self._usage_source,
             "wire_bytes": self._wire_bytes,
             "encoding": self._encoding,
         })

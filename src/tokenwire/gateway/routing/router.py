@@ -11,7 +11,8 @@ clients as ``Codec-Ids-Source``). When its upstream speaks text only and the mod
 map, :meth:`ServedModel.submit` wraps the upstream's stream in a
 :class:`~tokenwire.gateway.retokenize.RetokenizingStream`: the one place between
 upstreams and renderers where text becomes ids. Upstreams that return ids, and clients
-that do not want ids, skip it.
+that do not want ids, skip it. Then a :class:`~tokenwire.gateway.usage.MeteredStream`
+completes the usage the upstream did not report (README "Usage").
 
 """
 
@@ -24,6 +25,7 @@ from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ConfigError, InvalidRequest, UnknownModel
 from tokenwire.gateway.context_window import certain_prompt_tokens, overflow_before_sending
 from tokenwire.gateway.ir import EventStream, Failure, GenerationRequest, IdsSource, Upstream
+from tokenwire.gateway.usage import MeteredStream, PromptCounter, UsageMeter
 
 __all__ = ["Router", "ServedModel"]
 
@@ -49,6 +51,9 @@ class ServedModel:
     upstream_name: str = ""
     aliases: tuple[str, ...] = ()
     context_source: str = ""
+    #: Counts usage the upstream does not report (``gateway/usage.py``); ``None`` for the
+    #: embedded engine (it counts its own) and for models without a map.
+    usage: PromptCounter | None = None
 
     def __post_init__(self) -> None:
         if self.ids_source is IdsSource.RETOKENIZED and self.tmap is None:
@@ -82,7 +87,9 @@ class ServedModel:
             from tokenwire.gateway.retokenize import Retokenizer, RetokenizingStream
 
             assert self.tmap is not None  # checked in __post_init__
-            return RetokenizingStream(stream, Retokenizer(self.tmap))
+            stream = RetokenizingStream(stream, Retokenizer(self.tmap))
+        if self.usage is not None:
+            stream = MeteredStream(stream, UsageMeter(request, self.usage))
         return stream
 
 

@@ -103,7 +103,8 @@ class RequestObserver(Protocol):
     def heartbeat(self) -> None: ...
     def first_output(self) -> None: ...
     def tokens(self, n: int) -> None: ...
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> None: ...
+    def usage(self, prompt_tokens: int | None, completion_tokens: int | None,
+              source: str | None = None) -> None: ...
     def finished(self, *, outcome: str, status: int, failure_class: str | None = None,
                  code: str | None = None) -> None: ...
 
@@ -116,7 +117,8 @@ class _NoObserver:
     def heartbeat(self) -> None: pass
     def first_output(self) -> None: pass
     def tokens(self, n: int) -> None: pass
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> None: pass
+    def usage(self, prompt_tokens: int | None, completion_tokens: int | None,
+              source: str | None = None) -> None: pass
     def finished(self, *, outcome: str, status: int, failure_class: str | None = None,
                  code: str | None = None) -> None: pass
 
@@ -349,7 +351,8 @@ class SupervisedStream:
             else:
                 self._held.append(event)  # facts wait for the first output
             if isinstance(event, Usage):
-                self._obs.usage(event.prompt_tokens, event.completion_tokens)
+                self._obs.usage(event.prompt_tokens, event.completion_tokens,
+                                event.source.value)
             return
         if not self._published:
             self._published = True

@@ -53,7 +53,6 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     ToolCallDelta,
     ToolSpec,
-    Usage,
 )
 from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import (
@@ -68,6 +67,7 @@ from tokenwire.gateway.upstreams.sse_http import (
     SSEUpstreamStream,
     TextUpstream,
 )
+from tokenwire.gateway.upstreams.usage_wire import anthropic_usage
 
 __all__ = [
     "ANTHROPIC_VERSION",
@@ -259,7 +259,7 @@ class MessagesStreamParser:
         self._custom = custom_tools
         self._blocks: dict[int, _Block] = {}
         self._calls = 0
-        self._prompt = self._output = 0
+        self._usage_fields: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._stop_sequence: str | None = None
         self.unknown: Counter[str] = Counter()
@@ -300,19 +300,14 @@ class MessagesStreamParser:
         return [event]
 
     def _usage(self, usage: Any) -> None:
-        if not isinstance(usage, dict):
-            return
-        # input_tokens excludes cached tokens; the prompt is all three.
-        prompt = [usage.get(k) for k in ("input_tokens", "cache_creation_input_tokens",
-                                         "cache_read_input_tokens")]
-        if prompt[0] is not None:
-            self._prompt = sum(int(p or 0) for p in prompt)
-        if usage.get("output_tokens") is not None:
-            self._output = int(usage["output_tokens"])
+        """message_delta's usage is cumulative: its figures replace message_start's."""
+        if isinstance(usage, dict):
+            self._usage_fields.update({k: v for k, v in usage.items() if v is not None})
 
     def _message_start(self, data: dict[str, Any]) -> list[Event]:
         self._usage((data.get("message") or {}).get("usage"))
-        return []
+        early = anthropic_usage(self._usage_fields, final=False)
+        return [early] if early is not None else []
 
     def _block_start(self, data: dict[str, Any]) -> list[Event]:
         cb, i = data.get("content_block") or {}, int(data.get("index", 0))
@@ -403,8 +398,9 @@ class MessagesStreamParser:
         if reason is None:
             reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
         matched = self._stop_sequence if reason is FinishKind.STOP_SEQUENCE else None
-        usage = Usage(prompt_tokens=self._prompt, completion_tokens=self._output)
-        return [usage, *self._end(Finish(reason=reason, matched_stop=matched))]
+        usage = anthropic_usage(self._usage_fields)
+        return [*([usage] if usage is not None else []),
+                *self._end(Finish(reason=reason, matched_stop=matched))]
 
     def _ping(self, data: dict[str, Any]) -> list[Event]:
         return []

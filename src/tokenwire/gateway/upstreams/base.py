@@ -59,6 +59,9 @@ class ModelRoute:
     #: The model's context window in tokens, when configured (``gateway/context_window.py``
     #: says how it is used and what the upstream's own report gives otherwise).
     context_length: int | None = None
+    #: The model's chat template for counting usage the upstream does not report: a GGUF
+    #: file, a Hugging Face ``tokenizer_config.json`` or a Jinja file (``gateway/usage.py``).
+    chat_template: str | None = None
 
     @property
     def sent_as(self) -> str:

@@ -64,6 +64,7 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     ToolSpec,
     Usage,
+    UsageSource,
 )
 from tokenwire.gateway.stops import StopMatcher
 from tokenwire.gateway.upstreams.failures import failure_from_exception, failure_from_response
@@ -315,7 +316,7 @@ class FrameTranslator:
                     out.append(TokenDelta(text=tail))
             if self._prompt_tokens is not None:  # frames carry no usage; ids we counted
                 out.append(Usage(prompt_tokens=self._prompt_tokens,
-                                 completion_tokens=self._n_ids))
+                                 completion_tokens=self._n_ids, source=UsageSource.GATEWAY))
         out.append(terminal)
         return out
 

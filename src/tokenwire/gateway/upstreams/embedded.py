@@ -61,6 +61,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     ToolSpec,
     Usage,
+    UsageSource,
 )
 from tokenwire.gateway.stops import StopMatcher
 from tokenwire.gateway.upstreams.chat_prompt import (
@@ -428,8 +429,11 @@ class EmbeddedEngine:
             return
         ids: list[int] = []
         times: list[float] = []
+        # The prompt's count before any token (Anthropic's message_start shows it).
+        job.emit(Usage(prompt_tokens=len(prompt), completion_tokens=None,
+                       source=UsageSource.ENGINE))
         reason, matched = self._generate(job, prompt, ids, times)
-        job.emit(Usage(prompt_tokens=len(prompt), completion_tokens=len(ids)))
+        job.emit(_usage(len(prompt), len(ids)))
         job.emit(Finish(reason=reason, matched_stop=matched))
         outcome = "aborted" if reason is FinishKind.ABORT else "finished"
         self._record(job, outcome, reason, len(prompt), ids, times, started)
@@ -669,6 +673,13 @@ def _with_stops(event: Event, stops: StopMatcher) -> Event:
     if isinstance(event, TokenDelta) and event.text:
         return TokenDelta(ids=event.ids, text=stops.feed(event.text))
     return event
+
+
+def _usage(prompt: int, completion: int) -> Usage:
+    """The engine's own counts: every prompt id was evaluated (the KV cache is reset per
+    request, so none was cached) and the model has no separate reasoning output."""
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=0,
+                 reasoning_tokens=0, source=UsageSource.ENGINE)
 
 
 def _open_final(rendered: str, messages: tuple[Any, ...],

@@ -107,6 +107,7 @@ from tokenwire.gateway.upstreams.sse_http import (
     http_client,
     probe_models,
 )
+from tokenwire.gateway.upstreams.usage_wire import openai_usage
 
 __all__ = ["IDS_MODES", "ChunkParser", "OpenAICompatUpstream"]
 
@@ -392,10 +393,9 @@ class ChunkParser:
             return [classify_error(err if isinstance(err, dict) else {"message": str(err)},
                                    status=None)]
         out: list[Event] = []
-        usage = chunk.get("usage")
-        if isinstance(usage, dict) and "prompt_tokens" in usage:
-            self._usage = Usage(prompt_tokens=int(usage.get("prompt_tokens") or 0),
-                                completion_tokens=int(usage.get("completion_tokens") or 0))
+        usage = openai_usage(chunk.get("usage"))
+        if usage is not None:
+            self._usage = usage
         for choice in chunk.get("choices") or ():
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 out += self._choice(choice, chunk)
@@ -477,7 +477,7 @@ class ChunkParser:
             return None
         bound = self._up.prompt_lower_bound(self._req)
         got = self._usage.prompt_tokens
-        if bound is None or got <= 0 or got >= bound:
+        if bound is None or got is None or got <= 0 or got >= bound:
             return None
         return Failure(failure_class=FailureClass.CONTEXT_LENGTH, status=400,
                        code="prompt_truncated", prompt_tokens=bound, context_tokens=got,

@@ -67,7 +67,6 @@ from tokenwire.gateway.ir import (
     ResponseMeta,
     TokenDelta,
     ToolCallDelta,
-    Usage,
 )
 from tokenwire.gateway.stops import StopMatcher
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
@@ -77,6 +76,7 @@ from tokenwire.gateway.upstreams.sse_http import (
     SSEUpstreamStream,
     TextUpstream,
 )
+from tokenwire.gateway.upstreams.usage_wire import responses_usage
 
 __all__ = [
     "PUBLIC_SERVICE_TIERS",
@@ -396,10 +396,9 @@ class ResponsesStreamParser:
     def _flush(self, response: dict[str, Any]) -> list[Event]:
         held = self._stops.flush()
         out: list[Event] = [TokenDelta(text=held)] if held else []
-        usage = response.get("usage")
-        if isinstance(usage, dict):
-            out.append(Usage(prompt_tokens=int(usage.get("input_tokens") or 0),
-                             completion_tokens=int(usage.get("output_tokens") or 0)))
+        usage = responses_usage(response.get("usage"))
+        if usage is not None:
+            out.append(usage)
         return out
 
     def _incomplete(self, data: dict[str, Any]) -> list[Event]:

@@ -1,0 +1,71 @@
+"""The usage objects upstreams send, read into :class:`~tokenwire.gateway.ir.Usage` (pure).
+
+One reader per wire shape, so each adapter keeps every figure its upstream reports and
+invents none: a field that is absent or not a count is ``None`` ("not said"), never 0
+(README "Usage").
+
+* OpenAI Chat / Completions: ``prompt_tokens``, ``completion_tokens``,
+  ``prompt_tokens_details.cached_tokens``, ``completion_tokens_details.reasoning_tokens``.
+* Responses: ``input_tokens``, ``output_tokens`` and the same two details.
+* Anthropic Messages: ``input_tokens`` *excludes* ``cache_read_input_tokens`` and
+  ``cache_creation_input_tokens``, so the IR's prompt is the sum of the three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tokenwire.gateway.ir import Usage, UsageSource
+
+__all__ = ["anthropic_usage", "openai_usage", "responses_usage"]
+
+
+def _count(value: Any) -> int | None:
+    """A token count as sent: a non-negative int (not a bool), else not a count."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+def _detail(usage: Mapping[str, Any], field: str, key: str) -> int | None:
+    details = usage.get(field)
+    return _count(details.get(key)) if isinstance(details, Mapping) else None
+
+
+def openai_usage(usage: Any) -> Usage | None:
+    """A Chat Completions / Completions ``usage`` object, or ``None`` if it is not one."""
+    if not isinstance(usage, Mapping) or "prompt_tokens" not in usage:
+        return None
+    return Usage(prompt_tokens=_count(usage.get("prompt_tokens")),
+                 completion_tokens=_count(usage.get("completion_tokens")),
+                 cached_tokens=_detail(usage, "prompt_tokens_details", "cached_tokens"),
+                 reasoning_tokens=_detail(usage, "completion_tokens_details",
+                                          "reasoning_tokens"),
+                 source=UsageSource.UPSTREAM)
+
+
+def responses_usage(usage: Any) -> Usage | None:
+    """A Responses ``usage`` object, or ``None`` if it is not one."""
+    if not isinstance(usage, Mapping):
+        return None
+    return Usage(prompt_tokens=_count(usage.get("input_tokens")),
+                 completion_tokens=_count(usage.get("output_tokens")),
+                 cached_tokens=_detail(usage, "input_tokens_details", "cached_tokens"),
+                 reasoning_tokens=_detail(usage, "output_tokens_details", "reasoning_tokens"),
+                 source=UsageSource.UPSTREAM)
+
+
+def anthropic_usage(usage: Mapping[str, Any], *, final: bool = True) -> Usage | None:
+    """Anthropic's ``usage`` (the fields of ``message_start`` merged with the cumulative
+    ones of ``message_delta``); ``final=False`` gives ``message_start``'s prompt-only
+    count. ``None`` when it names no input count."""
+    read = _count(usage.get("cache_read_input_tokens"))
+    written = _count(usage.get("cache_creation_input_tokens"))
+    uncached = _count(usage.get("input_tokens"))
+    if uncached is None:
+        return None
+    return Usage(prompt_tokens=uncached + (read or 0) + (written or 0),
+                 completion_tokens=_count(usage.get("output_tokens")) if final else None,
+                 cached_tokens=read, cache_creation_tokens=written,
+                 source=UsageSource.UPSTREAM)

@@ -1,0 +1,255 @@
+"""Token usage when the upstream does not report it: counted with the model's map.
+
+Usage is what people bill, budget and rate-limit on, so every generation ends with a real
+:class:`~tokenwire.gateway.ir.Usage` (README "Usage"). The embedded engine counts its own
+(``source = engine``). An upstream's own counts are kept as they are (``upstream``).
+Upstreams that report nothing (``python -m llama_cpp.server`` never sends a usage chunk
+on a stream, and a Codec frame has no place for one, codec-spec §1.1) are counted here,
+with the model's map (``gateway``):
+
+* the prompt as the upstream sees it: ids as sent; text encoded with the map (and the
+  model's BOS when its tokenizer adds one); a chat rendered with the model's chat template
+  and encoded with its control tokens parsed, as llama.cpp and vLLM tokenize a rendered
+  chat. Without a template (route option ``chat_template``) a chat prompt's count is
+  unknown and stays ``None``: an estimate would be a wrong bill.
+* the completion: the ids the stream carried (Codec upstreams, retokenized streams), else
+  its text, reasoning and tool-call text encoded with the map.
+
+A figure the upstream did report always wins; when any figure is ours the source is
+``gateway``. :class:`UsageMeter` is sans-IO (fed events, returns events);
+:class:`MeteredStream` wraps an upstream's event stream with one.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.errors import ConfigError
+from tokenwire.gateway.ir import (
+    ChatPrompt,
+    Event,
+    EventStream,
+    Finish,
+    GenerationRequest,
+    PromptIds,
+    PromptText,
+    ReasoningDelta,
+    TokenDelta,
+    ToolCallDelta,
+    Usage,
+    UsageSource,
+    is_terminal,
+)
+from tokenwire.gateway.retokenize import tokenizer_for
+
+__all__ = ["MeteredStream", "PromptCounter", "PromptFormat", "UsageMeter",
+           "load_prompt_format"]
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a model's server turns a prompt into ids: its chat template (Jinja, the one in
+    its GGUF or ``tokenizer_config.json``), the BOS/EOS strings the template may use, and
+    whether its tokenizer puts a BOS before a text prompt."""
+
+    chat_template: str | None
+    bos_token: str = ""
+    eos_token: str = ""
+    add_bos: bool = False
+
+    def render(self, request: GenerationRequest) -> str:
+        """The chat prompt as the server renders it (HF's and llama.cpp's Jinja settings)."""
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        if self.chat_template is None or not isinstance(request.prompt, ChatPrompt):
+            raise ValueError("no chat template")
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+
+        def raise_exception(message: str) -> None:
+            raise ValueError(message)
+
+        messages = [{"role": m.role, "content": m.text} for m in request.prompt.messages]
+        tools = [{"type": "function", "function": {
+            "name": t.name, "description": t.description,
+            "parameters": t.parameters or {"type": "object", "properties": {}}}}
+            for t in request.tools] or None
+        return env.from_string(self.chat_template).render(
+            messages=messages, tools=tools, add_generation_prompt=True,
+            bos_token=self.bos_token, eos_token=self.eos_token,
+            raise_exception=raise_exception)
+
+
+def load_prompt_format(path: str | Path) -> PromptFormat:
+    """A :class:`PromptFormat` from a GGUF file, a Hugging Face ``tokenizer_config.json``,
+    or a Jinja template file (no BOS/EOS strings, no BOS added)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"chat_template {path} does not exist")
+    if path.suffix == ".gguf":
+        from tokenwire.errors import GenerateError
+        from tokenwire.gguf_tokenizer import read_gguf_prompt_format
+
+        try:
+            return PromptFormat(*read_gguf_prompt_format(path))
+        except GenerateError as exc:
+            raise ConfigError(f"chat_template {path}: {exc}") from exc
+    text = path.read_text("utf-8")
+    if path.name.endswith(".json"):
+        return _hf_format(json.loads(text), path)
+    return PromptFormat(text)
+
+
+def _hf_format(doc: dict[str, Any], path: Path) -> PromptFormat:
+    template = doc.get("chat_template")
+    if isinstance(template, list):  # named templates: "default" is the chat one
+        template = next((t.get("template") for t in template
+                         if isinstance(t, dict) and t.get("name") == "default"), None)
+    if not isinstance(template, str):
+        raise ConfigError(f"chat_template {path}: no chat_template string in it")
+
+    def token(key: str) -> str:
+        value = doc.get(key)
+        value = value.get("content") if isinstance(value, dict) else value
+        return value if isinstance(value, str) else ""
+    return PromptFormat(template, token("bos_token"), token("eos_token"),
+                        bool(doc.get("add_bos_token", False)))
+
+
+class PromptCounter:
+    """The prompt's token count with the model's map, or ``None`` when it cannot be known."""
+
+    def __init__(self, tmap: TokenizerMap, fmt: PromptFormat | None = None) -> None:
+        self.tmap = tmap
+        self.format = fmt
+
+    def count(self, request: GenerationRequest) -> int | None:
+        prompt = request.prompt
+        if isinstance(prompt, PromptIds):
+            return len(prompt.ids)
+        add_bos = self.format is not None and self.format.add_bos
+        try:
+            if isinstance(prompt, PromptText):
+                # Servers parse control tokens in a completion prompt (llama.cpp's
+                # special=True), so its count does too.
+                return len(self._encode(prompt.text, special=True)) + int(add_bos)
+            if self.format is None or self.format.chat_template is None:
+                return None
+            return len(self._encode(self.format.render(request), special=True))
+        except Exception:  # a template error or untokenizable text: not known
+            return None
+
+    def completion(self, text: str) -> int:
+        return len(self._encode(text, special=False)) if text else 0
+
+    def _encode(self, text: str, *, special: bool) -> list[int]:
+        return tokenizer_for(self.tmap).encode(text, allowed_special="all" if special
+                                               else frozenset())
+
+
+class UsageMeter:
+    """Events in, events out: the final ``Usage`` is completed (or added) before ``Finish``,
+    and an early prompt count goes before the first output when the upstream gave none."""
+
+    def __init__(self, request: GenerationRequest, counter: PromptCounter) -> None:
+        self._request = request
+        self._counter = counter
+        self._reported: Usage | None = None
+        self._prompt: int | None = None
+        self._prompt_counted = False
+        self._ids = 0
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._started = False
+
+    def on_event(self, event: Event) -> list[Event]:
+        match event:
+            case Usage():
+                self._reported = event
+                return [event] if event.completion_tokens is None else []
+            case TokenDelta(ids=ids, text=text):
+                self._ids += len(ids)
+                self._text.append(text)
+            case ReasoningDelta(text=text):
+                self._reasoning.append(text)
+            case ToolCallDelta(name=name, arguments=arguments):
+                self._text.append((name or "") + arguments)
+        out: list[Event] = []
+        if not self._started and not is_terminal(event) and _is_output(event):
+            self._started = True
+            early = self._early()
+            if early is not None:
+                out.append(early)
+        if isinstance(event, Finish):
+            out.append(self.final())
+        elif self._reported is not None and is_terminal(event):
+            out.append(self._reported)  # a failure keeps what the upstream reported
+        return [*out, event]
+
+    def final(self) -> Usage:
+        """The counts to report: the upstream's figures, ours for the ones it left out."""
+        rep = self._reported
+        if rep is not None and rep.prompt_tokens is not None \
+                and rep.completion_tokens is not None:
+            return rep
+        reasoning = self._counter.completion("".join(self._reasoning))
+        completion = (self._ids if self._ids else self._counter.completion("".join(self._text)))
+        ours = Usage(prompt_tokens=self._prompt_count(), completion_tokens=completion + reasoning,
+                     reasoning_tokens=reasoning, source=UsageSource.GATEWAY)
+        if rep is None:
+            return ours
+        return msgspec.structs.replace(
+            rep, source=UsageSource.GATEWAY,
+            prompt_tokens=rep.prompt_tokens if rep.prompt_tokens is not None
+            else ours.prompt_tokens,
+            completion_tokens=rep.completion_tokens if rep.completion_tokens is not None
+            else ours.completion_tokens,
+            reasoning_tokens=rep.reasoning_tokens if rep.reasoning_tokens is not None
+            else (ours.reasoning_tokens if rep.completion_tokens is None else None))
+
+    def _early(self) -> Usage | None:
+        if self._reported is not None:
+            return None  # the upstream's own early count already went out
+        prompt = self._prompt_count()
+        if prompt is None:
+            return None
+        return Usage(prompt_tokens=prompt, completion_tokens=None, source=UsageSource.GATEWAY)
+
+    def _prompt_count(self) -> int | None:
+        if not self._prompt_counted:
+            self._prompt_counted = True
+            self._prompt = self._counter.count(self._request)
+        return self._prompt
+
+
+def _is_output(event: Event) -> bool:
+    match event:
+        case TokenDelta(ids=ids, text=text):
+            return bool(ids or text)
+        case ReasoningDelta() | ToolCallDelta():
+            return True
+    return False
+
+
+class MeteredStream:
+    """An :class:`~tokenwire.gateway.ir.EventStream` whose usage :class:`UsageMeter` keeps."""
+
+    def __init__(self, inner: EventStream, meter: UsageMeter) -> None:
+        self._inner = inner
+        self._meter = meter
+        self._queued: list[Event] = []
+
+    async def next_event(self) -> Event:
+        while not self._queued:
+            self._queued = self._meter.on_event(await self._inner.next_event())
+        return self._queued.pop(0)
+
+    def cancel(self) -> None:
+        self._inner.cancel()
