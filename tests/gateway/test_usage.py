@@ -1,0 +1,360 @@
+"""Usage (README "Usage"): every figure an upstream reports reaches every API in that API's
+shape; what it leaves out is counted with the model's map; nothing unknown becomes a 0.
+
+Scripted upstreams (``upstreams/fakes*.py``) inject what real peers here cannot: cached
+and reasoning counts, Anthropic cache figures, an upstream that reports nothing. The
+interop claims against real peers are in ``upstreams/test_usage_real_peers.py``. The
+prompt counter is checked against llama.cpp's own tokenizer on the same GGUF.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import start_server
+from tests.gateway.upstreams.fakes import Reply, chat_stream, sse, start_fake
+from tests.gateway.upstreams.fakes_anthropic import MessagesStream, Script, anthropic_server
+from tokenwire.codec.maps import TokenizerMap
+from tokenwire.gateway.apis.usage_json import anthropic_usage, openai_usage, responses_usage
+from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.ir import (
+    ChatMessage,
+    ChatPrompt,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    IdsSource,
+    PromptIds,
+    PromptText,
+    ReasoningDelta,
+    TokenDelta,
+    Usage,
+    UsageSource,
+)
+from tokenwire.gateway.routing.router import Router, ServedModel
+from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams import usage_wire
+from tokenwire.gateway.upstreams.anthropic_upstream import AnthropicUpstream
+from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
+from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
+from tokenwire.gateway.usage import PromptCounter, PromptFormat, UsageMeter, load_prompt_format
+from tokenwire.gguf_tokenizer import smollm2_gguf_path
+
+USER = [{"role": "user", "content": "Name three fruits."}]
+HELLO = ChatPrompt(messages=(ChatMessage(role="user", content="Name three fruits."),))
+
+
+# -- reading what upstreams report -------------------------------------------------------------
+
+
+def test_openai_usage_keeps_cached_and_reasoning_details() -> None:
+    got = usage_wire.openai_usage({
+        "prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49,
+        "prompt_tokens_details": {"cached_tokens": 32},
+        "completion_tokens_details": {"reasoning_tokens": 5}})
+    assert got == Usage(prompt_tokens=40, completion_tokens=9, cached_tokens=32,
+                        reasoning_tokens=5, source=UsageSource.UPSTREAM)
+
+
+def test_figures_an_upstream_leaves_out_or_garbles_are_unknown_not_zero() -> None:
+    got = usage_wire.openai_usage({"prompt_tokens": 7, "completion_tokens": "x",
+                                   "prompt_tokens_details": None})
+    assert got == Usage(prompt_tokens=7, completion_tokens=None)
+    assert usage_wire.openai_usage({"total_tokens": 3}) is None  # not a usage object
+    got = usage_wire.responses_usage({"input_tokens": 4, "output_tokens": 2})
+    assert (got.cached_tokens, got.reasoning_tokens) == (None, None)
+
+
+def test_anthropic_prompt_is_input_plus_both_cache_figures() -> None:
+    got = usage_wire.anthropic_usage({"input_tokens": 10, "cache_read_input_tokens": 300,
+                                      "cache_creation_input_tokens": 50, "output_tokens": 7})
+    assert got == Usage(prompt_tokens=360, completion_tokens=7, cached_tokens=300,
+                        cache_creation_tokens=50)
+
+
+# -- rendering in each API's shape -----------------------------------------------------------
+
+CACHED = Usage(prompt_tokens=360, completion_tokens=7, cached_tokens=300,
+               cache_creation_tokens=50, reasoning_tokens=2, source=UsageSource.UPSTREAM)
+
+
+def test_each_api_shape_carries_the_same_counts() -> None:
+    assert openai_usage(CACHED) == {
+        "prompt_tokens": 360, "completion_tokens": 7, "total_tokens": 367,
+        "prompt_tokens_details": {"cached_tokens": 300},
+        "completion_tokens_details": {"reasoning_tokens": 2}, "tokenwire_source": "upstream"}
+    assert responses_usage(CACHED) == {
+        "input_tokens": 360, "input_tokens_details": {"cached_tokens": 300},
+        "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 2},
+        "total_tokens": 367, "tokenwire_source": "upstream"}
+    # Anthropic's input_tokens leaves both cache figures out; the sum is the prompt again.
+    assert anthropic_usage(CACHED) == {
+        "input_tokens": 10, "cache_creation_input_tokens": 50,
+        "cache_read_input_tokens": 300, "output_tokens": 7, "tokenwire_source": "upstream"}
+
+
+def test_unknown_counts_render_as_null() -> None:
+    unknown = Usage(prompt_tokens=None, completion_tokens=4, source=UsageSource.GATEWAY)
+    assert openai_usage(unknown)["prompt_tokens"] is None
+    assert openai_usage(unknown)["total_tokens"] is None
+    assert anthropic_usage(unknown)["input_tokens"] is None
+    assert anthropic_usage(None)["output_tokens"] is None
+
+
+# -- the meter (sans-IO) -----------------------------------------------------------------------
+
+
+def _meter(smollm2_map: TokenizerMap, prompt=HELLO, fmt: PromptFormat | None = None):
+    request = GenerationRequest(prompt=prompt, model="m")
+    return UsageMeter(request, PromptCounter(smollm2_map, fmt))
+
+
+def _run(meter: UsageMeter, events) -> list:
+    return [out for ev in events for out in meter.on_event(ev)]
+
+
+def test_an_upstreams_complete_usage_passes_unchanged(smollm2_map: TokenizerMap) -> None:
+    usage = Usage(prompt_tokens=3, completion_tokens=1, cached_tokens=2)
+    out = _run(_meter(smollm2_map, PromptIds(ids=(1, 2, 3))),
+               [TokenDelta(text="a"), usage, Finish(reason=FinishKind.EOS)])
+    assert out == [Usage(prompt_tokens=3, completion_tokens=None, source=UsageSource.GATEWAY),
+                   TokenDelta(text="a"), usage, Finish(reason=FinishKind.EOS)]
+
+
+def test_nothing_reported_is_counted_from_ids_or_text(smollm2_map: TokenizerMap) -> None:
+    text = "Bananas, apples and cherries."
+    expected = len(PromptCounter(smollm2_map)._encode(text, special=False))
+    out = _run(_meter(smollm2_map, PromptText(text="Name three")),
+               [TokenDelta(text=text), Finish(reason=FinishKind.EOS)])
+    assert out[-2] == Usage(prompt_tokens=2, completion_tokens=expected, reasoning_tokens=0,
+                            source=UsageSource.GATEWAY)
+    out = _run(_meter(smollm2_map, PromptIds(ids=(5, 6))),
+               [TokenDelta(ids=(7, 8, 9), text="xyz"), Finish(reason=FinishKind.LENGTH)])
+    assert out[-2] == Usage(prompt_tokens=2, completion_tokens=3, reasoning_tokens=0,
+                            source=UsageSource.GATEWAY)
+
+
+def test_reasoning_text_counts_in_the_completion_and_its_detail(
+        smollm2_map: TokenizerMap) -> None:
+    enc = PromptCounter(smollm2_map).completion
+    out = _run(_meter(smollm2_map, PromptIds(ids=(1,))),
+               [ReasoningDelta(text="Let me think."), TokenDelta(text="Four."),
+                Finish(reason=FinishKind.EOS)])
+    assert out[-2].completion_tokens == enc("Let me think.") + enc("Four.")
+    assert out[-2].reasoning_tokens == enc("Let me think.")
+
+
+def test_a_partial_report_is_completed_and_marked_gateway(smollm2_map: TokenizerMap) -> None:
+    out = _run(_meter(smollm2_map, PromptIds(ids=(1, 2))),
+               [TokenDelta(ids=(4, 5)), Usage(prompt_tokens=2, completion_tokens=None,
+                                             cached_tokens=1),
+                Finish(reason=FinishKind.EOS)])
+    assert out[-2] == Usage(prompt_tokens=2, completion_tokens=2, cached_tokens=1,
+                            reasoning_tokens=0, source=UsageSource.GATEWAY)
+
+
+def test_a_chat_without_a_template_has_an_unknown_prompt_count(
+        smollm2_map: TokenizerMap) -> None:
+    out = _run(_meter(smollm2_map), [TokenDelta(text="Hi"), Finish(reason=FinishKind.EOS)])
+    assert out[0] == TokenDelta(text="Hi")  # no early count: there is none to give
+    assert out[-2].prompt_tokens is None and out[-2].completion_tokens == 1
+
+
+def test_a_failure_keeps_what_the_upstream_reported(smollm2_map: TokenizerMap) -> None:
+    fail = Failure(failure_class=FailureClass.UPSTREAM, message="x", status=502)
+    reported = Usage(prompt_tokens=9, completion_tokens=None)
+    out = _run(_meter(smollm2_map, PromptIds(ids=(1,))), [reported, fail])
+    assert out == [reported, reported, fail]
+
+
+# -- the prompt counter against llama.cpp's own tokenizer ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_vocab():
+    from llama_cpp import Llama
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    llm = Llama(model_path=str(smollm2_gguf_path()), vocab_only=True, verbose=False)
+    template = llm.metadata["tokenizer.chat_template"]
+    fmt = Jinja2ChatFormatter(template=template, eos_token="<|im_end|>",
+                              bos_token="<|im_start|>")
+    return llm, fmt
+
+
+@pytest.fixture(scope="module")
+def gguf_format() -> PromptFormat:
+    return load_prompt_format(smollm2_gguf_path())
+
+
+@pytest.mark.parametrize("messages", [
+    [{"role": "user", "content": "Name three fruits."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <b>"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Ça va ? 🍌"}],
+])
+def test_chat_count_is_llama_cpps_tokenization_of_the_rendered_chat(
+        smollm2_map: TokenizerMap, gguf_format: PromptFormat, llama_vocab, messages) -> None:
+    llm, fmt = llama_vocab
+    rendered = fmt(messages=messages).prompt
+    expected = llm.tokenize(rendered.encode(), add_bos=False, special=True)
+    prompt = ChatPrompt(messages=tuple(ChatMessage(**m) for m in messages))
+    request = GenerationRequest(prompt=prompt, model="m")
+    assert gguf_format.render(request) == rendered
+    assert PromptCounter(smollm2_map, gguf_format).count(request) == len(expected)
+
+
+def test_text_count_is_llama_cpps_with_its_bos_rule(smollm2_map: TokenizerMap,
+                                                    gguf_format: PromptFormat,
+                                                    llama_vocab) -> None:
+    llm, _ = llama_vocab
+    text = "The three most useful kitchen tools are"
+    expected = llm.tokenize(text.encode(), add_bos=True, special=True)
+    request = GenerationRequest(prompt=PromptText(text=text), model="m")
+    assert PromptCounter(smollm2_map, gguf_format).count(request) == len(expected)
+
+
+def test_prompt_format_from_a_tokenizer_config_json(tmp_path, gguf_format) -> None:
+    path = tmp_path / "tokenizer_config.json"
+    path.write_text(json.dumps({"chat_template": gguf_format.chat_template,
+                                "bos_token": {"content": "<|im_start|>"},
+                                "eos_token": "<|im_end|>", "add_bos_token": False}))
+    fmt = load_prompt_format(path)
+    assert (fmt.chat_template, fmt.bos_token, fmt.eos_token, fmt.add_bos) == (
+        gguf_format.chat_template, "<|im_start|>", "<|im_end|>", False)
+
+
+# -- through the gateway, with real SDK clients ----------------------------------------------
+
+
+def _openai_usage_reply(usage: dict | None) -> Reply:
+    body = chat_stream("vllm", ["Bananas", ", apples."], usage=None, done=False)
+    tail = () if usage is None else sse({"id": "chatcmpl-1", "object": "chat.completion.chunk",
+                                         "created": 1, "model": "m", "choices": [],
+                                         "usage": usage})
+    return Reply(chunks=body + tail + sse("[DONE]"))
+
+
+@pytest.fixture
+def openai_gateway(smollm2_map: TokenizerMap, gguf_format: PromptFormat):
+    """A gateway over a scripted OpenAI-compatible upstream; ``reply`` is what it answers."""
+    replies: list[Reply] = []
+    fake = start_fake(lambda path, body: replies.pop(0), owned_by="me")
+    cfg = UpstreamConfig(name="fake", kind="openai", base_url=fake.url + "/v1",
+                         models=(ModelRoute(name="m", map_id=smollm2_map.id),))
+    up = OpenAICompatUpstream.from_config(cfg, maps={smollm2_map.id: smollm2_map})
+    served = ServedModel(name="m", upstream=up, tmap=smollm2_map,
+                         ids_source=IdsSource.RETOKENIZED, upstream_name="fake",
+                         usage=PromptCounter(smollm2_map, gguf_format))
+    live = start_server(GatewayState(settings=ServerSettings(), router=Router([served])))
+    yield live.url, replies
+    live.stop()
+    fake.stop()
+
+
+REPORTED = {"prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49,
+            "prompt_tokens_details": {"cached_tokens": 32},
+            "completion_tokens_details": {"reasoning_tokens": 5}}
+
+
+def test_cached_and_reasoning_counts_reach_chat_responses_and_messages(openai_gateway):
+    url, replies = openai_gateway
+    replies += [_openai_usage_reply(REPORTED) for _ in range(4)]
+    oc = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    chat = oc.chat.completions.create(model="m", messages=USER)
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (40, 9)
+    assert chat.usage.prompt_tokens_details.cached_tokens == 32
+    assert chat.usage.completion_tokens_details.reasoning_tokens == 5
+    resp = oc.responses.create(model="m", input="Name three fruits.")
+    assert (resp.usage.input_tokens, resp.usage.output_tokens, resp.usage.total_tokens) == (
+        40, 9, 49)
+    assert resp.usage.input_tokens_details.cached_tokens == 32
+    assert resp.usage.output_tokens_details.reasoning_tokens == 5
+    # An Anthropic client behind an OpenAI upstream: input_tokens excludes the cache read.
+    ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    msg = ac.messages.create(model="m", max_tokens=20, messages=USER)
+    assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens,
+            msg.usage.output_tokens) == (8, 32, 9)
+    with ac.messages.stream(model="m", max_tokens=20, messages=USER) as stream:
+        final = stream.get_final_message()
+    assert (final.usage.input_tokens, final.usage.cache_read_input_tokens,
+            final.usage.output_tokens) == (8, 32, 9)
+
+
+def test_an_upstream_that_reports_nothing_is_counted_with_the_map(openai_gateway,
+                                                                  smollm2_map, gguf_format):
+    url, replies = openai_gateway
+    replies += [_openai_usage_reply(None) for _ in range(2)]
+    counter = PromptCounter(smollm2_map, gguf_format)
+    prompt = counter.count(GenerationRequest(prompt=HELLO, model="m"))
+    completion = counter.completion("Bananas, apples.")
+    r = httpx.post(url + "/v1/chat/completions", timeout=60,
+                   json={"model": "m", "messages": USER})
+    assert r.headers["tokenwire-usage-source"] == "gateway"
+    usage = r.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, completion)
+    assert usage["prompt_tokens_details"] is None  # the upstream's cache is not ours to know
+    assert usage["tokenwire_source"] == "gateway"
+    oc = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    chunks = list(oc.chat.completions.create(model="m", messages=USER, stream=True,
+                                             stream_options={"include_usage": True}))
+    assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (
+        prompt, completion)
+
+
+def test_upstream_reported_usage_is_named_upstream_in_the_header(openai_gateway):
+    url, replies = openai_gateway
+    replies.append(_openai_usage_reply(REPORTED))
+    r = httpx.post(url + "/v1/chat/completions", timeout=60,
+                   json={"model": "m", "messages": USER})
+    assert r.headers["tokenwire-usage-source"] == "upstream"
+
+
+@pytest.fixture
+def anthropic_gateway() -> Iterator[tuple[str, object]]:
+    srv = anthropic_server()
+    cfg = UpstreamConfig(name="claude", kind="anthropic", base_url=srv.url,
+                         models=(ModelRoute(name="sonnet", upstream_model="claude-test"),))
+    up = AnthropicUpstream.from_config(cfg)
+    served = ServedModel(name="sonnet", upstream=up, ids_source=IdsSource.NONE,
+                         upstream_name="claude")
+    live = start_server(GatewayState(settings=ServerSettings(), router=Router([served])))
+    yield live.url, srv
+    live.stop()
+    srv.stop()
+
+
+def _cached_messages_stream() -> Script:
+    s = MessagesStream()
+    s.events[0][1]["message"]["usage"] = {
+        "input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 300,
+        "cache_creation_input_tokens": 50}
+    return Script(s.text(["Hi"]).end("end_turn", 7).chunks())
+
+
+def test_anthropic_cache_figures_reach_openai_and_anthropic_clients(anthropic_gateway):
+    url, srv = anthropic_gateway
+    srv.push(*[_cached_messages_stream() for _ in range(3)])
+    oc = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    chat = oc.chat.completions.create(model="sonnet", messages=USER)
+    assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (360, 7)
+    assert chat.usage.prompt_tokens_details.cached_tokens == 300
+    ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    msg = ac.messages.create(model="sonnet", max_tokens=20, messages=USER)
+    assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens,
+            msg.usage.cache_creation_input_tokens, msg.usage.output_tokens) == (10, 300, 50, 7)
+    starts = []
+    with ac.messages.stream(model="sonnet", max_tokens=20, messages=USER) as stream:
+        for event in stream:
+            if event.type == "message_start":
+                starts.append(event.message.usage)
+        final = stream.get_final_message()
+    assert (starts[0].input_tokens, starts[0].cache_read_input_tokens) == (10, 300)
+    assert (final.usage.input_tokens, final.usage.output_tokens) == (10, 7)
