@@ -29,6 +29,7 @@ from tokenwire.gateway.ir import (
     PromptText,
     ResponseMeta,
     TokenDelta,
+    Usage,
 )
 from tokenwire.gateway.supervision.admission import Admission
 from tokenwire.gateway.supervision.retry import THROTTLE_EXHAUSTED_MESSAGE
@@ -130,6 +131,18 @@ def test_a_quiet_upstream_gets_a_heartbeat_every_15_s_then_the_answer() -> None:
     events = run(go())
     assert [(t, type(e).__name__) for t, e in events] == [
         (15.0, "Heartbeat"), (30.0, "Heartbeat"), (40.0, "TokenDelta"), (40.0, "Finish")]
+
+
+def test_a_heartbeat_before_output_carries_the_held_prompt_count_first() -> None:
+    """The heartbeat opens the client's stream (Anthropic's message_start): the prompt's
+    count, already known, must not wait for the first token."""
+    early = Usage(prompt_tokens=9, completion_tokens=None)
+
+    async def go():
+        script = Script([[(0.0, early), (20.0, TokenDelta(ids=(1,), text="a")), (0.0, EOS)]])
+        return await collect(supervise(script))
+
+    assert [(t, e) for t, e in run(go())][:2] == [(15.0, early), (15.0, Heartbeat())]
 
 
 def test_heartbeats_count_from_the_last_event_sent() -> None:

@@ -118,7 +118,7 @@ def _meter(smollm2_map: TokenizerMap, prompt=HELLO, fmt: PromptFormat | None = N
 
 
 def _run(meter: UsageMeter, events) -> list:
-    return [out for ev in events for out in meter.on_event(ev)]
+    return [*meter.start(), *(out for ev in events for out in meter.on_event(ev))]
 
 
 def test_an_upstreams_complete_usage_passes_unchanged(smollm2_map: TokenizerMap) -> None:
@@ -172,7 +172,8 @@ def test_a_failure_keeps_what_the_upstream_reported(smollm2_map: TokenizerMap) -
     fail = Failure(failure_class=FailureClass.UPSTREAM, message="x", status=502)
     reported = Usage(prompt_tokens=9, completion_tokens=None)
     out = _run(_meter(smollm2_map, PromptIds(ids=(1,))), [reported, fail])
-    assert out == [reported, reported, fail]
+    early = Usage(prompt_tokens=1, completion_tokens=None, source=UsageSource.GATEWAY)
+    assert out == [early, reported, reported, fail]
 
 
 # -- the prompt counter against llama.cpp's own tokenizer ------------------------------------
@@ -358,3 +359,14 @@ def test_anthropic_cache_figures_reach_openai_and_anthropic_clients(anthropic_ga
         final = stream.get_final_message()
     assert (starts[0].input_tokens, starts[0].cache_read_input_tokens) == (10, 300)
     assert (final.usage.input_tokens, final.usage.output_tokens) == (10, 7)
+
+
+def test_a_failure_after_the_early_count_keeps_its_http_status(anthropic_gateway):
+    """message_start's count is a fact, not output: an error event right after it is still
+    answered with its own status, not a 200 stream."""
+    url, srv = anthropic_gateway
+    srv.push(Script(MessagesStream().error("overloaded_error", "Overloaded").chunks()),
+             Script(MessagesStream().error("overloaded_error", "Overloaded").chunks()))
+    r = httpx.post(url + "/v1/chat/completions", timeout=60,
+                   json={"model": "sonnet", "messages": USER, "stream": True})
+    assert r.status_code == 503, r.text

@@ -155,8 +155,8 @@ class PromptCounter:
 
 
 class UsageMeter:
-    """Events in, events out: the final ``Usage`` is completed (or added) before ``Finish``,
-    and an early prompt count goes before the first output when the upstream gave none."""
+    """Events in, events out: :meth:`start` gives the prompt's count before anything else;
+    the final ``Usage`` is completed (or added) before ``Finish``."""
 
     def __init__(self, request: GenerationRequest, counter: PromptCounter) -> None:
         self._request = request
@@ -167,7 +167,6 @@ class UsageMeter:
         self._ids = 0
         self._text: list[str] = []
         self._reasoning: list[str] = []
-        self._started = False
 
     def on_event(self, event: Event) -> list[Event]:
         match event:
@@ -182,11 +181,6 @@ class UsageMeter:
             case ToolCallDelta(name=name, arguments=arguments):
                 self._text.append((name or "") + arguments)
         out: list[Event] = []
-        if not self._started and not is_terminal(event) and _is_output(event):
-            self._started = True
-            early = self._early()
-            if early is not None:
-                out.append(early)
         if isinstance(event, Finish):
             out.append(self.final())
         elif self._reported is not None and is_terminal(event):
@@ -214,28 +208,19 @@ class UsageMeter:
             reasoning_tokens=rep.reasoning_tokens if rep.reasoning_tokens is not None
             else (ours.reasoning_tokens if rep.completion_tokens is None else None))
 
-    def _early(self) -> Usage | None:
-        if self._reported is not None:
-            return None  # the upstream's own early count already went out
+    def start(self) -> list[Event]:
+        """Before the upstream's first event: the prompt's count, when it can be known
+        (Anthropic's ``message_start`` shows it; the final ``Usage`` repeats it)."""
         prompt = self._prompt_count()
         if prompt is None:
-            return None
-        return Usage(prompt_tokens=prompt, completion_tokens=None, source=UsageSource.GATEWAY)
+            return []
+        return [Usage(prompt_tokens=prompt, completion_tokens=None, source=UsageSource.GATEWAY)]
 
     def _prompt_count(self) -> int | None:
         if not self._prompt_counted:
             self._prompt_counted = True
             self._prompt = self._counter.count(self._request)
         return self._prompt
-
-
-def _is_output(event: Event) -> bool:
-    match event:
-        case TokenDelta(ids=ids, text=text):
-            return bool(ids or text)
-        case ReasoningDelta() | ToolCallDelta():
-            return True
-    return False
 
 
 class MeteredStream:
@@ -245,8 +230,12 @@ class MeteredStream:
         self._inner = inner
         self._meter = meter
         self._queued: list[Event] = []
+        self._begun = False
 
     async def next_event(self) -> Event:
+        if not self._begun:  # the prompt's count first: a heartbeat may open the stream
+            self._begun = True
+            self._queued = self._meter.start()
         while not self._queued:
             self._queued = self._meter.on_event(await self._inner.next_event())
         return self._queued.pop(0)

@@ -166,9 +166,9 @@ class EventResponse:
     async def _stream_body(self, send: Send) -> None:
         event = await self._next()
         held: list[Event] = []
-        # Facts and message boundaries, not output: a failure after them still gets its
-        # real status.
-        while isinstance(event, ResponseMeta | MessageStart):
+        # Facts (an early prompt count too) and message boundaries, not output: a failure
+        # after them still gets its real status.
+        while isinstance(event, ResponseMeta | MessageStart | Usage):
             held.append(event)
             event = await self._next()
         if isinstance(event, Failure):

@@ -370,6 +370,18 @@ class SupervisedStream:
         for event in held:
             await self._put(event)
 
+    async def _release_counts(self) -> None:
+        """A heartbeat opens the client's stream before any output: a held prompt count
+        goes first, so Anthropic's ``message_start`` can show it. Unlike other facts it may
+        go early: if this attempt is retried, the next one's count replaces it (renderers
+        keep the last ``Usage``)."""
+        if self._published or not any(isinstance(e, Usage) for e in self._held):
+            return
+        counts = [e for e in self._held if isinstance(e, Usage)]
+        self._held = [e for e in self._held if not isinstance(e, Usage)]
+        for event in counts:
+            await self._put(event)
+
     async def _emit_terminal(self, event: Event) -> None:
         if isinstance(event, Failure):
             await self._flush_held()  # facts (turn state) still belong to the answer
@@ -406,6 +418,7 @@ class SupervisedStream:
         hb = self._timing.heartbeat_s
         if hb is not None and now >= self._last_sent + hb:
             self._obs.heartbeat()
+            await self._release_counts()
             await self._put(Heartbeat())
 
     async def _sleep(self, delay: float) -> None:
