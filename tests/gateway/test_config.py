@@ -96,6 +96,9 @@ BAD_FILES = [
     ("model typo", _UP + "[[upstreams.models]]\nname = \"m\"\nmap_id = \"x\"\n",
      "{f}: upstream 'u' model #1: unknown key 'map_id'; expected one of name, "
      "upstream_model, map, map_path, context_length, chat_template"),
+    ("chat template missing", _UP + "[[upstreams.models]]\nname = \"m\"\n"
+     "chat_template = \"/nonexistent/t.jinja\"\n",
+     "{f}: upstream 'u' model #1 ('m'): chat_template '/nonexistent/t.jinja' is not a file"),
     ("model without name", _UP + "[[upstreams.models]]\nmap = \"x\"\n",
      "{f}: upstream 'u' model #1: name is required"),
     ("unknown map id", _UP + "[[upstreams.models]]\nname = \"m\"\nmap = \"acme/nope\"\n",

@@ -370,3 +370,13 @@ def test_a_failure_after_the_early_count_keeps_its_http_status(anthropic_gateway
     r = httpx.post(url + "/v1/chat/completions", timeout=60,
                    json={"model": "sonnet", "messages": USER, "stream": True})
     assert r.status_code == 503, r.text
+
+
+def test_count_tokens_counts_a_chat_with_the_models_template(openai_gateway, llama_vocab):
+    """``messages.count_tokens`` for an upstream without a counting endpoint: the model's
+    map and template, equal to llama.cpp's tokenization of the rendered chat."""
+    url, _ = openai_gateway
+    llm, fmt = llama_vocab
+    expected = llm.tokenize(fmt(messages=USER).prompt.encode(), add_bos=False, special=True)
+    ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    assert ac.messages.count_tokens(model="m", messages=USER).input_tokens == len(expected)

@@ -214,6 +214,9 @@ def _parse_model(doc: Mapping[str, Any], where: str) -> tuple[ModelRoute, Tokeni
         tmap = problems.check(load_map, doc["map"], path=False, where=where)
     elif isinstance(doc.get("map_path"), str):
         tmap = problems.check(load_map, doc["map_path"], path=True, where=where)
+    template = doc.get("chat_template")
+    if isinstance(template, str) and not Path(template).is_file():
+        problems.add(ConfigError(f"{where}: chat_template {template!r} is not a file"))
     if problems.messages:
         raise ConfigErrors(problems.messages)
     problems.check(_check_context_length, doc, where)

@@ -15,6 +15,7 @@ chat template for their models): a 400 says so instead of a guess.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 from typing import Any
@@ -76,6 +77,10 @@ async def count_tokens_endpoint(request: Request) -> Response:
     served, call = await _parse(request, counting=True)
     check_inputs(served, call.request)  # what generation would refuse is not counted
     counter = getattr(served.upstream, "count_tokens", None)
+    if counter is None and served.usage is not None:  # the model's map and chat template
+        counted = await asyncio.to_thread(served.usage.count, call.request)
+        if counted is not None:
+            return JSONResponse({"input_tokens": counted})
     if counter is None:
         kind = getattr(served.upstream, "kind", "") or "this"
         raise bad_request(

@@ -98,7 +98,8 @@ class Metrics:
             "Completion tokens: streamed, or the upstream's usage when it reports more.",
             ("api", "model"))
         self.prompt_tokens = counter(
-            "tokenwire_prompt_tokens_total", "Prompt tokens reported by upstreams.", ("model",))
+            "tokenwire_prompt_tokens_total",
+            "Prompt tokens, as the response's usage reports them.", ("model",))
         self.wire_bytes = counter(
             "tokenwire_wire_bytes_total",
             "Response bytes written to clients after content-coding.", ("api", "encoding"))

@@ -13,7 +13,8 @@ upstream's own, so the APIs render it without knowing what it did (DESIGN.md: N 
    budgets"); once text, reasoning or a tool call went to the client nothing is replayed,
    and the failure goes to the client as the stream's terminal. Facts that are not output
    (``ResponseMeta``, ``MessageStart``, ``Usage``) are held back until the first output, so
-   a retried attempt's facts never reach the client twice.
+   a retried attempt's facts never reach the client twice; only a prompt count goes with
+   a heartbeat that opens the stream first (a retry's count replaces it).
 3. **Keeps time** with the event loop's clock (tests run it under ``looptime``):
    ``idle_timeout_s`` (the seed's ``timeoutMs``, ten minutes) bounds *silence*: it counts
    from arrival (so the body upload and the queue wait are in it), restarts at admission and

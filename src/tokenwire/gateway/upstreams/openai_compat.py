@@ -5,7 +5,9 @@ A :class:`~tokenwire.gateway.ir.ChatPrompt` goes to ``/chat/completions``; a tex
 to ``/completions`` (option ``api``: ``"auto"`` (default), or ``"chat"`` / ``"completions"``
 for an upstream that serves only one; the other prompt kind is then refused). Always
 ``stream: true`` with ``stream_options.include_usage`` so usage arrives in a final chunk
-(gateway-research §5.8).
+(gateway-research §5.8); every figure it reports is kept (``usage_wire.py``). Servers that
+send none on a stream (``python -m llama_cpp.server``) are counted by the gateway
+(``gateway/usage.py``).
 
 Ids (option ``ids``), asked for only when ``request.want_ids``:
 
