@@ -131,7 +131,7 @@ def test_an_upstreams_complete_usage_passes_unchanged(smollm2_map: TokenizerMap)
 
 def test_nothing_reported_is_counted_from_ids_or_text(smollm2_map: TokenizerMap) -> None:
     text = "Bananas, apples and cherries."
-    expected = len(PromptCounter(smollm2_map)._encode(text, special=False))
+    expected = PromptCounter(smollm2_map).completion(text)
     out = _run(_meter(smollm2_map, PromptText(text="Name three")),
                [TokenDelta(text=text), Finish(reason=FinishKind.EOS)])
     assert out[-2] == Usage(prompt_tokens=2, completion_tokens=expected, reasoning_tokens=0,

@@ -22,6 +22,7 @@ A figure the upstream did report always wins; when any figure is ours the source
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +52,9 @@ from tokenwire.gateway.retokenize import tokenizer_for
 __all__ = ["MeteredStream", "PromptCounter", "PromptFormat", "UsageMeter",
            "load_prompt_format"]
 
+#: Never swallowed while counting: an interpreter exit or interrupt.
+_PASS_THROUGH = (KeyboardInterrupt, SystemExit, GeneratorExit)
+
 
 @dataclass(frozen=True)
 class PromptFormat:
@@ -63,15 +67,21 @@ class PromptFormat:
     eos_token: str = ""
     add_bos: bool = False
 
-    def render(self, request: GenerationRequest) -> str:
-        """The chat prompt as the server renders it (HF's and llama.cpp's Jinja settings)."""
+    @functools.cached_property
+    def _compiled(self) -> Any:
+        """The template, compiled once (HF's and llama.cpp's Jinja settings: a sandbox,
+        ``trim_blocks``, ``lstrip_blocks``, ``loopcontrols``, a non-ASCII ``tojson``)."""
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        if self.chat_template is None or not isinstance(request.prompt, ChatPrompt):
-            raise ValueError("no chat template")
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = lambda x, **kw: json.dumps(x, ensure_ascii=False, **kw)
+        return env.from_string(self.chat_template or "")
+
+    def render(self, request: GenerationRequest) -> str:
+        """The chat prompt as the model's server renders it."""
+        if self.chat_template is None or not isinstance(request.prompt, ChatPrompt):
+            raise ValueError("no chat template")
 
         def raise_exception(message: str) -> None:
             raise ValueError(message)
@@ -81,7 +91,7 @@ class PromptFormat:
             "name": t.name, "description": t.description,
             "parameters": t.parameters or {"type": "object", "properties": {}}}}
             for t in request.tools] or None
-        return env.from_string(self.chat_template).render(
+        return self._compiled.render(
             messages=messages, tools=tools, add_generation_prompt=True,
             bos_token=self.bos_token, eos_token=self.eos_token,
             raise_exception=raise_exception)
@@ -134,24 +144,32 @@ class PromptCounter:
         prompt = request.prompt
         if isinstance(prompt, PromptIds):
             return len(prompt.ids)
-        add_bos = self.format is not None and self.format.add_bos
-        try:
-            if isinstance(prompt, PromptText):
-                # Servers parse control tokens in a completion prompt (llama.cpp's
-                # special=True), so its count does too.
-                return len(self._encode(prompt.text, special=True)) + int(add_bos)
-            if self.format is None or self.format.chat_template is None:
-                return None
-            return len(self._encode(self.format.render(request), special=True))
-        except Exception:  # a template error or untokenizable text: not known
+        if isinstance(prompt, PromptText):
+            # Servers parse control tokens in a completion prompt (llama.cpp's
+            # special=True), so its count does too.
+            n = self._count(prompt.text, special=True)
+            add_bos = self.format is not None and self.format.add_bos
+            return None if n is None else n + int(add_bos)
+        if self.format is None or self.format.chat_template is None:
             return None
+        try:
+            rendered = self.format.render(request)
+        except Exception:  # the template refused these messages: the count is not known
+            return None
+        return self._count(rendered, special=True)
 
-    def completion(self, text: str) -> int:
-        return len(self._encode(text, special=False)) if text else 0
+    def completion(self, text: str) -> int | None:
+        """Tokens of generated text (special-token strings in it are text)."""
+        return self._count(text, special=False) if text else 0
 
-    def _encode(self, text: str, *, special: bool) -> list[int]:
-        return tokenizer_for(self.tmap).encode(text, allowed_special="all" if special
-                                               else frozenset())
+    def _count(self, text: str, *, special: bool) -> int | None:
+        try:
+            return len(tokenizer_for(self.tmap).encode(
+                text, allowed_special="all" if special else frozenset()))
+        except _PASS_THROUGH:
+            raise
+        except BaseException:  # native tokenizers can panic (see retokenize.encode_text)
+            return None
 
 
 class UsageMeter:
@@ -194,8 +212,9 @@ class UsageMeter:
                 and rep.completion_tokens is not None:
             return rep
         reasoning = self._counter.completion("".join(self._reasoning))
-        completion = (self._ids if self._ids else self._counter.completion("".join(self._text)))
-        ours = Usage(prompt_tokens=self._prompt_count(), completion_tokens=completion + reasoning,
+        answer = self._ids if self._ids else self._counter.completion("".join(self._text))
+        completion = None if answer is None or reasoning is None else answer + reasoning
+        ours = Usage(prompt_tokens=self._prompt_count(), completion_tokens=completion,
                      reasoning_tokens=reasoning, source=UsageSource.GATEWAY)
         if rep is None:
             return ours
