@@ -380,3 +380,24 @@ def test_count_tokens_counts_a_chat_with_the_models_template(openai_gateway, lla
     expected = llm.tokenize(fmt(messages=USER).prompt.encode(), add_bos=False, special=True)
     ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
     assert ac.messages.count_tokens(model="m", messages=USER).input_tokens == len(expected)
+
+
+def test_request_log_and_metrics_use_the_counts_the_client_got(openai_gateway, caplog):
+    import logging
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url, replies = openai_gateway
+    replies.append(_openai_usage_reply(None))
+    with caplog.at_level(logging.INFO, logger="tokenwire.requests"):
+        usage = httpx.post(url + "/v1/chat/completions", timeout=60,
+                           json={"model": "m", "messages": USER}).json()["usage"]
+    [event] = [r.event for r in caplog.records if r.name == "tokenwire.requests"]
+    assert (event["usage_prompt_tokens"], event["usage_completion_tokens"],
+            event["usage_source"]) == (usage["prompt_tokens"], usage["completion_tokens"],
+                                       "gateway")
+    metrics = httpx.get(url + "/metrics", timeout=10).text
+    samples = {s.name: s.value for fam in text_string_to_metric_families(metrics)
+               for s in fam.samples if s.labels.get("model") == "m"}
+    assert samples["tokenwire_prompt_tokens_total"] == usage["prompt_tokens"]
+    assert samples["tokenwire_completion_tokens_total"] == usage["completion_tokens"]
