@@ -10,6 +10,7 @@ prompt counter is checked against llama.cpp's own tokenizer on the same GGUF.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import anthropic
@@ -392,7 +393,14 @@ def test_request_log_and_metrics_use_the_counts_the_client_got(openai_gateway, c
     with caplog.at_level(logging.INFO, logger="tokenwire.requests"):
         usage = httpx.post(url + "/v1/chat/completions", timeout=60,
                            json={"model": "m", "messages": USER}).json()["usage"]
-    [event] = [r.event for r in caplog.records if r.name == "tokenwire.requests"]
+        # The record is written when the request's slot is released, just after the body
+        # went out: wait for it (a safety net, not a timing).
+        deadline = time.monotonic() + 60
+        while not (events := [r.event for r in caplog.records
+                              if r.name == "tokenwire.requests"]):
+            assert time.monotonic() < deadline, "no request log record"
+            time.sleep(0.05)
+    [event] = events
     assert (event["usage_prompt_tokens"], event["usage_completion_tokens"],
             event["usage_source"]) == (usage["prompt_tokens"], usage["completion_tokens"],
                                        "gateway")
