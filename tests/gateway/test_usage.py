@@ -383,23 +383,38 @@ def test_count_tokens_counts_a_chat_with_the_models_template(openai_gateway, lla
     assert ac.messages.count_tokens(model="m", messages=USER).input_tokens == len(expected)
 
 
-def test_request_log_and_metrics_use_the_counts_the_client_got(openai_gateway, caplog):
+def test_request_log_and_metrics_use_the_counts_the_client_got(openai_gateway):
     import logging
 
     from prometheus_client.parser import text_string_to_metric_families
 
+    class Keep(logging.Handler):  # on the logger itself: `tokenwire serve` stops propagation
+        def __init__(self) -> None:
+            super().__init__(logging.INFO)
+            self.events: list[dict] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.events.append(record.event)  # type: ignore[attr-defined]
+
     url, replies = openai_gateway
     replies.append(_openai_usage_reply(None))
-    with caplog.at_level(logging.INFO, logger="tokenwire.requests"):
+    logger, keep = logging.getLogger("tokenwire.requests"), Keep()
+    level = logger.level
+    logger.addHandler(keep)
+    logger.setLevel(logging.INFO)
+    try:
         usage = httpx.post(url + "/v1/chat/completions", timeout=60,
                            json={"model": "m", "messages": USER}).json()["usage"]
         # The record is written when the request's slot is released, just after the body
         # went out: wait for it (a safety net, not a timing).
         deadline = time.monotonic() + 60
-        while not (events := [r.event for r in caplog.records
-                              if r.name == "tokenwire.requests"]):
+        while not keep.events:
             assert time.monotonic() < deadline, "no request log record"
             time.sleep(0.05)
+    finally:
+        logger.removeHandler(keep)
+        logger.setLevel(level)
+    events = keep.events
     [event] = events
     assert (event["usage_prompt_tokens"], event["usage_completion_tokens"],
             event["usage_source"]) == (usage["prompt_tokens"], usage["completion_tokens"],
