@@ -214,9 +214,11 @@ def test_the_engine_samples_with_the_model_s_defaults_and_the_request_s_fields(e
     prompt = ChatPrompt(messages=(ChatMessage(role="user", content="hi"),))
     args = engine._sampler_args(GenerationRequest(prompt=prompt))
     assert args == {"temp": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05,
-                    "repeat_penalty": 1.0}
-    args = engine._sampler_args(GenerationRequest(prompt=prompt, temperature=0.1, top_k=3))
+                    "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+    args = engine._sampler_args(GenerationRequest(prompt=prompt, temperature=0.1, top_k=3,
+                                                  frequency_penalty=0.5, repeat_penalty=1.2))
     assert (args["temp"], args["top_k"], args["top_p"]) == (0.1, 3, 0.95)
+    assert (args["frequency_penalty"], args["repeat_penalty"]) == (0.5, 1.2)
 
 
 def test_upstreams_get_no_sampling_or_length_the_client_did_not_send() -> None:

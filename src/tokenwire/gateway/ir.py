@@ -16,7 +16,7 @@ be logged, recorded and replayed as msgpack or JSON without a hand-written schem
 from __future__ import annotations
 
 import enum
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -45,8 +45,10 @@ __all__ = [
     "ResponseMeta",
     "TextPart",
     "TokenDelta",
+    "TokenLogprob",
     "ToolCallDelta",
     "ToolSpec",
+    "TopLogprob",
     "Upstream",
     "Usage",
     "UsageSource",
@@ -102,6 +104,26 @@ GATEWAY_FAILURE_CODES = frozenset({"server_shutting_down", "idle_timeout", "requ
 # -- events ----------------------------------------------------------------------------------
 
 
+class TopLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    """One of the most likely tokens at a position: its text, its UTF-8 bytes (a token can
+    end inside a character, so ``token`` may hold U+FFFD where ``bytes`` is exact) and its
+    log probability under the model's distribution before sampling."""
+
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float
+
+
+class TokenLogprob(msgspec.Struct, frozen=True, kw_only=True):
+    """The log probability of one generated token, with the ``top`` alternatives (most
+    likely first) when the client asked for them (``top_logprobs``)."""
+
+    token: str
+    bytes: tuple[int, ...]
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
 class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, tag="token"):
     """Newly generated tokens: their ids and the text they complete.
 
@@ -109,10 +131,13 @@ class TokenDelta(msgspec.Struct, frozen=True, kw_only=True, tag="token"):
     released at the end; ``text`` may be empty while a multi-byte character or a possible
     stop sequence is still incomplete. The two are not aligned token by token: ``text`` is
     what a text API should show next, ``ids`` what a Codec API should send next.
+    ``logprobs`` holds one entry per generated token of this delta, only when the request
+    asked for them (:attr:`GenerationRequest.logprobs`).
     """
 
     ids: tuple[int, ...] = ()
     text: str = ""
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 class ToolCallDelta(msgspec.Struct, frozen=True, kw_only=True, tag="tool_call"):
@@ -383,6 +408,10 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: vLLM's, llama.cpp's and Anthropic's extensions to OpenAI's sampling fields.
     top_k: int | None = None
     min_p: float | None = None
+    #: OpenAI's penalties (-2..2) and llama.cpp's ``repeat_penalty`` (1.0 = off).
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repeat_penalty: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
     n: int = 1
@@ -414,6 +443,17 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: Cache-affinity hints from the client, ``(name, value)`` pairs already checked for
     #: form; which reach an upstream is decided per upstream kind (``gateway/affinity.py``).
     affinity: tuple[tuple[str, str], ...] = ()
+    #: Log probabilities of the generated tokens, with ``top_logprobs`` alternatives each
+    #: (``None`` = none asked; 0 = only the chosen token's).
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    #: The API the request came through (``chat``, ``completions``, ``responses``,
+    #: ``messages``, ``codec``): a refusal names the field in that API's words.
+    api: str = ""
+    #: Fields of that API the IR has no place for, sent only to an upstream that speaks the
+    #: same API, unchanged, as ``(name, value)`` (``gateway/request_fields.py`` lists them;
+    #: any other upstream kind refuses the request with a 400 naming the field).
+    extensions: tuple[tuple[str, Any], ...] = ()
 
 
 # -- the upstream interface ------------------------------------------------------------------

@@ -280,12 +280,28 @@ def test_request_has_system_alternating_turns_exact_tool_ids_and_headers(
 
 def test_reasoning_effort_enables_thinking_on_top_of_max_tokens() -> None:
     body = build_messages_body(chat(ChatMessage(role="user", content="x"),
-                                    reasoning_effort="medium", max_tokens=500,
-                                    temperature=0.2),
+                                    reasoning_effort="medium", max_tokens=500),
                                model="m", upstream_name="claude")
-    # budget_tokens must stay below max_tokens, and thinking forbids a changed temperature.
+    # budget_tokens must stay below max_tokens.
     assert body["thinking"] == {"type": "enabled", "budget_tokens": 4096}
     assert body["max_tokens"] == 4596 and "temperature" not in body
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p"])
+def test_sampling_beside_thinking_is_refused_naming_the_field(field: str) -> None:
+    # Thinking forbids a changed temperature / top_p: refused, never dropped in silence.
+    with pytest.raises(ValueError, match=field) as info:
+        build_messages_body(chat(ChatMessage(role="user", content="x"),
+                                 reasoning_effort="medium", **{field: 0.2}),
+                            model="m", upstream_name="claude")
+    assert info.value.param == field  # type: ignore[attr-defined]
+
+
+def test_top_p_beside_temperature_is_refused_naming_top_p() -> None:
+    with pytest.raises(ValueError) as info:
+        build_messages_body(chat(ChatMessage(role="user", content="x"), temperature=0.5,
+                                 top_p=0.9), model="m", upstream_name="claude")
+    assert info.value.param == "top_p"  # type: ignore[attr-defined]
 
 
 def test_temperature_is_clamped_to_anthropic_range() -> None:

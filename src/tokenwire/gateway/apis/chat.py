@@ -16,7 +16,14 @@ from __future__ import annotations
 from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
-from tokenwire.gateway.apis.params import bad_request, json_type, parse_openai_fields
+from tokenwire.gateway.apis.logprobs import chat_entries
+from tokenwire.gateway.apis.params import (
+    bad_request,
+    json_type,
+    parse_logprobs,
+    parse_openai_fields,
+    refuse_binary_logprobs,
+)
 from tokenwire.gateway.apis.response_format import parse_chat_response_format
 from tokenwire.gateway.apis.sse import (
     SSE_CONTENT_TYPE,
@@ -43,10 +50,12 @@ from tokenwire.gateway.ir import (
     ReasoningDelta,
     TextPart,
     TokenDelta,
+    TokenLogprob,
     ToolCallDelta,
     ToolSpec,
     Usage,
 )
+from tokenwire.gateway.request_fields import extensions_of, refuse_unsupported
 
 __all__ = ["ChatCall", "ChatRenderer", "parse_chat_request"]
 
@@ -73,16 +82,18 @@ def parse_chat_request(body: Any, *, request_id: str = "") -> ChatCall:
     stays unset (``gateway/defaults.py``)."""
     common = parse_openai_fields(body, default_max_tokens=None)
     sampling, fmt, model = common.sampling, common.stream_format, common.model
+    refuse_unsupported("chat", body)  # fields no upstream can take here (request_fields.py)
+    logprobs, top_logprobs = parse_logprobs(body, chat=True)
+    refuse_binary_logprobs(fmt, logprobs)
     request = GenerationRequest(
         prompt=ChatPrompt(messages=_messages(body.get("messages"))),
-        model=model or "",
-        max_tokens=sampling.max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-        top_k=sampling.top_k, min_p=sampling.min_p, seed=sampling.seed, stop=sampling.stop,
-        ignore_eos=sampling.ignore_eos,
+        model=model or "", **sampling.request_fields(),
+        response_format=parse_chat_response_format(body.get("response_format")),
+        logprobs=logprobs, top_logprobs=top_logprobs, api="chat",
+        extensions=extensions_of("chat", body),
         request_id=request_id, tools=_tools(body.get("tools")),
         tool_choice=_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=_optional_bool(body, "parallel_tool_calls"),
-        response_format=parse_chat_response_format(body.get("response_format")),
         reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
         want_ids=fmt is not None,
     )
@@ -231,11 +242,18 @@ class ChatRenderer:
         self._reasoning: list[str] = []
         self._tools: dict[int, dict[str, Any]] = {}
         self._usage: Usage | None = None
+        #: Logprobs of tokens whose text is not shown yet (held back) / of the whole answer.
+        self._pending: list[TokenLogprob] = []
+        self._logprobs: list[TokenLogprob] = []
         self.done = False
 
     def on_event(self, event: Event) -> list[bytes]:
         match event:
-            case TokenDelta(text=text) if text:
+            case TokenDelta(text=text, logprobs=logprobs) if text or logprobs:
+                self._logprobs += logprobs
+                self._pending += logprobs
+                if not text:
+                    return []
                 self._text.append(text)
                 return self._delta({"content": text})
             case ReasoningDelta(text=text) if text:  # an opaque-only delta has nothing to show
@@ -274,9 +292,16 @@ class ChatRenderer:
             first = {"index": 0, "delta": {"role": "assistant", "content": ""},
                      "logprobs": None, "finish_reason": None}
             out.append(sse_data(self._envelope([first], "chat.completion.chunk")))
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        choice = {"index": 0, "delta": delta, "logprobs": self._take_pending(),
+                  "finish_reason": None}
         out.append(sse_data(self._envelope([choice], "chat.completion.chunk")))
         return out
+
+    def _take_pending(self) -> dict[str, Any] | None:
+        if not self._pending:
+            return None
+        entries, self._pending = chat_entries(self._pending), []
+        return {"content": entries, "refusal": None}
 
     def _tool_fragment(self, d: ToolCallDelta) -> dict[str, Any]:
         slot = self._tools.setdefault(d.index, {"id": d.id, "type": "function",
@@ -301,13 +326,17 @@ class ChatRenderer:
                 message["reasoning_content"] = "".join(self._reasoning)
             if self._tools:
                 message["tool_calls"] = [self._tools[i] for i in sorted(self._tools)]
-            choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": reason}
+            logprobs = ({"content": chat_entries(self._logprobs), "refusal": None}
+                        if self._logprobs else None)
+            choice = {"index": 0, "message": message, "logprobs": logprobs,
+                      "finish_reason": reason}
             body = self._envelope([choice], "chat.completion")
             body["usage"] = self._usage_dict()
             return [json_bytes(body)]
         out = self._delta({}) if not self._started else []
         out = out[:1]  # a stream that produced nothing still opens with the role chunk
-        last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}
+        last = {"index": 0, "delta": {}, "logprobs": self._take_pending(),
+                "finish_reason": reason}
         out.append(sse_data(self._envelope([last], "chat.completion.chunk")))
         if self._include_usage:
             out.append(sse_data({**self._envelope([], "chat.completion.chunk"),

@@ -15,7 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
-from tokenwire.gateway.apis.params import bad_request, parse_openai_fields
+from tokenwire.gateway.apis.logprobs import CompletionsLogprobs
+from tokenwire.gateway.apis.params import (
+    bad_request,
+    parse_logprobs,
+    parse_openai_fields,
+    refuse_binary_logprobs,
+)
 from tokenwire.gateway.apis.sse import (
     SSE_CONTENT_TYPE,
     SSE_DONE,
@@ -38,8 +44,10 @@ from tokenwire.gateway.ir import (
     PromptIds,
     PromptText,
     TokenDelta,
+    TokenLogprob,
     Usage,
 )
+from tokenwire.gateway.request_fields import extensions_of, refuse_unsupported
 
 __all__ = ["CompletionsCall", "CompletionsRenderer", "parse_completions_request"]
 
@@ -66,11 +74,13 @@ def parse_completions_request(body: Any, *, request_id: str = "") -> Completions
     ``max_tokens`` is OpenAI's documented 16 (``gateway/defaults.py``)."""
     common = parse_openai_fields(body, default_max_tokens=COMPLETIONS_MAX_TOKENS)
     sampling, fmt, model = common.sampling, common.stream_format, common.model
+    refuse_unsupported("completions", body)  # fields no upstream can take here
+    logprobs, top_logprobs = parse_logprobs(body, chat=False)
+    refuse_binary_logprobs(fmt, logprobs)
     request = GenerationRequest(
-        prompt=_prompt(body.get("prompt")), max_tokens=sampling.max_tokens,
-        temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-        min_p=sampling.min_p, seed=sampling.seed,
-        stop=sampling.stop, ignore_eos=sampling.ignore_eos, request_id=request_id,
+        prompt=_prompt(body.get("prompt")), **sampling.request_fields(),
+        logprobs=logprobs, top_logprobs=top_logprobs, api="completions",
+        extensions=extensions_of("completions", body), request_id=request_id,
     )
     return CompletionsCall(
         request, model=model, stream=common.stream, stream_format=fmt,
@@ -121,11 +131,15 @@ class CompletionsRenderer:
         self._text: list[str] = []
         self._ids: list[int] = []
         self._usage: Usage | None = None
+        #: Logprobs not sent yet: a stream sends them with the next text (or the last chunk).
+        self._pending: list[TokenLogprob] = []
+        self._arrays = CompletionsLogprobs()
         self.done = False
 
     def on_event(self, event: Event) -> list[bytes]:
         match event:
-            case TokenDelta(ids=ids, text=text):
+            case TokenDelta(ids=ids, text=text, logprobs=logprobs):
+                self._pending += logprobs
                 if not self.stream:
                     self._text.append(text)
                     self._ids.extend(ids)
@@ -150,7 +164,10 @@ class CompletionsRenderer:
         return internal_error_output(exc, stream=self.stream)
 
     def _chunk(self, text: str, finish: str | None, ids: tuple[int, ...] = ()) -> dict:
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None,
+        logprobs = None
+        if self._pending:
+            logprobs, self._pending = self._arrays.render(self._pending), []
+        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": logprobs,
                                   "finish_reason": finish}
         if self._token_ids:
             choice["token_ids"] = list(ids)

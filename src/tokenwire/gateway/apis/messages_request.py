@@ -16,7 +16,12 @@ from typing import Any
 
 import msgspec
 
-from tokenwire.gateway.apis.params import MAX_MAX_TOKENS, MAX_TOP_K, bad_request
+from tokenwire.gateway.apis.params import (
+    MAX_MAX_TOKENS,
+    MAX_TOP_K,
+    bad_request,
+    json_type,
+)
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -24,9 +29,11 @@ from tokenwire.gateway.ir import (
     GenerationRequest,
     ImagePart,
     MessageToolCall,
+    ResponseFormat,
     TextPart,
     ToolSpec,
 )
+from tokenwire.gateway.request_fields import extensions_of, refuse_unsupported
 from tokenwire.gateway.stops import validate_stops
 
 __all__ = ["MessagesCall", "parse_messages_request"]
@@ -73,6 +80,8 @@ def parse_messages_request(body: Any, *, request_id: str = "",
         raise bad_request(f"max_tokens: must be an integer between 1 and {MAX_MAX_TOKENS}",
                           param="max_tokens")
     notes: list[str] = []
+    refuse_unsupported("messages", body)  # fields no upstream can take here
+    output = body.get("output_config")
     messages = (*_system(body.get("system")), *_turns(body.get("messages"), encrypted_for))
     tools, choice, parallel = _tools(body.get("tools")), *_tool_choice(body.get("tool_choice"))
     request = GenerationRequest(
@@ -81,11 +90,33 @@ def parse_messages_request(body: Any, *, request_id: str = "",
         top_k=_top_k(body.get("top_k")),
         stop=_stops(body.get("stop_sequences")), request_id=request_id, tools=tools,
         tool_choice=choice, parallel_tool_calls=parallel,
-        reasoning_effort=_effort(body.get("thinking"), body.get("output_config")))
+        reasoning_effort=_effort(body.get("thinking"), output),
+        response_format=_output_format(output),
+        api="messages", extensions=extensions_of("messages", body))
     if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
         raise bad_request("metadata: must be an object", param="metadata")
     return MessagesCall(request, model=model, stream=bool(body.get("stream", False)),
                         notes=tuple(notes))
+
+
+def _output_format(output: Any) -> ResponseFormat | None:
+    """``output_config.format``: Anthropic's structured outputs, ``{"type": "json_schema",
+    "schema": {...}}`` (the only type the API documents)."""
+    if output is None:
+        return None
+    if not isinstance(output, dict):
+        raise bad_request(f"output_config: must be an object, got {json_type(output)}",
+                          param="output_config")
+    fmt = output.get("format")
+    if fmt is None:
+        return None
+    where = "output_config.format"
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise bad_request(f"{where}: must be {{type: json_schema, schema}}", param=where)
+    if not isinstance(fmt.get("schema"), dict):
+        raise bad_request(f"{where}.schema: must be a JSON schema object",
+                          param=f"{where}.schema")
+    return ResponseFormat(type="json_schema", schema=fmt["schema"], param=f"{where}.schema")
 
 
 def _num(body: dict[str, Any], key: str) -> float | None:
@@ -119,8 +150,9 @@ def _stops(value: Any) -> tuple[str, ...]:
 
 
 def _effort(value: Any, output_config: Any) -> str | None:
-    if value is None:
-        return None
+    effort = output_config.get("effort") if isinstance(output_config, dict) else None
+    if value is None:  # effort alone (no thinking field) still asks for that much effort
+        return _ADAPTIVE_EFFORT.get(effort) if isinstance(effort, str) else None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str) \
             or value["type"] not in _THINKING_TYPES:
         raise bad_request("thinking: must be {type: enabled, budget_tokens}, adaptive or "
@@ -128,7 +160,6 @@ def _effort(value: Any, output_config: Any) -> str | None:
     if value["type"] == "disabled":
         return None
     if value["type"] != "enabled":  # adaptive: the model decides; output_config.effort hints
-        effort = output_config.get("effort") if isinstance(output_config, dict) else None
         return _ADAPTIVE_EFFORT.get(effort, "medium") if isinstance(effort, str) else "medium"
     budget = value.get("budget_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:

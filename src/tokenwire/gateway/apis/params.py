@@ -18,16 +18,21 @@ from tokenwire.gateway.stops import validate_stops
 
 __all__ = [
     "JSON_FORMAT",
+    "MAX_COMPLETIONS_LOGPROBS",
     "MAX_MAX_TOKENS",
+    "MAX_REPEAT_PENALTY",
     "MAX_TOP_K",
+    "MAX_TOP_LOGPROBS",
     "SUPPORTED_STREAM_FORMATS",
     "OpenAIFields",
     "Sampling",
     "bad_request",
     "json_type",
+    "parse_logprobs",
     "parse_openai_fields",
     "parse_sampling",
     "parse_stream_format",
+    "refuse_binary_logprobs",
 ]
 
 JSON_FORMAT = "json"
@@ -38,6 +43,13 @@ SUPPORTED_STREAM_FORMATS: tuple[str, ...] = (JSON_FORMAT, *(f.value for f in Str
 MAX_MAX_TOKENS = 1 << 20
 #: Upper bound on ``top_k``: no vocabulary in use is larger (Gemma's is 256k).
 MAX_TOP_K = 1 << 20
+#: Upper bound on ``repeat_penalty``: llama.cpp divides a repeated token's logit by it, and
+#: past 10 a repeat is as good as banned; vLLM documents no bound.
+MAX_REPEAT_PENALTY = 10.0
+#: OpenAI's bounds on alternatives per token: Chat / Responses ``top_logprobs`` and
+#: Completions ``logprobs`` (an integer there).
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETIONS_LOGPROBS = 5
 
 
 def bad_request(message: str, status: int = 400, *, param: str | None = None,
@@ -79,8 +91,9 @@ class Sampling:
     """Validated sampling fields, ready for a ``GenerationRequest``; ``None`` = not sent
     (``gateway/defaults.py`` says who fills it in)."""
 
-    __slots__ = ("ignore_eos", "max_tokens", "min_p", "n", "seed", "stop", "temperature",
-                 "top_k", "top_p")
+    __slots__ = ("frequency_penalty", "ignore_eos", "max_tokens", "min_p", "n",
+                 "presence_penalty", "repeat_penalty", "seed", "stop", "temperature", "top_k",
+                 "top_p")
 
     def __init__(self, body: Mapping[str, Any], *, default_max_tokens: int | None) -> None:
         self.max_tokens = _int(body, "max_tokens", 1, MAX_MAX_TOKENS) or default_max_tokens
@@ -91,6 +104,14 @@ class Sampling:
         # vLLM's and llama.cpp's extensions; -1 and 0 mean "off" to both.
         self.top_k = _int(body, "top_k", -1, MAX_TOP_K)
         self.min_p = _num(body, "min_p", 0.0, 1.0)
+        # OpenAI's documented range; llama.cpp and vLLM take the same numbers.
+        self.presence_penalty = _num(body, "presence_penalty", -2.0, 2.0)
+        self.frequency_penalty = _num(body, "frequency_penalty", -2.0, 2.0)
+        # llama.cpp's name, then vLLM's; 1.0 is "off" to both, and above MAX_REPEAT_PENALTY
+        # every token of the prompt is all but banned.
+        self.repeat_penalty = _num(body, "repeat_penalty", 0.0, MAX_REPEAT_PENALTY)
+        if body.get("repetition_penalty") is not None:
+            self.repeat_penalty = _num(body, "repetition_penalty", 0.0, MAX_REPEAT_PENALTY)
         seed = body.get("seed")
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise bad_request(f"seed must be an integer, got {json_type(seed)}", param="seed",
@@ -99,6 +120,13 @@ class Sampling:
         self.n = _int(body, "n", 1, 128) or 1
         self.ignore_eos = bool(body.get("ignore_eos", False))
         self.stop = _stops(body.get("stop"))
+
+
+    def request_fields(self) -> dict[str, Any]:
+        """The ``GenerationRequest`` keyword arguments these fields become."""
+        return {key: getattr(self, key) for key in (
+            "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+            "frequency_penalty", "repeat_penalty", "seed", "stop", "ignore_eos")}
 
 
 def parse_sampling(body: Mapping[str, Any], *, default_max_tokens: int | None) -> Sampling:
@@ -133,6 +161,32 @@ class OpenAIFields:
 
 def parse_openai_fields(body: Any, *, default_max_tokens: int | None) -> OpenAIFields:
     return OpenAIFields(body, default_max_tokens=default_max_tokens)
+
+
+def parse_logprobs(body: Mapping[str, Any], *, chat: bool) -> tuple[bool, int | None]:
+    """``(logprobs, top_logprobs)``. Chat: ``logprobs`` a boolean, ``top_logprobs`` 0..20
+    that needs ``logprobs: true`` (OpenAI's 400 says the same). Completions: ``logprobs``
+    an integer 0..5, the number of alternatives."""
+    if not chat:
+        n = _int(body, "logprobs", 0, MAX_COMPLETIONS_LOGPROBS)
+        return n is not None, n
+    wanted = body.get("logprobs")
+    if wanted is not None and not isinstance(wanted, bool):
+        raise bad_request(f"logprobs must be a boolean, got {json_type(wanted)}",
+                          param="logprobs", code="invalid_type")
+    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")
+    return bool(wanted), top
+
+
+def refuse_binary_logprobs(fmt: StreamFormat | None, logprobs: bool) -> None:
+    """Codec frames carry ids and nothing else (codec-spec §2.3): logprobs asked for with a
+    binary ``stream_format`` would be lost, so the pair is a 400 naming ``logprobs``."""
+    if fmt is not None and logprobs:
+        raise bad_request(f"logprobs cannot be sent with stream_format {fmt.value!r}: Codec "
+                          "frames carry token ids only; use stream_format 'json'",
+                          param="logprobs", code="unsupported_parameter")
 
 
 def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int | None:

@@ -60,6 +60,7 @@ import msgspec
 
 from tokenwire.gateway.affinity import TURN_STATE_HEADER
 from tokenwire.gateway.apis.errors import error_object
+from tokenwire.gateway.apis.logprobs import chat_entries
 from tokenwire.gateway.apis.sse import SSE_CONTENT_TYPE, json_bytes
 from tokenwire.gateway.apis.usage_json import responses_usage
 from tokenwire.gateway.ir import (
@@ -223,12 +224,13 @@ def failure_error_body(failure: Failure) -> tuple[int, bytes]:
 class _Item:
     """One output item as it is built; ``wire()`` is its JSON at any moment."""
 
-    __slots__ = ("call_id", "encrypted", "extra", "id", "index", "kind", "name", "opened",
-                 "parts", "phase", "status", "text")
+    __slots__ = ("call_id", "encrypted", "extra", "id", "index", "kind", "logprobs", "name",
+                 "opened", "parts", "phase", "status", "text")
 
     def __init__(self, kind: str, item_id: str, index: int) -> None:
         self.kind, self.id, self.index = kind, item_id, index
         self.text = ""  # message text, call arguments / input
+        self.logprobs: list[dict[str, Any]] = []  # a message's, when the request asked
         self.parts: list[str] = []  # reasoning summary parts
         self.call_id = self.name = self.encrypted = None  # type: str | None
         self.phase: str | None = None  # a message's phase, as the upstream labelled it
@@ -238,8 +240,7 @@ class _Item:
 
     def wire(self) -> dict[str, Any]:
         if self.kind == "message":
-            content = [] if not self.opened else [
-                {"type": "output_text", "text": self.text, "annotations": [], "logprobs": []}]
+            content = [] if not self.opened else [_text_part(self.text, self.logprobs)]
             out = {"type": "message", "id": self.id, "status": self.status,
                    "role": "assistant", "content": content}
             return out if self.phase is None else {**out, "phase": self.phase}
@@ -279,6 +280,7 @@ class ResponsesRenderer:
         self._items: list[_Item] = []
         self._flow: _Item | None = None  # the open message or reasoning item
         self._phase: str | None = None  # the phase of the next message item (MessageStart)
+        self._pending_logprobs: list[dict[str, Any]] = []  # tokens whose text is held back
         self._calls: dict[int, _Item] = {}  # IR tool-call index -> item
         self._usage: Usage | None = None
         self._service_tier: str | None = None  # the tier served, as the upstream said
@@ -312,8 +314,10 @@ class ResponsesRenderer:
             return []
         out = self.created_events()
         match event:
-            case TokenDelta(text=text) if text:
-                out += self._text(text)
+            case TokenDelta(text=text, logprobs=logprobs) if text or logprobs:
+                self._pending_logprobs += chat_entries(logprobs)
+                if text:
+                    out += self._text(text)
             case ReasoningDelta():
                 out += self._reasoning(event)
             case ToolCallDelta():
@@ -378,8 +382,10 @@ class ResponsesRenderer:
             out.append(self._sse("response.content_part.added", **self._ref(item),
                                  content_index=0, part=_text_part("")))
         item.text += text
+        logprobs, self._pending_logprobs = self._pending_logprobs, []
+        item.logprobs += logprobs
         out.append(self._sse("response.output_text.delta", **self._ref(item), content_index=0,
-                             delta=text, logprobs=[]))
+                             delta=text, logprobs=logprobs))
         return out
 
     def _message_start(self, phase: str | None) -> list[bytes]:
@@ -474,10 +480,12 @@ class ResponsesRenderer:
         ref = self._ref(item)
         out: list[bytes] = []
         if item.kind == "message":
+            item.logprobs += self._pending_logprobs  # of held-back text that came to nothing
+            self._pending_logprobs = []
             out += [self._sse("response.output_text.done", **ref, content_index=0,
-                              text=item.text, logprobs=[]),
+                              text=item.text, logprobs=item.logprobs),
                     self._sse("response.content_part.done", **ref, content_index=0,
-                              part=_text_part(item.text))]
+                              part=_text_part(item.text, item.logprobs))]
         else:
             for i, text in enumerate(item.parts):
                 part = {"type": "summary_text", "text": text}
@@ -559,7 +567,7 @@ class ResponsesRenderer:
         return response
 
 
-def _text_part(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def _text_part(text: str, logprobs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
 
 

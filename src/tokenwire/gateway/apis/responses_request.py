@@ -36,7 +36,13 @@ import msgspec
 
 from tokenwire.errors import PreviousResponseNotFound
 from tokenwire.gateway.affinity import affinity_hints
-from tokenwire.gateway.apis.params import MAX_MAX_TOKENS, bad_request, json_type, parse_sampling
+from tokenwire.gateway.apis.params import (
+    MAX_MAX_TOKENS,
+    bad_request,
+    json_type,
+    parse_logprobs,
+    parse_sampling,
+)
 from tokenwire.gateway.apis.response_format import parse_text_format
 from tokenwire.gateway.apis.responses_hygiene import (
     COLLABORATION_NAMESPACE,
@@ -57,6 +63,7 @@ from tokenwire.gateway.ir import (
     TextPart,
     ToolSpec,
 )
+from tokenwire.gateway.request_fields import extensions_of, refuse_unsupported
 from tokenwire.gateway.state.response_store import ResponseStore
 
 __all__ = [
@@ -169,6 +176,8 @@ def parse_responses_request(
     raw_body = raw if raw is not None and not rewritten else None
     sampling = parse_sampling({k: body.get(k) for k in ("temperature", "top_p")},
                               default_max_tokens=None)
+    refuse_unsupported("responses", body)  # fields no upstream can take here
+    logprobs, top_logprobs = _logprobs(body)
     request = GenerationRequest(
         prompt=ChatPrompt(messages=tuple(messages)), model=model or "",
         max_tokens=_max_output_tokens(body.get("max_output_tokens")),
@@ -178,6 +187,8 @@ def parse_responses_request(
         response_format=parse_text_format(body.get("text")),
         reasoning_effort=_opt_str(reasoning, "effort"),
         service_tier=_opt_str(body, "service_tier"),
+        logprobs=logprobs, top_logprobs=top_logprobs, api="responses",
+        extensions=extensions_of("responses", body),
         passthrough_body=raw_body, affinity=affinity_hints(body, headers))
     store_flag = _opt_bool(body, "store")
     return ResponsesCall(
@@ -193,6 +204,23 @@ def parse_responses_request(
 
 
 # -- scalar fields ------------------------------------------------------------------------
+
+#: The ``include`` value that asks for the answer's log probabilities.
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _logprobs(body: Mapping[str, Any]) -> tuple[bool, int | None]:
+    """``include`` with :data:`LOGPROBS_INCLUDE` asks for logprobs; ``top_logprobs`` (0..20)
+    for alternatives, which OpenAI returns only with that include (so it implies it)."""
+    include = body.get("include")
+    if include is not None and (not isinstance(include, list)
+                                or not all(isinstance(v, str) for v in include)):
+        raise bad_request("include must be an array of strings", param="include",
+                          code="invalid_type")
+    top = parse_logprobs({"logprobs": True, "top_logprobs": body.get("top_logprobs")},
+                         chat=True)[1]
+    return LOGPROBS_INCLUDE in (include or ()) or top is not None, top
+
 
 
 def _opt_str(body: Mapping[str, Any], key: str) -> str | None:

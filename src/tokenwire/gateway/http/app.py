@@ -177,6 +177,7 @@ async def completions_codec(request: Request) -> Response | EventResponse:
     # An absent temperature is the generator's choice (gateway/defaults.py), as elsewhere.
     temperature = None if creq.temperature is None else min(max(creq.temperature, 0.0), 2.0)
     gen = GenerationRequest(prompt=PromptIds(ids=creq.prompt_ids), max_tokens=creq.max_tokens,
+                            api="codec",
                             temperature=temperature, stop=stop, request_id=rid, want_ids=True,
                             want_text=False)
     renderer = codec_renderer(state, fmt, client_version(request))

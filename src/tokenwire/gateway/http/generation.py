@@ -34,6 +34,7 @@ from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, Renderer
 from tokenwire.gateway.ir import ChatPrompt, Failure, GenerationRequest, ImagePart, PromptIds
 from tokenwire.gateway.observability.records import api_for_path
+from tokenwire.gateway.request_fields import refusal
 from tokenwire.gateway.routing.router import ServedModel
 
 __all__ = ["check_inputs", "check_model_limits", "codec_renderer", "generation_headers",
@@ -57,7 +58,11 @@ def route_model(state: GatewayState, model: str | None, fmt: StreamFormat | None
 def check_inputs(served: ServedModel, gen: GenerationRequest) -> None:
     """Refuse, before admission, input the routed model cannot read: an image sent to a
     text-only model is a 400 naming the field (the engine would otherwise fail deep in its
-    chat template, after the request waited its turn)."""
+    chat template, after the request waited its turn); so is a field the upstream's kind
+    cannot honour (``gateway/request_fields.py``: nothing is dropped silently)."""
+    refused = refusal(gen, getattr(served.upstream, "kind", "embedded"))
+    if refused is not None:
+        raise refused
     if served.accepts_images or not isinstance(gen.prompt, ChatPrompt):
         return
     for message in gen.prompt.messages:

@@ -20,11 +20,13 @@ from tokenwire.gateway.ir import (
     MessageToolCall,
     PromptIds,
     PromptText,
+    ResponseFormat,
     TextPart,
     ToolSpec,
 )
 
-__all__ = ["chat_body", "completions_body", "message_json", "tool_json"]
+__all__ = ["chat_body", "completions_body", "message_json", "response_format_json",
+           "tool_json"]
 
 #: OpenAI's logit_bias value that bans a token outright.
 _BANNED_BIAS = -100
@@ -37,9 +39,12 @@ def _common(request: GenerationRequest, model: str, opts: Mapping[str, Any]) -> 
         body[str(opts.get("max_tokens_field", "max_tokens"))] = request.max_tokens
     # Sampling the client left out stays out: the upstream's own defaults (vLLM's come from
     # the model's generation_config.json, llama.cpp's from its GGUF) are better than ours.
-    for key in ("temperature", "top_p", "top_k", "min_p"):  # top_k / min_p: vLLM, llama.cpp
+    for key in ("temperature", "top_p", "top_k", "min_p",  # top_k / min_p: vLLM, llama.cpp
+                "presence_penalty", "frequency_penalty", "repeat_penalty"):
         if (value := getattr(request, key)) is not None:
             body[key] = value
+    if request.repeat_penalty is not None:  # llama.cpp's name above, vLLM's here
+        body["repetition_penalty"] = request.repeat_penalty
     if request.seed is not None:
         body["seed"] = request.seed
     if request.stop:
@@ -52,6 +57,11 @@ def _common(request: GenerationRequest, model: str, opts: Mapping[str, Any]) -> 
         # The deployment policy (codec-spec §5.5) as OpenAI's logit_bias; the ids are in the
         # model's vocabulary, which is the upstream's when the route has the right map.
         body["logit_bias"] = {str(i): _BANNED_BIAS for i in sorted(request.banned_ids)}
+    if request.api in ("chat", "completions"):  # the client's own fields of this wire
+        for key, value in request.extensions:
+            if key == "logit_bias" and isinstance(value, dict):
+                value = {**value, **body.get("logit_bias", {})}  # the policy's bans win
+            body[key] = value
     return body
 
 
@@ -67,6 +77,8 @@ def completions_body(request: GenerationRequest, model: str,
         body["prompt"] = prompt.text
     else:
         raise TypeError("completions_body needs a text or ids prompt")
+    if request.logprobs:  # the legacy shape: an integer, the alternatives per token
+        body["logprobs"] = request.top_logprobs or 0
     return body
 
 
@@ -86,7 +98,23 @@ def chat_body(request: GenerationRequest, model: str, opts: Mapping[str, Any]) -
         body["tool_choice"] = _tool_choice(request.tool_choice)
     if request.reasoning_effort is not None:
         body["reasoning_effort"] = request.reasoning_effort
+    if request.response_format is not None:
+        body["response_format"] = response_format_json(request.response_format)
+    if request.logprobs:
+        body["logprobs"] = True
+        if request.top_logprobs is not None:
+            body["top_logprobs"] = request.top_logprobs
     return body
+
+
+def response_format_json(fmt: ResponseFormat) -> dict[str, Any]:
+    """Chat's ``response_format`` for the IR's structured-output request."""
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    spec: dict[str, Any] = {"name": fmt.name or "output", "schema": fmt.schema}
+    if fmt.strict is not None:
+        spec["strict"] = fmt.strict
+    return {"type": "json_schema", "json_schema": spec}
 
 
 def message_json(m: ChatMessage, *, developer_role: bool = False) -> dict[str, Any]:

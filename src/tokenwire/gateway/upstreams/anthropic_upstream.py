@@ -50,6 +50,7 @@ from tokenwire.gateway.ir import (
     ImagePart,
     PromptText,
     ReasoningDelta,
+    ResponseFormat,
     TokenDelta,
     ToolCallDelta,
     ToolSpec,
@@ -109,12 +110,20 @@ def build_messages_body(request: GenerationRequest, *, model: str,
     if request.stop:
         body["stop_sequences"] = list(request.stop)
     if request.reasoning_effort:
+        for name in ("temperature", "top_p", "top_k"):  # thinking fixes the sampling itself
+            if getattr(request, name) not in (None, 1.0) and not (name == "top_k"
+                                                                   and request.top_k <= 0):
+                raise _Refused(f"{name} cannot be sent to Anthropic with reasoning (extended "
+                               "thinking samples at its own settings)", name)
         budget = THINKING_BUDGETS.get(request.reasoning_effort, THINKING_BUDGETS["medium"])
         body["thinking"] = {"type": "enabled", "budget_tokens": budget}
         body["max_tokens"] += budget  # budget_tokens must be < max_tokens; keep the answer's
     elif request.temperature is not None:  # Anthropic's range is 0..1 (OpenAI's 0..2)
         body["temperature"] = min(request.temperature, 1.0)
-    elif request.top_p is not None:  # newer models refuse temperature and top_p together
+        if request.top_p is not None:  # newer models refuse the two together: say so
+            raise _Refused("top_p is not sent to Anthropic beside temperature (newer Claude "
+                           "models refuse the pair); send one of them", "top_p")
+    elif request.top_p is not None:
         body["top_p"] = request.top_p
     if request.top_k is not None and request.top_k > 0 and not request.reasoning_effort:
         body["top_k"] = request.top_k  # 0 / -1 mean "off" to OpenAI-side clients
@@ -123,7 +132,31 @@ def build_messages_body(request: GenerationRequest, *, model: str,
         choice = _tool_choice(request)
         if choice is not None:
             body["tool_choice"] = choice
+    if request.response_format is not None:
+        body["output_config"] = {**body.get("output_config", {}),
+                                 "format": _output_format(request.response_format)}
+    if request.api == "messages":  # the client's own fields of this wire, unchanged
+        for key, value in request.extensions:
+            if key == "output_config" and isinstance(value, dict):
+                value = {**value, **body.get("output_config", {})}
+            body[key] = value
     return body
+
+
+class _Refused(ValueError):
+    """A request this adapter cannot send as asked; ``param`` is the client's field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def _output_format(fmt: ResponseFormat) -> dict[str, Any]:
+    """Anthropic's structured outputs (``output_config.format``) take a JSON schema only:
+    ``json_object`` is the schema of any object."""
+    schema = fmt.schema if fmt.type == "json_schema" and fmt.schema is not None \
+        else {"type": "object"}
+    return {"type": "json_schema", "schema": schema}
 
 
 def _conversation(request: GenerationRequest,
@@ -453,7 +486,8 @@ class AnthropicUpstream(TextUpstream):
                                        upstream_name=self.name)
         except ValueError as exc:
             return FailedStream(Failure(failure_class=FailureClass.INVALID_REQUEST,
-                                        message=str(exc), status=400))
+                                        message=str(exc), status=400,
+                                        param=getattr(exc, "param", None)))
         custom = frozenset(t.name for t in request.tools if t.kind == "custom")
         parser = MessagesStreamParser(self.name, custom)
         self._admit()

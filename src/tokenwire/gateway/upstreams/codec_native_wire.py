@@ -67,6 +67,7 @@ from tokenwire.gateway.ir import (
     UsageSource,
 )
 from tokenwire.gateway.stops import StopMatcher
+from tokenwire.gateway.upstreams._openai_body import response_format_json
 from tokenwire.gateway.upstreams.failures import failure_from_exception, failure_from_response
 
 __all__ = [
@@ -194,8 +195,8 @@ class ModelWire(BaseCodecClient):
 def _fits_path_c(req: GenerationRequest) -> bool:
     """A ``CodecRequest`` (§1.3) has no seed, top_p, top_k, min_p or ignore_eos: dropping
     them silently would change the answer, so such requests go by Path B."""
-    return (req.seed is None and req.top_p is None and req.top_k is None
-            and req.min_p is None and not req.ignore_eos)
+    return (req.seed is None and not req.ignore_eos and req.response_format is None
+            and all(getattr(req, k) is None for k in _EXTRA_SAMPLING))
 
 
 def _max_tokens(req: GenerationRequest) -> int:
@@ -206,12 +207,22 @@ def _max_tokens(req: GenerationRequest) -> int:
 
 def _extra_fields(req: GenerationRequest) -> dict[str, Any]:
     extra: dict[str, Any] = {}
-    for key in ("top_p", "top_k", "min_p"):  # only what the client set
+    for key in _EXTRA_SAMPLING:  # only what the client set
         if (value := getattr(req, key)) is not None:
-            extra[key] = value
+            extra[_ENGINE_NAMES.get(key, key)] = value
     if req.ignore_eos:
         extra["ignore_eos"] = True
+    if req.response_format is not None:  # the engines' OpenAI-shaped bodies take Chat's form
+        extra["response_format"] = response_format_json(req.response_format)
     return extra
+
+
+#: Sampling fields a ``CodecRequest`` lacks and the engines' JSON bodies (vLLM, sglang
+#: forks) take: sent on Paths A and B only when the client set them.
+_EXTRA_SAMPLING = ("top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                   "repeat_penalty")
+#: The Codec engines are vLLM and sglang forks: their name for llama.cpp's repeat_penalty.
+_ENGINE_NAMES = {"repeat_penalty": "repetition_penalty"}
 
 
 def _message_json(m: ChatMessage) -> dict[str, Any]:

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from tokenwire.codec.detokenizer import Detokenizer
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ConfigError, ServerBusy
@@ -59,6 +61,7 @@ from tokenwire.gateway.ir import (
     PromptIds,
     PromptText,
     TokenDelta,
+    TokenLogprob,
     ToolSpec,
     Usage,
     UsageSource,
@@ -70,6 +73,7 @@ from tokenwire.gateway.upstreams.chat_prompt import (
     fragments,
     split_render,
 )
+from tokenwire.gateway.upstreams.embedded_logprobs import LogprobReader
 from tokenwire.gateway.upstreams.embedded_tools import (
     NO_TOOLS,
     GrammarCache,
@@ -288,6 +292,7 @@ class EmbeddedEngine:
         self._native_tools = template_takes_tools((llm.metadata or {}).get(
             "tokenizer.chat_template"))
         self._grammars = GrammarCache(self._grammar_parses)
+        self._logprobs = LogprobReader(llm)
         #: What a request that sets no sampling field is sampled with.
         self.sampling: SamplingDefaults = sampling_from_gguf(llm.metadata or {})
         self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_size)
@@ -465,8 +470,12 @@ class EmbeddedEngine:
                 ids.append(tok)
                 times.append(self._clock())
                 piece = text_stream.feed((tok,))
-                for event in turn.feed(tok, piece) if turn is not None else (
-                        TokenDelta(ids=(tok,), text=piece),):
+                events = list(turn.feed(tok, piece)) if turn is not None else [
+                    TokenDelta(ids=(tok,), text=piece)]
+                if req.logprobs:
+                    events = _with_logprobs(events, tok, self._logprobs.read(
+                        tok, req.top_logprobs or 0))
+                for event in events:
                     job.emit(_with_stops(event, stops))  # a delta with no text still goes
                 if stops.matched is not None:
                     return FinishKind.STOP_SEQUENCE, stops.matched
@@ -529,7 +538,11 @@ class EmbeddedEngine:
             "top_p": req.top_p if req.top_p is not None else d.top_p,
             "top_k": req.top_k if req.top_k is not None else d.top_k,
             "min_p": req.min_p if req.min_p is not None else d.min_p,
-            "repeat_penalty": d.repeat_penalty,
+            "repeat_penalty": req.repeat_penalty if req.repeat_penalty is not None
+            else d.repeat_penalty,
+            # OpenAI's penalties are off unless asked for (llama.cpp's defaults are 0 too).
+            "presence_penalty": req.presence_penalty or 0.0,
+            "frequency_penalty": req.frequency_penalty or 0.0,
         }
 
     # -- what the prompt becomes, for count_tokens and /tokenize (any thread) --------------
@@ -671,7 +684,7 @@ class EmbeddedEngine:
 def _with_stops(event: Event, stops: StopMatcher) -> Event:
     """Text goes through the stop matcher (which may hold some back); calls do not."""
     if isinstance(event, TokenDelta) and event.text:
-        return TokenDelta(ids=event.ids, text=stops.feed(event.text))
+        return TokenDelta(ids=event.ids, text=stops.feed(event.text), logprobs=event.logprobs)
     return event
 
 
@@ -680,6 +693,16 @@ def _usage(prompt: int, completion: int) -> Usage:
     request, so none was cached) and the model has no separate reasoning output."""
     return Usage(prompt_tokens=prompt, completion_tokens=completion, cached_tokens=0,
                  reasoning_tokens=0, source=UsageSource.ENGINE)
+
+
+def _with_logprobs(events: list[Any], tok: int, logprob: TokenLogprob) -> list[Any]:
+    """``tok``'s logprob on the delta that carries its id (the first), or on a delta of its
+    own when the tool-call scanner holds the id back (logprobs are never dropped)."""
+    for i, event in enumerate(events):
+        if isinstance(event, TokenDelta) and tok in event.ids:
+            events[i] = msgspec.structs.replace(event, logprobs=(*event.logprobs, logprob))
+            return events
+    return [*events, TokenDelta(logprobs=(logprob,))]
 
 
 def _open_final(rendered: str, messages: tuple[Any, ...],

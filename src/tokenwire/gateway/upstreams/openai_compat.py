@@ -17,6 +17,10 @@ Ids (option ``ids``), asked for only when ``request.want_ids``:
 * ``"auto"`` (default): ``none`` until :meth:`OpenAICompatUpstream.probe` reads ``owned_by``
   of ``GET /models`` (``vllm`` -> vllm, ``llamacpp`` -> llama.cpp).
 
+Structured output (option ``json_schema``, :data:`JSON_SCHEMA_MODES`): OpenAI's
+``response_format`` by default; llama-cpp-python's server takes a schema on ``json_object``
+instead, found by :meth:`OpenAICompatUpstream.probe` (models ``owned_by: "me"``).
+
 If ids were asked for but a chunk with text has none (an older server), the stream falls back
 to retokenizing with the model's map when it has one, else it fails: a Codec client never
 gets text without ids.
@@ -71,6 +75,7 @@ from tokenwire.gateway.ir import (
     PromptText,
     ReasoningDelta,
     TokenDelta,
+    TokenLogprob,
     ToolCallDelta,
     Usage,
 )
@@ -94,6 +99,7 @@ from tokenwire.gateway.upstreams.failures import (
     failure_from_response,
     read_capped,
 )
+from tokenwire.gateway.upstreams.logprobs_wire import completions_logprobs, entry_logprobs
 from tokenwire.gateway.upstreams.overflow_probe import (
     EMPTY_STREAM,
     EMPTY_STREAM_MODES,
@@ -111,12 +117,17 @@ from tokenwire.gateway.upstreams.sse_http import (
 )
 from tokenwire.gateway.upstreams.usage_wire import openai_usage
 
-__all__ = ["IDS_MODES", "ChunkParser", "OpenAICompatUpstream"]
+__all__ = ["IDS_MODES", "JSON_SCHEMA_MODES", "ChunkParser", "OpenAICompatUpstream"]
 
 log = logging.getLogger(__name__)
 
 IDS_MODES = ("auto", "vllm", "llama.cpp", "none")
 _APIS = ("auto", "chat", "completions")
+#: Option ``json_schema``: how a ``json_schema`` response format is sent. ``native`` is
+#: OpenAI's ``{"type": "json_schema", "json_schema": {...}}``; ``json_object`` is
+#: ``{"type": "json_object", "schema": ...}`` (``python -m llama_cpp.server``); ``auto``
+#: picks ``json_object`` when the model listing says llama-cpp-python's server.
+JSON_SCHEMA_MODES = ("auto", "native", "json_object")
 #: ``owned_by`` values of ``GET /models`` that identify a server that returns ids.
 _OWNERS = {"vllm": "vllm", "llamacpp": "llama.cpp"}
 #: ``owned_by`` -> the server, for the behaviours that differ (llama-cpp-python says "me").
@@ -156,6 +167,10 @@ class OpenAICompatUpstream:
         self._server: str | None = None  # which server owned_by names, when known
         self._reported: dict[str, int] = {}  # upstream model id -> its reported window
         self._props_probed = False
+        self.json_schema = str(opts.get("json_schema", "auto"))
+        if self.json_schema not in JSON_SCHEMA_MODES:
+            raise ConfigError(f"upstream {config.name!r}: json_schema must be one of "
+                              f"{JSON_SCHEMA_MODES}")
         self._client = client
         self._base = config.base_url.rstrip("/")
         self._routes = {r.name: r for r in config.models}
@@ -318,6 +333,12 @@ class OpenAICompatUpstream:
         ids = self.effective_ids if request.want_ids else "none"
         if chat:
             body = chat_body(request, route.sent_as, self.config.options)
+            fmt = body.get("response_format")
+            if fmt is not None and fmt["type"] == "json_schema" and self._json_object_schema:
+                # llama-cpp-python's server takes a schema only on json_object (its
+                # ResponseFormat); json_schema there is a validation error.
+                body["response_format"] = {"type": "json_object",
+                                           "schema": fmt["json_schema"]["schema"]}
         else:
             body = completions_body(request, route.sent_as, self.config.options)
         if ids == "vllm":
@@ -325,6 +346,12 @@ class OpenAICompatUpstream:
         elif ids == "llama.cpp":
             body["return_tokens"] = True
         return ("chat/completions" if chat else "completions"), body
+
+    @property
+    def _json_object_schema(self) -> bool:
+        if self.json_schema == "auto":  # what probe() found: owned_by "me"
+            return self._server == "llama-cpp-python"
+        return self.json_schema == "json_object"
 
     def prompt_lower_bound(self, request: GenerationRequest) -> int | None:
         """Tokens the prompt certainly has, counted with the model's map, else None."""
@@ -425,21 +452,24 @@ class ChunkParser:
                 out.append(ReasoningDelta(text=reasoning))
             for call in delta.get("tool_calls") or ():
                 out.append(_tool_call(call))
+            logprobs = entry_logprobs((choice.get("logprobs") or {}).get("content"))
         else:  # completions
             text = choice.get("text") or ""
+            logprobs = completions_logprobs(choice.get("logprobs"))
         ids = choice.get("token_ids") or choice.get("tokens") or chunk.get("tokens")
-        out += self._tokens(text, ids)
+        out += self._tokens(text, ids, logprobs)
         reason = choice.get("finish_reason")
         if reason:
             self._finish = _finish(reason, choice.get("stop_reason"))
         return out
 
-    def _tokens(self, text: str, ids: Any) -> list[Event]:
+    def _tokens(self, text: str, ids: Any,
+                logprobs: tuple[TokenLogprob, ...] = ()) -> list[Event]:
         if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
             self._seen_ids = True
-            return [TokenDelta(ids=tuple(ids), text=text)]
+            return [TokenDelta(ids=tuple(ids), text=text, logprobs=logprobs)]
         if not text:
-            return []
+            return [TokenDelta(logprobs=logprobs)] if logprobs else []
         if self._expect_ids and self._retok is None:
             tmap = self._up.tmap_for(self._req.model)
             if self._seen_ids or tmap is None:
@@ -449,11 +479,11 @@ class ChunkParser:
             self._retok = Retokenizer(tmap)
         if self._retok is not None:
             try:
-                return [TokenDelta(ids=self._retok.feed(text), text=text)]
+                return [TokenDelta(ids=self._retok.feed(text), text=text, logprobs=logprobs)]
             except RetokenizeFailed as exc:
                 self._ended = True
                 return [retokenize_failure(exc)]
-        return [TokenDelta(text=text)]
+        return [TokenDelta(text=text, logprobs=logprobs)]
 
     def _terminal(self) -> list[Event]:
         self._ended = True

@@ -64,12 +64,15 @@ from tokenwire.gateway.ir import (
     MessageStart,
     PromptText,
     ReasoningDelta,
+    ResponseFormat,
     ResponseMeta,
     TokenDelta,
+    TokenLogprob,
     ToolCallDelta,
 )
 from tokenwire.gateway.stops import StopMatcher
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
+from tokenwire.gateway.upstreams.logprobs_wire import entry_logprobs
 from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
@@ -117,7 +120,33 @@ def build_responses_body(request: GenerationRequest, *, model: str,
         body["include"] = ["reasoning.encrypted_content"]
     if request.service_tier is not None:  # kept for Responses upstreams (seed: service tiers)
         body["service_tier"] = request.service_tier
+    if request.response_format is not None:
+        body["text"] = {"format": _text_format(request.response_format)}
+    if request.logprobs:
+        body["include"] = [*body.get("include", ()), LOGPROBS_INCLUDE]
+        if request.top_logprobs is not None:
+            body["top_logprobs"] = request.top_logprobs
+    if request.api == "responses":  # the client's own fields of this wire, unchanged
+        for key, value in request.extensions:
+            if key == "text" and isinstance(value, dict):  # format is ours, the rest theirs
+                value = {**value, **body.get("text", {})}
+            body[key] = value
     return body
+
+
+#: The ``include`` value that asks for the answer's log probabilities.
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _text_format(fmt: ResponseFormat) -> dict[str, Any]:
+    """``text.format``: Chat's ``json_schema`` object, flattened."""
+    if fmt.type != "json_schema":
+        return {"type": fmt.type}
+    out: dict[str, Any] = {"type": "json_schema", "name": fmt.name or "output",
+                           "schema": fmt.schema}
+    if fmt.strict is not None:
+        out["strict"] = fmt.strict
+    return out
 
 
 def _input_items(request: GenerationRequest, upstream_name: str) -> list[dict[str, Any]]:
@@ -272,7 +301,7 @@ class ResponsesStreamParser:
         oi, delta = data.get("output_index", 0), str(data.get("delta", ""))
         self._texts[oi] = self._texts.get(oi, "") + delta
         out = [] if oi in self._messages else self._announce(oi, {})  # no added event seen
-        return out + self._show(delta)
+        return out + self._show(delta, entry_logprobs(data.get("logprobs")))
 
     def _announce(self, oi: int, item: dict[str, Any]) -> list[Event]:
         """A ``MessageStart`` for message item ``oi`` the first time it is seen; later, only
@@ -288,9 +317,10 @@ class ResponsesStreamParser:
                 f"message item {oi}: its phase changed from {known!r} to {phase!r}"))
         return []
 
-    def _show(self, text: str) -> list[Event]:
+    def _show(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[Event]:
         shown = self._stops.feed(text)
-        out: list[Event] = [TokenDelta(text=shown)] if shown else []
+        out: list[Event] = [TokenDelta(text=shown, logprobs=logprobs)] \
+            if shown or logprobs else []
         if self._stops.matched is not None:  # the API cannot stop itself: we do
             out += self._end(Finish(reason=FinishKind.STOP_SEQUENCE,
                                     matched_stop=self._stops.matched))

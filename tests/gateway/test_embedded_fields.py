@@ -1,0 +1,132 @@
+"""Request fields reach llama.cpp in the embedded engine, shown by what they change.
+
+Each sampling field is checked by its effect on the real engine (SmolLM2-135M), never by a
+recorded value alone: a penalty changes a greedy continuation, ``top_k: 1`` / ``min_p: 1``
+make a hot sample greedy whatever the seed. Logprobs are compared with llama-cpp-python's
+own ``create_completion(logprobs=...)`` on a second model instance (``logits_all``), and
+rendered in each API's shape through the ``openai`` SDK.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+from tokenwire.gateway.ir import GenerationRequest, PromptIds, PromptText, TokenDelta, is_terminal
+
+STORY = "Once upon a time"
+REPEATS = "one one one one one one one one"
+
+
+def generate(engine, prompt, **kw) -> tuple[list[int], str, list]:
+    async def go():
+        stream = engine.submit(GenerationRequest(prompt=prompt, **kw))
+        ids, text, lps = [], "", []
+        while not is_terminal(event := await stream.next_event()):
+            if isinstance(event, TokenDelta):
+                ids += event.ids
+                text += event.text
+                lps += event.logprobs
+        return ids, text, lps
+    return asyncio.run(go())
+
+
+def _repeats(ids: list[int]) -> int:
+    return sum(n - 1 for n in Counter(ids).values())
+
+
+@pytest.mark.parametrize(("prompt", "field", "value"), [
+    (REPEATS, "frequency_penalty", 2.0),
+    (STORY, "presence_penalty", 2.0),
+    (REPEATS, "repeat_penalty", 1.5),
+])
+def test_penalties_change_a_greedy_repetition(engine, prompt, field, value) -> None:
+    greedy, _, _ = generate(engine, PromptText(text=prompt), max_tokens=40, temperature=0.0)
+    penalised, _, _ = generate(engine, PromptText(text=prompt), max_tokens=40,
+                               temperature=0.0, **{field: value})
+    assert penalised != greedy
+    assert _repeats(penalised) <= _repeats(greedy)
+
+
+@pytest.mark.parametrize(("field", "value"), [("top_k", 1), ("min_p", 1.0)])
+def test_top_k_and_min_p_narrow_a_hot_sample_to_the_greedy_token(engine, field, value) -> None:
+    greedy, _, _ = generate(engine, PromptText(text=STORY), max_tokens=24, temperature=0.0)
+    hot = [generate(engine, PromptText(text=STORY), max_tokens=24, temperature=1.5,
+                    seed=seed)[0] for seed in (1, 2)]
+    assert hot[0] != hot[1]  # without the field, the seeds pick different tokens
+    for seed in (1, 2):
+        narrowed, _, _ = generate(engine, PromptText(text=STORY), max_tokens=24,
+                                  temperature=1.5, seed=seed, **{field: value})
+        assert narrowed == greedy
+
+
+@pytest.fixture(scope="module")
+def reference_llm():
+    """llama-cpp-python's own logprobs need ``logits_all``: a second, small instance."""
+    from llama_cpp import Llama
+
+    from tokenwire.gguf_tokenizer import smollm2_gguf_path
+
+    llm = Llama(model_path=str(smollm2_gguf_path()), n_ctx=256, n_threads=1,
+                logits_all=True, verbose=False)
+    yield llm
+    llm.close()
+
+
+def test_logprobs_equal_llama_cpp_pythons_own(engine, reference_llm) -> None:
+    prompt = reference_llm.tokenize(STORY.encode(), add_bos=False)
+    ids, _, lps = generate(engine, PromptIds(ids=tuple(prompt)), max_tokens=6,
+                           temperature=0.0, logprobs=True, top_logprobs=3)
+    ref = reference_llm.create_completion(prompt, max_tokens=6, temperature=0.0,
+                                          logprobs=3)["choices"][0]["logprobs"]
+    assert len(lps) == len(ids) == len(ref["token_logprobs"])
+    for ours, token, value, top in zip(lps, ref["tokens"], ref["token_logprobs"],
+                                       ref["top_logprobs"], strict=True):
+        assert ours.token == token
+        assert ours.logprob == pytest.approx(value, abs=1e-3)
+        assert [t.token for t in ours.top] == list(top)  # most likely first
+        assert [t.logprob for t in ours.top] == pytest.approx(list(top.values()), abs=1e-3)
+        assert ours.logprob == ours.top[0].logprob  # greedy: the chosen token is the top one
+
+
+def test_logprobs_through_the_sdk_in_each_api_shape(engine, serve) -> None:
+    import openai
+
+    served = serve(engine)
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x")
+    chat = client.chat.completions.create(
+        model=engine.model_id, messages=[{"role": "user", "content": "Say hi"}],
+        max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    content = chat.choices[0].logprobs.content
+    assert content and all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
+    assert b"".join(bytes(c.bytes) for c in content).decode() == chat.choices[0].message.content
+
+    streamed_chat = [c for chunk in client.chat.completions.create(
+        model=engine.model_id, messages=[{"role": "user", "content": "Say hi"}], max_tokens=8,
+        temperature=0, logprobs=True, top_logprobs=2, stream=True)
+        for choice in chunk.choices if choice.logprobs is not None
+        for c in choice.logprobs.content]
+    assert [(c.token, c.logprob) for c in streamed_chat] == [(c.token, c.logprob)
+                                                              for c in content]
+
+    pieces, streamed = [], ""
+    for chunk in client.completions.create(model=engine.model_id, prompt=STORY, max_tokens=8,
+                                           temperature=0, logprobs=2, stream=True):
+        choice = chunk.choices[0]
+        streamed += choice.text
+        if choice.logprobs is not None:
+            pieces.append(choice.logprobs)
+    tokens = [t for p in pieces for t in p.tokens]
+    offsets = [o for p in pieces for o in p.text_offset]
+    assert "".join(tokens) == streamed and len(tokens) == 8
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
+    assert all(len(top) == 2 for p in pieces for top in p.top_logprobs)
+
+    resp = client.responses.create(model=engine.model_id, input="Say hi", max_output_tokens=8,
+                                   temperature=0, top_logprobs=2,
+                                   include=["message.output_text.logprobs"])
+    part = resp.output[0].content[0]
+    assert part.logprobs and "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
