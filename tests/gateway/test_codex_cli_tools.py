@@ -49,7 +49,9 @@ def engine_large(smollm2_map: TokenizerMap):
         pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {probe.returncode})")
     from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
 
-    eng = EmbeddedEngine.load(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=1, queue_size=4)
+    # Two threads: the suite runs one test at a time, and the ~9.2k-token prefill is most of
+    # this test's time (222 s on one thread of a busy machine, measured).
+    eng = EmbeddedEngine.load(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2, queue_size=4)
     eng.start()
     yield eng
     eng.close()
