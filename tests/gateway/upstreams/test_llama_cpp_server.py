@@ -18,17 +18,14 @@ generation starts from an empty cache: the server is first sent an unrelated pro
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import time
-from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
 from tests.gateway.conftest import start_server
+from tests.gateway.upstreams import llama_cpp_peer as peer
+from tests.gateway.upstreams.llama_cpp_peer import require_peer
 from tokenwire.codec import frames_msgpack, frames_protobuf
 from tokenwire.codec.maps import bundled_map_path, load_map_file
 from tokenwire.codec.versioning import CLIENT_VERSION_HEADER, OWN_VERSION, format_version
@@ -41,13 +38,7 @@ from tokenwire.gguf_tokenizer import smollm2_gguf_path
 
 pytestmark = pytest.mark.slow
 
-PEERS_PY = Path(__file__).resolve().parents[3] / ".venv-peers" / "bin" / "python"
-if not PEERS_PY.exists():
-    # In CI the peer must be there (./dev builds it): a skipped interop test would hide that.
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"{PEERS_PY} is absent in CI: scripts/peers-venv.sh failed")
-    pytest.skip(f"{PEERS_PY} is absent: run scripts/peers-venv.sh (./dev does) to get "
-                "llama_cpp.server", allow_module_level=True)
+require_peer()
 
 PROMPT = "The three most useful kitchen tools are"
 MESSAGES = [{"role": "user", "content": "Name three fruits."}]
@@ -65,43 +56,10 @@ def _evict(upstream_url: str, model: str) -> None:
         "model": model, "prompt": "Zebra", "max_tokens": 1, "temperature": 0})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def llama_server(tmp_path_factory):
-    port = _free_port()
-    # A file, not a pipe: llama.cpp logs a lot at load, and a full pipe would block it.
-    log = (tmp_path_factory.mktemp("llama_server") / "stderr.log").open("w+b")
-    proc = subprocess.Popen(
-        [str(PEERS_PY), "-m", "llama_cpp.server", "--host", "127.0.0.1", "--port", str(port),
-         "--model", str(smollm2_gguf_path()), "--n_ctx", str(N_CTX), "--n_threads", "1"],
-        stdout=subprocess.DEVNULL, stderr=log)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.monotonic() + 180
-    try:
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                pytest.fail(f"llama_cpp.server exited: {log.read()[-2000:]!r}")
-            try:
-                models = httpx.get(url + "/models", timeout=2).json()["data"]
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    pytest.fail("llama_cpp.server did not answer /v1/models in time")
-                time.sleep(0.5)
-        yield url, models[0]["id"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+    with peer.llama_server(tmp_path_factory.mktemp("llama_server"), n_ctx=N_CTX) as server:
+        yield server.url, server.model
 
 
 @pytest.fixture(scope="module")
