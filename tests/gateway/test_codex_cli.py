@@ -350,12 +350,17 @@ def engine_4096(smollm2_map: TokenizerMap):
     eng.close()
 
 
+def serve_embedded(engine, tmap: TokenizerMap) -> Gateway:
+    """A gateway serving ``engine`` (an embedded engine) as its one model."""
+    router = Router([ServedModel(name=engine.model_id, upstream=engine, tmap=tmap,
+                                 max_model_len=engine.n_ctx, ids_source=IdsSource.ENGINE,
+                                 upstream_name="embedded")])
+    return serve_gateway(GatewayState(settings=ServerSettings(), router=router))
+
+
 @pytest.fixture
 def embedded_gateway(engine_4096, smollm2_map) -> Iterator[Gateway]:
-    router = Router([ServedModel(name=engine_4096.model_id, upstream=engine_4096,
-                                 tmap=smollm2_map, max_model_len=engine_4096.n_ctx,
-                                 ids_source=IdsSource.ENGINE, upstream_name="embedded")])
-    gw = serve_gateway(GatewayState(settings=ServerSettings(), router=router))
+    gw = serve_embedded(engine_4096, smollm2_map)
     yield gw
     gw.stop()
 

@@ -20,14 +20,10 @@ from collections.abc import Iterator
 import pytest
 
 from tokenwire.codec.maps import TokenizerMap
-from tokenwire.gateway.http.state import GatewayState
-from tokenwire.gateway.ir import IdsSource
-from tokenwire.gateway.routing.router import Router, ServedModel
-from tokenwire.gateway.settings import ServerSettings
 
 from . import test_codex_cli
 from .conftest import _PROBE
-from .test_codex_cli import CODEX, Gateway, run_codex, serve_gateway
+from .test_codex_cli import CODEX, Gateway, run_codex, serve_embedded
 
 #: Codex's prompt with its tools in the fallback block, and room for an answer.
 CODEX_N_CTX = 16384
@@ -59,10 +55,7 @@ def engine_large(smollm2_map: TokenizerMap):
 
 @pytest.fixture
 def gateway(engine_large, smollm2_map) -> Iterator[Gateway]:
-    router = Router([ServedModel(name=engine_large.model_id, upstream=engine_large,
-                                 tmap=smollm2_map, max_model_len=engine_large.n_ctx,
-                                 ids_source=IdsSource.ENGINE, upstream_name="embedded")])
-    gw = serve_gateway(GatewayState(settings=ServerSettings(), router=router))
+    gw = serve_embedded(engine_large, smollm2_map)
     yield gw
     gw.stop()
 
