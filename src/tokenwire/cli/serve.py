@@ -36,7 +36,8 @@ _SERVER_DEFAULTS = {"host": "127.0.0.1", "port": 8080, "coalesce_ms": DEFAULT_WI
 #: [server] keys passed to ServerSettings as they are when given (flag > file > its default).
 _CAPACITY_KEYS = ("max_concurrent", "queue_size", "idle_timeout_s", "request_cap_s",
                   "heartbeat_s", "retries", "drain_grace_s", "head_timeout_s",
-                  "body_timeout_s", "max_connections", "max_connections_per_client")
+                  "body_timeout_s", "max_connections", "max_connections_per_client",
+                  "http2", "tls_cert", "tls_key")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -97,6 +98,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(default 4096)")
     p.add_argument("--max-connections-per-client", type=int, metavar="N",
                    help="open connections from one IP address; more get 429 (default 256)")
+    p.add_argument("--tls-cert", type=Path, metavar="PEM",
+                   help="serve HTTPS with this certificate (chain); needs --tls-key. "
+                        "HTTP/2 is offered by ALPN")
+    p.add_argument("--tls-key", type=Path, metavar="PEM", help="the --tls-cert private key")
+    p.add_argument("--no-http2", action="store_false", dest="http2", default=None,
+                   help="serve HTTP/1.1 only (default: HTTP/2 too, h2c with prior "
+                        "knowledge and ALPN h2 on TLS)")
     p.add_argument("--no-retries", action="store_false", dest="retries", default=None,
                    help="send upstream failures to clients as they come (no retry budgets)")
     p.add_argument("--request-log", choices=("json", "off"), default="json",
@@ -251,7 +259,8 @@ def _run(args: argparse.Namespace) -> int:
         sock.close()
         raise
     state = plan.state
-    print(f"tokenwire serve: listening on http://{settings.host}:{settings.port}", flush=True)
+    print(f"tokenwire serve: listening on {_scheme(settings)}://{settings.host}:"
+          f"{settings.port}", flush=True)
     model = state.router.models[0]
     print(f"  model: {model.name} (context {state.max_model_len} tokens)")
     if model.aliases:
@@ -269,7 +278,19 @@ def _request_log(args: argparse.Namespace) -> None:
         configure_request_logging(sys.stderr)
 
 
+def _scheme(settings) -> str:
+    return "https" if settings.tls_cert is not None else "http"
+
+
+def _protocols(settings) -> str:
+    if not settings.http2:
+        return "HTTP/1.1 (HTTP/2 off)"
+    how = "ALPN h2" if settings.tls_cert is not None else "h2c, prior knowledge"
+    return f"HTTP/1.1, HTTP/2 ({how})"
+
+
 def _print_common(settings, state) -> None:
+    print(f"  protocols: {_protocols(settings)}")
     for fmt, zdict in sorted(settings.zstd_dicts.items()):
         print(f"  zstd dictionary for {fmt}: {zdict.hash}")
     if state.descriptor is not None:
@@ -314,7 +335,8 @@ def _run_upstreams(args: argparse.Namespace, cfg) -> int:
     _request_log(args)
 
     def banner(gw, server) -> None:
-        print(f"tokenwire serve: listening on http://{settings.host}:{settings.port}", flush=True)
+        print(f"tokenwire serve: listening on {_scheme(settings)}://{settings.host}:"
+              f"{settings.port}", flush=True)
         for up in cfg.upstreams:
             print(f"  upstream {up.name}: {up.kind} {up.base_url}")
         for m in gw.state.router.models:

@@ -29,6 +29,7 @@ from tokenwire.gateway.config import GatewayConfig, map_for_model
 from tokenwire.gateway.context_window import ContextSource, first_known
 from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.connections import ConnectionLimits, guarded_protocol
+from tokenwire.gateway.http.http2 import ALPN_PROTOCOLS, H2Limits
 from tokenwire.gateway.http.security import harden
 from tokenwire.gateway.http.shutdown import graceful_server
 from tokenwire.gateway.http.state import GatewayState
@@ -56,6 +57,7 @@ __all__ = [
     "build_gateway",
     "config_problems",
     "listen_socket",
+    "offer_alpn",
     "raise_fd_limit",
     "run",
     "run_gateway",
@@ -99,9 +101,26 @@ _FD_RESERVE = 256
 
 
 def uvicorn_limits(state: GatewayState) -> dict[str, Any]:
-    """:data:`UVICORN_LIMITS` and the guarded h11 protocol for ``state``'s settings."""
-    limits = ConnectionLimits.from_settings(state.settings)
-    return {**UVICORN_LIMITS, "http": guarded_protocol(limits)}
+    """:data:`UVICORN_LIMITS`, the guarded protocol (h11, and HTTP/2 unless turned off) and
+    the TLS files for ``state``'s settings."""
+    settings = state.settings
+    limits = ConnectionLimits.from_settings(settings)
+    tls: dict[str, Any] = {}
+    if settings.tls_cert is not None:
+        tls = {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)}
+    return {**UVICORN_LIMITS, **tls,
+            "http": guarded_protocol(limits, H2Limits() if settings.http2 else None)}
+
+
+def offer_alpn(config: Any, settings: ServerSettings) -> None:
+    """On TLS, offer ``h2`` (unless HTTP/2 is off) and ``http/1.1`` by ALPN: uvicorn builds
+    its SSL context without any. Call once the app is final (this loads the config)."""
+    if settings.tls_cert is None:
+        return
+    if not config.loaded:
+        config.load()
+    config.ssl.set_alpn_protocols(list(ALPN_PROTOCOLS) if settings.http2
+                                  else ["http/1.1"])
 
 
 def raise_fd_limit(settings: ServerSettings) -> int:
@@ -215,8 +234,9 @@ def run(plan: ServingPlan, *, log_level: str = "info",
         config = uvicorn.Config(harden(create_app(plan.state), settings), host=settings.host,
                                 port=settings.port, log_level=log_level, ws=UVICORN_WS,
                                 timeout_graceful_shutdown=5, **uvicorn_limits(plan.state))
-        graceful_server(config, plan.state, drain_grace_s=settings.drain_grace_s).run(
-            sockets=[sock])
+        server = graceful_server(config, plan.state, drain_grace_s=settings.drain_grace_s)
+        offer_alpn(config, settings)
+        server.run(sockets=[sock])
     finally:
         plan.engine.close()
 
@@ -405,6 +425,7 @@ async def serve_gateway(
                                 timeout_graceful_shutdown=5, lifespan="off",
                                 **uvicorn_limits(gw.state))
         server = graceful_server(config, gw.state, drain_grace_s=settings.drain_grace_s)
+        offer_alpn(config, settings)
         if on_ready is not None:
             on_ready(gw, server)
         await server.serve(sockets=sockets)

@@ -102,6 +102,12 @@ class ServerSettings:
     body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     max_connections_per_client: int = DEFAULT_MAX_CONNECTIONS_PER_CLIENT
+    #: HTTP/2 beside HTTP/1.1 (``gateway/http/http2.py``): h2c with prior knowledge on
+    #: cleartext, ALPN ``h2`` on TLS. False serves HTTP/1.1 only.
+    http2: bool = True
+    #: TLS: a PEM certificate (chain) and its private key; both or neither.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     #: Write ``stop`` instead of ``eos_token``/``stop_sequence`` like the engine forks (§5.7).
     legacy_finish_reason: bool = False
     model_path: Path | None = None
@@ -141,6 +147,9 @@ class ServerSettings:
                      "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("TLS needs both a certificate and its key (--tls-cert and "
+                              "--tls-key)")
         if not self.drain_grace_s >= 0:
             raise ConfigError("drain_grace_s must be >= 0 seconds")
         self._check_auth()

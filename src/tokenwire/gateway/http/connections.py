@@ -23,6 +23,12 @@ h11 protocol with four additions (handed to uvicorn as its ``http`` protocol fac
   evicted. Only when every connection is busy does a new one get ``503`` with
   ``Retry-After``. So a flood of idle sockets cannot starve clients that send requests.
 
+HTTP/2 (issue 15): a connection whose TLS negotiated ``h2`` (ALPN), or whose first bytes are
+the HTTP/2 preface, is handed to :class:`~tokenwire.gateway.http.http2.H2Protocol`, which
+keeps its slot in the same table and the same deadlines (``http2.py``). A refused
+connection is answered in the protocol it speaks: its first bytes are awaited (at most
+:data:`REFUSAL_SNIFF_S`) so that an h2c client gets its 429/503 as an HTTP/2 response.
+
 The decisions are a sans-IO table (:class:`ConnectionTable`) that a test drives without a
 socket; the protocol subclass only feeds it and acts. h11's own connection state
 (``their_state``) says which phase a connection is in. Behaviour is tested only through raw
@@ -43,6 +49,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from tokenwire.gateway.http.http2 import H2_PREFACE, H2Limits, H2Protocol, H2Refusal
 from tokenwire.gateway.settings import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_HEAD_TIMEOUT_S,
@@ -61,6 +68,7 @@ __all__ = [
     "ConnectionLimits",
     "ConnectionTable",
     "GuardedH11Protocol",
+    "Refusal",
     "guarded_protocol",
 ]
 
@@ -81,15 +89,28 @@ BODY_BACKSTOP_GRACE_S = 5.0
 RETRY_AFTER_S = 1
 #: How long a refused connection is read (and its bytes dropped) before it is closed.
 REFUSAL_LINGER_S = 2.0
+#: How long a refused connection waits for its first bytes, to answer in HTTP/2 when they
+#: are the preface; a client that sends nothing by then gets the HTTP/1.1 refusal. Every
+#: HTTP client speaks first, in its first packet.
+REFUSAL_SNIFF_S = 1.0
 
 
-def _refusal(status: int, reason: str, type_: str, code: str, message: str) -> bytes:
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """A connection refusal: its status and JSON body, and the HTTP/1.1 bytes of both."""
+
+    status: int
+    body: bytes
+    http1: bytes
+
+
+def _refusal(status: int, reason: str, type_: str, code: str, message: str) -> Refusal:
     body = json.dumps({"error": {"message": message, "type": type_, "param": None,
                                  "code": code}}).encode()
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
             f"retry-after: {RETRY_AFTER_S}\r\ncontent-length: {len(body)}\r\n"
             "connection: close\r\n\r\n").encode()
-    return head + body
+    return Refusal(status, body, head + body)
 
 
 #: Pre-built: a refusal is one write and a close, never a parse or an allocation per byte.
@@ -124,7 +145,7 @@ class Admit:
     """:meth:`ConnectionTable.open`'s decision: ``refusal`` bytes to send, or accept (after
     evicting ``victim``, when one is named)."""
 
-    refusal: bytes | None = None
+    refusal: Refusal | None = None
     victim: Any = None
 
 
@@ -156,6 +177,16 @@ class ConnectionTable:
         self._waiting[conn] = None
         return Admit(victim=victim)
 
+    def replace(self, old: Any, new: Any) -> None:
+        """``new`` takes over ``old``'s slot (a connection that turned out to be HTTP/2)."""
+        address = self._address.pop(old, None)
+        if address is None:
+            return
+        self._address[new] = address
+        waiting = self._waiting.pop(old, False) is None
+        if waiting:
+            self._waiting[new] = None
+
     def waiting(self, conn: Any) -> None:
         """``conn`` waits for a request head again (evictable, newest in line)."""
         if conn in self._address:
@@ -184,41 +215,66 @@ _HEAD, _BODY, _APP = "head", "body", "app"
 class GuardedH11Protocol(H11Protocol):
     """uvicorn's h11 protocol under a :class:`ConnectionTable` (see the module docstring)."""
 
-    def __init__(self, *args: Any, table: ConnectionTable, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, table: ConnectionTable, h2: H2Limits | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._table = table
+        self._h2 = h2  # None: HTTP/2 is off
         self._phase: str | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._head_bytes = False  # part of a head arrived in the current wait
-        self._refused = False
+        self._refused: _Refused | None = None
+        #: The first bytes, kept until they show whether this is the HTTP/2 preface.
+        self._sniffed: bytes | None = b"" if h2 is not None else None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
         address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         admit = self._table.open(self, address)
+        alpn_h2 = self._h2 is not None and _alpn(transport) == "h2"
         if admit.refusal is not None:
-            # Lingering close (as Apache does): a client that already sent its request
-            # would get a reset, and lose the refusal, if the socket closed with its bytes
-            # unread. So: send, half-close, discard what arrives, close on its EOF or soon.
-            self._refused = True
-            transport.write(admit.refusal)
-            if transport.can_write_eof():
-                transport.write_eof()
-            self._deadline = asyncio.get_running_loop().call_later(
-                REFUSAL_LINGER_S, transport.close)
+            self._refused = _Refused(transport, admit.refusal, sniff=self._h2 is not None,
+                                     h2=alpn_h2)
             return
         if admit.victim is not None:
             admit.victim.evict()
         super().connection_made(transport)
+        if alpn_h2:
+            self._become_h2(b"")
+            return
+        if _alpn(transport) is not None:
+            self._sniffed = None  # TLS chose HTTP/1.1
         self._update()
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
+        if self._refused is not None:
+            self._refused.data(data)
             return
         if self._phase == _HEAD:
             self._head_bytes = True
+        if self._sniffed is not None:
+            data = self._sniffed + data
+            if len(data) < len(H2_PREFACE) and H2_PREFACE.startswith(data):
+                self._sniffed = data
+                return
+            self._sniffed = None
+            if data.startswith(H2_PREFACE):
+                self._become_h2(data)
+                return
         super().data_received(data)
         self._update()
+
+    def _become_h2(self, data: bytes) -> None:
+        """Hand the socket, its table slot and its first bytes to an HTTP/2 protocol."""
+        self._cancel()
+        self._unset_keepalive_if_required()
+        self.connections.discard(self)
+        proto = H2Protocol(self, self._h2)
+        self._table.replace(self, proto)
+        self.transport.set_protocol(proto)
+        proto.connection_made(self.transport)
+        if data:
+            proto.data_received(data)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -227,7 +283,9 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._table.close(self)
         self._cancel()
-        if not self._refused:
+        if self._refused is not None:
+            self._refused.cancel()
+        else:
             super().connection_lost(exc)
 
     def handle_websocket_upgrade(self, event: Any) -> None:
@@ -289,6 +347,64 @@ class GuardedH11Protocol(H11Protocol):
         self.transport.close()
 
 
-def guarded_protocol(limits: ConnectionLimits) -> Callable[..., GuardedH11Protocol]:
-    """uvicorn's ``http`` protocol factory over one shared :class:`ConnectionTable`."""
-    return functools.partial(GuardedH11Protocol, table=ConnectionTable(limits))
+def _alpn(transport: asyncio.BaseTransport) -> str | None:
+    sslobj = transport.get_extra_info("ssl_object")
+    return sslobj.selected_alpn_protocol() if sslobj is not None else None
+
+
+class _Refused:
+    """A connection refused at the cap. Lingering close (as Apache does): a client that
+    already sent its request would get a reset, and lose the refusal, if the socket closed
+    with its bytes unread. So: send, half-close, discard what arrives, close on its EOF or
+    soon. With HTTP/2 on (``sniff``), the refusal waits for the first bytes to pick the
+    protocol it is written in; ``h2``: TLS already chose HTTP/2."""
+
+    def __init__(self, transport: asyncio.Transport, refusal: Refusal, *, sniff: bool,
+                 h2: bool) -> None:
+        loop = asyncio.get_running_loop()
+        self.transport, self.refusal = transport, refusal
+        self.sent = False
+        self.buffer = b""
+        self.h2: H2Refusal | None = None
+        self.timers = [loop.call_later(REFUSAL_LINGER_S, transport.close)]
+        if h2:
+            self.h2 = H2Refusal(transport, refusal.status, refusal.body, RETRY_AFTER_S)
+        elif sniff:
+            self.timers.append(loop.call_later(REFUSAL_SNIFF_S, self.http1))
+        else:
+            self.http1()
+
+    def data(self, data: bytes) -> None:
+        if self.h2 is not None:
+            self.h2.feed(data)
+            return
+        if self.sent:
+            return  # discarded
+        data = self.buffer + data
+        if len(data) < len(H2_PREFACE) and H2_PREFACE.startswith(data):
+            self.buffer = data
+        elif data.startswith(H2_PREFACE):
+            self.h2 = H2Refusal(self.transport, self.refusal.status, self.refusal.body,
+                                RETRY_AFTER_S)
+            self.h2.feed(data)
+        else:
+            self.http1()
+
+    def http1(self) -> None:
+        if self.sent or self.h2 is not None or self.transport.is_closing():
+            return
+        self.sent = True
+        self.transport.write(self.refusal.http1)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+
+    def cancel(self) -> None:
+        for timer in self.timers:
+            timer.cancel()
+
+
+def guarded_protocol(limits: ConnectionLimits, h2: H2Limits | None = None,
+                     ) -> Callable[..., GuardedH11Protocol]:
+    """uvicorn's ``http`` protocol factory over one shared :class:`ConnectionTable`;
+    ``h2``: the HTTP/2 limits, or None to serve HTTP/1.1 only."""
+    return functools.partial(GuardedH11Protocol, table=ConnectionTable(limits), h2=h2)
