@@ -90,10 +90,11 @@ def _state(settings: ServerSettings, smollm2_map: Any, upstream: ScriptedUpstrea
 
 def serve_stack(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Thread]],
                 settings: ServerSettings, smollm2_map: Any, *, backlog: int = 64,
-                app_factory: Any = None) -> Stack:
-    """``serve_gateway`` (what ``tokenwire serve --upstream`` runs) over a scripted upstream,
-    in a thread on its own loopback socket; ``running`` collects it for the fixture to stop."""
-    upstream = Scripted(SIMPLE)
+                app_factory: Any = None, upstream: Any = None) -> Stack:
+    """``serve_gateway`` (what ``tokenwire serve --upstream`` runs) over a scripted upstream
+    (or ``upstream``), in a thread on its own loopback socket; ``running`` collects it for
+    the fixture to stop."""
+    upstream = upstream if upstream is not None else Scripted(SIMPLE)
     state = _state(settings, smollm2_map, upstream)
 
     async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
