@@ -328,6 +328,8 @@ class H2Protocol(asyncio.Protocol):
     def _costly(self) -> None:
         if self.flood.hit(self.loop.time()):
             log.warning("HTTP/2 flood from %s: GOAWAY", self.client)
+            # h2 has already queued its replies (PING acks...) for this read: drop them.
+            self.conn.clear_outbound_data_buffer()
             self._goaway(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _request(self, event: h2.events.RequestReceived) -> None:
@@ -335,11 +337,11 @@ class H2Protocol(asyncio.Protocol):
         if self._draining or len(self.running) >= self.limits.max_concurrent_streams:
             # Reset streams whose task has not ended yet still count: a rapid reset cannot
             # start more work than the stream limit.
-            self.conn.reset_stream(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
+            self._reset_quietly(sid, h2.errors.ErrorCodes.REFUSED_STREAM)
             return
         scope = self._scope(event.headers)
         if scope is None:
-            self.conn.reset_stream(sid, h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            self._reset_quietly(sid, h2.errors.ErrorCodes.PROTOCOL_ERROR)
             return
         ended = event.stream_ended is not None
         stream = _Stream(self, sid, scope, ended)
@@ -354,6 +356,13 @@ class H2Protocol(asyncio.Protocol):
         self.running.add(task)
         self.server_state.tasks.add(task)
         task.add_done_callback(self._task_done)
+
+    def _reset_quietly(self, stream_id: int, code: int) -> None:
+        # The client may have closed the stream already (its RST_STREAM in the same read).
+        try:
+            self.conn.reset_stream(stream_id, code)
+        except h2.exceptions.StreamClosedError:
+            pass
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.running.discard(task)
@@ -455,7 +464,7 @@ class H2Protocol(asyncio.Protocol):
         if self.streams.pop(stream.id, None) is None:
             return
         if stream.more_body and not self._closing:  # the app answered before the body ended
-            self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.NO_ERROR)
+            self._reset_quietly(stream.id, h2.errors.ErrorCodes.NO_ERROR)
             self._flush()
         self.server_state.total_requests += 1
         if stream.close_after:
@@ -464,7 +473,7 @@ class H2Protocol(asyncio.Protocol):
 
     def reset(self, stream: _Stream, code: int) -> None:
         if self.streams.pop(stream.id, None) is not None and not self._closing:
-            self.conn.reset_stream(stream.id, code)
+            self._reset_quietly(stream.id, code)
             self._flush()
         self._disconnect(stream)
         self._maybe_idle()
@@ -528,7 +537,7 @@ class H2Protocol(asyncio.Protocol):
             self.conn.send_headers(stream.id, [(b":status", b"408"),
                                                (b"content-length", b"0")], end_stream=True)
             self.streams.pop(stream.id, None)
-            self.conn.reset_stream(stream.id, h2.errors.ErrorCodes.NO_ERROR)
+            self._reset_quietly(stream.id, h2.errors.ErrorCodes.NO_ERROR)
             self._flush()
             self._disconnect(stream)
             self._maybe_idle()
