@@ -163,10 +163,19 @@ APIS: dict[str, tuple[bytes, str]] = {
 }
 
 
-def _post(stack: Stack, path: str, **headers: str) -> httpx.Response:
+#: Both protocols ``tokenwire serve`` speaks on one port: HTTP/1.1 and h2c (issue 15).
+PROTOCOLS = ["http/1.1", "h2c"]
+
+
+def _post(stack: Stack, path: str, protocol: str = "http/1.1", **headers: str
+          ) -> httpx.Response:
     content, ctype = APIS[path]
-    return httpx.post(stack.url + path, content=content, timeout=10,
-                      headers={"content-type": ctype, **headers})
+    h2c = protocol == "h2c"
+    with httpx.Client(http1=not h2c, http2=h2c, timeout=10) as client:
+        resp = client.post(stack.url + path, content=content,
+                           headers={"content-type": ctype, **headers})
+    assert resp.http_version == ("HTTP/2" if h2c else "HTTP/1.1")
+    return resp
 
 
 def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
@@ -178,22 +187,25 @@ def _error(resp: httpx.Response, status: int) -> dict[str, Any]:
 # -- auth and Origin on every POST API ---------------------------------------------------------
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("path", list(APIS))
-def test_every_api_refuses_a_missing_or_wrong_key_before_the_upstream(keyed, path) -> None:
+def test_every_api_refuses_a_missing_or_wrong_key_before_the_upstream(keyed, path,
+                                                                      protocol) -> None:
     before = len(keyed.upstream.requests)
-    err = _error(_post(keyed, path), 401)
+    err = _error(_post(keyed, path, protocol), 401)
     if path == "/v1/messages":  # Anthropic's shape on its route
         assert err["type"] == "authentication_error" and "message" in err
     else:
         assert err["code"] == "invalid_api_key"
-    assert _error(_post(keyed, path, authorization="Bearer nope"), 401)
-    assert _error(_post(keyed, path, **{"x-api-key": KEY[:-1]}), 401)
+    assert _error(_post(keyed, path, protocol, authorization="Bearer nope"), 401)
+    assert _error(_post(keyed, path, protocol, **{"x-api-key": KEY[:-1]}), 401)
     assert len(keyed.upstream.requests) == before  # refusals never reach the upstream
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("path", list(APIS))
-def test_every_api_serves_a_bearer(keyed, path) -> None:
-    resp = _post(keyed, path, authorization=f"Bearer {KEY2}")
+def test_every_api_serves_a_bearer(keyed, path, protocol) -> None:
+    resp = _post(keyed, path, protocol, authorization=f"Bearer {KEY2}")
     assert resp.status_code == 200, resp.text
 
 

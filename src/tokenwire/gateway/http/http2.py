@@ -76,6 +76,10 @@ CONNECTION_WINDOW = 1 << 20
 #: request); 200 a second is far above that and far below what a flood needs to hurt.
 FLOOD_BUDGET = 200
 FLOOD_WINDOW_S = 1.0
+#: After a graceful GOAWAY (shutdown, or the app's ``connection: close``), how long the
+#: socket stays open once its last stream ended, so frames the client already sent (the
+#: rest of a request body it was uploading) arrive instead of meeting a reset.
+GOAWAY_LINGER_S = 2.0
 #: Connection-specific headers HTTP/2 forbids (RFC 9113 §8.2.2); the app's ``connection:
 #: close`` becomes a GOAWAY after that stream instead.
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"proxy-connection",
@@ -281,14 +285,15 @@ class H2Protocol(asyncio.Protocol):
     # -- what uvicorn and the connection table call -------------------------------------------
 
     def shutdown(self) -> None:
-        """Graceful shutdown: GOAWAY now, close once the streams in flight are done."""
-        self._draining = True
-        if not self.streams:
-            self._goaway(h2.errors.ErrorCodes.NO_ERROR)
+        """Graceful shutdown: GOAWAY now (no new streams), close once the streams in flight
+        are done and :data:`GOAWAY_LINGER_S` later."""
+        if self._draining or self._closing:
             return
+        self._draining = True
         self.conn.close_connection(h2.errors.ErrorCodes.NO_ERROR,
                                    last_stream_id=self.conn.highest_inbound_stream_id)
         self._flush()
+        self._maybe_idle()
 
     def evict(self) -> None:
         """Close a connection with no stream open, to make room for a new one."""
@@ -507,10 +512,11 @@ class H2Protocol(asyncio.Protocol):
     def _maybe_idle(self) -> None:
         if self._closing or self.streams:
             return
+        self.table.waiting(self)  # evictable again, draining or not
         if self._draining:
-            self._goaway(h2.errors.ErrorCodes.NO_ERROR)
+            self._cancel_idle()
+            self._idle = self.loop.call_later(GOAWAY_LINGER_S, self.transport.close)
             return
-        self.table.waiting(self)
         self._wait_for_head(min(self.table.limits.head_timeout_s,
                                 float(self.config.timeout_keep_alive)))
 
