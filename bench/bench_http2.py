@@ -40,12 +40,18 @@ from bench.bench_upstreams import (
     _wait_http,
 )
 
-ROUNDS_1 = 30
+#: Below uvicorn's ``timeout_keep_alive`` (5 s), so the client never reuses a connection
+#: the server is closing.
+KEEPALIVE_EXPIRY_S = 3.0
 
 
 async def _phase(url: str, fmt: str | None, headers: dict[str, str], concurrency: int,
                  rounds: int, http2: bool) -> tuple[list[float], int]:
-    limits = httpx.Limits(max_connections=1 if http2 else concurrency + 4)
+    # Idle connections are dropped by the client before the server's 5 s keep-alive: at
+    # httpx's default (also 5 s) a round that starts just as the server closes a
+    # connection sends on a dying socket (an httpx.ReadError seen here under load).
+    limits = httpx.Limits(max_connections=1 if http2 else concurrency + 4,
+                          keepalive_expiry=KEEPALIVE_EXPIRY_S)
     async with httpx.AsyncClient(timeout=120, limits=limits, http1=not http2,
                                  http2=http2) as client:
         ttfts, tokens = [], 0

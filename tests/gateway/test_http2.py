@@ -59,6 +59,7 @@ def served(smollm2_map) -> Iterator[Callable[..., Stack]]:
         kw.setdefault("queue_size", 64)
         return serve_stack(patch, running, ServerSettings(api_keys=(KEY,), auth="keys", **kw),
                            smollm2_map, upstream=upstream or Scripted(list(PACED)))
+    start.running = running  # type: ignore[attr-defined]
     yield start
     stop_stacks(patch, running)
 
@@ -123,6 +124,22 @@ def test_tls_offers_h2_by_alpn_and_http11_beside_it(served, tmp_path, http2_on) 
     assert _sse_text(resp.text) == "".join(f" t{i}" for i in IDS)
     with httpx.Client(verify=ctx, base_url=url, headers=AUTH, timeout=WAIT_S) as client:
         assert client.get("/v1/models").http_version == "HTTP/1.1"  # no ALPN h2 offered
+
+
+def test_over_tls_a_refused_h2_client_gets_its_429_in_http2(served, tmp_path) -> None:
+    ca, cert, key = _tls_files(tmp_path)
+    stack = served(tls_cert=cert, tls_key=key, max_connections_per_client=1)
+    ctx = ssl.create_default_context()
+    ca.configure_trust(ctx)
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection(("127.0.0.1", stack.port)) as raw, \
+            ctx.wrap_socket(raw, server_hostname="127.0.0.1") as held:
+        assert held.selected_alpn_protocol() == "h2"  # holds the address's one slot
+        with httpx.Client(http2=True, verify=ctx, timeout=WAIT_S) as client:
+            resp = client.get(f"https://127.0.0.1:{stack.port}/v1/models", headers=AUTH)
+    assert resp.http_version == "HTTP/2" and resp.status_code == 429
+    assert resp.headers["retry-after"] == "1"
+    assert resp.json()["error"]["code"] == "too_many_connections"
 
 
 def test_no_http2_serves_http11_only(served) -> None:
@@ -381,4 +398,45 @@ def test_a_reset_stream_stops_its_generation_and_frees_its_slot_while_others_go_
         client.pump(lambda: again in client.ended)
         assert client.heads[again][b":status"] == b"200"
     finally:
+        client.close()
+
+
+class HoldUntil(Scripted):
+    """Every stream emits one token, then waits for ``release`` (a thread event)."""
+
+    def __init__(self) -> None:
+        super().__init__(list(PACED))
+        self.release = threading.Event()
+
+    def submit(self, request: Any) -> Any:
+        stream = super().submit(request)
+        inner, calls, release = stream.next_event, {"n": 0}, self.release
+
+        async def next_event() -> Any:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                await asyncio.to_thread(release.wait, WAIT_S)
+            return await inner()
+        stream.next_event = next_event
+        return stream
+
+
+def test_a_graceful_shutdown_lets_the_stream_in_flight_finish_then_sends_goaway(served) -> None:
+    upstream = HoldUntil()
+    stack = served(upstream)
+    server = served.running[-1][0]
+    client = RawH2(stack.port)
+    try:
+        sid = client.request("POST", "/v1/chat/completions", json.dumps(CHAT).encode(),
+                             {"content-type": "application/json"})
+        client.pump(lambda: b"t100" in client.data.get(sid, b""))
+        server.begin_shutdown()
+        upstream.release.set()
+        client.pump(lambda: sid in client.ended)
+        assert _sse_text(client.data[sid].decode()) == "".join(f" t{i}" for i in IDS)
+        client.pump(lambda: False)  # then GOAWAY, and the server closes the connection
+        assert client.closed and client.goaway is not None
+        assert client.goaway.error_code == 0 and client.goaway.last_stream_id == sid
+    finally:
+        upstream.release.set()
         client.close()

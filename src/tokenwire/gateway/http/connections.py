@@ -269,7 +269,8 @@ class GuardedH11Protocol(H11Protocol):
         self._cancel()
         self._unset_keepalive_if_required()
         self.connections.discard(self)
-        proto = H2Protocol(self, self._h2)
+        proto = H2Protocol(self, self._h2, body_backstop_s=self.limits_.body_timeout_s
+                           + BODY_BACKSTOP_GRACE_S)
         self._table.replace(self, proto)
         self.transport.set_protocol(proto)
         proto.connection_made(self.transport)

@@ -216,9 +216,12 @@ class H2Protocol(asyncio.Protocol):
     """One HTTP/2 connection (see the module docstring), taken over from the guarded h11
     protocol ``origin``: same app, server state and connection table."""
 
-    def __init__(self, origin: Any, limits: H2Limits | None = None) -> None:
+    def __init__(self, origin: Any, limits: H2Limits | None = None, *,
+                 body_backstop_s: float) -> None:
         self.origin = origin
         self.limits = limits or H2Limits()
+        #: The connection-level body deadline of a stream (the routes' own 408 comes first).
+        self.body_backstop_s = body_backstop_s
         self.table = origin._table
         self.config = origin.config
         self.app = origin.app
@@ -285,14 +288,13 @@ class H2Protocol(asyncio.Protocol):
     # -- what uvicorn and the connection table call -------------------------------------------
 
     def shutdown(self) -> None:
-        """Graceful shutdown: GOAWAY now (no new streams), close once the streams in flight
-        are done and :data:`GOAWAY_LINGER_S` later."""
+        """Graceful shutdown: new streams are refused (``REFUSED_STREAM``: safe to retry);
+        once the streams in flight are done, GOAWAY, and close :data:`GOAWAY_LINGER_S`
+        later. The GOAWAY waits for them because h2-based clients (httpx) stop reading
+        every stream when one arrives, even those it lets finish."""
         if self._draining or self._closing:
             return
         self._draining = True
-        self.conn.close_connection(h2.errors.ErrorCodes.NO_ERROR,
-                                   last_stream_id=self.conn.highest_inbound_stream_id)
-        self._flush()
         self._maybe_idle()
 
     def evict(self) -> None:
@@ -354,8 +356,8 @@ class H2Protocol(asyncio.Protocol):
         self._cancel_idle()
         self.table.busy(self)
         if not ended:
-            stream.deadline = self.loop.call_later(
-                self.table.limits.body_timeout_s + _body_grace(), self._body_expired, stream)
+            stream.deadline = self.loop.call_later(self.body_backstop_s, self._body_expired,
+                                                   stream)
         task = self.loop.create_task(stream.run(self.app))
         stream.task = task
         self.running.add(task)
@@ -366,7 +368,7 @@ class H2Protocol(asyncio.Protocol):
         # The client may have closed the stream already (its RST_STREAM in the same read).
         try:
             self.conn.reset_stream(stream_id, code)
-        except h2.exceptions.StreamClosedError:
+        except h2.exceptions.ProtocolError:  # StreamClosedError, or the connection ended
             pass
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
@@ -514,6 +516,10 @@ class H2Protocol(asyncio.Protocol):
             return
         self.table.waiting(self)  # evictable again, draining or not
         if self._draining:
+            self.conn.close_connection(h2.errors.ErrorCodes.NO_ERROR,
+                                       last_stream_id=self.conn.highest_inbound_stream_id)
+            self._flush()
+            self._closing = True  # nothing more is read or sent
             self._cancel_idle()
             self._idle = self.loop.call_later(GOAWAY_LINGER_S, self.transport.close)
             return
@@ -555,12 +561,6 @@ class H2Protocol(asyncio.Protocol):
         if stream.deadline is not None:
             stream.deadline.cancel()
             stream.deadline = None
-
-
-def _body_grace() -> float:
-    from tokenwire.gateway.http.connections import BODY_BACKSTOP_GRACE_S
-
-    return BODY_BACKSTOP_GRACE_S
 
 
 def _addr(info: Any) -> tuple[str, int] | None:
