@@ -150,6 +150,26 @@ def test_no_http2_serves_http11_only(served) -> None:
     assert httpx.get(stack.url + "/v1/models", headers=AUTH).status_code == 200
 
 
+@pytest.mark.parametrize(("argv", "server", "want"), [
+    ([], None, (True, None, None)),
+    (["--no-http2"], None, (False, None, None)),
+    (["--tls-cert", "c.pem", "--tls-key", "k.pem"], None, (True, "c.pem", "k.pem")),
+    ([], {"http2": False, "tls_cert": "fc.pem", "tls_key": "fk.pem"},
+     (False, "fc.pem", "fk.pem")),
+    (["--tls-cert", "c.pem", "--tls-key", "k.pem"], {"tls_cert": "fc.pem",
+                                                     "tls_key": "fk.pem"},
+     (True, "c.pem", "k.pem")),  # flags beat the file
+])
+def test_http2_and_tls_settings_from_flags_and_file(argv, server, want) -> None:
+    from pathlib import Path
+
+    from .test_hardening import _settings
+
+    got = _settings(argv, {}, server)
+    assert (got.http2, got.tls_cert, got.tls_key) == (
+        want[0], *(Path(p) if p else None for p in want[1:]))
+
+
 def test_settings_need_both_tls_files(tmp_path) -> None:
     from tokenwire.errors import ConfigError
 
@@ -440,3 +460,41 @@ def test_a_graceful_shutdown_lets_the_stream_in_flight_finish_then_sends_goaway(
     finally:
         upstream.release.set()
         client.close()
+
+
+# -- the embedded engine over HTTP/2 --------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_embedded_engine_streams_the_same_codec_ids_over_h2c_and_http11(served,
+                                                                             engine) -> None:
+    """The real SmolLM2 behind ``serve_gateway``: a greedy Codec stream over h2c (httpx and
+    curl) carries exactly the ids the engine recorded, and the ids HTTP/1.1 carries."""
+    stack = served(engine)
+    body = {"model": "scripted", "prompt": "The capital of France is", "max_tokens": 12,
+            "temperature": 0, "seed": 7, "stream_format": "msgpack"}
+
+    def ids_over(client: httpx.Client) -> tuple[list[int], str]:
+        dec = frames_msgpack.FrameDecoder()
+        with client.stream("POST", "/v1/completions", json=body,
+                           headers={"accept-encoding": "gzip", **AUTH}) as resp:
+            assert resp.status_code == 200
+            decompress = _stock(resp.headers.get("content-encoding", "identity"), None)
+            got = [i for chunk in resp.iter_raw() for f in dec.feed(decompress(chunk))
+                   for i in f.ids]
+        return got, resp.headers["x-request-id"]
+
+    with httpx.Client(http1=False, http2=True, base_url=stack.url, timeout=120) as two, \
+            httpx.Client(base_url=stack.url, timeout=120) as one:
+        ids2, rid = ids_over(two)
+        ids1, _ = ids_over(one)
+    assert ids2 == ids1 and ids2 == list(engine.wait_for_record(rid).ids) and ids2
+    if shutil.which("curl") is not None:
+        out = subprocess.run(
+            ["curl", "--silent", "--show-error", "--http2-prior-knowledge", "--max-time", "120",
+             "-H", "content-type: application/json", "-H", f"authorization: Bearer {KEY}",
+             "--data-binary", json.dumps(body), "--output", "-",
+             stack.url + "/v1/completions"], capture_output=True, timeout=180,
+            check=True).stdout
+        dec = frames_msgpack.FrameDecoder()
+        assert [i for f in dec.feed(out) for i in f.ids] == ids2

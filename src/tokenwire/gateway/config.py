@@ -10,7 +10,7 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
                                 # queue_size, idle_timeout_s, request_cap_s, heartbeat_s,
                                 # retries, drain_grace_s, api_keys_env, allowed_origins,
                                 # head_timeout_s, body_timeout_s, max_connections,
-                                # max_connections_per_client,
+                                # max_connections_per_client, http2, tls_cert, tls_key,
     default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s
     api_keys_env = "GW_KEYS"    # the variable holding the client keys (comma-separated)
     allowed_origins = ["https://app.example"]   # browser origins allowed to call
@@ -94,7 +94,8 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "max_concurrent": (int,), "idle_timeout_s": _NUM, "request_cap_s": _NUM,
     "heartbeat_s": _NUM, "retries": (bool,), "drain_grace_s": _NUM,
     "head_timeout_s": _NUM, "body_timeout_s": _NUM, "max_connections": (int,),
-    "max_connections_per_client": (int,),
+    "max_connections_per_client": (int,), "http2": (bool,), "tls_cert": (str,),
+    "tls_key": (str,),
 }
 _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),

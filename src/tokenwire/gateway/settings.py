@@ -147,6 +147,9 @@ class ServerSettings:
                      "body_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds")
+        for name in ("tls_cert", "tls_key"):  # a config file gives strings
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, Path(getattr(self, name)))
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("TLS needs both a certificate and its key (--tls-cert and "
                               "--tls-key)")
