@@ -209,6 +209,30 @@ def test_at_the_global_cap_idle_h2_connections_make_room_for_requests(guarded) -
             sock.close()
 
 
+def test_an_idle_h2_flood_does_not_starve_clients_and_every_idle_connection_is_closed(
+        guarded) -> None:
+    """300 connections that send the preface and then nothing, at a cap of 100: each new one
+    evicts the oldest waiting one, requests are served, the rest close at the deadline."""
+    stack = guarded(max_connections=100, head_timeout_s=3)
+    held = [_open(stack.port, f"127.0.0.{2 + i % 3}") for i in range(300)]
+    try:
+        assert [_served_on_h2(stack.port) for _ in range(10)] == [200] * 10
+        open_ = 0
+        for sock in held:  # every one is evicted or closed at the head deadline
+            sock.settimeout(WAIT_S)
+            try:
+                while sock.recv(65536):
+                    pass
+            except ConnectionResetError:
+                pass
+            except TimeoutError:
+                open_ += 1
+        assert open_ == 0
+    finally:
+        for sock in held:
+            sock.close()
+
+
 def test_when_every_connection_is_busy_an_h2_client_gets_503_with_retry_after(guarded) -> None:
     stack = guarded(max_connections=2, head_timeout_s=30, body_timeout_s=30)
     busy = [RawH2(stack.port, f"127.0.0.{2 + i}") for i in range(2)]
