@@ -370,3 +370,31 @@ def test_a_stream_beyond_the_advertised_limit_ends_the_connection(guarded) -> No
     goaway = _goaway(got)
     assert goaway.error_code != 0 and goaway.last_stream_id < 1 + 2 * MAX_CONCURRENT_STREAMS
     assert _served_on_h2(stack.port) == 200
+
+
+# -- the sans-IO pieces --------------------------------------------------------------------------
+
+
+def test_the_flood_guard_counts_per_window_with_the_clock_it_is_given() -> None:
+    from tokenwire.gateway.http.http2 import FloodGuard
+
+    guard = FloodGuard(budget=3, window_s=1.0)
+    assert [guard.hit(t) for t in (10.0, 10.1, 10.2)] == [False, False, False]
+    assert guard.hit(10.3)  # the fourth in one window
+    assert not guard.hit(11.05)  # a new window starts at its first hit
+    assert [guard.hit(11.1), guard.hit(11.2), guard.hit(11.3)] == [False, False, True]
+
+
+def test_a_connection_that_becomes_http2_keeps_its_slot_and_stays_evictable() -> None:
+    from tokenwire.gateway.http.connections import ConnectionLimits, ConnectionTable
+
+    table = ConnectionTable(ConnectionLimits(max_connections=2, max_connections_per_client=2))
+    h11_a, h11_b, h2_a = object(), object(), object()
+    table.open(h11_a, "1.2.3.4")
+    table.open(h11_b, "1.2.3.4")
+    table.replace(h11_a, h2_a)
+    assert len(table) == 2
+    assert table.open(object(), "1.2.3.4").refusal is not None  # still two from the address
+    # It just spoke (the preface is its first bytes): the newest in line, still waiting.
+    assert table.open(object(), "5.6.7.8").victim is h11_b
+    assert table.open(object(), "5.6.7.9").victim is h2_a

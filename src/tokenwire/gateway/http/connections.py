@@ -178,7 +178,8 @@ class ConnectionTable:
         return Admit(victim=victim)
 
     def replace(self, old: Any, new: Any) -> None:
-        """``new`` takes over ``old``'s slot (a connection that turned out to be HTTP/2)."""
+        """``new`` takes over ``old``'s slot (a connection that turned out to be HTTP/2); if
+        it was waiting, it waits on as the newest in line (its first bytes just came)."""
         address = self._address.pop(old, None)
         if address is None:
             return
