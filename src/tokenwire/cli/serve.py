@@ -57,6 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--upstream-context-length", type=int, metavar="TOKENS",
                    help="context window of the --upstream models (default: what the "
                         "upstream reports, if it does)")
+    p.add_argument("--fallback", action="append", default=[], metavar="MODEL=OTHER[,OTHER]",
+                   help="models MODEL's requests move to, in order, when it fails before any "
+                        "output (README 'Fallbacks'); repeatable")
+    p.add_argument("--context-fallback", action="append", default=[],
+                   metavar="MODEL=OTHER[,OTHER]",
+                   help="models with a longer context, for prompts MODEL cannot hold")
     p.add_argument("--no-probe", action="store_true",
                    help="do not check upstreams at start-up (they may start later)")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
@@ -170,13 +176,15 @@ def _banned(text: str) -> frozenset[int]:
 
 def gateway_config_from_args(args: argparse.Namespace, env: dict[str, str] | None = None):
     """The upstream configuration (``GatewayConfig``), or None for the embedded engine."""
-    from tokenwire.gateway.config import resolve
+    from tokenwire.gateway.config import resolve, with_fallback_flags
 
-    return resolve(config_path=args.config, upstream_urls=args.upstream,
-                   upstream_kind=args.upstream_kind, api_key_env=args.upstream_api_key_env,
-                   probe=not args.no_probe, max_concurrent=args.upstream_max_concurrent,
-                   context_length=args.upstream_context_length,
-                   env=os.environ if env is None else env)
+    cfg = resolve(config_path=args.config, upstream_urls=args.upstream,
+                  upstream_kind=args.upstream_kind, api_key_env=args.upstream_api_key_env,
+                  probe=not args.no_probe, max_concurrent=args.upstream_max_concurrent,
+                  context_length=args.upstream_context_length,
+                  env=os.environ if env is None else env)
+    return with_fallback_flags(cfg, getattr(args, "fallback", []),
+                               getattr(args, "context_fallback", []))
 
 
 def _server_value(args: argparse.Namespace, file_server: dict, key: str):

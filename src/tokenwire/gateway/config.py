@@ -61,6 +61,7 @@ from urllib.parse import urlsplit
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
 from tokenwire.errors import ConfigError, ConfigErrors, MapError
+from tokenwire.gateway.routing.fallbacks import FallbackTable
 from tokenwire.gateway.upstreams.base import UPSTREAM_KINDS, ModelRoute, UpstreamConfig
 
 __all__ = [
@@ -75,8 +76,10 @@ __all__ = [
     "load_map",
     "map_for_model",
     "parse_config",
+    "parse_fallbacks",
     "read_api_keys",
     "resolve",
+    "with_fallback_flags",
 ]
 
 ENV_CONFIG = "TOKENWIRE_CONFIG"
@@ -108,7 +111,8 @@ _MODEL_KEYS: dict[str, tuple[type, ...]] = {
     "context_length": (int,),
     "chat_template": (str,),
 }
-_TOP_KEYS: dict[str, tuple[type, ...]] = {"server": (dict,), "upstreams": (list,)}
+_TOP_KEYS: dict[str, tuple[type, ...]] = {"server": (dict,), "upstreams": (list,),
+                                           "fallbacks": (dict,), "context_fallbacks": (dict,)}
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,9 @@ class GatewayConfig:
     maps: Mapping[str, TokenizerMap] = field(default_factory=dict)
     no_probe: frozenset[str] = frozenset()
     source: str = "flags"
+    #: ``[fallbacks]`` and ``[context_fallbacks]`` (README "Fallbacks"); names are checked
+    #: against the served models once probing has found them all (``GatewayState``).
+    fallbacks: FallbackTable = field(default_factory=FallbackTable)
 
     @property
     def default_model(self) -> str | None:
@@ -333,8 +340,11 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     if default is not None and names and default not in declared:
         problems.add(ConfigError(f"{source}: [server] default_model {default!r} is not a "
                                  "configured model; configured: " + ", ".join(names)))
+    table = problems.check(parse_fallbacks, doc, source, declared=declared
+                           if all(u.models for u in upstreams) else None)
     config = GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
-                           no_probe=frozenset(no_probe), source=source)
+                           no_probe=frozenset(no_probe), source=source,
+                           fallbacks=table or FallbackTable())
     if problems.messages:
         exc = ConfigErrors(problems.messages)
         # The upstreams that did parse, so callers can still probe them (without a
@@ -343,6 +353,56 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
             config, server={k: v for k, v in server.items() if k != "default_model"})
         raise exc
     return config
+
+
+def parse_fallbacks(doc: Mapping[str, Any], source: str, *,
+                    declared: Sequence[object] | None = None) -> FallbackTable:
+    """``[fallbacks]`` / ``[context_fallbacks]``: ``model = ["other", ...]`` each. Names are
+    checked against ``declared`` when every upstream declares its models (else probing finds
+    some, and the gateway checks them once it has)."""
+    lists: dict[str, dict[str, tuple[str, ...]]] = {}
+    problems: list[str] = []
+    for key in ("fallbacks", "context_fallbacks"):
+        table = doc.get(key, {})
+        lists[key] = {}
+        if not isinstance(table, dict):
+            continue  # _check_keys reported the type
+        for model, targets in table.items():
+            if not isinstance(targets, list) or not all(isinstance(t, str) and t
+                                                        for t in targets):
+                problems.append(f"{source}: [{key}] {model} must be an array of model names")
+                continue
+            lists[key][model] = tuple(targets)
+    fallbacks = FallbackTable(general=lists["fallbacks"], context=lists["context_fallbacks"])
+    names = [n for n in declared or () if isinstance(n, str)] if declared is not None else None
+    problems += [f"{source}: {p}" for p in fallbacks.problems(names)]
+    if problems:
+        raise ConfigErrors(problems)
+    return fallbacks
+
+
+def with_fallback_flags(cfg: GatewayConfig | None, general: Sequence[str],
+                        context: Sequence[str]) -> GatewayConfig | None:
+    """``--fallback MODEL=A,B`` and ``--context-fallback MODEL=C`` (repeatable) over the
+    file's lists: a flag replaces that model's list."""
+    if not general and not context:
+        return cfg
+    if cfg is None:
+        raise ConfigError("--fallback and --context-fallback need upstreams (--config or "
+                          "--upstream): the embedded engine serves one model")
+    lists = {"fallbacks": dict(cfg.fallbacks.general),
+             "context_fallbacks": dict(cfg.fallbacks.context)}
+    for key, flags in (("fallbacks", general), ("context_fallbacks", context)):
+        for flag in flags:
+            model, sep, targets = flag.partition("=")
+            if not sep or not model.strip():
+                raise ConfigError(f"--{key.replace('_', '-')[:-1]} expects MODEL=OTHER[,OTHER"
+                                  f"...], got {flag!r}")
+            lists[key][model.strip()] = [t.strip() for t in targets.split(",") if t.strip()]
+    declared = [m.name for u in cfg.upstreams for m in u.models]
+    table = parse_fallbacks(lists, "flags", declared=declared
+                            if all(u.models for u in cfg.upstreams) else None)
+    return dataclasses.replace(cfg, fallbacks=table)
 
 
 def _check_server_auth(server: Mapping[str, Any], env: Mapping[str, str], where: str) -> None:

@@ -240,11 +240,16 @@ class ResponseMeta(msgspec.Struct, frozen=True, kw_only=True, tag="meta"):
     Responses upstreams", "Replayed items and turn terminals", "Response ids, cache
     affinity, and turn state". APIs without a place for these ignore the event; several may
     arrive (the turn state with the response head, the rest just before the terminal).
+
+    ``model`` is never from an upstream: the supervisor sends it when a fallback model
+    (``gateway/routing/fallbacks.py``) serves the request instead of the routed one, and
+    every API with a ``model`` field then names that model.
     """
 
     service_tier: str | None = None
     end_turn: bool | None = None
     turn_state: str | None = None
+    model: str | None = None
 
 
 class MessageStart(msgspec.Struct, frozen=True, kw_only=True, tag="message_start"):

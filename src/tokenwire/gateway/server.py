@@ -384,6 +384,7 @@ async def build_gateway(
         if problems:
             raise ConfigErrors(problems)
         router = Router([m for b in built for m in _served(b)], default=cfg.default_model)
+        cfg.fallbacks.validate(router.names)  # now that probing found every model
     except BaseException:
         await _close_all([b.adapter for b in built])
         raise
@@ -400,7 +401,7 @@ async def build_gateway(
     policy, descriptor = pair if pair is not None else (None, None)
     extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
     state = GatewayState(settings=settings, router=router, health=health, policy=policy,
-                         descriptor=descriptor, **extra)
+                         descriptor=descriptor, fallbacks=cfg.fallbacks, **extra)
     return Gateway(state=state, adapters=tuple(b.adapter for b in built), probes=probes)
 
 

@@ -48,6 +48,7 @@ from tokenwire.gateway.ir import (
     ImagePart,
     MessageToolCall,
     ReasoningDelta,
+    ResponseMeta,
     TextPart,
     TokenDelta,
     TokenLogprob,
@@ -263,6 +264,8 @@ class ChatRenderer:
                 return self._delta({"tool_calls": [self._tool_fragment(event)]})
             case Usage():
                 self._usage = event
+            case ResponseMeta(model=model) if model:  # a fallback model serves the request
+                self._model = model
             case Finish(reason=reason):
                 self.done = True
                 return self._finish(openai_finish_reason(reason, chat=True))

@@ -43,6 +43,7 @@ from tokenwire.gateway.ir import (
     Prompt,
     PromptIds,
     PromptText,
+    ResponseMeta,
     TokenDelta,
     TokenLogprob,
     Usage,
@@ -147,6 +148,8 @@ class CompletionsRenderer:
                     return [sse_data(self._chunk(text, None, ids))]
             case Usage():
                 self._usage = event
+            case ResponseMeta(model=model) if model:  # a fallback model serves the request
+                self._base["model"] = model
             case Finish(reason=reason):
                 self.done = True
                 return self._finish(openai_finish_reason(reason, chat=False))

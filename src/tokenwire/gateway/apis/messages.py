@@ -36,6 +36,7 @@ from tokenwire.gateway.ir import (
     FinishKind,
     Heartbeat,
     ReasoningDelta,
+    ResponseMeta,
     TokenDelta,
     ToolCallDelta,
     Usage,
@@ -178,6 +179,8 @@ class MessagesRenderer:
     def on_event(self, event: Event) -> list[bytes]:
         if isinstance(event, Usage):  # before _start: an early count goes in message_start
             self._usage = event
+        if isinstance(event, ResponseMeta) and event.model:  # a fallback model serves it
+            self._model = event.model
         out = self._start() if not self._started else []
         match event:
             case TokenDelta(text=text) if text:

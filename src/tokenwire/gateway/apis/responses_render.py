@@ -312,6 +312,8 @@ class ResponsesRenderer:
     def on_event(self, event: Event) -> list[bytes]:
         if self.done:
             return []
+        if isinstance(event, ResponseMeta) and event.model:  # a fallback model serves it
+            self._model = event.model
         out = self.created_events()
         match event:
             case TokenDelta(text=text, logprobs=logprobs) if text or logprobs:

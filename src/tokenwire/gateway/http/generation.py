@@ -155,10 +155,15 @@ def start_generation(
     zdict = zdict if pick.encoding == "zstd" else None
     api = "codec" if isinstance(renderer, CodecStreamRenderer) else api_for_path(request.url.path)
     stream = state.supervise(request, served, gen, streaming=streaming, api=api)
+
+    def headers() -> list[tuple[str, str]]:  # at the head: a fallback may serve by then
+        serving = stream.serving if isinstance(stream.serving, ServedModel) else served
+        return generation_headers(state, serving, cv, renderer, pick.encoding, zdict,
+                                  pick.reason_code.value, gen.request_id) + filter_headers(
+            stream.served_headers(), cv)
+
     return EventResponse(
-        stream, renderer,
-        headers=generation_headers(state, served, cv, renderer, pick.encoding, zdict,
-                                    pick.reason_code.value, gen.request_id),
+        stream, renderer, headers=headers,
         compressor=functools.partial(new_compressor, pick.encoding, dictionary=zdict),
         on_failure=on_failure or _failure_response, window=state.settings.window_s,
         streaming=streaming, clock=state.clock, record=stream.observer,

@@ -92,7 +92,8 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
                             record=stream.observer)
     from tokenwire.codec.compression import IdentityCompressor
 
-    return EventResponse(stream, _StoringRenderer(renderer, on_final, headers), headers=headers,
+    return EventResponse(stream, _StoringRenderer(renderer, on_final, headers),
+                         headers=lambda: headers + stream.served_headers(),
                          compressor=IdentityCompressor, on_failure=_failure_response,
                          window=0.0, streaming=False, record=stream.observer)
 

@@ -22,6 +22,7 @@ from tokenwire.gateway.context_window import ContextSource
 from tokenwire.gateway.http.admission import ticket_of
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
 from tokenwire.gateway.observability.records import Observability
+from tokenwire.gateway.routing.fallbacks import FallbackTable, plan_for
 from tokenwire.gateway.routing.health import HealthMonitor
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
@@ -62,6 +63,8 @@ class GatewayState:
     observability: Observability = field(default_factory=Observability)
     #: Generations in flight, for graceful shutdown (weak: a finished one just disappears).
     live_streams: weakref.WeakSet[SupervisedStream] = field(default_factory=weakref.WeakSet)
+    #: Opt-in fallbacks between models (``gateway/routing/fallbacks.py``); empty: none.
+    fallbacks: FallbackTable = field(default_factory=FallbackTable)
 
     def __post_init__(self) -> None:
         if self.router is None:
@@ -73,6 +76,7 @@ class GatewayState:
                 context_source=ContextSource.ENGINE.value if self.max_model_len else "",
                 upstream_name=getattr(self.upstream, "name", "embedded"),
                 aliases=tuple(getattr(self.upstream, "aliases", ())))])
+        self.fallbacks.validate(self.router.names)
         primary = self.router.primary
         if self.tmap is None:
             self.tmap = primary.tmap
@@ -103,10 +107,12 @@ class GatewayState:
             request_id=gen.request_id, stream=streaming)
         ticket = ticket_of(request)
         ticket.supervised, ticket.on_release = True, record.close
+        plan = plan_for(self.fallbacks, {m.name: m for m in self.router.models}, served,
+                        gen) if self.fallbacks else None
         stream = SupervisedStream(served, gen, ticket,
                                   timing=self.timing(streaming=streaming),
                                   policy=RetryPolicy(enabled=self.settings.retries),
-                                  observer=record)
+                                  observer=record, fallbacks=plan)
         self.live_streams.add(stream)
         return stream
 

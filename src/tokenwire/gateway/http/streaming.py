@@ -18,6 +18,8 @@ Other rules kept here:
   any other way this response stops before the terminal event (codec-spec §10 item 17).
 * ``streaming=False`` (a JSON body) collects every event first and sends one compressed
   body with ``Content-Length``; the disconnect watch still applies.
+* ``headers`` may be a function, called when the head goes out: the model serving the
+  request is known only then (a fallback before the head changes it; README "Fallbacks").
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class EventResponse:
         stream: EventStream,
         renderer: Renderer,
         *,
-        headers: Headers,
+        headers: Headers | Callable[[], Headers],
         compressor: Callable[[], Compressor],
         on_failure: ErrorFactory,
         window: float,
@@ -122,6 +124,9 @@ class EventResponse:
         finally:
             if not self._terminal_seen:  # disconnect, send failure or cancellation
                 self._stream.cancel()
+
+    def _head(self) -> Headers:
+        return self._headers() if callable(self._headers) else list(self._headers)
 
     async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
         while True:
@@ -160,7 +165,7 @@ class EventResponse:
         body = b"".join(chunk for ev in events for chunk in renderer.on_event(ev))
         comp = self._new_compressor()
         data = comp.compress_body(body)
-        await self._send_whole(send, 200, self._headers + _usage_header(events), data)
+        await self._send_whole(send, 200, self._head() + _usage_header(events), data)
         self._count(comp.encoding, data)
 
     async def _stream_body(self, send: Send) -> None:
@@ -174,7 +179,7 @@ class EventResponse:
         if isinstance(event, Failure):
             await self._send_failure(send, event)
             return
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._headers]
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._head()]
         await send({"type": "http.response.start", "status": 200, "headers": raw})
         comp = self._new_compressor()
         coalescer = Coalescer(comp, window=self._window)

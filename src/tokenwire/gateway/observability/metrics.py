@@ -91,6 +91,10 @@ class Metrics:
         self.retry_wait = counter(
             "tokenwire_retry_wait_seconds_total", "Backoff scheduled before retries.",
             ("budget",))
+        self.fallbacks = counter(
+            "tokenwire_fallbacks_total",
+            "Requests moved to a fallback model before any output, by the failure class "
+            "that moved them.", ("from_model", "to_model", "reason"))
         self.heartbeats = counter(
             "tokenwire_heartbeats_total", "Keep-alive events sent to clients.", ("api",))
         self.completion_tokens = counter(

@@ -116,7 +116,7 @@ _RESERVED_NOTE_KEYS: Final = frozenset((  # the standard fields of a request rec
     "ts event request_id api model upstream stream outcome status failure_class code elapsed_ms "
     "queue_wait_ms ttft_ms attempts retries retry_wait_ms heartbeats completion_tokens "
     "usage_prompt_tokens usage_completion_tokens usage_source wire_bytes encoding "
-    "retried_failure_class retried_code").split())
+    "retried_failure_class retried_code served_model fallbacks fallback_reason").split())
 #: Who counted a request's usage (``ir.UsageSource``), as the request log names it.
 _USAGE_SOURCES: Final = frozenset({"engine", "upstream", "gateway"})
 #: Streamed tokens are added to the shared counter in batches of this many (see ``tokens``).
@@ -338,11 +338,10 @@ class RequestRecord:
 
     __slots__ = (
         "_api", "_attempts", "_c_bytes", "_c_heartbeats", "_c_tokens", "_done", "_encoding",
-        "_first_output_s", "_heartbeats", "_model", "_model_l", "_notes", "_obs", "_outcome",
-        "_queue_wait_s",
-        "_request_id", "_retries", "_retry_class", "_retry_code", "_retry_wait_s", "_started",
-        "_stream", "_tokens", "_tokens_pending", "_upstream", "_upstream_l", "_usage",
-        "_usage_source",
+        "_fallback_reason", "_fallbacks", "_first_output_s", "_heartbeats", "_model",
+        "_model_l", "_notes", "_obs", "_outcome", "_queue_wait_s", "_request_id", "_retries",
+        "_retry_class", "_retry_code", "_retry_wait_s", "_served_model", "_started", "_stream",
+        "_tokens", "_tokens_pending", "_upstream", "_upstream_l", "_usage", "_usage_source",
         "_wire_bytes",
     )
 
@@ -381,6 +380,9 @@ class RequestRecord:
         self._usage_source: str | None = None
         self._wire_bytes = 0
         self._encoding: str | None = None
+        self._fallbacks = 0
+        self._fallback_reason: str | None = None
+        self._served_model: str | None = None
 
     @property
     def done(self) -> bool:
@@ -420,6 +422,21 @@ class RequestRecord:
         m = self._obs._m
         m.retries.labels(self._upstream_l, budget_l).inc()
         m.retry_wait.labels(budget_l).inc(delay)
+
+    @_never_raises
+    def fallback(self, from_model: str, to_model: str, reason: str, upstream: str) -> None:
+        """The request moved from ``from_model`` to the fallback ``to_model`` (served by
+        ``upstream``) for a failure of class ``reason``: later attempts count for it."""
+        if self._done:
+            return
+        reason_l = _closed(reason, FAILURE_CLASSES)
+        self._fallbacks += 1
+        self._fallback_reason = reason_l
+        self._served_model = bounded_id(to_model)
+        self._upstream_l = self._obs._upstream(upstream)
+        self._upstream = bounded_id(upstream)
+        self._obs._m.fallbacks.labels(self._obs._model(from_model), self._obs._model(to_model),
+                                      reason_l).inc()
 
     @_never_raises
     def heartbeat(self) -> None:
@@ -615,6 +632,10 @@ class RequestRecord:
         if self._retry_class is not None:
             fields["retried_failure_class"] = self._retry_class
             fields["retried_code"] = self._retry_code
+        if self._fallbacks:  # README "Fallbacks": who served it, after how many moves, why
+            fields["served_model"] = self._served_model
+            fields["fallbacks"] = self._fallbacks
+            fields["fallback_reason"] = self._fallback_reason
         fields.update(self._notes or {})  # note() refuses the standard keys
         logger.log(level, name, extra={"event": fields})
 

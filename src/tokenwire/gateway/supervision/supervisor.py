@@ -24,6 +24,14 @@ upstream's own, so the APIs render it without knowing what it did (DESIGN.md: N 
 4. **Sends heartbeats**: a :class:`~tokenwire.gateway.ir.Heartbeat` after every
    ``heartbeat_s`` (15 s) in which nothing was sent, while queued, waiting to retry, or
    waiting on a quiet upstream. They stop with the terminal, the deadline or a disconnect.
+5. **Falls back** (opt-in, ``gateway/routing/fallbacks.py``): when the routed model's budget
+   gave up *before any output was published* (or the idle timeout fired before any), or its
+   preflight refused a prompt it certainly cannot hold, the request moves to the next
+   compatible model of its :class:`~tokenwire.gateway.routing.fallbacks.FallbackPlan`, with
+   a budget of its own and a slot of that model's upstream. The failed model's held facts
+   are dropped and a :class:`~tokenwire.gateway.ir.ResponseMeta` naming the serving model
+   is held instead. When no model serves it, the client gets the routed model's own failure
+   (as without fallbacks), with the targets that could not take the request named.
 
 :meth:`~SupervisedStream.cancel` (the client went away) cancels the task: an upstream
 attempt in flight is cancelled (its adapter closes the connection), a queued request leaves
@@ -38,6 +46,8 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from tokenwire.errors import RetryDeadlinePassed, ServerBusy
 from tokenwire.gateway.ir import (
     Event,
@@ -49,10 +59,12 @@ from tokenwire.gateway.ir import (
     GenerationRequest,
     Heartbeat,
     ReasoningDelta,
+    ResponseMeta,
     TokenDelta,
     ToolCallDelta,
     Usage,
 )
+from tokenwire.gateway.routing.fallbacks import FallbackPlan
 from tokenwire.gateway.supervision.admission import Ticket
 from tokenwire.gateway.supervision.retry import GiveUp, RetryPolicy, RetryState
 
@@ -60,6 +72,8 @@ __all__ = [
     "DEFAULT_HEARTBEAT_S",
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_REQUEST_CAP_S",
+    "FALLBACK_HEADER",
+    "SERVED_MODEL_HEADER",
     "RequestObserver",
     "SupervisedStream",
     "Timing",
@@ -82,6 +96,10 @@ _TIMER_SLACK_S = 1e-3
 #: Events buffered between the task and the response writer: enough to ride over a slow
 #: socket write, small enough that a stalled client pushes back on the upstream.
 _BUFFERED_EVENTS = 64
+#: Response headers naming the model that served the request, when a fallback did; sent
+#: only when the fallback happened before the response head went out (README "Fallbacks").
+SERVED_MODEL_HEADER = "Tokenwire-Served-Model"
+FALLBACK_HEADER = "Tokenwire-Fallback"
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +120,8 @@ class RequestObserver(Protocol):
     def retry_scheduled(self, budget: str, delay_s: float, failure_class: str,
                         code: str | None) -> None: ...
     def heartbeat(self) -> None: ...
+    def fallback(self, from_model: str, to_model: str, reason: str,
+                 upstream: str) -> None: ...
     def first_output(self) -> None: ...
     def tokens(self, n: int) -> None: ...
     def usage(self, prompt_tokens: int | None, completion_tokens: int | None,
@@ -116,6 +136,8 @@ class _NoObserver:
     def retry_scheduled(self, budget: str, delay_s: float, failure_class: str,
                         code: str | None) -> None: pass
     def heartbeat(self) -> None: pass
+    def fallback(self, from_model: str, to_model: str, reason: str,
+                 upstream: str) -> None: pass
     def first_output(self) -> None: pass
     def tokens(self, n: int) -> None: pass
     def usage(self, prompt_tokens: int | None, completion_tokens: int | None,
@@ -140,6 +162,7 @@ class Upstreamish(Protocol):
     """What the supervisor needs of a routed model (a :class:`~.router.ServedModel`)."""
 
     upstream: object
+    name: str
 
     def submit(self, request: GenerationRequest) -> EventStream: ...
 
@@ -149,11 +172,18 @@ def _no_preflight(request: GenerationRequest) -> Failure | None:
 
 
 class _Deadline(Exception):
-    """A request deadline passed; carries the failure to report."""
+    """A request deadline passed; carries the failure to report. ``upstream_idle``: the idle
+    timeout, while an upstream (not the queue) had the request: a fallback may take it."""
 
-    def __init__(self, failure: Failure) -> None:
+    def __init__(self, failure: Failure, *, upstream_idle: bool = False) -> None:
         super().__init__(failure.code)
         self.failure = failure
+        self.upstream_idle = upstream_idle
+
+
+def _header_safe(name: str) -> str:
+    """A model name as a header value: printable ASCII, no list separators."""
+    return "".join(c if " " < c <= "~" and c not in ",;" else "?" for c in name)[:128]
 
 
 class SupervisedStream:
@@ -162,8 +192,15 @@ class SupervisedStream:
     def __init__(self, served: Upstreamish, request: GenerationRequest, ticket: Ticket, *,
                  timing: Timing = Timing(), policy: RetryPolicy | None = None,
                  observer: RequestObserver | None = None,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 fallbacks: FallbackPlan | None = None) -> None:
         self._served = served
+        self._plan = fallbacks
+        #: The model serving the request now: the routed one until a fallback moves it.
+        self.serving: Upstreamish = served
+        #: The fallbacks taken so far: ``(from model, to model, reason)``.
+        self.fallbacks: list[tuple[str, str, str]] = []
+        self._counts_released = False
         self._request = request
         self._ticket = ticket
         self._timing = timing
@@ -240,14 +277,7 @@ class SupervisedStream:
         self._last_sent = now()
         try:
             try:
-                # A prompt that certainly does not fit is refused before it queues or
-                # reaches an upstream: no attempt, final (gateway/context_window.py).
-                refusal = getattr(self._served, "preflight", _no_preflight)(self._request)
-                if refusal is not None:
-                    await self._emit_terminal(refusal)
-                    return
-                await self._admit()
-                terminal = await self._attempts()
+                terminal = await self._serve()
             except _Deadline as exc:
                 terminal = exc.failure
             await self._emit_terminal(terminal)
@@ -263,11 +293,80 @@ class SupervisedStream:
                 self._upstream_stream.cancel()  # a no-op once it ended
             self._ticket.release_slot()
 
-    async def _admit(self) -> None:
+    async def _serve(self) -> Event:
+        """The routed model, then its fallbacks while a failure before output allows one:
+        the terminal to report."""
+        served, request = self._served, self._request
+        tried, first = {getattr(served, "name", "")}, None
+        while True:
+            terminal = await self._on_model(served, request)
+            if isinstance(terminal, Finish) or self._published:
+                return terminal
+            first = first or terminal
+            nxt = self._plan.next_for(terminal, tried) if self._plan is not None else None
+            if nxt is None:
+                return self._final_failure(first)
+            self._fall_back(served, nxt.served, terminal)
+            tried.add(nxt.served.name)
+            served, request = nxt.served, nxt.request
+
+    async def _on_model(self, served: Upstreamish, request: GenerationRequest) -> Event:
+        """One model: its preflight, a slot on its upstream, its attempts under its budget."""
+        # A prompt that certainly does not fit is refused before it queues or reaches an
+        # upstream: no attempt, final for this model (gateway/context_window.py).
+        refusal = getattr(served, "preflight", _no_preflight)(request)
+        if refusal is not None:
+            return refusal
+        loop = asyncio.get_running_loop()
+        if self._ticket.upstream is not served.upstream:
+            self._ticket.release_slot()  # a fallback on another upstream waits for its own
+            await self._admit(served)
+        else:  # a fallback on the same upstream keeps the slot, with a fresh idle window
+            self._idle_deadline = loop.time() + self._timing.idle_timeout_s
+        try:
+            return await self._attempts(served, request)
+        except _Deadline as exc:
+            if exc.upstream_idle and not self._published and self._plan is not None:
+                return exc.failure  # silent before any output: a fallback may serve it
+            raise
+
+    def _fall_back(self, served: Upstreamish, target: Upstreamish, failure: Failure) -> None:
+        reason = failure.failure_class.value
+        self.fallbacks.append((served.name, target.name, reason))
+        self.serving = target
+        upstream = getattr(target, "upstream_name", "") or target.name
+        self._obs.fallback(served.name, target.name, reason, upstream)
+        # The failed model's facts are not the answer's; the answer names who served it. A
+        # prompt count a heartbeat already released is replaced (renderers keep the last).
+        self._held = [ResponseMeta(model=target.name)]
+        if self._counts_released:
+            self._held.append(Usage(prompt_tokens=None, completion_tokens=None))
+
+    def _final_failure(self, first: Failure) -> Failure:
+        """No model served the request: the routed model's failure, as without fallbacks
+        (a fallback's refusal says nothing about the request to the model asked for), naming
+        the targets this request could not be sent to."""
+        if self.fallbacks:  # the last fallback's facts are not the routed model's failure's
+            self._held = []
+        note = self._plan.skipped_note(first) if self._plan is not None else ""
+        if not note:
+            return first
+        return msgspec.structs.replace(first, message=first.message + note)
+
+    def served_headers(self) -> list[tuple[str, str]]:
+        """:data:`SERVED_MODEL_HEADER` and :data:`FALLBACK_HEADER` once a fallback was taken
+        (one ``from;to=...;reason=...`` element per move), else none."""
+        if not self.fallbacks:
+            return []
+        hops = ", ".join(f"{_header_safe(a)};to={_header_safe(b)};reason={r}"
+                         for a, b, r in self.fallbacks)
+        return [(SERVED_MODEL_HEADER, _header_safe(self.serving.name)), (FALLBACK_HEADER, hops)]
+
+    async def _admit(self, served: Upstreamish) -> None:
         """Wait for a slot, sending heartbeats; the wait counts against the deadlines."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        granted = self._ticket.admission.enqueue(self._ticket, self._served.upstream)
+        granted = self._ticket.admission.enqueue(self._ticket, served.upstream)
         try:
             while not granted.done():
                 wake = self._next_wake()
@@ -280,7 +379,7 @@ class SupervisedStream:
         self._obs.admitted(loop.time() - started)
         self._idle_deadline = loop.time() + self._timing.idle_timeout_s  # restart at admission
 
-    async def _attempts(self) -> Event:
+    async def _attempts(self, served: Upstreamish, request: GenerationRequest) -> Event:
         """Attempts until a terminal: the Finish, or the Failure to report."""
         loop = asyncio.get_running_loop()
         state = RetryState(started_at=loop.time(), policy=self._policy,
@@ -292,7 +391,7 @@ class SupervisedStream:
                 raise _Deadline(self._cap_failure()) from None
             self.attempts += 1
             self._obs.attempt_started(self.attempts)
-            terminal = await self._attempt()
+            terminal = await self._attempt(served, request)
             if isinstance(terminal, Finish) or self._published:
                 return terminal  # a failure after output is reported, never replayed
             decision = state.on_failure(terminal, now=loop.time(), output_published=False,
@@ -306,11 +405,11 @@ class SupervisedStream:
             if not state.check_after_wait(loop.time()):
                 return state.abandon().failure
 
-    async def _attempt(self) -> Finish | Failure:
+    async def _attempt(self, served: Upstreamish, request: GenerationRequest) -> Finish | Failure:
         """One upstream attempt: forward its events until its terminal."""
         loop = asyncio.get_running_loop()
         try:
-            stream = self._served.submit(self._request)
+            stream = served.submit(request)
         except ServerBusy as exc:  # the upstream's own bound: its 503, retried once
             return Failure(failure_class=FailureClass.CAPACITY, message=str(exc), status=503,
                            code="upstream_busy")
@@ -380,6 +479,7 @@ class SupervisedStream:
             return
         counts = [e for e in self._held if isinstance(e, Usage)]
         self._held = [e for e in self._held if not isinstance(e, Usage)]
+        self._counts_released = True
         for event in counts:
             await self._put(event)
 
@@ -415,7 +515,7 @@ class SupervisedStream:
         if now >= self._hard_deadline:
             raise _Deadline(self._cap_failure())
         if now >= self._idle_deadline:
-            raise _Deadline(self._idle_failure(queued))
+            raise _Deadline(self._idle_failure(queued), upstream_idle=not queued)
         hb = self._timing.heartbeat_s
         if hb is not None and now >= self._last_sent + hb:
             self._obs.heartbeat()
