@@ -33,9 +33,11 @@ import httpx
 import looptime
 
 from tokenwire.codec.frames_msgpack import FrameDecoder
+from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.versioning import CLIENT_VERSION_HEADER, OWN_VERSION, format_version
 from tokenwire.gateway.config import GatewayConfig
 from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.routing.fallbacks import FallbackTable
 from tokenwire.gateway.server import Gateway, build_gateway
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
@@ -44,6 +46,9 @@ from .scripted_upstream import Fault, ScriptedUpstream, closed_port, serve_app
 
 __all__ = [
     "APIS",
+    "FALLBACK",
+    "FALLBACK_FIRST_ID",
+    "FALLBACK_PROMPT_TOKENS",
     "READ_TIMEOUT_S",
     "Env",
     "Outcome",
@@ -60,6 +65,11 @@ READ_TIMEOUT_S = 300.0
 #: The three client APIs every fault is shown on.
 APIS = ("responses", "chat", "codec")
 MODEL = "m"
+#: The fallback model of the "with a fallback" runs, on its own scripted upstream whose ids
+#: and prompt count differ from the primary's, so an answer shows whose it is.
+FALLBACK = "f"
+FALLBACK_FIRST_ID = 2000
+FALLBACK_PROMPT_TOKENS = 7
 
 
 #: The loop clock's tick: a power of two, so that every loop time and every sum of one with
@@ -91,6 +101,13 @@ class Env:
     gateway: Gateway
     client: httpx.AsyncClient
     url: str
+    fallback: ScriptedUpstream | None = None
+
+    def fallbacks_counted(self) -> float:
+        """``tokenwire_fallbacks_total`` summed over its labels."""
+        metric = self.gateway.state.observability._m.fallbacks
+        return sum(s.value for m in metric.collect() for s in m.samples
+                   if s.name == "tokenwire_fallbacks_total")
 
     async def health(self) -> dict[str, Any]:
         resp = await self.client.get(f"{self.url}/health")
@@ -101,36 +118,60 @@ class Env:
 async def environment(script: list[Fault], *, cycle: bool = False,
                       settings: ServerSettings | None = None, kind: str = "openai",
                       refused: bool = False, read_timeout_s: float = READ_TIMEOUT_S,
-                      max_concurrent: int = 4) -> AsyncIterator[Env]:
+                      max_concurrent: int = 4, fallback: list[Fault] | None = None,
+                      maps: tuple[TokenizerMap, TokenizerMap] | None = None,
+                      ) -> AsyncIterator[Env]:
     """Start the scripted upstream and a gateway over it; stop both afterwards.
 
     ``refused``: the gateway's upstream URL names a closed port (connections are refused;
-    start-up probing is then off, as ``probe = false`` would be)."""
+    start-up probing is then off, as ``probe = false`` would be). ``fallback``: a second
+    scripted upstream (an OpenAI-compatible one) serves model :data:`FALLBACK`, the
+    primary's ``fallbacks`` and ``context_fallbacks``; ``maps`` are the two models' maps
+    (a Codec request falls back only to a model with the primary's map)."""
     up = ScriptedUpstream(script=script, cycle=cycle, model=MODEL)
     up_server, up_task, up_port = await serve_app(up.app(), http=up.protocol_class())
     loop = asyncio.get_running_loop()
     port = closed_port() if refused else up_port
     options: dict[str, object] = {"ids": "vllm"} if kind == "openai" else {}
-    cfg = GatewayConfig(
-        upstreams=(UpstreamConfig(
-            name="scripted", kind=kind, base_url=f"http://127.0.0.1:{port}/v1",
-            models=(ModelRoute(name=MODEL),), read_timeout_s=read_timeout_s,
-            connect_timeout_s=10.0, max_concurrent=max_concurrent, options=options),),
-        no_probe=frozenset({"scripted"}) if refused else frozenset())
+    upstreams = [UpstreamConfig(
+        name="scripted", kind=kind, base_url=f"http://127.0.0.1:{port}/v1",
+        models=(ModelRoute(name=MODEL),), read_timeout_s=read_timeout_s,
+        connect_timeout_s=10.0, max_concurrent=max_concurrent, options=options)]
+    fb = fb_server = fb_task = None
+    table, model_maps = FallbackTable(), {}
+    if fallback is not None:
+        fb = ScriptedUpstream(script=fallback, model=FALLBACK, first_id=FALLBACK_FIRST_ID,
+                              prompt_tokens=FALLBACK_PROMPT_TOKENS)
+        fb_server, fb_task, fb_port = await serve_app(fb.app(), http=fb.protocol_class())
+        upstreams.append(UpstreamConfig(
+            name="fallback", kind="openai", base_url=f"http://127.0.0.1:{fb_port}/v1",
+            models=(ModelRoute(name=FALLBACK),), read_timeout_s=read_timeout_s,
+            connect_timeout_s=10.0, max_concurrent=max_concurrent, options={"ids": "vllm"}))
+        table = FallbackTable(general={MODEL: (FALLBACK,)}, context={MODEL: (FALLBACK,)})
+        if maps is not None:
+            model_maps = {MODEL: maps[0], FALLBACK: maps[1]}
+    cfg = GatewayConfig(upstreams=tuple(upstreams), maps=model_maps, fallbacks=table,
+                        no_probe=frozenset({"scripted"}) if refused else frozenset())
     gw = await build_gateway(cfg, settings or ServerSettings(), clock=loop.time)
     gw_server, gw_task, gw_port = await serve_app(create_app(gw.state))
     # identity: the faults, not the content codings, are under test here.
     client = httpx.AsyncClient(timeout=None, headers={"Accept-Encoding": "identity"})
     try:
-        yield Env(upstream=up, gateway=gw, client=client, url=f"http://127.0.0.1:{gw_port}")
+        yield Env(upstream=up, gateway=gw, client=client, url=f"http://127.0.0.1:{gw_port}",
+                  fallback=fb)
     finally:
         up.released.set()
+        if fb is not None:
+            fb.released.set()
         await client.aclose()
         gw_server.stop()
         await gw_task
         await gw.aclose()
         up_server.stop()
         await up_task
+        if fb_server is not None and fb_task is not None:
+            fb_server.stop()
+            await fb_task
 
 
 # -- the three client APIs -------------------------------------------------------------------
@@ -157,6 +198,10 @@ class Outcome:
     done_marker: bool = False  # Chat: ``data: [DONE]`` was sent
     elapsed: float = 0.0
     headers: dict[str, str] = field(default_factory=dict)
+    #: Every ``model`` the body named (Chat chunks, Responses snapshots), in order.
+    models: list[str] = field(default_factory=list)
+    #: The prompt count the answer reported (Responses ``usage.input_tokens``).
+    prompt_tokens: int | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -251,6 +296,8 @@ class _ResponsesReader(_SSEReader):
             return
         event = json.loads(data)
         kind = event.get("type", "")
+        if isinstance(event.get("response"), dict) and event["response"].get("model"):
+            self.out.models.append(event["response"]["model"])
         if kind == "response.in_progress":
             if self.opened:
                 self.out.heartbeats.append(at)
@@ -262,6 +309,10 @@ class _ResponsesReader(_SSEReader):
 
     def document(self, response: dict[str, Any]) -> None:
         status = response.get("status")
+        usage = response.get("usage") or {}
+        self.out.prompt_tokens = usage.get("input_tokens")
+        if not self.out.models and response.get("model"):  # a whole (non-streamed) body
+            self.out.models.append(response["model"])
         self.out.terminal = {"completed": "completed", "failed": "failed",
                              "incomplete": "incomplete"}.get(status, "none")
         if status == "failed":
@@ -282,6 +333,8 @@ class _ChatReader(_SSEReader):
                 self.chunk(json.loads(line[6:]))
 
     def chunk(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("model"):
+            self.out.models.append(chunk["model"])
         if "error" in chunk:
             self.out.terminal, self.out.code = "error", chunk["error"].get("code")
             self.out.message = chunk["error"].get("message")
@@ -292,6 +345,8 @@ class _ChatReader(_SSEReader):
                 self.out.terminal, self.out.code = "finish", choice["finish_reason"]
 
     def document(self, doc: dict[str, Any]) -> None:
+        if doc.get("model"):
+            self.out.models.append(doc["model"])
         for choice in doc.get("choices") or ():
             self.out.text += (choice.get("message") or {}).get("content") or ""
             if choice.get("finish_reason"):

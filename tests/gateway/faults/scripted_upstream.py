@@ -186,6 +186,10 @@ class ScriptedUpstream:
     script: list[Fault]
     cycle: bool = False
     model: str = "m"
+    #: The first token id and the prompt count it reports: a fallback upstream gets others,
+    #: so a client's answer shows whose it is.
+    first_id: int = FIRST_ID
+    prompt_tokens: int = PROMPT_TOKENS
     attempts: list[Attempt] = field(default_factory=list)
     disconnects: int = 0
     #: Set at teardown: every hang and stall returns, so the server can shut down.
@@ -331,7 +335,7 @@ class _Generate:
         else:
             choice["text"] = piece
         if want_ids:
-            choice["token_ids"] = [FIRST_ID + i]
+            choice["token_ids"] = [self.up.first_id + i]
         return {"id": "scripted", "object": "chunk", "model": self.up.model,
                 "choices": [choice]}
 
@@ -339,16 +343,17 @@ class _Generate:
         if self.api == "responses":
             await self._data(send, {"type": "response.completed", "response": {
                 "id": "resp_up", "object": "response", "status": "completed",
-                "output": [], "usage": {"input_tokens": PROMPT_TOKENS, "output_tokens": n,
-                                        "total_tokens": PROMPT_TOKENS + n}}})
+                "output": [], "usage": {"input_tokens": self.up.prompt_tokens,
+                                        "output_tokens": n,
+                                        "total_tokens": self.up.prompt_tokens + n}}})
         else:
             choice: dict[str, Any] = {"index": 0, "finish_reason": fault.finish_reason}
             choice["delta" if self.api == "chat" else "text"] = {} if self.api == "chat" else ""
             await self._data(send, {"id": "scripted", "object": "chunk", "choices": [choice]})
             await self._data(send, {"id": "scripted", "object": "chunk", "choices": [],
-                                    "usage": {"prompt_tokens": PROMPT_TOKENS,
+                                    "usage": {"prompt_tokens": self.up.prompt_tokens,
                                               "completion_tokens": n,
-                                              "total_tokens": PROMPT_TOKENS + n}})
+                                              "total_tokens": self.up.prompt_tokens + n}})
             await self._raw(send, b"data: [DONE]\n\n")
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -19,6 +19,13 @@ the ``finish_reason``;
 failure after a heartbeat went out is reported in-stream instead); ``codec`` is the final
 frame's ``finish_reason``, ``error`` for any failure (an HTTP error status before the head
 counts as ``error`` too).
+
+**With a fallback configured** (issue 13) every row runs a second time with a second scripted
+upstream serving model ``f``, the primary's ``fallbacks`` and ``context_fallbacks``. On the
+APIs a row lists in ``falls_back``, the answer must be the fallback's, whole (its text, its
+ids, its usage, ``model: f``), after the primary spent its own budget; on the others the
+row's own expectation holds and the fallback is never asked. Rows marked ``fallback_only``
+need the fallback (its refusal, its outage, its different map) and run only with it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,8 @@ from .scripted_upstream import Fault
 __all__ = ["ROWS", "Row"]
 
 TEXT = "Hello there, world"
+#: What the fallback upstream answers: never a word of the primary's.
+FALLBACK_TEXT = "Fallback says hi"
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,21 @@ class Row:
     #: The APIs the row runs on: a Responses upstream is text-only (no map configured here),
     #: so the Codec API refuses its model with a 400 before anything happens.
     apis: tuple[str, ...] = ("responses", "chat", "codec")
+    #: With a fallback: the APIs whose answer the fallback serves (module docstring).
+    falls_back: tuple[str, ...] = ()
+    #: The fallback upstream's script, and its attempts per client request when that is not
+    #: simply "1 where it serves, 0 elsewhere".
+    fallback_script: tuple[Fault, ...] = (Fault.ok(FALLBACK_TEXT),)
+    fallback_attempts: tuple[int, int] | None = None
+    #: Loop seconds with a fallback (default: ``elapsed``, when the primary gave up).
+    fallback_elapsed: tuple[float, float] | None = None
+    #: The row is about the fallback itself: it runs only with one.
+    fallback_only: bool = False
+    #: The fallback model's map: ``same`` as the primary's, or ``other`` (a Codec request
+    #: cannot fall back to it).
+    fallback_map: str = "same"
+    #: A substring of the client's failure message on the APIs the fallback does not serve.
+    fallback_message: str | None = None
 
     @property
     def success(self) -> bool:
@@ -98,6 +122,7 @@ _OPENAI = ("This model's maximum context length is 8192 tokens. However, your me
            "resulted in 9000 tokens. Please reduce the length of the messages.")
 
 _TEXT_APIS = ("responses", "chat")
+_ALL = ("responses", "chat", "codec")
 _OK = dict(responses="completed", chat="finish:stop", codec="eos_token")
 _OVERFLOW = dict(attempts=(1, 1), elapsed=(0.0, 0.5), responses="failed:context_length_exceeded",
                  chat="error:context_length_exceeded", chat_status=400, codec="error",
@@ -120,22 +145,26 @@ ROWS: tuple[Row, ...] = (
         (Fault.status(429, code="rate_limit_exceeded"),),
         attempts=_BUDGET_ATTEMPTS, elapsed=(100.0, 120.0), budget="throttle 120 s",
         responses="failed:rate_limit_exceeded", chat="error:rate_limit_exceeded", codec="error",
-        message=THROTTLE_EXHAUSTED_MESSAGE, gaps=_backoff(4)),
+        message=THROTTLE_EXHAUSTED_MESSAGE, gaps=_backoff(4),
+        falls_back=_ALL, fallback_elapsed=(100.0, 120.5)),
     Row("429-unnamed-final", "429 with no code and no `Retry-After`",
         (Fault.status(429),),
         attempts=(1, 1), elapsed=(0.0, 0.5), budget="final (usage limit)",
         responses="failed:invalid_prompt", chat="error:insufficient_quota", chat_status=429,
-        codec="error", message="Provider credits or quota are exhausted"),
+        codec="error", message="Provider credits or quota are exhausted",
+        falls_back=_ALL),
     Row("429-unnamed-long", "429 with no code, `Retry-After: 90`",
         (Fault.status(429, retry_after=90),),
         attempts=(1, 1), elapsed=(0.0, 0.5), budget="final (Retry-After > 60 s)",
         responses="failed:invalid_prompt", chat="error:insufficient_quota", chat_status=429,
-        codec="error"),
+        codec="error",
+        falls_back=_ALL),
     Row("429-named-long", "429 `rate_limit_exceeded`, `Retry-After: 90`, persistent",
         (Fault.status(429, retry_after=90, code="rate_limit_exceeded"),),
         attempts=(2, 2), elapsed=(90.0, 90.5), budget="throttle 120 s (2nd wait refused)",
         responses="failed:rate_limit_exceeded", chat="error:rate_limit_exceeded", codec="error",
-        message=THROTTLE_EXHAUSTED_MESSAGE, gaps=((90.0, 90.3),)),
+        message=THROTTLE_EXHAUSTED_MESSAGE, gaps=((90.0, 90.3),),
+        falls_back=_ALL),
     Row("throttle-then-reset", "429 `Retry-After: 60`, 429 `Retry-After: 50`, 2 resets, OK",
         (Fault.status(429, retry_after=60, code="rate_limit_exceeded"),
          Fault.status(429, retry_after=50, code="rate_limit_exceeded"),
@@ -147,7 +176,8 @@ ROWS: tuple[Row, ...] = (
         (Fault.status(429, code="insufficient_quota", type="insufficient_quota"),),
         attempts=(1, 1), elapsed=(0.0, 0.5), budget="final (quota)",
         responses="failed:insufficient_quota", chat="error:insufficient_quota", chat_status=429,
-        codec="error", message="Provider credits or quota are exhausted"),
+        codec="error", message="Provider credits or quota are exhausted",
+        falls_back=_ALL),
     Row("500-once", "500 once, then OK",
         (Fault.status(500, code="server_error", type="server_error"), Fault.ok(TEXT)),
         attempts=(2, 2), elapsed=(1.0, 1.5), budget="single retry after 1 s",
@@ -156,12 +186,14 @@ ROWS: tuple[Row, ...] = (
         (Fault.status(503),),
         attempts=(2, 2), elapsed=(1.0, 1.5), budget="single retry after 1 s",
         responses="failed:server_is_overloaded", chat="error:capacity", chat_status=503,
-        codec="error", gaps=((1.0, 1.3),)),
+        codec="error", gaps=((1.0, 1.3),),
+        falls_back=_ALL),
     Row("refused", "connection refused (closed port: no attempt reaches a server)",
         (Fault.ok(TEXT),),
         attempts=(0, 0), elapsed=(0.0, 0.5), budget="final (refused)", refused=True,
         responses="failed:server_error", chat="error:connection", chat_status=502,
-        codec="error"),
+        codec="error",
+        falls_back=_ALL),
     Row("reset-then-ok", "TCP reset before headers twice, then OK",
         (Fault.reset(), Fault.reset(), Fault.ok(TEXT)),
         attempts=(3, 3), elapsed=(2.4, 3.9), budget="connection 1, 2 s (+-20%)",
@@ -169,11 +201,13 @@ ROWS: tuple[Row, ...] = (
     Row("reset-persistent", "TCP reset before headers, persistent", (Fault.reset(),),
         attempts=_BUDGET_ATTEMPTS, elapsed=(100.0, 120.0), budget="connection 120 s",
         responses="failed:server_error", chat="error:connection", codec="error",
-        gaps=_backoff(4)),
+        gaps=_backoff(4),
+        falls_back=_ALL, fallback_elapsed=(100.0, 120.5)),
     Row("no-response", "no response (request read, never answered)", (Fault.hang(),),
         attempts=(1, 1), elapsed=(300.0, 300.5),
         budget="read timeout 300 s, final (a retry would wait it again)",
-        responses="failed:server_error", chat="error:timeout", codec="error"),
+        responses="failed:server_error", chat="error:timeout", codec="error",
+        falls_back=_ALL),
     Row("slow-first-token", "first token after 30 s", (Fault.ok(TEXT, delay_s=30),),
         attempts=(1, 1), elapsed=(30.0, 30.5), budget="none (heartbeats)", **_OK),
     Row("request-cap", "a chunk every 30 s (`request_cap_s = 100`)",
@@ -196,7 +230,8 @@ ROWS: tuple[Row, ...] = (
         (Fault.malformed(after=0),),
         attempts=(1, 1), elapsed=(0.0, 0.5), budget="final (malformed stream)",
         responses="failed:server_error", chat="error:upstream", chat_status=502,
-        codec="error"),
+        codec="error",
+        falls_back=_ALL),
     Row("malformed-mid", "a chunk that is not JSON, after 1 chunk",
         (Fault.malformed(after=1), Fault.ok(TEXT)),
         attempts=(1, 1), elapsed=(0.0, 0.5), budget="none (output published)",
@@ -211,29 +246,37 @@ ROWS: tuple[Row, ...] = (
         attempts=(2, 2), elapsed=(1.0, 1.5), budget="single retry after 1 s",
         gaps=((1.0, 1.3),), **_OK),
     Row("overflow-vllm-0.9", "vLLM 0.9 overflow 400 (\"... (P in the messages, ...)\")",
-        (_overflow(_VLLM_V09, type="BadRequestError", code=400),), **_OVERFLOW),
+        (_overflow(_VLLM_V09, type="BadRequestError", code=400),), **_OVERFLOW,
+        falls_back=_ALL),
     Row("overflow-vllm-0.11", "vLLM 0.11 overflow 400 (\"your request has P input tokens\")",
-        (_overflow(_VLLM_V011, type="BadRequestError", code=400),), **_OVERFLOW),
+        (_overflow(_VLLM_V011, type="BadRequestError", code=400),), **_OVERFLOW,
+        falls_back=_ALL),
     Row("overflow-vllm-0.11-max", "vLLM 0.11 400 (\"'max_tokens' ... is too large\")",
-        (_overflow(_VLLM_V011_MAX, type="BadRequestError", code=400),), **_OVERFLOW),
+        (_overflow(_VLLM_V011_MAX, type="BadRequestError", code=400),), **_OVERFLOW,
+        falls_back=_ALL),
     Row("overflow-vllm-0.2x", "vLLM 0.2x 400 (\"prompt contains (at least) P ... "
         "(parameter=input_tokens)\")",
-        (_overflow(_VLLM_V02X, type="BadRequestError", code=400),), **_OVERFLOW),
+        (_overflow(_VLLM_V02X, type="BadRequestError", code=400),), **_OVERFLOW,
+        falls_back=_ALL),
     Row("overflow-vllm-passed", "vLLM 400 (\"You passed P input tokens ... context length "
         "is only N\")",
-        (_overflow(_VLLM_PASSED, type="BadRequestError", code=400),), **_OVERFLOW),
+        (_overflow(_VLLM_PASSED, type="BadRequestError", code=400),), **_OVERFLOW,
+        falls_back=_ALL),
     Row("overflow-llama.cpp", "llama.cpp 400 `exceed_context_size_error`",
         (_overflow(_LLAMA_CPP, type="exceed_context_size_error", code=400,
-                   extra={"n_prompt_tokens": 4900, "n_ctx": 4096}),), **_OVERFLOW),
+                   extra={"n_prompt_tokens": 4900, "n_ctx": 4096}),), **_OVERFLOW,
+        falls_back=_ALL),
     Row("overflow-openai", "OpenAI 400 `context_length_exceeded`",
         (_overflow(_OPENAI, type="invalid_request_error", code="context_length_exceeded"),),
-        **_OVERFLOW),
+        **_OVERFLOW,
+        falls_back=_ALL),
     Row("overflow-vllm-stream", "vLLM overflow as a mid-stream `data: {\"error\": ...}` "
         "(integer `code` 400)",
         (Fault.stream_error({"message": _VLLM_V011, "type": "BadRequestError", "code": 400}),),
         attempts=(1, 1), elapsed=(0.0, 0.5), budget="final",
         responses="failed:context_length_exceeded", chat="error:context_length_exceeded",
-        chat_status=400, codec="error"),
+        chat_status=400, codec="error",
+        falls_back=_ALL),
     Row("stream-error-mid", "vLLM mid-stream error event (`code` 500) after 1 chunk",
         (Fault.stream_error({"message": "engine died", "type": "InternalServerError",
                              "code": 500}, after=1),),
@@ -259,6 +302,28 @@ ROWS: tuple[Row, ...] = (
         (Fault.reset(), Fault.ok(TEXT)), cycle=True, requests=3,
         attempts=(2, 2), elapsed=(0.8, 1.5), budget="connection 1 s (+-20%) per request",
         gaps=_backoff(1), **_OK),
+    # -- about the fallback itself (issue 13): these run only with one ---------------------
+    Row("fallback-rejects", "503 persistent; the fallback rejects the prompt (400)",
+        (Fault.status(503),),
+        attempts=(2, 2), elapsed=(1.0, 1.5), budget="single retry, then the fallback: 400",
+        responses="failed:server_is_overloaded", chat="error:capacity", chat_status=503,
+        codec="error", gaps=((1.0, 1.3),), fallback_only=True, fallback_attempts=(1, 1),
+        fallback_script=(Fault.status(400, type="invalid_request_error", message=(
+            "This model does not support assistant message prefill.")),)),
+    Row("fallback-down", "503 persistent; the fallback resets every connection",
+        (Fault.status(503),),
+        attempts=(2, 2), elapsed=(1.0, 1.5), fallback_elapsed=(101.0, 121.5),
+        budget="single retry, then the fallback's connection budget",
+        responses="failed:server_is_overloaded", chat="error:capacity", chat_status=503,
+        codec="error", gaps=((1.0, 1.3),), fallback_only=True,
+        fallback_attempts=_BUDGET_ATTEMPTS, fallback_script=(Fault.reset(),)),
+    Row("fallback-other-map", "503 persistent; the fallback has another tokenizer map",
+        (Fault.status(503),),
+        attempts=(2, 2), elapsed=(1.0, 1.5), budget="single retry, then the fallback "
+        "(not for token ids of another map)",
+        responses="failed:server_is_overloaded", chat="error:capacity", chat_status=503,
+        codec="error", gaps=((1.0, 1.3),), fallback_only=True, falls_back=_TEXT_APIS,
+        fallback_map="other", fallback_message="not tried as fallbacks"),
     # -- a Responses upstream (kind = "responses"): its own SSE shape, the same budgets ------
     Row("responses-ok", "Responses upstream: a whole answer", (Fault.ok(TEXT),),
         attempts=(1, 1), elapsed=(0.0, 0.5), budget="none", kind="responses", apis=_TEXT_APIS,
@@ -294,5 +359,6 @@ ROWS: tuple[Row, ...] = (
                              "Your input exceeds the context window of this model."}),),
         attempts=(1, 1), elapsed=(0.0, 0.5), budget="final",
         responses="failed:context_length_exceeded", chat="error:context_length_exceeded",
-        chat_status=400, codec="error", kind="responses", apis=_TEXT_APIS),
+        chat_status=400, codec="error", kind="responses", apis=_TEXT_APIS,
+        falls_back=_TEXT_APIS),
 )

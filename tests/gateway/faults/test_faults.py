@@ -14,9 +14,11 @@ from .runner import check, run_row
 from .table import ROWS, Row
 
 
-def _cases() -> list[object]:
+def _cases(*, fallback: bool) -> list[object]:
     cases = []
     for row in ROWS:
+        if row.fallback_only and not fallback:
+            continue
         for api in row.apis:
             marks = [pytest.mark.xfail(strict=True, reason=row.xfail[api])] \
                 if api in row.xfail else []
@@ -24,8 +26,17 @@ def _cases() -> list[object]:
     return cases
 
 
-@pytest.mark.parametrize(("row", "api"), _cases())
+@pytest.mark.parametrize(("row", "api"), _cases(fallback=False))
 def test_fault(row: Row, api: str) -> None:
     result = run_row(row, api)
+    problems = check(result)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(("row", "api"), _cases(fallback=True))
+def test_fault_with_fallback(row: Row, api: str) -> None:
+    """The same row with a fallback model configured (issue 13): it serves the rows it
+    should, whole and named, and changes nothing in the others."""
+    result = run_row(row, api, fallback=True)
     problems = check(result)
     assert not problems, "\n".join(problems)
