@@ -120,14 +120,15 @@ async def environment(script: list[Fault], *, cycle: bool = False,
                       refused: bool = False, read_timeout_s: float = READ_TIMEOUT_S,
                       max_concurrent: int = 4, fallback: list[Fault] | None = None,
                       maps: tuple[TokenizerMap, TokenizerMap] | None = None,
-                      ) -> AsyncIterator[Env]:
+                      context_length: int | None = None) -> AsyncIterator[Env]:
     """Start the scripted upstream and a gateway over it; stop both afterwards.
 
     ``refused``: the gateway's upstream URL names a closed port (connections are refused;
     start-up probing is then off, as ``probe = false`` would be). ``fallback``: a second
     scripted upstream (an OpenAI-compatible one) serves model :data:`FALLBACK`, the
     primary's ``fallbacks`` and ``context_fallbacks``; ``maps`` are the two models' maps
-    (a Codec request falls back only to a model with the primary's map)."""
+    (a Codec request falls back only to a model with the primary's map); ``context_length``
+    the primary's window."""
     up = ScriptedUpstream(script=script, cycle=cycle, model=MODEL)
     up_server, up_task, up_port = await serve_app(up.app(), http=up.protocol_class())
     loop = asyncio.get_running_loop()
@@ -135,8 +136,9 @@ async def environment(script: list[Fault], *, cycle: bool = False,
     options: dict[str, object] = {"ids": "vllm"} if kind == "openai" else {}
     upstreams = [UpstreamConfig(
         name="scripted", kind=kind, base_url=f"http://127.0.0.1:{port}/v1",
-        models=(ModelRoute(name=MODEL),), read_timeout_s=read_timeout_s,
-        connect_timeout_s=10.0, max_concurrent=max_concurrent, options=options)]
+        models=(ModelRoute(name=MODEL, context_length=context_length),),
+        read_timeout_s=read_timeout_s, connect_timeout_s=10.0, max_concurrent=max_concurrent,
+        options=options)]
     fb = fb_server = fb_task = None
     table, model_maps = FallbackTable(), {}
     if fallback is not None:

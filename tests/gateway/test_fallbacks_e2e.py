@@ -1,0 +1,168 @@
+"""A gateway that falls back, seen through the real ``openai`` and ``anthropic`` SDKs.
+
+The primary model's scripted upstream answers 503 (persistent), so its single retry is spent
+and the fallback model (another scripted upstream on a real loopback socket) serves the
+request. Each API must return the fallback's own answer, name it in ``model`` and in
+``Tokenwire-Served-Model``, and count it in the metrics and the request log. The scripted
+upstreams inject the fault; the clients are the real SDKs (no mock stands in for a peer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+
+from tokenwire.gateway.observability.records import LOGGER_NAME
+
+from .faults.harness import FALLBACK, FALLBACK_PROMPT_TOKENS, MODEL, environment, run_in_looptime
+from .faults.runner import _maps
+from .faults.scripted_upstream import Fault
+from .faults.table import FALLBACK_TEXT
+
+PRIMARY_DOWN = [Fault.status(503)]
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[dict[str, Any]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        event = getattr(record, "event", None)
+        if isinstance(event, dict):
+            self.events.append(event)
+
+
+async def _logged(records: _Records, n: int) -> list[dict[str, Any]]:
+    """The request log lines, written when each exchange ends (after the body)."""
+    for _ in range(200):
+        if len(records.events) >= n:
+            return records.events
+        await asyncio.sleep(0.01)
+    return records.events
+
+
+def _with_records(fn: Any) -> Any:
+    logger = logging.getLogger(LOGGER_NAME)
+    records = _Records()
+    logger.addHandler(records)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        return run_in_looptime(lambda: fn(records))
+    finally:
+        logger.removeHandler(records)
+        logger.setLevel(level)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_sdk_chat_completions_and_responses_get_the_fallback_answer(stream: bool):
+    async def go(records: _Records) -> None:
+        async with environment(PRIMARY_DOWN, fallback=[Fault.ok(FALLBACK_TEXT)],
+                               maps=_maps("same")) as env:
+            async with openai.AsyncOpenAI(base_url=env.url + "/v1", api_key="unused",
+                                          max_retries=0) as client:
+                chat = await client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": "Hi"}], stream=stream)
+                if stream:
+                    chunks = [c async for c in chat.parse()]
+                    assert {c.model for c in chunks} == {FALLBACK}
+                    assert "".join(c.choices[0].delta.content or "" for c in chunks
+                                   if c.choices) == FALLBACK_TEXT
+                else:
+                    body = chat.parse()
+                    assert (body.model, body.choices[0].message.content) == (FALLBACK,
+                                                                             FALLBACK_TEXT)
+                    assert body.usage is not None
+                    assert body.usage.prompt_tokens == FALLBACK_PROMPT_TOKENS
+                assert chat.headers["tokenwire-served-model"] == FALLBACK
+                assert chat.headers["tokenwire-fallback"] == (
+                    f"{MODEL};to={FALLBACK};reason=capacity")
+
+                comp = await client.completions.create(model=MODEL, prompt="Hi", max_tokens=8)
+                assert (comp.model, comp.choices[0].text) == (FALLBACK, FALLBACK_TEXT)
+
+                if stream:
+                    async with client.responses.stream(model=MODEL, input="Hi") as events:
+                        final = await events.get_final_response()
+                else:
+                    final = await client.responses.create(model=MODEL, input="Hi")
+                assert (final.model, final.output_text) == (FALLBACK, FALLBACK_TEXT)
+                assert final.usage is not None
+                assert final.usage.input_tokens == FALLBACK_PROMPT_TOKENS
+                assert env.fallbacks_counted() == 3
+                body, _ = env.gateway.state.observability.metrics_response_body()
+                assert (f'tokenwire_fallbacks_total{{from_model="{MODEL}",reason="capacity",'
+                        f'to_model="{FALLBACK}"}} 3.0').encode() in body
+                logged = await _logged(records, 3)
+                assert [(e["model"], e["served_model"], e["fallbacks"], e["fallback_reason"],
+                         e["upstream"]) for e in logged] == [(MODEL, FALLBACK, 1, "capacity",
+                                                              "fallback")] * 3
+    _with_records(go)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_anthropic_sdk_messages_name_the_fallback_model(stream: bool) -> None:
+    async def go(records: _Records) -> None:
+        async with environment(PRIMARY_DOWN, fallback=[Fault.ok(FALLBACK_TEXT)],
+                               maps=_maps("same")) as env:
+            async with anthropic.AsyncAnthropic(base_url=env.url, api_key="unused",
+                                                max_retries=0) as client:
+                kw: dict[str, Any] = dict(model=MODEL, max_tokens=16,
+                                          messages=[{"role": "user", "content": "Hi"}])
+                if stream:
+                    async with client.messages.stream(**kw) as events:
+                        message = await events.get_final_message()
+                else:
+                    message = await client.messages.create(**kw)
+                assert message.model == FALLBACK
+                assert "".join(b.text for b in message.content if b.type == "text") == \
+                    FALLBACK_TEXT
+                assert message.usage.input_tokens == FALLBACK_PROMPT_TOKENS
+                assert env.fallbacks_counted() == 1
+    _with_records(go)
+
+
+def test_a_prompt_the_primary_cannot_hold_goes_to_the_context_fallback() -> None:
+    """A certain overflow (known window, counted with the model's map) is refused before
+    any attempt; with a context fallback the longer model serves it instead of a 400."""
+    async def go(records: _Records) -> None:
+        async with environment([Fault.ok("never")], fallback=[Fault.ok(FALLBACK_TEXT)],
+                               maps=_maps("same"), context_length=64) as env:
+            assert env.fallback is not None
+            # The longer model reads the whole prompt (a count below the certain one is a
+            # truncation the gateway reports: gateway/context_window.py).
+            env.fallback.prompt_tokens = 500
+            async with openai.AsyncOpenAI(base_url=env.url + "/v1", api_key="unused",
+                                          max_retries=0) as client:
+                long = "the quick brown fox jumps over the lazy dog " * 40
+                chat = await client.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=[{"role": "user", "content": long}])
+                body = chat.parse()
+                assert (body.model, body.choices[0].message.content) == (FALLBACK, FALLBACK_TEXT)
+                assert chat.headers["tokenwire-fallback"] == (
+                    f"{MODEL};to={FALLBACK};reason=context_length_exceeded")
+                assert env.upstream.attempts == []  # the primary never saw it
+                assert len(env.fallback.attempts) == 1
+    _with_records(go)
+
+
+def test_without_a_fallback_the_same_prompt_is_refused_as_before() -> None:
+    async def go(records: _Records) -> None:
+        async with environment([Fault.ok("never")], context_length=64) as env:
+            async with openai.AsyncOpenAI(base_url=env.url + "/v1", api_key="unused",
+                                          max_retries=0) as client:
+                # Without a map nothing is certain: the primary's own 400 is what a client sees,
+                # so send ids (counted exactly) through Completions.
+                with pytest.raises(openai.BadRequestError) as info:
+                    await client.completions.create(model=MODEL, prompt=list(range(100)),
+                                                    max_tokens=8)
+                assert info.value.code == "context_length_exceeded"
+                assert "tokenwire-served-model" not in info.value.response.headers
+                assert env.upstream.attempts == []
+    _with_records(go)
