@@ -194,10 +194,10 @@ class SupervisedStream:
                  observer: RequestObserver | None = None,
                  rng: random.Random | None = None,
                  fallbacks: FallbackPlan | None = None) -> None:
+        #: The model serving the request now, and the request as it receives it: the routed
+        #: ones until a fallback moves them (``_fall_back``).
         self._served = served
         self._plan = fallbacks
-        #: The model serving the request now: the routed one until a fallback moves it.
-        self.serving: Upstreamish = served
         #: The fallbacks taken so far: ``(from model, to model, reason)``.
         self.fallbacks: list[tuple[str, str, str]] = []
         self._counts_released = False
@@ -293,49 +293,54 @@ class SupervisedStream:
                 self._upstream_stream.cancel()  # a no-op once it ended
             self._ticket.release_slot()
 
+    @property
+    def serving(self) -> Upstreamish:
+        """The model serving the request now (the routed one unless a fallback took it)."""
+        return self._served
+
     async def _serve(self) -> Event:
         """The routed model, then its fallbacks while a failure before output allows one:
         the terminal to report."""
-        served, request = self._served, self._request
-        tried, first = {getattr(served, "name", "")}, None
+        tried, first = {getattr(self._served, "name", "")}, None
         while True:
-            terminal = await self._on_model(served, request)
+            terminal = await self._on_model()
             if isinstance(terminal, Finish) or self._published:
                 return terminal
             first = first or terminal
             nxt = self._plan.next_for(terminal, tried) if self._plan is not None else None
             if nxt is None:
                 return self._final_failure(first)
-            self._fall_back(served, nxt.served, terminal)
+            self._fall_back(nxt.served, nxt.request, terminal)
             tried.add(nxt.served.name)
-            served, request = nxt.served, nxt.request
 
-    async def _on_model(self, served: Upstreamish, request: GenerationRequest) -> Event:
+    async def _on_model(self) -> Event:
         """One model: its preflight, a slot on its upstream, its attempts under its budget."""
         # A prompt that certainly does not fit is refused before it queues or reaches an
         # upstream: no attempt, final for this model (gateway/context_window.py).
-        refusal = getattr(served, "preflight", _no_preflight)(request)
+        refusal = getattr(self._served, "preflight", _no_preflight)(self._request)
         if refusal is not None:
             return refusal
         loop = asyncio.get_running_loop()
-        if self._ticket.upstream is not served.upstream:
+        if self._ticket.upstream is not self._served.upstream:
             self._ticket.release_slot()  # a fallback on another upstream waits for its own
-            await self._admit(served)
+            await self._admit()
         else:  # a fallback on the same upstream keeps the slot, with a fresh idle window
             self._idle_deadline = loop.time() + self._timing.idle_timeout_s
         try:
-            return await self._attempts(served, request)
+            return await self._attempts()
         except _Deadline as exc:
             if exc.upstream_idle and not self._published and self._plan is not None:
                 return exc.failure  # silent before any output: a fallback may serve it
             raise
 
-    def _fall_back(self, served: Upstreamish, target: Upstreamish, failure: Failure) -> None:
-        reason = failure.failure_class.value
-        self.fallbacks.append((served.name, target.name, reason))
-        self.serving = target
+    def _fall_back(self, target: Upstreamish, request: GenerationRequest,
+                   failure: Failure) -> None:
+        """Move the request to ``target`` (its own form of the request)."""
+        reason, source = failure.failure_class.value, self._served.name
+        self.fallbacks.append((source, target.name, reason))
+        self._served, self._request = target, request
         upstream = getattr(target, "upstream_name", "") or target.name
-        self._obs.fallback(served.name, target.name, reason, upstream)
+        self._obs.fallback(source, target.name, reason, upstream)
         # The failed model's facts are not the answer's; the answer names who served it. A
         # prompt count a heartbeat already released is replaced (renderers keep the last).
         self._held = [ResponseMeta(model=target.name)]
@@ -362,11 +367,11 @@ class SupervisedStream:
                          for a, b, r in self.fallbacks)
         return [(SERVED_MODEL_HEADER, _header_safe(self.serving.name)), (FALLBACK_HEADER, hops)]
 
-    async def _admit(self, served: Upstreamish) -> None:
+    async def _admit(self) -> None:
         """Wait for a slot, sending heartbeats; the wait counts against the deadlines."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        granted = self._ticket.admission.enqueue(self._ticket, served.upstream)
+        granted = self._ticket.admission.enqueue(self._ticket, self._served.upstream)
         try:
             while not granted.done():
                 wake = self._next_wake()
@@ -379,7 +384,7 @@ class SupervisedStream:
         self._obs.admitted(loop.time() - started)
         self._idle_deadline = loop.time() + self._timing.idle_timeout_s  # restart at admission
 
-    async def _attempts(self, served: Upstreamish, request: GenerationRequest) -> Event:
+    async def _attempts(self) -> Event:
         """Attempts until a terminal: the Finish, or the Failure to report."""
         loop = asyncio.get_running_loop()
         state = RetryState(started_at=loop.time(), policy=self._policy,
@@ -391,7 +396,7 @@ class SupervisedStream:
                 raise _Deadline(self._cap_failure()) from None
             self.attempts += 1
             self._obs.attempt_started(self.attempts)
-            terminal = await self._attempt(served, request)
+            terminal = await self._attempt()
             if isinstance(terminal, Finish) or self._published:
                 return terminal  # a failure after output is reported, never replayed
             decision = state.on_failure(terminal, now=loop.time(), output_published=False,
@@ -405,11 +410,11 @@ class SupervisedStream:
             if not state.check_after_wait(loop.time()):
                 return state.abandon().failure
 
-    async def _attempt(self, served: Upstreamish, request: GenerationRequest) -> Finish | Failure:
+    async def _attempt(self) -> Finish | Failure:
         """One upstream attempt: forward its events until its terminal."""
         loop = asyncio.get_running_loop()
         try:
-            stream = served.submit(request)
+            stream = self._served.submit(self._request)
         except ServerBusy as exc:  # the upstream's own bound: its 503, retried once
             return Failure(failure_class=FailureClass.CAPACITY, message=str(exc), status=503,
                            code="upstream_busy")
