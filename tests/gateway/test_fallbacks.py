@@ -409,3 +409,19 @@ def test_probed_models_are_checked_when_the_gateway_is_built() -> None:
     with pytest.raises(ConfigError, match="'c' is not a served model"):
         GatewayState(settings=ServerSettings(), router=router,
                      fallbacks=FallbackTable(general={"a": ("c",)}))
+
+
+def test_no_probe_keeps_the_file_s_fallbacks(tmp_path: Any) -> None:
+    """``--config FILE --no-probe`` rebuilt the configuration without its fallbacks (the
+    rebuild listed GatewayConfig's fields by hand), so they silently vanished."""
+    from tokenwire.gateway.config import resolve
+
+    path = tmp_path / "gw.toml"
+    path.write_text('[[upstreams]]\nname = "u1"\nkind = "openai"\n'
+                    'base_url = "http://127.0.0.1:9/v1"\n'
+                    '[[upstreams.models]]\nname = "a"\n[[upstreams.models]]\nname = "b"\n'
+                    '[fallbacks]\na = ["b"]\n')
+    cfg = resolve(config_path=str(path), probe=False, env={})
+    assert cfg is not None
+    assert cfg.fallbacks.general == {"a": ("b",)}
+    assert cfg.no_probe == frozenset({"u1"})

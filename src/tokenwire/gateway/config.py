@@ -532,9 +532,8 @@ def resolve(
                               "to --upstream; set them in the config file")
         cfg = load_config_file(config_path, env=env)
         if not probe:
-            cfg = GatewayConfig(upstreams=cfg.upstreams, server=cfg.server, maps=cfg.maps,
-                                no_probe=frozenset(u.name for u in cfg.upstreams),
-                                source=cfg.source)
+            # replace(), not a new GatewayConfig: every other field (fallbacks) is kept.
+            cfg = dataclasses.replace(cfg, no_probe=frozenset(u.name for u in cfg.upstreams))
         return cfg
     if upstream_urls:
         return config_from_urls(upstream_urls, kind=upstream_kind or "openai",
