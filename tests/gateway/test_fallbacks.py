@@ -425,3 +425,25 @@ def test_no_probe_keeps_the_file_s_fallbacks(tmp_path: Any) -> None:
     assert cfg is not None
     assert cfg.fallbacks.general == {"a": ("b",)}
     assert cfg.no_probe == frozenset({"u1"})
+
+
+def test_serve_flags_reach_the_configuration(tmp_path: Any) -> None:
+    """``tokenwire serve --config F --fallback a=b --context-fallback a=long``."""
+    import argparse
+
+    from tokenwire.cli import serve as serve_cmd
+
+    path = tmp_path / "gw.toml"
+    path.write_text('[[upstreams]]\nname = "u1"\nkind = "openai"\n'
+                    'base_url = "http://127.0.0.1:9/v1"\n[[upstreams.models]]\nname = "a"\n'
+                    '[[upstreams.models]]\nname = "b"\n[[upstreams.models]]\nname = "long"\n')
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--config", str(path), "--fallback", "a=b",
+                              "--context-fallback", "a=long"])
+    cfg = serve_cmd.gateway_config_from_args(args, env={})
+    assert cfg is not None
+    assert cfg.fallbacks == FallbackTable(general={"a": ("b",)}, context={"a": ("long",)})
+    bad = parser.parse_args(["serve", "--config", str(path), "--fallback", "a=ghost"])
+    with pytest.raises(ConfigError, match="'ghost' is not a served model"):
+        serve_cmd.gateway_config_from_args(bad, env={})
