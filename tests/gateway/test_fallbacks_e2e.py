@@ -166,3 +166,25 @@ def test_without_a_fallback_the_same_prompt_is_refused_as_before() -> None:
                 assert "tokenwire-served-model" not in info.value.response.headers
                 assert env.upstream.attempts == []
     _with_records(go)
+
+
+def test_a_conversation_continued_by_previous_response_id_falls_back_whole() -> None:
+    """The gateway keeps Responses conversations itself and replays them, so the state is
+    portable: the fallback receives the earlier turns (its own answer included)."""
+    async def go(records: _Records) -> None:
+        async with environment(PRIMARY_DOWN, fallback=[Fault.ok(FALLBACK_TEXT)],
+                               maps=_maps("same")) as env:
+            async with openai.AsyncOpenAI(base_url=env.url + "/v1", api_key="unused",
+                                          max_retries=0) as client:
+                assert env.fallback is not None
+                env.fallback.prompt_tokens = 100  # the replayed turns count (no truncation)
+                first = await client.responses.create(model=MODEL, input="Hi")
+                second = await client.responses.create(model=MODEL, input="And then?",
+                                                       previous_response_id=first.id)
+                assert (second.model, second.output_text) == (FALLBACK, FALLBACK_TEXT)
+                body = env.fallback.attempts[-1].body
+                said = [(m["role"], m["content"]) for m in body["messages"]]
+                assert ("assistant", FALLBACK_TEXT) in said
+                assert said[-1] == ("user", "And then?")
+                assert ("user", "Hi") in said
+    _with_records(go)
