@@ -49,6 +49,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--upstream", action="append", default=[], metavar="URL",
                    help="an upstream base URL, e.g. http://host:8000/v1 (repeatable; env "
                         "TOKENWIRE_UPSTREAM); serves the models it lists")
+    p.add_argument("--replica", action="append", default=[],
+                   metavar="URL[,weight=W][,max_concurrent=N][,api_key_env=VAR]",
+                   help="a replica of one pooled upstream (repeat for each; README \"Replica "
+                        "pools\"); not with --upstream or --config")
     p.add_argument("--upstream-kind", help="kind of the --upstream servers (default openai)")
     p.add_argument("--upstream-api-key-env", metavar="VAR",
                    help="environment variable holding the --upstream API key")
@@ -182,6 +186,7 @@ def gateway_config_from_args(args: argparse.Namespace, env: dict[str, str] | Non
                   upstream_kind=args.upstream_kind, api_key_env=args.upstream_api_key_env,
                   probe=not args.no_probe, max_concurrent=args.upstream_max_concurrent,
                   context_length=args.upstream_context_length,
+                  replicas=getattr(args, "replica", []),
                   env=os.environ if env is None else env)
     return with_fallback_flags(cfg, getattr(args, "fallback", []),
                                getattr(args, "context_fallback", []))
@@ -347,6 +352,10 @@ def _run_upstreams(args: argparse.Namespace, cfg) -> int:
               f"{settings.port}", flush=True)
         for up in cfg.upstreams:
             print(f"  upstream {up.name}: {up.kind} {up.base_url}")
+            for i in range(len(up.replicas)):
+                replica = up.replica(i)
+                print(f"    replica {replica.name}: {replica.base_url} (weight "
+                      f"{up.replicas[i].weight:g}, max_concurrent {replica.max_concurrent})")
         for m in gw.state.router.models:
             tmap = f"map {m.tmap.id} {m.tmap.hash}" if m.tmap is not None else "no map"
             print(f"  model: {m.name} (upstream {m.upstream_name}, ids {m.ids_source.value}, "

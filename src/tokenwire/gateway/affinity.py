@@ -68,8 +68,12 @@ HEADERS_BY_KIND: dict[str, dict[str, tuple[str, ...]]] = {
 #: Body keys each upstream kind uses (the Chat/Anthropic/Codec wire has no such key).
 BODY_KEYS_BY_KIND: dict[str, tuple[str, ...]] = {"responses": ("prompt_cache_key",)}
 
-#: Client header names collected as hints (lower case).
-_HINT_HEADERS = ("session-id", "thread-id", "x-session-id")
+#: Client header names collected as hints (lower case). ``x-tokenwire-affinity`` is the
+#: explicit key of a replica pool (``routing/pool.py``); no upstream kind is sent it.
+_HINT_HEADERS = ("session-id", "thread-id", "x-session-id", "x-tokenwire-affinity")
+#: Body keys collected as hints: ``previous_response_id`` (a Responses body) only picks the
+#: replica that produced that response; it is never forwarded as a hint.
+_HINT_BODY_KEYS = ("prompt_cache_key", "previous_response_id")
 
 
 def well_formed_id(value: object) -> bool:
@@ -86,9 +90,10 @@ def affinity_hints(body: Mapping[str, object],
     value is kept as the client sent it (still wrapped); :func:`affinity_headers` decides.
     """
     hints: list[tuple[str, str]] = []
-    key = body.get("prompt_cache_key")
-    if well_formed_id(key):
-        hints.append(("prompt_cache_key", str(key)))
+    for name in _HINT_BODY_KEYS:
+        key = body.get(name)
+        if well_formed_id(key):
+            hints.append((name, str(key)))
     for name in _HINT_HEADERS:
         value = headers.get(name)
         if well_formed_id(value):

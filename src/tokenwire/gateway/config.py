@@ -61,8 +61,14 @@ from urllib.parse import urlsplit
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
 from tokenwire.errors import ConfigError, ConfigErrors, MapError
+from tokenwire.gateway.routing.breaker import BreakerPolicy
 from tokenwire.gateway.routing.fallbacks import FallbackTable
-from tokenwire.gateway.upstreams.base import UPSTREAM_KINDS, ModelRoute, UpstreamConfig
+from tokenwire.gateway.upstreams.base import (
+    UPSTREAM_KINDS,
+    ModelRoute,
+    ReplicaConfig,
+    UpstreamConfig,
+)
 
 __all__ = [
     "ENV_API_KEYS",
@@ -71,12 +77,14 @@ __all__ = [
     "SERVER_KEYS",
     "GatewayConfig",
     "auth_from_sources",
+    "config_from_replicas",
     "config_from_urls",
     "load_config_file",
     "load_map",
     "map_for_model",
     "parse_config",
     "parse_fallbacks",
+    "parse_replica_flag",
     "read_api_keys",
     "resolve",
     "with_fallback_flags",
@@ -104,8 +112,22 @@ _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),
     "max_concurrent": (int,), "connect_timeout_s": _NUM, "read_timeout_s": _NUM,
     "probe": (bool,), "headers": (dict,), "options": (dict,), "models": (list,),
-    "context_length": (int,),
+    "context_length": (int,), "replicas": (list,), "breaker": (dict,),
+    "probe_interval_s": _NUM, "affinity_prefix_chars": (int,),
 }
+#: One replica of a pool (README "Replica pools").
+_REPLICA_KEYS: dict[str, tuple[type, ...]] = {
+    "base_url": (str,), "name": (str,), "api_key_env": (str,), "weight": _NUM,
+    "max_concurrent": (int,),
+}
+#: [upstreams.breaker]: the fields of routing.breaker.BreakerPolicy.
+_BREAKER_KEYS: dict[str, tuple[type, ...]] = {
+    "consecutive_failures": (int,), "error_rate": _NUM, "window_s": _NUM,
+    "min_requests": (int,), "base_cooldown_s": _NUM, "max_cooldown_s": _NUM,
+    "close_after": (int,),
+}
+#: Longest prompt prefix the stateless affinity hash reads: enough for a system prompt.
+MAX_AFFINITY_PREFIX_CHARS = 65_536
 _MODEL_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "upstream_model": (str,), "map": (str,), "map_path": (str,),
     "context_length": (int,),
@@ -271,9 +293,15 @@ def _parse_upstream(
         problems.add(ConfigError(f"{where}: unknown kind {kind!r}; expected one of "
                                  + ", ".join(UPSTREAM_KINDS)))
     base_url = doc.get("base_url", "")
+    replicas = problems.check(_parse_pool, doc, env, where) if "replicas" in doc else ()
     if kind == "embedded":
         if base_url:
             problems.add(ConfigError(f"{where}: an embedded upstream has no base_url"))
+        if "replicas" in doc:
+            problems.add(ConfigError(f"{where}: an embedded upstream has no replicas"))
+    elif "replicas" in doc:
+        if base_url:
+            problems.add(ConfigError(f"{where}: give base_url or replicas, not both"))
     elif kind in UPSTREAM_KINDS and isinstance(base_url, str):  # unknown kind: needs unknown
         base_url = problems.check(_check_url, base_url, where) or ""
     key_env = doc.get("api_key_env")
@@ -305,8 +333,70 @@ def _parse_upstream(
         models=tuple(routes), max_concurrent=doc.get("max_concurrent", 4),
         **{k: float(doc[k]) for k in ("connect_timeout_s", "read_timeout_s") if k in doc},
         headers=tuple(headers.items()), options=dict(doc.get("options", {})),
-        context_length=doc.get("context_length"))
+        context_length=doc.get("context_length"), replicas=replicas or (),
+        pool={k: doc[k] for k in ("breaker", "probe_interval_s", "affinity_prefix_chars")
+              if k in doc})
     return config, maps
+
+
+def _parse_pool(doc: Mapping[str, Any], env: Mapping[str, str],
+                where: str) -> tuple[ReplicaConfig, ...]:
+    """``replicas``, ``breaker``, ``probe_interval_s`` and ``affinity_prefix_chars`` of a
+    pooled upstream; every problem reported."""
+    problems = _Problems()
+    docs = doc.get("replicas")
+    if not isinstance(docs, list) or not docs:
+        raise ConfigError(f"{where}: replicas must be a non-empty array of tables")
+    out: list[ReplicaConfig] = []
+    for i, rdoc in enumerate(docs):
+        parsed = problems.check(_parse_replica, rdoc, env, f"{where} replica #{i + 1}")
+        if parsed is not None:
+            out.append(parsed)
+    names = [r.name or str(i + 1) for i, r in enumerate(out)]
+    if len(set(names)) != len(names):
+        problems.add(ConfigError(f"{where}: two replicas have the same name"))
+    breaker = doc.get("breaker", {})
+    if isinstance(breaker, dict):
+        problems.check(_check_keys, breaker, _BREAKER_KEYS, f"{where} [breaker]")
+        if not problems.messages:
+            problems.check(_breaker_policy, breaker, where)
+    interval = doc.get("probe_interval_s", 1)
+    if isinstance(interval, _NUM) and interval <= 0:
+        problems.add(ConfigError(f"{where}: probe_interval_s must be a positive number"))
+    prefix = doc.get("affinity_prefix_chars", 0)
+    if isinstance(prefix, int) and not 0 <= prefix <= MAX_AFFINITY_PREFIX_CHARS:
+        problems.add(ConfigError(f"{where}: affinity_prefix_chars must be between 0 (off) "
+                                 f"and {MAX_AFFINITY_PREFIX_CHARS}"))
+    if problems.messages:
+        raise ConfigErrors(problems.messages)
+    return tuple(out)
+
+
+def _parse_replica(doc: Any, env: Mapping[str, str], where: str) -> ReplicaConfig:
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: must be a table")
+    _check_keys(doc, _REPLICA_KEYS, where)
+    if not isinstance(doc.get("base_url"), str):
+        raise ConfigError(f"{where}: base_url is required")
+    url = _check_url(doc["base_url"], where)
+    key_env = doc.get("api_key_env")
+    if key_env is not None and key_env not in env:
+        raise ConfigError(f"{where}: api_key_env names {key_env}, which is not set")
+    weight = doc.get("weight", 1.0)
+    if weight <= 0:
+        raise ConfigError(f"{where}: weight must be a positive number")
+    limit = doc.get("max_concurrent")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"{where}: max_concurrent must be at least 1")
+    return ReplicaConfig(base_url=url, name=doc.get("name", ""), api_key_env=key_env,
+                         weight=float(weight), max_concurrent=limit)
+
+
+def _breaker_policy(doc: Mapping[str, Any], where: str) -> BreakerPolicy:
+    try:
+        return BreakerPolicy(**doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{where} [breaker]: {exc}") from None
 
 
 def parse_config(doc: Mapping[str, Any], *, source: str = "config",
@@ -504,6 +594,45 @@ def config_from_urls(
     return parse_config({"server": {"probe": probe}, "upstreams": ups}, source=source, env=env)
 
 
+#: ``--replica`` options after the URL, and how each is read.
+_REPLICA_FLAG_OPTIONS: dict[str, Any] = {"weight": float, "max_concurrent": int,
+                                         "api_key_env": str, "name": str}
+
+
+def parse_replica_flag(value: str) -> dict[str, Any]:
+    """``URL[,weight=W][,max_concurrent=N][,api_key_env=VAR][,name=NAME]`` -> a replica
+    table (checked like the file's by :func:`parse_config`)."""
+    url, *options = [p.strip() for p in value.split(",")]
+    out: dict[str, Any] = {"base_url": url}
+    for option in options:
+        key, sep, raw = option.partition("=")
+        if not sep or key not in _REPLICA_FLAG_OPTIONS:
+            raise ConfigError(f"--replica {value!r}: unknown option {option!r}; expected "
+                              + ", ".join(f"{k}=..." for k in _REPLICA_FLAG_OPTIONS))
+        try:
+            out[key] = _REPLICA_FLAG_OPTIONS[key](raw)
+        except ValueError:
+            raise ConfigError(f"--replica {value!r}: {key} must be a number") from None
+    return out
+
+
+def config_from_replicas(
+    specs: Sequence[str], *, kind: str = "openai", api_key_env: str | None = None,
+    env: Mapping[str, str] | None = None, probe: bool = True,
+    max_concurrent: int | None = None, context_length: int | None = None,
+) -> GatewayConfig:
+    """``--replica URL`` (repeated) without a file: one pool named ``pool`` whose replicas
+    serve the same models, discovered by probing."""
+    doc: dict[str, Any] = {"name": "pool", "kind": kind,
+                           "replicas": [parse_replica_flag(v) for v in specs]}
+    for key, value in (("api_key_env", api_key_env), ("max_concurrent", max_concurrent),
+                       ("context_length", context_length)):
+        if value is not None:
+            doc[key] = value
+    return parse_config({"server": {"probe": probe}, "upstreams": [doc]}, source="--replica",
+                        env=env)
+
+
 def _name_for(url: str, i: int, n: int) -> str:
     host = urlsplit(url).netloc or "upstream"
     return host if n == 1 else f"{host}#{i + 1}"
@@ -513,13 +642,21 @@ def resolve(
     *, config_path: str | None = None, upstream_urls: Sequence[str] = (),
     upstream_kind: str | None = None, api_key_env: str | None = None, probe: bool = True,
     env: Mapping[str, str] | None = None, max_concurrent: int | None = None,
-    context_length: int | None = None,
+    context_length: int | None = None, replicas: Sequence[str] = (),
 ) -> GatewayConfig | None:
     """Flags over environment over nothing; ``None`` means "serve the embedded engine"."""
     env = os.environ if env is None else env
     if config_path and upstream_urls:
         raise ConfigError("--config and --upstream cannot be combined; declare the upstream "
                           "in the config file")
+    if replicas:
+        if config_path or upstream_urls:
+            raise ConfigError("--replica cannot be combined with --config or --upstream; "
+                              "declare pools in the config file (replicas = [...])")
+        return config_from_replicas(replicas, kind=upstream_kind or "openai",
+                                    api_key_env=api_key_env, env=env, probe=probe,
+                                    max_concurrent=max_concurrent,
+                                    context_length=context_length)
     if not config_path and not upstream_urls:
         config_path = env.get(ENV_CONFIG) or None
         if not config_path:

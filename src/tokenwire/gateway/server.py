@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import errno
 import socket
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +35,9 @@ from tokenwire.gateway.http.security import harden
 from tokenwire.gateway.http.shutdown import graceful_server
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import IdsSource
+from tokenwire.gateway.routing.breaker import Breaker, BreakerPolicy
 from tokenwire.gateway.routing.health import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor
+from tokenwire.gateway.routing.pool import DEFAULT_PROBE_INTERVAL_S, Replica, ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings, build_policy
 from tokenwire.gateway.upstreams import adapter_for
@@ -320,6 +323,81 @@ async def _build_upstream(
     return _Built(up, adapter, health, maps)
 
 
+async def _build_pool(up: UpstreamConfig, cfg: GatewayConfig, cls: type,
+                      transports: Mapping[str, Any]) -> _Built:
+    """A pooled upstream: one adapter per replica behind a :class:`ReplicaPool`.
+
+    Models are the configured ones, else those the first replica that answers lists. A
+    replica that does not answer at start-up is ejected (its breaker opens; the probes bring
+    it back), not a start-up error, unless none answers; a replica that answers without a
+    configured model is an error, as for a single upstream."""
+    probe = cfg.probes(up)
+    configs = [up.replica(i) for i in range(len(up.replicas))]
+    routes, maps = up.models, dict(cfg.maps)
+    if not routes:
+        if not probe:
+            raise ConfigError(f"upstream {up.name!r} declares no models and is not probed: "
+                              "list them under [[upstreams.models]]")
+        routes = await _discover_models(configs, cls, cfg, transports)
+        maps.update({r.name: t for r in routes if (t := map_for_model(r.name)) is not None})
+    adapters = [cls.from_config(dataclasses.replace(c, models=routes),
+                                transport=transports.get(c.name), maps=maps) for c in configs]
+    down, problems = [], []
+    try:
+        for c, adapter in zip(configs, adapters, strict=True):
+            if not probe:
+                continue
+            health = await adapter.probe()
+            if health.state is UpstreamState.DOWN:
+                down.append(c.name)
+                continue
+            try:
+                _check_probe(dataclasses.replace(c, models=routes), health)
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if probe and len(down) == len(configs):
+            problems.append(f"upstream {up.name!r}: no replica answered ({', '.join(down)}); "
+                            "start one first, or set probe = false")
+        if problems:
+            raise ConfigErrors(problems)
+    except BaseException:
+        await _close_all(adapters)
+        raise
+    pool = _pool_of(up, configs, adapters)
+    for replica in pool.replicas:
+        if replica.name in down:
+            replica.breaker.force_open(time.monotonic())
+    return _Built(dataclasses.replace(up, models=routes), pool, None, maps)
+
+
+async def _discover_models(configs: list[UpstreamConfig], cls: type, cfg: GatewayConfig,
+                           transports: Mapping[str, Any]) -> tuple[ModelRoute, ...]:
+    for c in configs:
+        adapter = cls.from_config(c, transport=transports.get(c.name), maps=cfg.maps)
+        try:
+            health = await adapter.probe()
+        finally:
+            await _close_all([adapter])
+        if health.state is not UpstreamState.DOWN and health.models:
+            return tuple(ModelRoute(name=m) for m in health.models)
+    raise ConfigError(f"no replica of upstream {configs[0].name.rpartition('/')[0]!r} "
+                      "listed its models; start one, or name them under [[upstreams.models]]")
+
+
+def _pool_of(up: UpstreamConfig, configs: list[UpstreamConfig],
+             adapters: list[Any]) -> ReplicaPool:
+    options = up.pool
+    policy = BreakerPolicy(**dict(options.get("breaker", {})))  # type: ignore[arg-type]
+    replicas = [Replica(name=c.name, adapter=a, weight=spec.weight, limit=c.max_concurrent,
+                        url=c.base_url, breaker=Breaker(policy))
+                for c, a, spec in zip(configs, adapters, up.replicas, strict=True)]
+    return ReplicaPool(
+        up.name, up.kind, replicas,
+        probe_interval_s=float(options.get("probe_interval_s",  # type: ignore[arg-type]
+                                           DEFAULT_PROBE_INTERVAL_S)),
+        prefix_chars=int(options.get("affinity_prefix_chars", 0)))  # type: ignore[arg-type]
+
+
 def _served(built: _Built) -> list[ServedModel]:
     adapter, out = built.adapter, []
     for route in built.config.models:
@@ -377,8 +455,11 @@ async def build_gateway(
         for up in cfg.upstreams:  # every upstream is probed: one report names every problem
             try:
                 cls = adapter_for(up.kind, adapters)
-                built.append(await _build_upstream(up, cfg, cls,
-                                                   (transports or {}).get(up.name)))
+                if up.replicas:
+                    built.append(await _build_pool(up, cfg, cls, transports or {}))
+                else:
+                    built.append(await _build_upstream(up, cfg, cls,
+                                                       (transports or {}).get(up.name)))
             except ConfigError as exc:
                 problems.extend(getattr(exc, "problems", None) or [str(exc)])
         if problems:
@@ -389,11 +470,14 @@ async def build_gateway(
         await _close_all([b.adapter for b in built])
         raise
     probes = tuple(b.health for b in built if b.health is not None)
+    pooled = [b for b in built if isinstance(b.adapter, ReplicaPool)]
     health = HealthMonitor(tuple((b.config.name, b.adapter) for b in built),
                            interval=float(cfg.server.get("health_interval_s",
                                                          DEFAULT_HEALTH_INTERVAL_S)))
-    if len(probes) == len(built):
+    if len(probes) + len(pooled) == len(built):
         health.seed(probes)
+    for b in pooled:
+        b.adapter.start_probing()
     primary = router.primary
     pair = build_policy(settings, primary.tmap.id) if primary.tmap is not None else None
     if pair is None and settings.version_policy.safety_policy_id is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
+from tokenwire.gateway.affinity import affinity_hints
 from tokenwire.gateway.apis.logprobs import chat_entries
 from tokenwire.gateway.apis.params import (
     bad_request,
@@ -97,6 +98,9 @@ def parse_chat_request(body: Any, *, request_id: str = "") -> ChatCall:
         parallel_tool_calls=_optional_bool(body, "parallel_tool_calls"),
         reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
         want_ids=fmt is not None,
+        # prompt_cache_key picks a replica of a pool (routing/pool.py); the headers' hints
+        # are added by the HTTP layer (GatewayState.supervise).
+        affinity=affinity_hints(body, {}),
     )
     return ChatCall(request, model=model, stream=common.stream, stream_format=fmt,
                     include_usage=common.include_usage)

@@ -80,7 +80,7 @@ __all__ = ["FEATURES", "GatewayState", "create_app"]
 #: What this release guarantees, listed by /health so an operator can tell an updated
 #: server from an old one (seed: the ``features`` list of ``/health``).
 FEATURES = ("responses-ws-426", "openai-internal-strip", "retry-budgets-v1",
-            "admission-queue-v1", "heartbeats-v1", "metrics-v1")
+            "admission-queue-v1", "heartbeats-v1", "metrics-v1", "replica-pools-v1")
 _BINARY_TYPES = {"application/x-msgpack": StreamFormat.MSGPACK,
                  "application/x-protobuf": StreamFormat.PROTOBUF}
 
@@ -226,9 +226,11 @@ async def health(request: Request) -> Response:
     upstreams = await state.health.snapshot()
     status = overall_status(h.state for h in upstreams)
     running, queued = state.admission.counts()
+    pools = {p.name: p.snapshot() for p in state.pools()}  # every replica (routing/pool.py)
     body: dict[str, Any] = {"status": status, "upstreams": [{
         "name": h.name, "kind": h.kind, "state": h.state.value, "models": list(h.models),
-        "detail": h.detail} for h in upstreams],
+        "detail": h.detail, **({"replicas": pools[h.name]} if h.name in pools else {})}
+        for h in upstreams],
         "running": running, "queued": queued, "features": list(FEATURES)}
     if state.router.default is not None:
         body["model"] = state.router.default.name

@@ -12,18 +12,21 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 from starlette.requests import Request
 
 from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.safety_policy import BannedTokenPolicy, SafetyPolicyDescriptor, hash_policy
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.affinity import affinity_hints
 from tokenwire.gateway.context_window import ContextSource
 from tokenwire.gateway.http.admission import ticket_of
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
 from tokenwire.gateway.observability.records import Observability
 from tokenwire.gateway.routing.fallbacks import FallbackTable, plan_for
 from tokenwire.gateway.routing.health import HealthMonitor
+from tokenwire.gateway.routing.pool import ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
@@ -32,6 +35,14 @@ from tokenwire.gateway.supervision.retry import RetryPolicy
 from tokenwire.gateway.supervision.supervisor import SupervisedStream, Timing
 
 __all__ = ["GatewayState"]
+
+
+def _with_header_hints(gen: GenerationRequest, request: Request) -> GenerationRequest:
+    """The request's affinity hints plus those its headers carry (session ids, the explicit
+    affinity key): every API's requests pick replicas by them (``routing/pool.py``)."""
+    given = dict(gen.affinity)
+    extra = tuple((k, v) for k, v in affinity_hints({}, request.headers) if k not in given)
+    return msgspec.structs.replace(gen, affinity=gen.affinity + extra) if extra else gen
 
 
 @dataclass
@@ -91,6 +102,9 @@ class GatewayState:
                 max_concurrent=self.settings.max_concurrent, queue_size=self.settings.queue_size,
                 limits=limits, all_limited=len(limits) == len(upstreams))
         self.observability.set_capacity_source(self.admission.counts)
+        for pool in self.pools():  # a replica back or a slot freed: waiters may start
+            pool.on_capacity = self.admission.regrant
+        self.observability.set_pools_source(self.pools)
 
     def timing(self, *, streaming: bool) -> Timing:
         """The request clocks; a non-streaming request has no stream to keep alive."""
@@ -102,6 +116,7 @@ class GatewayState:
                   streaming: bool, api: str) -> SupervisedStream:
         """The generation as the APIs see it: queued, retried, timed (``supervisor.py``),
         and recorded (``api`` names the surface in metrics and logs)."""
+        gen = _with_header_hints(gen, request)
         record = self.observability.new_request(
             api=api, model=served.name, upstream=served.upstream_name or served.name,
             request_id=gen.request_id, stream=streaming)
@@ -123,6 +138,10 @@ class GatewayState:
         for stream in streams:
             stream.abort(failure)
         return len(streams)
+
+    def pools(self) -> tuple[ReplicaPool, ...]:
+        """Every pool of replicas served (``/health`` and the metrics show their replicas)."""
+        return tuple(up for _, up in self.router.upstreams() if isinstance(up, ReplicaPool))
 
     @property
     def dicts(self) -> dict[str, ZstdDict]:

@@ -13,10 +13,16 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["DURATION_BUCKETS_S", "CapacityCollector", "Metrics", "WithoutCreated"]
+__all__ = [
+    "DURATION_BUCKETS_S",
+    "CapacityCollector",
+    "Metrics",
+    "ReplicaCollector",
+    "WithoutCreated",
+]
 
 #: Histogram buckets for LLM latencies, 5 ms (a cached or tiny answer) to 10 min (a long
 #: reasoning turn); requests are capped at one hour, beyond which +Inf is enough.
@@ -60,6 +66,59 @@ class CapacityCollector(Collector):
                                   "Upstream requests holding a capacity slot.", value=running),
                 GaugeMetricFamily("tokenwire_requests_queued",
                                   "Requests waiting in the capacity queue.", value=queued)]
+
+
+#: Breaker states as gauge values (``tokenwire_replica_state``).
+_BREAKER_VALUES: Final = {"closed": 0, "half_open": 1, "open": 2}
+
+
+class ReplicaCollector(Collector):
+    """Every replica of every pool, read at scrape time from the pools' snapshots
+    (``routing/pool.py``): breaker state (0 closed, 1 half-open, 2 open), requests in
+    flight, its limit, ejections, and attempts that completed or failed on it."""
+
+    def __init__(self, on_error: Callable[[str, Exception], None]) -> None:
+        self.source: Callable[[], Iterable[object]] | None = None
+        self._on_error = on_error
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families([])
+
+    def collect(self) -> Iterable[Metric]:
+        if self.source is None:
+            return []
+        try:
+            rows = [(p.name, r) for p in self.source() for r in p.snapshot()]  # type: ignore[attr-defined]
+        except Exception as exc:
+            self._on_error("replica_source", exc)
+            return []
+        return self._families(rows) if rows else []
+
+    @staticmethod
+    def _families(rows: list[tuple[str, dict]]) -> list[Metric]:
+        labels = ["pool", "replica"]
+        fams = {
+            "state": GaugeMetricFamily("tokenwire_replica_state", "Breaker state of a replica "
+                                       "(0 closed, 1 half-open, 2 open: ejected).", labels=labels),
+            "in_flight": GaugeMetricFamily("tokenwire_replica_in_flight",
+                                           "Attempts running on a replica.", labels=labels),
+            "limit": GaugeMetricFamily("tokenwire_replica_limit",
+                                       "A replica's concurrency limit.", labels=labels),
+            "ejections": CounterMetricFamily("tokenwire_replica_ejections",
+                                             "Times a replica's breaker opened.", labels=labels),
+            "completed": CounterMetricFamily("tokenwire_replica_completed",
+                                             "Attempts that finished on a replica.",
+                                             labels=labels),
+            "failed": CounterMetricFamily("tokenwire_replica_failed", "Attempts that failed "
+                                          "on a replica by its fault (connection, 5xx).",
+                                          labels=labels),
+        }
+        for pool, r in rows:
+            key = [pool, r["name"]]
+            fams["state"].add_metric(key, _BREAKER_VALUES.get(r["breaker"], 2))
+            for name in ("in_flight", "limit", "ejections", "completed", "failed"):
+                fams[name].add_metric(key, r[name])
+        return list(fams.values())
 
 
 class Metrics:

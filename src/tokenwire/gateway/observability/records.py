@@ -44,7 +44,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -55,6 +55,7 @@ from tokenwire.gateway.observability.metrics import (
     DURATION_BUCKETS_S,
     CapacityCollector,
     Metrics,
+    ReplicaCollector,
     WithoutCreated,
 )
 
@@ -99,6 +100,9 @@ API_BY_PATH: Final = {
 ENCODINGS: Final = frozenset({"identity", "gzip", "br", "zstd"})
 #: The retry budgets of :mod:`tokenwire.gateway.supervision.retry` that can schedule a retry.
 BUDGETS: Final = frozenset({"single", "connection", "throttle"})
+#: A pool's failover to another replica before output (``routing/pool.py``): a retry that
+#: spends no budget. Counted with the budgets, and in the log line only when it happened.
+FAILOVER: Final = "failover"
 #: How a request ended. ``cancelled`` means the client went away (see :meth:`finished`).
 OUTCOMES: Final = frozenset({"completed", "failed", "cancelled"})
 #: Failure classes: the IR's, plus ``cancelled`` for client disconnects and ``unspecified``
@@ -270,6 +274,8 @@ class Observability:
         self._m = Metrics(self.registry)
         self._capacity = CapacityCollector(self._internal_error)
         self.registry.register(self._capacity)
+        self._replicas = ReplicaCollector(self._internal_error)
+        self.registry.register(self._replicas)
         if own_registry and process_metrics:
             # Resident memory and open fds per app registry (the load test watches memory).
             ProcessCollector(registry=self.registry)
@@ -287,6 +293,10 @@ class Observability:
     def set_capacity_source(self, fn: Callable[[], tuple[int, int]]) -> None:
         """``fn() -> (running, queued)``, called at scrape time only."""
         self._capacity.source = fn
+
+    def set_pools_source(self, fn: Callable[[], Iterable[object]]) -> None:
+        """``fn() -> pools`` (each with ``name`` and ``snapshot()``), read at scrape time."""
+        self._replicas.source = fn
 
     @_never_raises
     def rejected(
@@ -412,10 +422,10 @@ class RequestRecord:
         """A retry from ``budget`` after ``delay_s``, for a failure of ``failure_class``."""
         if self._done:
             return
-        budget_l = _closed(budget, BUDGETS)
+        budget_l = _closed(budget, BUDGETS | {FAILOVER})
         delay = _seconds(delay_s)
-        if budget_l in self._retries:
-            self._retries[budget_l] += 1
+        if budget_l in self._retries or budget_l == FAILOVER:
+            self._retries[budget_l] = self._retries.get(budget_l, 0) + 1
         self._retry_wait_s += delay
         self._retry_class = _closed(failure_class, FAILURE_CLASSES)
         self._retry_code = safe_code(code)

@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ConfigError, InvalidRequest, UnknownModel
 from tokenwire.gateway.context_window import certain_prompt_tokens, overflow_before_sending
-from tokenwire.gateway.ir import EventStream, Failure, GenerationRequest, IdsSource, Upstream
+from tokenwire.gateway.ir import (
+    Event,
+    EventStream,
+    Failure,
+    GenerationRequest,
+    IdsSource,
+    Upstream,
+)
 from tokenwire.gateway.usage import MeteredStream, PromptCounter, UsageMeter
 
 __all__ = ["Router", "ServedModel"]
@@ -80,9 +87,13 @@ class ServedModel:
             max_tokens=request.max_tokens, source=self.context_source,
             max_tokens_binding=bool(getattr(self.upstream, "binds_max_tokens", False)))
 
-    def submit(self, request: GenerationRequest) -> EventStream:
-        """Start the generation on the upstream, adding ids from text when needed."""
-        stream = self.upstream.submit(request)
+    def submit(self, request: GenerationRequest, *,
+               avoid: frozenset[str] = frozenset()) -> EventStream:
+        """Start the generation on the upstream, adding ids from text when needed.
+        ``avoid``: replicas of a pool (``routing/pool.py``) this request already failed on."""
+        stream = self.upstream.submit(request, avoid=avoid) if avoid else \
+            self.upstream.submit(request)
+        replica = getattr(stream, "replica", None)
         if request.want_ids and self.ids_source is IdsSource.RETOKENIZED:
             from tokenwire.gateway.retokenize import Retokenizer, RetokenizingStream
 
@@ -90,7 +101,31 @@ class ServedModel:
             stream = RetokenizingStream(stream, Retokenizer(self.tmap))
         if self.usage is not None:
             stream = MeteredStream(stream, UsageMeter(request, self.usage))
+        if replica is not None and getattr(stream, "replica", None) is None:
+            stream = _Named(stream, replica)
         return stream
+
+    def can_fail_over(self, failure: Failure, avoid: frozenset[str],
+                      request: GenerationRequest) -> bool:
+        """True when another replica of this model's pool should get ``failure``'s request
+        now (never for a single upstream)."""
+        check = getattr(self.upstream, "can_fail_over", None)
+        return bool(check is not None and check(failure, avoid, request))
+
+
+class _Named:
+    """A wrapped replica stream that still names its replica (for the supervisor)."""
+
+    __slots__ = ("_inner", "replica")
+
+    def __init__(self, inner: EventStream, replica: object) -> None:
+        self._inner, self.replica = inner, replica
+
+    async def next_event(self) -> Event:
+        return await self._inner.next_event()
+
+    def cancel(self) -> None:
+        self._inner.cancel()
 
 
 class Router:

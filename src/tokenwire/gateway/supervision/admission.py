@@ -17,6 +17,8 @@ Two steps, two objects:
   upstream at its own limit does not hold back a later waiter for another upstream (each
   upstream's queue is FIFO, and a free slot is never left idle while someone could use it).
   Cancelling the wait (the client went away) removes the waiter without touching an upstream.
+A pool of replicas (``routing/pool.py``) is one upstream here, with the sum of its replicas'
+limits, and also says whether a replica its breakers admit has a free slot.
 
 ``running`` and ``queued`` are read by ``/health`` and the metrics: ``queued`` is every
 request in flight that does not hold a slot (uploading, validating or waiting).
@@ -80,6 +82,8 @@ class _Waiter:
     ticket: Ticket
     upstream: object
     future: asyncio.Future[None]
+    #: Replicas of a pool this request already failed on: it waits for a slot elsewhere.
+    avoid: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -162,11 +166,33 @@ class Admission:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _fits(self, upstream: object) -> bool:
+    def requeue(self, ticket: Ticket, avoid: frozenset[str]) -> asyncio.Future[None]:
+        """Give a running ticket's slot back and wait, first in line, for a slot of the same
+        pool on a replica not in ``avoid`` (a failover before output, ``routing/pool.py``):
+        the request already waited its turn once."""
+        upstream = ticket.upstream
+        if upstream is None or ticket.released:
+            raise RuntimeError("only a running ticket can be requeued")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.insert(0, _Waiter(ticket, upstream, future, avoid))
+        self._release_slot(ticket)  # grants: this waiter first
+        return future
+
+    def regrant(self) -> None:
+        """Capacity may have grown outside a release (a pool's replica came back): start
+        every waiter that now fits."""
+        self._grant()
+
+    def _fits(self, upstream: object, avoid: frozenset[str] = frozenset()) -> bool:
         if self._running >= self.max_concurrent:
             return False
         limit = self.limits.get(id(upstream))
-        return limit is None or self._per_upstream.get(id(upstream), 0) < limit
+        if limit is not None and self._per_upstream.get(id(upstream), 0) >= limit:
+            return False
+        # A pool of replicas (routing/pool.py) has a slot only where a healthy replica has
+        # one: a pool at its limits waits here, the one queue, never inside the pool.
+        free = getattr(upstream, "has_free_slot", None)
+        return free is None or bool(free(avoid) if avoid else free())
 
     def _grant(self) -> None:
         """Start every waiter that fits, oldest first."""
@@ -179,7 +205,7 @@ class Admission:
                 break
             if w.future.done():  # cancelled while waiting: it just leaves the line
                 continue
-            if self._fits(w.upstream):
+            if self._fits(w.upstream, w.avoid):
                 w.ticket.upstream = w.upstream
                 self._running += 1
                 self._per_upstream[id(w.upstream)] = self._per_upstream.get(id(w.upstream), 0) + 1

@@ -227,6 +227,7 @@ class _Input(enum.Enum):
     GIVE_UP = "on_failure -> GiveUp"
     WAIT_OK = "check_after_wait -> True"
     WAIT_EXPIRED = "check_after_wait -> False"
+    FAILOVER = "on_failover"
 
 
 _TRANSITIONS: dict[tuple[_State, _Input], _State] = {
@@ -235,6 +236,7 @@ _TRANSITIONS: dict[tuple[_State, _Input], _State] = {
     (_State.ATTEMPTING, _Input.GIVE_UP): _State.DONE,
     (_State.WAITING, _Input.WAIT_OK): _State.READY,
     (_State.WAITING, _Input.WAIT_EXPIRED): _State.DONE,
+    (_State.ATTEMPTING, _Input.FAILOVER): _State.READY,
 }
 
 
@@ -292,6 +294,12 @@ class RetryState:
         else:
             self._step(_Input.GIVE_UP)
         return decision
+
+    def on_failover(self) -> None:
+        """The failed attempt goes to another replica of a pool at once: no wait and no
+        budget spent (the replica, not the request, failed; ``routing/pool.py`` allows one
+        failover per replica). The next :meth:`on_attempt_started` still checks deadlines."""
+        self._step(_Input.FAILOVER)
 
     def check_after_wait(self, now: float) -> bool:
         """After the wait: may the next attempt start? False when a stall overshot the

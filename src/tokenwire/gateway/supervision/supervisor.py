@@ -159,7 +159,11 @@ def is_output(event: Event) -> bool:
 
 
 class Upstreamish(Protocol):
-    """What the supervisor needs of a routed model (a :class:`~.router.ServedModel`)."""
+    """What the supervisor needs of a routed model (a :class:`~.router.ServedModel`).
+
+    A model served by a pool of replicas also takes ``submit(request, avoid=names)`` (the
+    replicas this request already failed on) and has ``can_fail_over(failure, avoid,
+    request)``; its streams name their ``replica``. Nothing else needs them."""
 
     upstream: object
     name: str
@@ -218,6 +222,9 @@ class SupervisedStream:
         self._ended = False
         #: Upstream attempts made (for tests, logs and the fault-injection report).
         self.attempts = 0
+        #: Replicas of a pool this request failed on before output: the next attempt goes
+        #: to another one first (``routing/pool.py``).
+        self._avoid: frozenset[str] = frozenset()
         # Clocks, in the event loop's time; set when the task starts.
         self._last_sent = 0.0
         self._idle_deadline = 0.0
@@ -367,11 +374,14 @@ class SupervisedStream:
                          for a, b, r in self.fallbacks)
         return [(SERVED_MODEL_HEADER, _header_safe(self.serving.name)), (FALLBACK_HEADER, hops)]
 
-    async def _admit(self) -> None:
-        """Wait for a slot, sending heartbeats; the wait counts against the deadlines."""
+    async def _admit(self, *, requeue: bool = False) -> None:
+        """Wait for a slot, sending heartbeats; the wait counts against the deadlines.
+        ``requeue``: give the slot back and wait, first in line, for one on a replica of
+        the pool this request has not failed on (``routing/pool.py``)."""
         loop = asyncio.get_running_loop()
         started = loop.time()
-        granted = self._ticket.admission.enqueue(self._ticket, self._served.upstream)
+        granted = (self._ticket.admission.requeue(self._ticket, self._avoid) if requeue
+                   else self._ticket.admission.enqueue(self._ticket, self._served.upstream))
         try:
             while not granted.done():
                 wake = self._next_wake()
@@ -381,7 +391,8 @@ class SupervisedStream:
         finally:
             if not granted.done():
                 granted.cancel()  # cancelled or failed while queued: leave the line
-        self._obs.admitted(loop.time() - started)
+        if not requeue:
+            self._obs.admitted(loop.time() - started)
         self._idle_deadline = loop.time() + self._timing.idle_timeout_s  # restart at admission
 
     async def _attempts(self) -> Event:
@@ -389,6 +400,7 @@ class SupervisedStream:
         loop = asyncio.get_running_loop()
         state = RetryState(started_at=loop.time(), policy=self._policy,
                            request_deadline=self._hard_deadline)
+        self._avoid = frozenset()  # replicas of this model's pool failed on so far
         while True:
             try:
                 state.on_attempt_started(loop.time())
@@ -399,6 +411,13 @@ class SupervisedStream:
             terminal = await self._attempt()
             if isinstance(terminal, Finish) or self._published:
                 return terminal  # a failure after output is reported, never replayed
+            if self._fails_over(terminal):  # another replica: no budget, no backoff
+                state.on_failover()
+                self._held.clear()
+                self._obs.retry_scheduled("failover", 0.0, terminal.failure_class.value,
+                                          terminal.code)
+                await self._admit(requeue=True)
+                continue
             decision = state.on_failure(terminal, now=loop.time(), output_published=False,
                                         rng=self._rng)
             if isinstance(decision, GiveUp):
@@ -414,7 +433,8 @@ class SupervisedStream:
         """One upstream attempt: forward its events until its terminal."""
         loop = asyncio.get_running_loop()
         try:
-            stream = self._served.submit(self._request)
+            stream = (self._served.submit(self._request, avoid=self._avoid) if self._avoid
+                      else self._served.submit(self._request))
         except ServerBusy as exc:  # the upstream's own bound: its 503, retried once
             return Failure(failure_class=FailureClass.CAPACITY, message=str(exc), status=503,
                            code="upstream_busy")
@@ -432,6 +452,8 @@ class SupervisedStream:
                 if isinstance(event, Finish | Failure):
                     if isinstance(event, Finish) or self._published:
                         await self._flush_held()
+                    elif (replica := getattr(stream, "replica", None)) is not None:
+                        self._avoid |= {replica.name}
                     return event
                 await self._forward(event)
         except _Deadline:
@@ -448,6 +470,12 @@ class SupervisedStream:
                            code="adapter_error")
         finally:
             self._upstream_stream = None
+
+    def _fails_over(self, failure: Failure) -> bool:
+        """True when the served model is a pool with another replica for this failure."""
+        check = getattr(self._served, "can_fail_over", None)
+        return bool(self._avoid) and check is not None and check(failure, self._avoid,
+                                                                 self._request)
 
     async def _forward(self, event: Event) -> None:
         if not is_output(event):

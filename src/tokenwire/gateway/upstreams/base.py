@@ -19,6 +19,7 @@ Kinds (``UpstreamConfig.kind``):
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ __all__ = [
     "DEFAULT_READ_TIMEOUT_S",
     "UPSTREAM_KINDS",
     "ModelRoute",
+    "ReplicaConfig",
     "UpstreamConfig",
     "UpstreamHealth",
     "UpstreamState",
@@ -69,6 +71,18 @@ class ModelRoute:
 
 
 @dataclass(frozen=True)
+class ReplicaConfig:
+    """One replica of a pooled upstream (README "Replica pools"): where it is, its key, its
+    share of the traffic and its own concurrency limit; ``None`` takes the upstream's."""
+
+    base_url: str
+    name: str = ""
+    api_key_env: str | None = None
+    weight: float = 1.0
+    max_concurrent: int | None = None
+
+
+@dataclass(frozen=True)
 class UpstreamConfig:
     """One configured upstream. Secrets are never stored here: ``api_key_env`` names the
     environment variable that holds the key, read when the adapter is built."""
@@ -88,6 +102,20 @@ class UpstreamConfig:
     options: dict[str, object] = field(default_factory=dict)
     #: The context window of every model of this upstream that does not set its own.
     context_length: int | None = None
+    #: Replicas serving the same models (a pool, ``routing/pool.py``); empty: one server at
+    #: ``base_url``.
+    replicas: tuple[ReplicaConfig, ...] = ()
+    #: Pool settings: ``breaker`` (a table of BreakerPolicy fields), ``probe_interval_s``,
+    #: ``affinity_prefix_chars``; checked by the config, read when the pool is built.
+    pool: dict[str, object] = field(default_factory=dict)
+
+    def replica(self, i: int) -> UpstreamConfig:
+        """The configuration of replica ``i`` as an upstream of its own (one adapter)."""
+        spec = self.replicas[i]
+        return dataclasses.replace(
+            self, name=f"{self.name}/{spec.name or i + 1}", base_url=spec.base_url,
+            api_key_env=spec.api_key_env or self.api_key_env,
+            max_concurrent=spec.max_concurrent or self.max_concurrent, replicas=(), pool={})
 
 
 class UpstreamState(enum.StrEnum):

@@ -1,0 +1,237 @@
+"""Prefix-cache affinity (issue 13): time to first token of multi-turn conversations against
+three real llama.cpp replicas, routed by affinity, round-robin and at random, in one run.
+
+* Replicas: three ``python -m llama_cpp.server`` (``.venv-peers``), SmolLM2-135M, one thread
+  each, ``--cache True`` with a RAM prompt cache of ``CACHE_BYTES`` (room for about three
+  conversations' states: llama-cpp-python reloads the longest cached prefix of a prompt and
+  prefills only the rest) and ``--interrupt_requests False`` (requests queue at a replica
+  instead of cutting each other off).
+* Workload: ``CONVERSATIONS`` conversations of ``TURNS`` turns, all running at once, each
+  turn after the previous answer; every conversation opens with its own long document
+  (about ``DOC_TOKENS`` tokens), so a turn is cheap only on a replica that still holds that
+  conversation's prefix. Each mode gets fresh documents, so no mode reuses another's cache.
+* Modes: ``affinity``: one ``tokenwire serve`` pool over the three, each conversation sending
+  its ``session-id`` (rendezvous hashing keeps it on one replica); ``least-loaded``: the same
+  gateway without a key (power of two choices); ``round-robin`` and ``random``: the client
+  spreads turns over the replicas' URLs directly (what a gateway without affinity does).
+* TTFT: request sent -> first content chunk, streamed Chat, at the client; p50/p90 over
+  every turn, and over turns 2..6 (the first turn is cold in every mode).
+
+The machine is small and shared: note the load beside the numbers (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PEERS_PY = ROOT / ".venv-peers" / "bin" / "python"
+CONVERSATIONS = int(os.environ.get("BENCH_AFFINITY_CONVERSATIONS", "8"))
+TURNS = int(os.environ.get("BENCH_AFFINITY_TURNS", "6"))
+DOC_TOKENS = int(os.environ.get("BENCH_AFFINITY_DOC_TOKENS", "400"))
+MAX_TOKENS = 8
+N_CTX = 1024
+#: About three conversations' prompt states at ~23 KB per token (SmolLM2's KV cache).
+CACHE_BYTES = 3 * (DOC_TOKENS + TURNS * 40) * 24 * 1024
+START_TIMEOUT_S = 300.0
+REPLICA_LIMIT = 3
+MODES = tuple(os.environ.get("BENCH_AFFINITY_MODES",
+                           "affinity,least-loaded,round-robin,random").split(","))
+
+_WORDS = ("river stone lantern orchard copper meadow harbor violet summit thunder ember "
+          "willow canyon marble falcon glacier").split()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _document(seed: str) -> str:
+    rng = random.Random(seed)
+    # ~1.3 tokens per word for these words: DOC_TOKENS / 1.3 words
+    words = [rng.choice(_WORDS) for _ in range(int(DOC_TOKENS / 1.3))]
+    return f"Document {seed}: " + " ".join(words)
+
+
+def _start_replica(tmp: Path, i: int) -> tuple[subprocess.Popen[bytes], str]:
+    from tokenwire.gguf_tokenizer import smollm2_gguf_path
+
+    port = _free_port()
+    with (tmp / f"replica{i}.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [str(PEERS_PY), "-m", "llama_cpp.server", "--host", "127.0.0.1", "--port",
+             str(port), "--model", str(smollm2_gguf_path()), "--n_ctx", str(N_CTX),
+             "--n_threads", "1", "--cache", "True", "--cache_size", str(CACHE_BYTES),
+             "--interrupt_requests", "False"], stdout=log, stderr=log)
+    return proc, f"http://127.0.0.1:{port}/v1"
+
+
+def _wait(url: str, proc: subprocess.Popen[bytes]) -> str:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited")
+        try:
+            return httpx.get(url + "/models", timeout=2).json()["data"][0]["id"]
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not start") from None
+            time.sleep(0.3)
+
+
+def _start_gateway(tmp: Path, urls: list[str], model: str) -> tuple[subprocess.Popen[bytes],
+                                                                    str]:
+    port = _free_port()
+    rows = ",\n".join(f'  {{ base_url = "{u}" }}' for u in urls)
+    cfg = tmp / "pool.toml"
+    cfg.write_text(f"""[server]
+port = {port}
+[[upstreams]]
+name = "llama"
+kind = "openai"
+max_concurrent = {REPLICA_LIMIT}
+replicas = [
+{rows}
+]
+[[upstreams.models]]
+name = "smollm2"
+upstream_model = "{model}"
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENWIRE_", "CODEC_"))}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    with (tmp / "gateway.log").open("wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "tokenwire.cli.main", "serve",
+                                 "--config", str(cfg), "--request-log", "off",
+                                 "--max-concurrent", "64"], stdout=log, stderr=log, env=env)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url + "/v1"
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("tokenwire serve did not start: "
+                               + (tmp / "gateway.log").read_text()[-2000:])
+        time.sleep(0.2)
+
+
+async def _ttft(client: httpx.AsyncClient, url: str, model: str, messages: list[dict],
+                headers: dict[str, str]) -> tuple[float, str]:
+    body = {"model": model, "messages": messages, "stream": True, "max_tokens": MAX_TOKENS,
+            "temperature": 0}
+    started = time.perf_counter()
+    first, text = None, ""
+    async with client.stream("POST", url + "/chat/completions", json=body,
+                             headers=headers) as resp:
+        resp.raise_for_status()
+        async for line in resp.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content")
+            if delta:
+                first = first or time.perf_counter()
+                text += delta
+    return (first or time.perf_counter()) - started, text
+
+
+async def _mode(mode: str, gateway: str, replicas: list[str], model: str) -> list[tuple[int,
+                                                                                     float]]:
+    """(turn, ttft) for every turn of every conversation in ``mode``."""
+    rng = random.Random(mode)
+    counter = iter(range(10**9))
+    out: list[tuple[int, float]] = []
+
+    async def conversation(c: int, client: httpx.AsyncClient) -> None:
+        messages = [{"role": "system", "content": _document(f"{mode}-{c}")}]
+        for turn in range(1, TURNS + 1):
+            messages.append({"role": "user", "content": f"Question {turn}: name a word "
+                                                        f"from the document."})
+            if mode in ("affinity", "least-loaded"):
+                url = gateway
+                headers = {"session-id": f"conv-{mode}-{c}"} if mode == "affinity" else {}
+                name = "smollm2"
+            else:
+                i = next(counter) % 3 if mode == "round-robin" else rng.randrange(3)
+                url, headers, name = replicas[i], {}, model
+            ttft, text = await _ttft(client, url, name, messages, headers)
+            out.append((turn, ttft))
+            messages.append({"role": "assistant", "content": text})
+
+    async with httpx.AsyncClient(timeout=600) as client:
+        await asyncio.gather(*(conversation(c, client) for c in range(CONVERSATIONS)))
+    return out
+
+
+def _pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] \
+        if len(values) > 1 else values[0]
+
+
+def run() -> list[dict]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-affinity-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        started = [_start_replica(tmp, i) for i in range(3)]
+        procs += [p for p, _ in started]
+        urls = [u for _, u in started]
+        models = [_wait(u, p) for p, u in started]  # every replica ready
+        model = models[0]
+        gw, gateway = _start_gateway(tmp, urls, model)
+        procs.append(gw)
+        rows = []
+        for mode in MODES:
+            load = os.getloadavg()[0]
+            samples = asyncio.run(_mode(mode, gateway, urls, model))
+            every = [t for _, t in samples]
+            warm = [t for turn, t in samples if turn > 1]
+            rows.append({"routing": mode, "turns": len(every),
+                         "p50 TTFT s": _pct(every, 50), "p90 TTFT s": _pct(every, 90),
+                         "p50 turns 2+ s": _pct(warm, 50), "p90 turns 2+ s": _pct(warm, 90),
+                         "load (1 min)": round(load, 1)})
+        base = next((r for r in rows if r["routing"] == "round-robin"), None)
+        for r in rows if base is not None else ():
+            r["p50 vs round-robin"] = f"{base['p50 TTFT s'] / r['p50 TTFT s']:.2f}x lower"
+            r["p50 turns 2+ vs round-robin"] = (
+                f"{base['p50 turns 2+ s'] / r['p50 turns 2+ s']:.2f}x lower")
+        return rows
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+NOTES = f"""
+{CONVERSATIONS} conversations x {TURNS} turns at once, each opening with its own ~{DOC_TOKENS}-token
+document, against three `python -m llama_cpp.server` replicas (SmolLM2-135M, one thread,
+RAM prompt cache for about three conversations). `affinity`: tokenwire pool with a
+`session-id` per conversation; `least-loaded`: the same pool without a key;
+`round-robin` / `random`: the client spreads turns over the replicas directly.
+"""
+
+if __name__ == "__main__":
+    for row in run():
+        print(row)

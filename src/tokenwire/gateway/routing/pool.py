@@ -1,0 +1,448 @@
+"""A pool of replicas serving one upstream's models: balancing, breakers, affinity, pins.
+
+A :class:`ReplicaPool` is what a :class:`~.router.ServedModel` holds as its ``upstream`` when
+the configuration gives several replicas (README "Replica pools"). It is an upstream like
+any other (``submit``, ``probe``, ``aclose``); behind it, each :class:`Replica` is one
+adapter (one URL, key, weight, concurrency limit) with its own :class:`~.breaker.Breaker`.
+
+Each :meth:`ReplicaPool.submit` is one attempt of the supervisor's retry loop and picks one
+replica (:meth:`ReplicaPool.choose`), in this order:
+
+1. **Hard pins**: state only one replica can read (encrypted reasoning it produced, its
+   ``x-codex-turn-state``) goes to that replica and nowhere else. When it is down the
+   attempt fails with ``replica_unavailable`` (503, ``Retry-After`` = its cool-down left),
+   never with the state sent elsewhere.
+2. **Soft pins**: a ``previous_response_id`` continues on the replica that produced it
+   (its prefix cache holds the conversation); the gateway replays the items itself, so when
+   that replica is down any other can continue.
+3. **Affinity keys** (:func:`affinity_key`): an explicit ``x-tokenwire-affinity`` header,
+   ``prompt_cache_key``, ``session-id`` / ``x-session-id`` / ``thread-id``, or (opt-in) a
+   hash of the prompt's first characters, choose by rendezvous hashing over the replicas
+   the breakers admit; a full replica passes the key to the next one in its order.
+4. Otherwise the less loaded of two random replicas (``balance.py``).
+
+Replicas an earlier attempt of the same request failed on (``avoid``) are skipped while
+another can take the request; breakers open on a dead replica so that later requests do
+not even try it, and the active probe (every ``probe_interval_s``) half-opens and closes
+them again. The pool never queues: admission (``supervision/admission.py``) asks
+:meth:`ReplicaPool.has_free_slot` and waits in its own queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenwire.gateway.affinity import TURN_STATE_HEADER, unwrap_turn_state
+from tokenwire.gateway.ir import (
+    ChatPrompt,
+    Event,
+    EventStream,
+    Failure,
+    FailureClass,
+    Finish,
+    GenerationRequest,
+    PromptIds,
+    PromptText,
+    is_terminal,
+)
+from tokenwire.gateway.routing.balance import Candidate, least_loaded_of_two, rendezvous_order
+from tokenwire.gateway.routing.breaker import Breaker, counts_against_replica
+from tokenwire.gateway.state.pins import PinStore
+from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
+
+__all__ = [
+    "AFFINITY_HEADER",
+    "DEFAULT_PROBE_INTERVAL_S",
+    "FAILOVER_CLASSES",
+    "PINNED_STATE_KINDS",
+    "Replica",
+    "ReplicaPool",
+    "affinity_key",
+]
+
+log = logging.getLogger(__name__)
+
+#: The explicit affinity header a client (or a proxy in front) sets to keep a conversation
+#: on one replica; it wins over every other key.
+AFFINITY_HEADER = "x-tokenwire-affinity"
+#: Hints that name a conversation, strongest first (gateway/affinity.py collects them).
+_KEY_HINTS = (AFFINITY_HEADER, "prompt_cache_key", "session-id", "x-session-id", "thread-id")
+#: Active probes of every replica run this often: a restarted replica is half-opened within
+#: a cool-down plus this, and a probe is one ``GET /v1/models``.
+DEFAULT_PROBE_INTERVAL_S = 5.0
+#: Failures another replica may answer differently, so the supervisor retries them there at
+#: once (the replica's own faults); a client error would fail the same way everywhere.
+FAILOVER_CLASSES = frozenset({FailureClass.CONNECTION, FailureClass.UPSTREAM,
+                              FailureClass.CAPACITY, FailureClass.TIMEOUT})
+#: Upstream kinds whose adapters send a replica its own encrypted reasoning and turn state
+#: back (gateway/affinity.py, responses_upstream.py, anthropic_upstream.py): only there is
+#: such state a hard pin. Other kinds never send it anywhere.
+PINNED_STATE_KINDS = frozenset({"responses", "anthropic"})
+
+
+def affinity_key(request: GenerationRequest, *, prefix_chars: int = 0) -> str | None:
+    """The key that names the request's conversation, or None (see the module docstring).
+    ``prefix_chars`` > 0 hashes that many leading characters (or ids) of the prompt when no
+    key was sent: the same stateless choice on every gateway instance."""
+    hints = dict(request.affinity)
+    for name in _KEY_HINTS:
+        if hints.get(name):
+            return f"{name}:{hints[name]}"
+    if prefix_chars <= 0:
+        return None
+    prefix = _prompt_prefix(request, prefix_chars)
+    return "prefix:" + hashlib.blake2b(prefix.encode(), digest_size=16).hexdigest()
+
+
+def _prompt_prefix(request: GenerationRequest, n: int) -> str:
+    prompt = request.prompt
+    if isinstance(prompt, PromptText):
+        return prompt.text[:n]
+    if isinstance(prompt, PromptIds):
+        return ",".join(map(str, prompt.ids[:n]))
+    if isinstance(prompt, ChatPrompt):
+        out: list[str] = []
+        size = 0
+        for m in prompt.messages:
+            text = m.content if isinstance(m.content, str) else repr(m.content)
+            piece = f"{m.role}\x00{text}\x00"
+            out.append(piece)
+            size += len(piece)
+            if size >= n:
+                break
+        return "".join(out)[:n]
+    return ""
+
+
+@dataclass(eq=False)
+class Replica:
+    """One replica: its adapter, weight, limit, breaker and live counts."""
+
+    name: str
+    adapter: Any
+    weight: float = 1.0
+    limit: int = 4
+    url: str = ""
+    breaker: Breaker = field(default_factory=Breaker)
+    in_flight: int = 0
+    completed: int = 0
+    failed: int = 0
+
+    def candidate(self, now: float, avoid: frozenset[str] = frozenset()) -> Candidate:
+        return Candidate(name=self.name, weight=self.weight, in_flight=self.in_flight,
+                         limit=self.limit,
+                         eligible=self.name not in avoid and self.breaker.admits(now))
+
+
+class _Choice:
+    """The replica an attempt goes to, or the Failure it ends with at once."""
+
+    __slots__ = ("failure", "replica")
+
+    def __init__(self, replica: Replica | None = None, failure: Failure | None = None) -> None:
+        self.replica, self.failure = replica, failure
+
+
+class ReplicaPool:
+    """Several replicas of one upstream (see the module docstring)."""
+
+    def __init__(self, name: str, kind: str, replicas: Sequence[Replica], *,
+                 pins: PinStore | None = None, probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+                 prefix_chars: int = 0, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
+        if not replicas:
+            raise ValueError("a pool needs at least one replica")
+        self.name, self.kind = name, kind
+        self.replicas = tuple(replicas)
+        self.pins = pins or PinStore()
+        self.probe_interval_s = probe_interval_s
+        self.prefix_chars = prefix_chars
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._by_name = {r.name: r for r in self.replicas}
+        self._probing: asyncio.Task[None] | None = None
+        #: Called when capacity may have grown (a breaker closed, a slot freed): admission
+        #: re-grants its waiters (set by GatewayState).
+        self.on_capacity: Callable[[], None] = lambda: None
+
+    # -- what the router and admission read ------------------------------------------------
+
+    @property
+    def model_id(self) -> str:
+        return str(self.replicas[0].adapter.model_id)
+
+    @property
+    def max_concurrent(self) -> int:
+        """The pool's admission limit: the sum of its replicas' limits."""
+        return sum(r.limit for r in self.replicas)
+
+    def __getattr__(self, name: str) -> Any:
+        # Model facts (maps, ids source, context window, aliases, checks_context_itself)
+        # are the same on every replica of one upstream: the first one answers.
+        if name.startswith("_") or name in ("replicas",):
+            raise AttributeError(name)
+        return getattr(self.replicas[0].adapter, name)
+
+    def has_free_slot(self, avoid: frozenset[str] = frozenset()) -> bool:
+        """May admission start one more request here (on a replica not in ``avoid``)? Yes
+        when a replica its breaker admits has a free slot, and also when none is admitted
+        at all: the attempt then fails at once with ``no_healthy_replica`` (a request never
+        waits on a replica known to be down; the retry budget spaces the next tries)."""
+        now = self._clock()
+        admitted = [r for r in self.replicas if r.name not in avoid and r.breaker.admits(now)]
+        return not admitted or any(r.in_flight < r.limit for r in admitted)
+
+    # -- choosing --------------------------------------------------------------------------
+
+    def choose(self, request: GenerationRequest, avoid: frozenset[str] = frozenset()
+               ) -> _Choice:
+        """The replica for this attempt (module docstring, steps 1-4)."""
+        now = self._clock()
+        pinned = self._hard_pin(request)
+        if pinned is not None:
+            if pinned.breaker.admits(now) and pinned.in_flight < pinned.limit:
+                return _Choice(pinned)
+            return _Choice(failure=self._unavailable(pinned, now))
+        cands = [r.candidate(now, avoid) for r in self.replicas]
+        if not any(c.free for c in cands):  # every other one tried or full: any will do
+            cands = [r.candidate(now) for r in self.replicas]
+        soft = self._soft_pin(request)
+        if soft is not None:
+            i = self.replicas.index(soft)
+            if cands[i].free:
+                return _Choice(soft)
+        key = affinity_key(request, prefix_chars=self.prefix_chars)
+        if key is not None:
+            for i in rendezvous_order(key, cands):
+                if cands[i].free:
+                    return _Choice(self.replicas[i])
+        index = least_loaded_of_two(cands, self._rng)
+        if index is not None:
+            return _Choice(self.replicas[index])
+        return _Choice(failure=self._none_healthy(now))
+
+    def can_fail_over(self, failure: Failure, avoid: frozenset[str],
+                      request: GenerationRequest) -> bool:
+        """Should the supervisor retry ``failure`` on another replica, without a budget or
+        a wait beyond admission's? Yes for a replica's own fault when a replica not in
+        ``avoid`` is admitted by its breaker (busy or not: the request then waits in the
+        admission queue for its slot, first in line)."""
+        if failure.failure_class not in FAILOVER_CLASSES or self._hard_pin(request):
+            return False
+        now = self._clock()
+        return any(r.candidate(now, avoid).eligible for r in self.replicas)
+
+    def _hard_pin(self, request: GenerationRequest) -> Replica | None:
+        """The replica whose unreadable-elsewhere state the request carries (the latest)."""
+        if self.kind not in PINNED_STATE_KINDS:
+            return None
+        found: Replica | None = None
+        if isinstance(request.prompt, ChatPrompt):
+            for message in request.prompt.messages:
+                for name, _ in message.reasoning_encrypted:
+                    found = self._by_name.get(name, found)
+        wrapped = dict(request.affinity).get(TURN_STATE_HEADER)
+        if wrapped is not None:
+            for r in self.replicas:
+                if unwrap_turn_state(r.name, wrapped) is not None:
+                    found = r
+        return found
+
+    def _soft_pin(self, request: GenerationRequest) -> Replica | None:
+        previous = dict(request.affinity).get("previous_response_id")
+        name = self.pins.get(previous, self._clock()) if previous else None
+        return self._by_name.get(name) if name else None
+
+    def _unavailable(self, replica: Replica, now: float) -> Failure:
+        left = replica.breaker.cooldown_left(now)
+        return Failure(
+            failure_class=FailureClass.CAPACITY, status=503, code="replica_unavailable",
+            retry_after=max(1.0, round(left)) if left else None,
+            message=f"this conversation's state (encrypted reasoning or turn state) can only "
+                    f"be read by replica {replica.name!r} of {self.name!r}, which is "
+                    f"{'down' if left else 'at its limit'}; retry later, or continue "
+                    "without that state (resend the conversation's items without "
+                    "encrypted_content and x-codex-turn-state)")
+
+    def _none_healthy(self, now: float) -> Failure:
+        left = min((r.breaker.cooldown_left(now) for r in self.replicas), default=0.0)
+        return Failure(
+            failure_class=FailureClass.CONNECTION, status=503, code="no_healthy_replica",
+            retry_after=max(1.0, round(left)) if left else None,
+            message=f"no replica of {self.name!r} can take the request now (every one is "
+                    "ejected or at its limit)")
+
+    # -- the Upstream interface ------------------------------------------------------------
+
+    def submit(self, request: GenerationRequest, *, avoid: frozenset[str] = frozenset()
+               ) -> EventStream:
+        self.start_probing()
+        choice = self.choose(request, avoid)
+        if choice.replica is None:
+            assert choice.failure is not None
+            return _Ended(choice.failure)
+        replica = choice.replica
+        now = self._clock()
+        trial = replica.breaker.start(now)
+        try:
+            inner = replica.adapter.submit(request)
+        except BaseException:
+            replica.breaker.on_neutral(now, trial=trial)
+            raise
+        replica.in_flight += 1
+        return _ReplicaStream(self, replica, inner, trial, request.request_id)
+
+    def _ended(self, replica: Replica, *, trial: bool, outcome: Event | None,
+               request_id: str) -> None:
+        """An attempt on ``replica`` ended: ``outcome`` is its terminal (None: cancelled)."""
+        now = self._clock()
+        replica.in_flight -= 1
+        before = replica.breaker.state
+        if isinstance(outcome, Finish):
+            replica.completed += 1
+            replica.breaker.on_success(now, trial=trial)
+            if request_id:
+                self.pins.put(request_id, replica.name, now)
+        elif isinstance(outcome, Failure) and counts_against_replica(outcome):
+            replica.failed += 1
+            replica.breaker.on_failure(now, trial=trial)
+        else:
+            replica.breaker.on_neutral(now, trial=trial)
+        if replica.breaker.state is not before:
+            log.warning("replica %s of %s: %s -> %s", replica.name, self.name, before.value,
+                        replica.breaker.state.value)
+        self.on_capacity()
+
+    # -- active probes ---------------------------------------------------------------------
+
+    def start_probing(self) -> None:
+        """Start the background probe loop (idempotent; needs a running event loop)."""
+        if self._probing is None or self._probing.done():
+            try:
+                self._probing = asyncio.get_running_loop().create_task(self._probe_loop())
+            except RuntimeError:
+                return
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            try:
+                await self.probe_replicas()
+            except Exception as exc:  # a probe bug must not end probing
+                log.error("replica probes of %s failed: %s", self.name, type(exc).__name__)
+
+    async def probe_replicas(self) -> None:
+        """Probe every replica not cooling down; the results feed its breaker."""
+        await asyncio.gather(*(self._probe_one(r) for r in self.replicas))
+
+    async def _probe_one(self, replica: Replica) -> None:
+        now = self._clock()
+        if not replica.breaker.admits(now):
+            return  # cooling down, or a trial is already in flight
+        trial = replica.breaker.start(now)
+        ok = await _probe_ok(replica.adapter)
+        now, before = self._clock(), replica.breaker.state
+        if ok and trial:
+            replica.breaker.on_success(now, trial=True)
+        elif not ok:
+            replica.breaker.on_failure(now, trial=trial)
+        if replica.breaker.state is not before:
+            log.warning("replica %s of %s: %s -> %s (probe)", replica.name, self.name,
+                        before.value, replica.breaker.state.value)
+            self.on_capacity()
+
+    async def probe(self) -> UpstreamHealth:
+        """The pool as one upstream (start-up checks): up when any replica is."""
+        results = await asyncio.gather(*(_safe_probe(r) for r in self.replicas))
+        up = [h for h in results if h.state is not UpstreamState.DOWN]
+        models = next((h.models for h in up if h.models), ())
+        state = UpstreamState.UP if len(up) == len(results) else (
+            UpstreamState.DEGRADED if up else UpstreamState.DOWN)
+        detail = "; ".join(f"{h.name}: {h.detail}" for h in results if h.detail)
+        return UpstreamHealth(name=self.name, kind=self.kind, state=state, models=models,
+                              detail=detail)
+
+    async def aclose(self) -> None:
+        if self._probing is not None:
+            self._probing.cancel()
+        for r in self.replicas:
+            close = getattr(r.adapter, "aclose", None)
+            if close is not None:
+                await close()
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """Every replica's state, for ``/health``."""
+        now = self._clock()
+        return [{"name": r.name, "url": r.url, "weight": r.weight, "limit": r.limit,
+                 "in_flight": r.in_flight, "breaker": r.breaker.state.value,
+                 "cooldown_left_s": round(r.breaker.cooldown_left(now), 3),
+                 "ejections": r.breaker.ejections, "completed": r.completed,
+                 "failed": r.failed} for r in self.replicas]
+
+
+async def _safe_probe(replica: Replica) -> UpstreamHealth:
+    try:
+        return await replica.adapter.probe()
+    except Exception as exc:
+        return UpstreamHealth(name=replica.name, kind="?", state=UpstreamState.DOWN,
+                              detail=f"probe failed: {type(exc).__name__}")
+
+
+async def _probe_ok(adapter: Any) -> bool:
+    try:
+        health = await adapter.probe()
+    except Exception:
+        return False
+    return health.state is not UpstreamState.DOWN
+
+
+class _ReplicaStream:
+    """One attempt's stream on one replica; tells the pool how it ended, exactly once."""
+
+    def __init__(self, pool: ReplicaPool, replica: Replica, inner: EventStream, trial: bool,
+                 request_id: str) -> None:
+        self._pool, self.replica, self._inner = pool, replica, inner
+        self._trial, self._request_id = trial, request_id
+        self._done = False
+
+    async def next_event(self) -> Event:
+        try:
+            event = await self._inner.next_event()
+        except BaseException:
+            self._finish(None)
+            raise
+        if is_terminal(event):
+            self._finish(event)
+        return event
+
+    def cancel(self) -> None:
+        self._inner.cancel()
+        self._finish(None)
+
+    def _finish(self, outcome: Event | None) -> None:
+        if not self._done:
+            self._done = True
+            self._pool._ended(self.replica, trial=self._trial, outcome=outcome,
+                              request_id=self._request_id)
+
+
+class _Ended:
+    """An attempt that ends before reaching any replica."""
+
+    replica = None
+
+    def __init__(self, failure: Failure) -> None:
+        self._failure = failure
+
+    async def next_event(self) -> Event:
+        return self._failure
+
+    def cancel(self) -> None:
+        pass

@@ -1,0 +1,432 @@
+"""The replica pool (routing/pool.py) under the real supervisor and admission, with scripted
+replicas (fault injection) and an injected clock for the breakers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tokenwire.gateway.affinity import wrap_turn_state
+from tokenwire.gateway.ir import (
+    ChatMessage,
+    ChatPrompt,
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    PromptText,
+    TokenDelta,
+)
+from tokenwire.gateway.routing.breaker import Breaker, BreakerPolicy, BreakerState
+from tokenwire.gateway.routing.pool import Replica, ReplicaPool, affinity_key
+from tokenwire.gateway.routing.router import ServedModel
+from tokenwire.gateway.supervision.admission import Admission, limits_of
+from tokenwire.gateway.supervision.retry import RetryPolicy
+from tokenwire.gateway.supervision.supervisor import SupervisedStream, _NoObserver
+from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
+
+REFUSED = Failure(failure_class=FailureClass.CONNECTION, status=502, code="connection_refused",
+                  message="could not connect")
+CUT = Failure(failure_class=FailureClass.UPSTREAM, status=502, message="broke the stream")
+BAD = Failure(failure_class=FailureClass.INVALID_REQUEST, status=400, message="bad prompt")
+OK = [TokenDelta(ids=(1,), text="hi"), Finish(reason=FinishKind.EOS)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeReplica:
+    """A scripted replica: ``mode`` says what each request gets."""
+
+    name: str
+    mode: str = "ok"  # ok | refuse | cut | bad | hold
+    model_id: str = "m"
+    kind: str = "openai"
+    requests: list[GenerationRequest] = field(default_factory=list)
+    up: bool = True
+    release: asyncio.Event | None = None
+
+    def submit(self, request: GenerationRequest) -> Any:
+        self.requests.append(request)
+        events: list[Event] = {"ok": OK, "refuse": [REFUSED], "bad": [BAD],
+                               "cut": [TokenDelta(ids=(1,), text="h"), CUT],
+                               "hold": OK}[self.mode]
+        return _Stream(list(events), self.release if self.mode == "hold" else None)
+
+    async def probe(self) -> UpstreamHealth:
+        return UpstreamHealth(name=self.name, kind="openai",
+                              state=UpstreamState.UP if self.up else UpstreamState.DOWN)
+
+
+class _Stream:
+    def __init__(self, events: list[Event], gate: asyncio.Event | None) -> None:
+        self._events, self._gate = events, gate
+
+    async def next_event(self) -> Event:
+        if self._gate is not None:
+            await self._gate.wait()
+        await asyncio.sleep(0)
+        return self._events.pop(0)
+
+    def cancel(self) -> None:
+        pass
+
+
+POLICY = BreakerPolicy(consecutive_failures=3, base_cooldown_s=10, max_cooldown_s=40,
+                       close_after=2)
+
+
+def make_pool(*modes: str, kind: str = "openai", limit: int = 4, clock: Clock | None = None,
+              weights: tuple[float, ...] = ()) -> tuple[ReplicaPool, list[FakeReplica]]:
+    fakes = [FakeReplica(f"p/r{i + 1}", mode=m, kind=kind) for i, m in enumerate(modes)]
+    reps = [Replica(name=f.name, adapter=f, limit=limit, breaker=Breaker(POLICY),
+                    weight=weights[i] if weights else 1.0) for i, f in enumerate(fakes)]
+    return ReplicaPool("p", kind, reps, clock=clock or Clock(), rng=random.Random(3)), fakes
+
+
+def request(**kw: Any) -> GenerationRequest:
+    return GenerationRequest(prompt=PromptText(text="hello"), request_id=kw.pop("rid", "r"),
+                             **kw)
+
+
+async def run_one(pool: ReplicaPool, req: GenerationRequest,
+                  admission: Admission | None = None) -> tuple[list[Event], SupervisedStream]:
+    served = ServedModel(name="m", upstream=pool)
+    admission = admission or Admission(limits=limits_of([pool]), all_limited=True)
+    ticket = admission.reserve(asyncio.get_running_loop().time())
+    assert ticket is not None
+    stream = SupervisedStream(served, req, ticket, policy=RetryPolicy(),
+                              rng=random.Random(1))
+    out: list[Event] = []
+    while True:
+        event = await stream.next_event()
+        out.append(event)
+        if isinstance(event, Finish | Failure):
+            ticket.release()
+            return out, stream
+
+
+# -- failover ---------------------------------------------------------------------------------
+
+
+def test_a_refused_connection_fails_over_to_another_replica_at_once() -> None:
+    async def main() -> None:
+        pool, fakes = make_pool("refuse", "refuse", "ok")
+        for i in range(6):  # wherever the choice lands first, the answer comes from r3
+            events, stream = await run_one(pool, request(rid=f"q{i}"))
+            assert isinstance(events[-1], Finish), events
+            assert stream.attempts <= 3
+        assert len(fakes[2].requests) == 6
+        # r1 and r2 were each tried until their breakers opened (3 failures), then never
+        assert len(fakes[0].requests) <= 3 and len(fakes[1].requests) <= 3
+    asyncio.run(main())
+
+
+class Retries(_NoObserver):
+    def __init__(self) -> None:
+        self.scheduled: list[tuple[str, float]] = []
+
+    def retry_scheduled(self, budget: str, delay_s: float, failure_class: str,
+                        code: str | None) -> None:
+        self.scheduled.append((budget, delay_s))
+
+
+def test_failover_spends_no_retry_budget_and_no_wait() -> None:
+    async def main() -> None:
+        pool, fakes = make_pool("refuse", "ok")
+        pool.replicas[1].breaker.force_open(pool._clock())  # r2 out: r1 first, surely
+        pool.replicas[1].breaker.open_until = 0  # ...but its cool-down is over
+        admission = Admission(limits=limits_of([pool]), all_limited=True)
+        ticket = admission.reserve(asyncio.get_running_loop().time())
+        assert ticket is not None
+        seen = Retries()
+        stream = SupervisedStream(ServedModel(name="m", upstream=pool), request(), ticket,
+                                  observer=seen, rng=random.Random(1))
+        while not isinstance(event := await stream.next_event(), Finish | Failure):
+            pass
+        assert isinstance(event, Finish) and stream.attempts == 2
+        # connection_refused spends no budget (it is final for one upstream): a failover
+        # with no wait, recorded as such
+        assert seen.scheduled == [("failover", 0.0)]
+        assert len(fakes[0].requests) == len(fakes[1].requests) == 1
+    asyncio.run(main())
+
+
+def test_a_failover_waits_in_admission_for_a_busy_replica_instead_of_failing() -> None:
+    async def main() -> None:
+        pool, fakes = make_pool("refuse", "hold", limit=1)
+        fakes[1].release = asyncio.Event()
+        admission = Admission(max_concurrent=10, queue_size=10, limits=limits_of([pool]),
+                              all_limited=True)
+        pool.on_capacity = admission.regrant
+        tasks = [asyncio.create_task(run_one(pool, request(rid=f"q{i}"), admission))
+                 for i in range(4)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert pool.replicas[1].in_flight == 1  # r2 busy, the others wait in admission
+        assert pool.replicas[0].in_flight == 0
+        fakes[1].release.set()
+        results = await asyncio.gather(*tasks)
+        assert all(isinstance(ev[-1], Finish) for ev, _ in results), results
+        assert len(fakes[1].requests) == 4  # every one answered by r2, none failed
+    asyncio.run(main())
+
+
+def test_every_replica_refusing_ends_with_the_failure_not_a_loop() -> None:
+    async def main() -> None:
+        pool, fakes = make_pool("refuse", "refuse", "refuse")
+        events, stream = await run_one(pool, request())
+        assert events[-1] == REFUSED  # connection_refused is final once no replica is left
+        assert stream.attempts == 3
+        assert sorted(len(f.requests) for f in fakes) == [1, 1, 1]
+    asyncio.run(main())
+
+
+def test_a_failure_after_output_is_never_replayed_elsewhere() -> None:
+    async def main() -> None:
+        pool, _fakes = make_pool("cut", "cut", "cut")
+        events, stream = await run_one(pool, request())
+        assert events[-1] == CUT and stream.attempts == 1
+    asyncio.run(main())
+
+
+def test_a_client_error_is_not_failed_over_nor_held_against_the_replica() -> None:
+    async def main() -> None:
+        pool, _fakes = make_pool("bad", "bad")
+        events, stream = await run_one(pool, request())
+        assert events[-1] == BAD and stream.attempts == 1
+        assert all(r.breaker.consecutive == 0 and r.failed == 0 for r in pool.replicas)
+    asyncio.run(main())
+
+
+# -- ejection and recovery --------------------------------------------------------------------
+
+
+def test_a_dead_replica_is_ejected_and_later_requests_never_reach_it() -> None:
+    async def main() -> None:
+        clock = Clock()
+        pool, fakes = make_pool("refuse", "ok", clock=clock)
+        for i in range(20):
+            events, _ = await run_one(pool, request(rid=f"q{i}"))
+            assert isinstance(events[-1], Finish)
+        assert pool.replicas[0].breaker.state is BreakerState.OPEN
+        assert len(fakes[0].requests) == 3  # the threshold, then never again
+        # The cool-down passes; the probe is the half-open trial; two successes close it.
+        fakes[0].mode, clock.now = "ok", clock.now + 10
+        await pool.probe_replicas()
+        assert pool.replicas[0].breaker.state is BreakerState.HALF_OPEN
+        await pool.probe_replicas()
+        assert pool.replicas[0].breaker.state is BreakerState.CLOSED
+        for i in range(20):
+            await run_one(pool, request(rid=f"z{i}"))
+        assert len(fakes[0].requests) > 3  # it serves again
+    asyncio.run(main())
+
+
+def test_a_probe_failure_counts_and_a_down_replica_is_not_probed_while_cooling() -> None:
+    async def main() -> None:
+        clock = Clock()
+        pool, fakes = make_pool("ok", "ok", clock=clock)
+        fakes[0].up = False
+        for _ in range(3):
+            await pool.probe_replicas()
+        assert pool.replicas[0].breaker.state is BreakerState.OPEN
+        assert pool.replicas[1].breaker.state is BreakerState.CLOSED
+        events, _ = await run_one(pool, request())
+        assert isinstance(events[-1], Finish) and not fakes[0].requests
+    asyncio.run(main())
+
+
+def test_all_replicas_ejected_fails_fast_with_a_typed_error() -> None:
+    async def main() -> None:
+        clock = Clock()
+        pool, _fakes = make_pool("ok", "ok", clock=clock)
+        for r in pool.replicas:
+            r.breaker.force_open(clock.now)
+        assert pool.has_free_slot()  # admission lets it through, to fail at once
+        choice = pool.choose(request())
+        assert choice.replica is None and choice.failure is not None
+        assert choice.failure.code == "no_healthy_replica"
+        assert choice.failure.status == 503 and choice.failure.retry_after == 10
+    asyncio.run(main())
+
+
+def test_half_open_lets_exactly_one_real_request_through() -> None:
+    async def main() -> None:
+        clock = Clock()
+        pool, fakes = make_pool("hold", "ok", clock=clock)
+        fakes[0].release = asyncio.Event()
+        pool.replicas[0].breaker.force_open(clock.now)
+        clock.now += 10
+        key = next(k for k in (f"k{i}" for i in range(100))
+                   if pool.choose(request(affinity=(("x-tokenwire-affinity", k),))).replica
+                   is pool.replicas[0])
+        req = request(affinity=(("x-tokenwire-affinity", key),))
+        first = pool.submit(req)  # the trial
+        assert pool.replicas[0].breaker.trial_in_flight
+        for _ in range(5):  # the same key now goes elsewhere: the trial is running
+            assert pool.choose(req).replica is pool.replicas[1]
+        fakes[0].release.set()
+        while not isinstance(await first.next_event(), Finish):
+            pass
+        assert pool.choose(req).replica is pool.replicas[0]
+    asyncio.run(main())
+
+
+# -- capacity ---------------------------------------------------------------------------------
+
+
+def test_a_pool_at_its_limits_waits_in_admission_and_never_exceeds_a_limit() -> None:
+    async def main() -> None:
+        pool, fakes = make_pool("hold", "hold", "hold", limit=2)
+        gate = asyncio.Event()
+        for f in fakes:
+            f.release = gate
+        admission = Admission(max_concurrent=100, queue_size=100,
+                              limits=limits_of([pool]), all_limited=True)
+        pool.on_capacity = admission.regrant
+        peak: list[int] = []
+        tasks = [asyncio.create_task(run_one(pool, request(rid=f"q{i}"), admission))
+                 for i in range(15)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+            peak.append(max(r.in_flight for r in pool.replicas))
+        assert sum(r.in_flight for r in pool.replicas) == 6  # three replicas, two each
+        assert admission.queued == 9  # the rest wait in admission, not inside the pool
+        gate.set()
+        results = await asyncio.gather(*tasks)
+        assert all(isinstance(ev[-1], Finish) for ev, _ in results)
+        assert max(peak) <= 2
+    asyncio.run(main())
+
+
+def test_an_ejected_replica_takes_its_slots_out_of_admission() -> None:
+    clock = Clock()
+    pool, _ = make_pool("ok", "ok", limit=1, clock=clock)
+    pool.replicas[1].in_flight = 1
+    assert pool.has_free_slot()
+    pool.replicas[0].breaker.force_open(clock.now)
+    assert not pool.has_free_slot()  # r1 down, r2 full: no slot (a request waits)
+
+
+# -- affinity ---------------------------------------------------------------------------------
+
+
+def test_an_affinity_key_keeps_a_conversation_on_one_replica() -> None:
+    pool, _fakes = make_pool("ok", "ok", "ok")
+    for hint in ("x-tokenwire-affinity", "prompt_cache_key", "session-id", "thread-id"):
+        picks = {pool.choose(request(affinity=((hint, "conv-7"),))).replica for _ in range(10)}
+        assert len(picks) == 1
+    spread = {pool.choose(request(affinity=(("session-id", f"c{i}"),))).replica.name
+              for i in range(60)}
+    assert len(spread) == 3  # many conversations use every replica
+
+
+def test_the_explicit_header_wins_over_other_keys() -> None:
+    req = request(affinity=(("session-id", "s"), ("x-tokenwire-affinity", "e"),
+                            ("prompt_cache_key", "k")))
+    assert affinity_key(req) == "x-tokenwire-affinity:e"
+    assert affinity_key(request()) is None
+
+
+def test_an_ejected_replica_moves_only_its_own_conversations() -> None:
+    clock = Clock()
+    pool, _ = make_pool("ok", "ok", "ok", clock=clock)
+    keys = [f"conv-{i}" for i in range(90)]
+    before = {k: pool.choose(request(affinity=(("session-id", k),))).replica for k in keys}
+    pool.replicas[0].breaker.force_open(clock.now)
+    after = {k: pool.choose(request(affinity=(("session-id", k),))).replica for k in keys}
+    moved = [k for k in keys if before[k] is not after[k]]
+    assert moved and all(before[k] is pool.replicas[0] for k in moved)
+
+
+def test_a_full_replica_passes_the_key_to_its_next_in_order() -> None:
+    pool, _ = make_pool("ok", "ok", "ok", limit=1)
+    req = request(affinity=(("session-id", "s"),))
+    first = pool.choose(req).replica
+    assert first is not None
+    first.in_flight = 1
+    second = pool.choose(req).replica
+    assert second is not None and second is not first
+
+
+def test_the_prefix_hash_is_a_stateless_choice() -> None:
+    pool, _ = make_pool("ok", "ok", "ok")
+    pool.prefix_chars = 64
+    shared = "You are a helpful assistant. " * 4
+    picks = {pool.choose(GenerationRequest(prompt=PromptText(text=shared + f"q{i}"))).replica
+             for i in range(10)}
+    assert len(picks) == 1  # the same first 64 characters: the same replica
+    pool.prefix_chars = 0
+    assert affinity_key(GenerationRequest(prompt=PromptText(text=shared))) is None
+
+
+def test_a_response_continues_on_the_replica_that_produced_it() -> None:
+    async def main() -> None:
+        clock = Clock()
+        pool, _fakes = make_pool("ok", "ok", "ok", clock=clock)
+        await run_one(pool, request(rid="resp_1"))
+        producer = next(r for r in pool.replicas if r.completed == 1)
+        for _ in range(10):
+            nxt = request(rid="resp_2", affinity=(("previous_response_id", "resp_1"),))
+            assert pool.choose(nxt).replica is producer
+        # Down: the gateway replays the stored items itself, so another replica continues.
+        producer.breaker.force_open(clock.now)
+        other = pool.choose(request(affinity=(("previous_response_id", "resp_1"),))).replica
+        assert other is not None and other is not producer
+    asyncio.run(main())
+
+
+def _with_encrypted(replica: str) -> GenerationRequest:
+    msg = ChatMessage(role="assistant", content="", reasoning_encrypted=((replica, "{}"),))
+    return GenerationRequest(prompt=ChatPrompt(messages=(
+        ChatMessage(role="user", content="hi"), msg, ChatMessage(role="user", content="go"))))
+
+
+def test_encrypted_reasoning_goes_only_to_the_replica_that_can_read_it() -> None:
+    async def main() -> None:
+        clock = Clock()
+        pool, fakes = make_pool("ok", "refuse", "ok", kind="responses", clock=clock)
+        for _ in range(5):
+            assert pool.choose(_with_encrypted("p/r3")).replica is pool.replicas[2]
+        # Its replica refuses the connection: the state is never sent to another one.
+        events, stream = await run_one(pool, _with_encrypted("p/r2"))
+        assert isinstance(events[-1], Failure) and stream.attempts >= 1
+        assert not fakes[0].requests and not fakes[2].requests
+        pool.replicas[1].breaker.force_open(clock.now)
+        failure = pool.choose(_with_encrypted("p/r2")).failure
+        assert failure is not None and failure.code == "replica_unavailable"
+        assert failure.status == 503 and failure.retry_after == 10
+        assert "p/r2" in failure.message
+    asyncio.run(main())
+
+
+def test_turn_state_pins_its_replica() -> None:
+    pool, _ = make_pool("ok", "ok", "ok", kind="responses")
+    wrapped = wrap_turn_state("p/r2", "state-1")
+    assert wrapped is not None
+    req = request(affinity=(("x-codex-turn-state", wrapped), ("session-id", "s")))
+    assert {pool.choose(req).replica.name for _ in range(10)} == {"p/r2"}
+
+
+def test_an_openai_pool_never_pins_on_state_it_does_not_forward() -> None:
+    pool, _ = make_pool("ok", "ok", "ok", kind="openai")
+    assert pool._hard_pin(_with_encrypted("p/r2")) is None
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_weights_and_limits_are_the_admission_limit(n: int) -> None:
+    pool, _ = make_pool(*["ok"] * n, limit=3)
+    assert limits_of([pool]) == {id(pool): 3 * n}

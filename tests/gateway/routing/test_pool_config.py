@@ -1,0 +1,199 @@
+"""Pools in the configuration: the TOML ``replicas`` table, ``--replica`` flags, start-up
+probing of each replica, and what ``/v1/models``, ``/health`` and ``/metrics`` show."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import ClassVar
+
+import httpx
+import pytest
+
+from tokenwire.cli import serve as serve_cmd
+from tokenwire.errors import ConfigError
+from tokenwire.gateway.config import parse_config, parse_replica_flag, resolve
+from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.ir import IdsSource
+from tokenwire.gateway.routing.breaker import BreakerState
+from tokenwire.gateway.routing.pool import ReplicaPool
+from tokenwire.gateway.server import build_gateway
+from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
+
+#: base_url -> probe state, read by the fake adapters (one per replica).
+DOWN: set[str] = set()
+
+
+class FakeAdapter:
+    kind = "openai"
+    ids_source = IdsSource.NONE
+    built: ClassVar[list[FakeAdapter]] = []
+
+    def __init__(self, config: UpstreamConfig) -> None:
+        self.config, self.name, self.closed = config, config.name, False
+        self.model_id = "m"
+
+    @classmethod
+    def from_config(cls, config, *, transport=None, maps=None) -> FakeAdapter:
+        cls.built.append(adapter := cls(config))
+        return adapter
+
+    def submit(self, request):  # pragma: no cover - routing is tested in test_pool.py
+        raise NotImplementedError
+
+    async def probe(self) -> UpstreamHealth:
+        down = self.config.base_url in DOWN
+        return UpstreamHealth(name=self.name, kind=self.kind,
+                              state=UpstreamState.DOWN if down else UpstreamState.UP,
+                              models=() if down else ("m", "n"))
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def _pool_doc(**kw) -> dict:
+    return {"name": "llama", "kind": "openai", "max_concurrent": 3, "replicas": [
+        {"base_url": "http://a:1/v1", "weight": 2},
+        {"base_url": "http://b:1/v1", "name": "bee", "max_concurrent": 1},
+        {"base_url": "http://c:1/v1"}], **kw}
+
+
+def _build(doc: dict):
+    cfg = parse_config({"upstreams": [doc]}, source="t.toml", env={"K": "secret"})
+    return asyncio.run(build_gateway(cfg, ServerSettings(), adapters={"openai": FakeAdapter}))
+
+
+def test_a_pool_serves_each_model_once_with_every_replica_behind_it() -> None:
+    DOWN.clear()
+    gw = _build(_pool_doc(models=[{"name": "m"}]))
+    (served,) = gw.state.router.models
+    pool = served.upstream
+    assert isinstance(pool, ReplicaPool)
+    assert [(r.name, r.url, r.weight, r.limit) for r in pool.replicas] == [
+        ("llama/1", "http://a:1/v1", 2.0, 3), ("llama/bee", "http://b:1/v1", 1.0, 1),
+        ("llama/3", "http://c:1/v1", 1.0, 3)]
+    assert pool.max_concurrent == 7  # the admission limit is the sum
+    assert [a.config.base_url for a in FakeAdapter.built[-3:]] == [
+        "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"]
+    asyncio.run(gw.aclose())
+
+
+def test_discovered_models_come_from_a_replica_that_answers() -> None:
+    DOWN.clear()
+    DOWN.add("http://a:1/v1")
+    gw = _build(_pool_doc())
+    assert gw.state.router.names == ("m", "n")
+    pool = gw.state.router.models[0].upstream
+    # the replica down at start-up is ejected, not a start-up error
+    assert pool.replicas[0].breaker.state is BreakerState.OPEN
+    assert pool.replicas[1].breaker.state is BreakerState.CLOSED
+    asyncio.run(gw.aclose())
+    DOWN.clear()
+
+
+def test_no_replica_answering_is_a_startup_error() -> None:
+    DOWN.clear()
+    DOWN.update({"http://a:1/v1", "http://b:1/v1", "http://c:1/v1"})
+    FakeAdapter.built.clear()
+    with pytest.raises(ConfigError, match="no replica of upstream 'llama' listed its models"):
+        _build(_pool_doc())
+    with pytest.raises(ConfigError, match="no replica answered"):
+        _build(_pool_doc(models=[{"name": "m"}]))
+    assert all(a.closed for a in FakeAdapter.built)
+    DOWN.clear()
+
+
+def test_models_health_and_metrics_show_the_model_once_and_every_replica() -> None:
+    DOWN.clear()
+    gw = _build(_pool_doc(models=[{"name": "m"}], breaker={"base_cooldown_s": 2.0}))
+    pool = gw.state.router.models[0].upstream
+    pool.replicas[2].breaker.force_open(pool._clock())
+
+    async def get(path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=create_app(gw.state))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.get(path)
+
+    models = asyncio.run(get("/v1/models")).json()["data"]
+    assert [m["id"] for m in models] == ["m"]
+    health = asyncio.run(get("/health")).json()
+    (up,) = health["upstreams"]
+    assert up["name"] == "llama"
+    rows = {r["name"]: r for r in up["replicas"]}
+    assert set(rows) == {"llama/1", "llama/bee", "llama/3"}
+    assert rows["llama/3"]["breaker"] == "open" and rows["llama/3"]["ejections"] == 1
+    assert 0 < rows["llama/3"]["cooldown_left_s"] <= 2.0
+    assert rows["llama/bee"] == {**rows["llama/bee"], "breaker": "closed", "in_flight": 0,
+                                 "limit": 1, "weight": 1.0, "url": "http://b:1/v1"}
+    text = asyncio.run(get("/metrics")).text
+    assert 'tokenwire_replica_state{pool="llama",replica="llama/3"} 2.0' in text
+    assert 'tokenwire_replica_state{pool="llama",replica="llama/1"} 0.0' in text
+    assert 'tokenwire_replica_limit{pool="llama",replica="llama/bee"} 1.0' in text
+    assert 'tokenwire_replica_ejections_total{pool="llama",replica="llama/3"} 1.0' in text
+    asyncio.run(gw.aclose())
+
+
+BAD = [
+    ("both", _pool_doc(base_url="http://x:1/v1"), "give base_url or replicas, not both"),
+    ("empty", {**_pool_doc(), "replicas": []}, "replicas must be a non-empty array"),
+    ("no url", {**_pool_doc(), "replicas": [{"weight": 1}]}, "replica #1: base_url is "
+     "required"),
+    ("bad url", {**_pool_doc(), "replicas": [{"base_url": "ftp://x"}]}, "is not an http://"),
+    ("weight", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "weight": 0}]},
+     "weight must be a positive number"),
+    ("limit", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "max_concurrent": 0}]},
+     "max_concurrent must be at least 1"),
+    ("typo", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "wieght": 2}]},
+     "unknown key 'wieght'"),
+    ("key env", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "api_key_env": "NO"}]},
+     "api_key_env names NO, which is not set"),
+    ("names", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "name": "x"},
+                                           {"base_url": "http://b:1", "name": "x"}]},
+     "two replicas have the same name"),
+    ("breaker typo", _pool_doc(breaker={"cooldown": 3}), "[breaker]: unknown key 'cooldown'"),
+    ("breaker value", _pool_doc(breaker={"error_rate": 2.0}), "error_rate must be in (0, 1]"),
+    ("probe", _pool_doc(probe_interval_s=0), "probe_interval_s must be a positive number"),
+    ("prefix", _pool_doc(affinity_prefix_chars=-1), "affinity_prefix_chars must be between"),
+    ("embedded", {"name": "e", "kind": "embedded", "replicas": [{"base_url": "http://a:1"}]},
+     "an embedded upstream has no replicas"),
+]
+
+
+@pytest.mark.parametrize(("case", "doc", "message"), BAD, ids=[c[0] for c in BAD])
+def test_bad_pools_are_config_errors_naming_the_key(case, doc, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"upstreams": [doc]}, source="t.toml", env={})
+    assert message in str(info.value)
+
+
+def test_replica_flags_make_one_pool() -> None:
+    argv = ["serve", "--replica", "http://a:1/v1,weight=2,max_concurrent=8",
+            "--replica", "http://b:1/v1,name=b,api_key_env=K", "--upstream-max-concurrent", "2"]
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    args = parser.parse_args(argv)
+    cfg = serve_cmd.gateway_config_from_args(args, env={"K": "x"})
+    (up,) = cfg.upstreams
+    assert up.name == "pool" and up.kind == "openai"
+    assert [(r.base_url, r.weight, r.max_concurrent, r.api_key_env) for r in up.replicas] == [
+        ("http://a:1/v1", 2.0, 8, None), ("http://b:1/v1", 1.0, None, "K")]
+    assert [up.replica(i).max_concurrent for i in range(2)] == [8, 2]
+    assert up.replica(1).name == "pool/b" and up.replica(1).api_key_env == "K"
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    ("http://a:1/v1,weight=x", "weight must be a number"),
+    ("http://a:1/v1,wieght=2", "unknown option 'wieght=2'"),
+    ("http://a:1/v1,weight=-1", "weight must be a positive number"),
+])
+def test_bad_replica_flags(flag: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        resolve(replicas=[flag], env={})
+
+
+def test_replica_flags_do_not_combine_with_upstream_or_config() -> None:
+    with pytest.raises(ConfigError, match="--replica cannot be combined"):
+        resolve(replicas=["http://a:1/v1"], upstream_urls=["http://b:1/v1"], env={})
+    assert parse_replica_flag("http://a:1/v1") == {"base_url": "http://a:1/v1"}
