@@ -1,4 +1,4 @@
-"""Gateway overhead in front of an upstream: tokenwire vs LiteLLM's proxy vs direct.
+"""Gateway overhead in front of an upstream: tokenwire vs LiteLLM's proxy vs Portkey vs direct.
 
 What is measured (issue 4, "A benchmark"): added latency to the first token, and CPU time
 per streamed token of the gateway process, for chat streams at 1 and 64 concurrent streams.
@@ -11,11 +11,19 @@ per streamed token of the gateway process, for chat streams at 1 and 64 concurre
   discovered, the SmolLM2 map found by the HF alias), read as Chat JSON-SSE and as Codec
   msgpack frames (ids retokenized by the gateway), with the default 150 ms coalescing
   window and with ``--coalesce-ms 0``; LiteLLM's proxy (``litellm --config``), installed in its
-  own venv ``.bench-venv-litellm`` (created here if missing: ~50 s, ~750 MB).
+  own venv ``.bench-venv-litellm`` (created here if missing: ~50 s, ~750 MB); Portkey's
+  open-source gateway (the npm package ``@portkey-ai/gateway``, a bundled Node server run as
+  ``node build/start-server.js --headless``), installed with npm into ``.bench-peers/portkey``
+  (created here if missing: ~15 s, ~60 MB), pointed at the upstream by its
+  ``x-portkey-provider: openai`` and ``x-portkey-custom-host`` headers.
 * TTFT: request sent -> first chunk with content (first frame with ids for msgpack) at the
   client (httpx in this process). Added TTFT = a target's median minus direct's median.
 * CPU per token: the gateway's process tree's utime+stime from ``/proc/<pid>/stat`` before
-  and after a phase, divided by the content chunks the clients received.
+  and after a phase, divided by the content chunks the clients received. The upstream's own
+  CPU is read the same way in the same phase, so ``cpu_x_upstream`` (gateway CPU / upstream
+  CPU for the same streams) is a ratio within one phase, whatever the machine's load.
+* Throughput: content chunks per second of wall time over a phase; ``x_direct`` divides it
+  by direct's at the same concurrency.
 
 The machine is small and shared, so numbers are indicative; one run, no retries.
 """
@@ -37,6 +45,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 LITELLM_VENV = ROOT / ".bench-venv-litellm"
+#: Peers installed from npm (ignored by git, like the LiteLLM venv).
+PEERS_DIR = ROOT / ".bench-peers"
+#: Pinned so a rerun measures the same gateway (the latest release when this was written).
+PORTKEY_VERSION = "1.15.2"
 MODEL = "HuggingFaceTB/SmolLM2-135M"  # an HF alias, so tokenwire finds the bundled map
 TOKENS = 64
 PACE_S = 0.005
@@ -169,6 +181,37 @@ def _start_litellm(up_port: int, port: int, workdir: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
+def ensure_portkey() -> Path:
+    """Portkey's ``start-server.js``, installed with npm into ``.bench-peers/portkey``."""
+    prefix = PEERS_DIR / "portkey"
+    script = prefix / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
+    stamp = prefix / f".installed-{PORTKEY_VERSION}"
+    if not (script.exists() and stamp.exists()):
+        prefix.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
+                        "--loglevel=error", f"@portkey-ai/gateway@{PORTKEY_VERSION}"],
+                       check=True)
+        for old in prefix.glob(".installed-*"):
+            old.unlink()
+        stamp.touch()
+    return script
+
+
+def _start_portkey(port: int) -> subprocess.Popen:
+    # --headless: no console UI; NODE_ENV=production as deployed (no dev-only logging).
+    env = {**os.environ, "NODE_ENV": "production"}
+    return subprocess.Popen(["node", str(ensure_portkey()), f"--port={port}", "--headless"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _portkey_headers(up_port: int) -> dict[str, str]:
+    """Portkey routes by headers: OpenAI's provider at our upstream (127.0.0.1 is among
+    its default trusted custom hosts), the upstream's key as the bearer token."""
+    return {"x-portkey-provider": "openai",
+            "x-portkey-custom-host": f"http://127.0.0.1:{up_port}/v1",
+            "Authorization": "Bearer sk-upstream"}
+
+
 # -- the client ------------------------------------------------------------------------------
 
 
@@ -205,7 +248,10 @@ async def _one_stream(client: httpx.AsyncClient, url: str, fmt: str | None,
 
 async def _phase(url: str, fmt: str | None, headers: dict[str, str], concurrency: int,
                  rounds: int) -> tuple[list[float], int]:
-    limits = httpx.Limits(max_connections=concurrency + 4)
+    # Idle connections expire before the targets' keep-alive timeout (uvicorn's 5 s, which
+    # is also httpx's default expiry): reusing one the server is closing at that moment
+    # fails the request with a ReadError, a race of the client, not of the target.
+    limits = httpx.Limits(max_connections=concurrency + 4, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
         ttfts, tokens = [], 0
         for _ in range(rounds):
@@ -217,16 +263,18 @@ async def _phase(url: str, fmt: str | None, headers: dict[str, str], concurrency
 
 
 def _measure(target: str, base: str, pid: int | None, fmt: str | None,
-             headers: dict[str, str]) -> list[dict]:
+             headers: dict[str, str], up_pid: int) -> list[dict]:
     rows = []
     url = base + "/v1/chat/completions"
     asyncio.run(_phase(url, fmt, headers, 1, 3))  # warm-up (connections, imports, caches)
     for concurrency, rounds in LOADS:
         cpu0 = _cpu_seconds(pid) if pid else 0.0
+        up0 = _cpu_seconds(up_pid)
         t0 = time.perf_counter()
         ttfts, tokens = asyncio.run(_phase(url, fmt, headers, concurrency, rounds))
         wall = time.perf_counter() - t0
         cpu = (_cpu_seconds(pid) - cpu0) if pid else None
+        up_cpu = _cpu_seconds(up_pid) - up0
         rows.append({
             "bench": "upstreams", "target": target, "concurrency": concurrency,
             "streams": len(ttfts), "ttft_p50_ms": round(statistics.median(ttfts) * 1e3, 2),
@@ -234,36 +282,46 @@ def _measure(target: str, base: str, pid: int | None, fmt: str | None,
             "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
             "gateway_cpu_us_per_token": round(cpu / tokens * 1e6, 1) if cpu is not None
             else None,
+            "upstream_cpu_us_per_token": round(up_cpu / tokens * 1e6, 1),
+            "cpu_x_upstream": round(cpu / up_cpu, 2) if cpu is not None and up_cpu > 0
+            else None,
         })
     return rows
 
 
 def _added(rows: list[dict]) -> None:
-    direct = {r["concurrency"]: r["ttft_p50_ms"] for r in rows if r["target"] == "direct"}
+    direct = {r["concurrency"]: r for r in rows if r["target"] == "direct"}
     for r in rows:
-        r["added_ttft_p50_ms"] = round(r["ttft_p50_ms"] - direct[r["concurrency"]], 2)
+        if "failed" in r:
+            continue
+        base = direct[r["concurrency"]]
+        r["added_ttft_p50_ms"] = round(r["ttft_p50_ms"] - base["ttft_p50_ms"], 2)
+        r["x_direct"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2)
 
 
-def run(*, with_litellm: bool = True) -> list[dict]:
-    """Start the upstream, tokenwire and LiteLLM; measure each; stop them all."""
+def run(*, with_litellm: bool = True, with_portkey: bool = True) -> list[dict]:
+    """Start the upstream, tokenwire, LiteLLM and Portkey; measure each; stop them all."""
     procs: list[subprocess.Popen] = []
     up_port, tw_port = _free_port(), _free_port()
     try:
         up = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)])
         procs.append(up)
         _wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 30)
-        rows = _measure("direct", f"http://127.0.0.1:{up_port}", None, None, {})
+        rows = _measure("direct", f"http://127.0.0.1:{up_port}", None, None, {}, up.pid)
         for label, window_ms in (("", None), (", --coalesce-ms 0", 0)):
             tw = _start_tokenwire(up_port, tw_port, window_ms)
             procs.append(tw)
             tw_base = f"http://127.0.0.1:{tw_port}"
-            rows += _measure(f"tokenwire (chat SSE{label})", tw_base, tw.pid, None, {})
+            rows += _measure(f"tokenwire (chat SSE{label})", tw_base, tw.pid, None, {},
+                             up.pid)
             rows += _measure(f"tokenwire (Codec msgpack{label})", tw_base, tw.pid, "msgpack",
-                             {"Codec-Client-Version": "0.5"})
+                             {"Codec-Client-Version": "0.5"}, up.pid)
             tw.terminate()
             tw.wait(15)
         if with_litellm:
-            rows += _litellm_rows(up_port, procs)
+            rows += _litellm_rows(up_port, up.pid, procs)
+        if with_portkey:
+            rows += _portkey_rows(up_port, up.pid, procs)
         _added(rows)
         return rows
     finally:
@@ -291,26 +349,46 @@ def _start_tokenwire(up_port: int, port: int, window_ms: float | None) -> subpro
     return proc
 
 
-def _litellm_rows(up_port: int, procs: list[subprocess.Popen]) -> list[dict]:
+def _litellm_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> list[dict]:
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         proc = _start_litellm(up_port, port, Path(tmp))
         procs.append(proc)
         auth = {"Authorization": f"Bearer {MASTER_KEY}"}
         _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 180, headers=auth)
-        return _measure("litellm proxy", f"http://127.0.0.1:{port}", proc.pid, None, auth)
+        return _measure("litellm proxy", f"http://127.0.0.1:{port}", proc.pid, None, auth,
+                        up_pid)
+
+
+def _portkey_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> list[dict]:
+    port = _free_port()
+    proc = _start_portkey(port)
+    procs.append(proc)
+    _wait_http(f"http://127.0.0.1:{port}/", proc, 60)
+    target = f"portkey gateway {PORTKEY_VERSION}"
+    try:
+        return _measure(target, f"http://127.0.0.1:{port}", proc.pid, None,
+                        _portkey_headers(up_port), up_pid)
+    except httpx.HTTPStatusError as exc:
+        # A peer that cannot stream here is a finding, recorded as such (not a crash of
+        # the whole run): its status and body say why.
+        return [{"bench": "upstreams", "target": target, "failed": f"HTTP "
+                 f"{exc.response.status_code}: {exc.response.text[:120]}"}]
 
 
 def _serve_upstream(port: int) -> None:
     import uvicorn
 
+    # The reference stays what the aims were set against: asyncio's loop and h11, whatever
+    # is installed (uvicorn's "auto" would pick uvloop/httptools and move the baseline).
     uvicorn.run(upstream_app(), host="127.0.0.1", port=port, log_level="warning",
-                lifespan="off", access_log=False)
+                lifespan="off", access_log=False, loop="asyncio", http="h11")
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--serve-upstream":
         _serve_upstream(int(sys.argv[2]))
     else:
-        for row in run(with_litellm="--no-litellm" not in sys.argv):
+        for row in run(with_litellm="--no-litellm" not in sys.argv,
+                       with_portkey="--no-portkey" not in sys.argv):
             print(json.dumps(row))

@@ -534,5 +534,17 @@ def run_gateway(
     cfg: GatewayConfig, settings: ServerSettings, *, log_level: str = "info",
     on_ready: Callable[[Gateway, Any], None] | None = None,
 ) -> None:
-    """Build the gateway and serve it in one event loop until interrupted."""
-    asyncio.run(serve_gateway(cfg, settings, log_level=log_level, on_ready=on_ready))
+    """Build the gateway and serve it in one event loop until interrupted (uvloop's where
+    it is installed: the loop's scheduling is a large share of the CPU per streamed token,
+    BENCHMARKS.md "The hot path"; the asyncio API, and so every guarantee, is the same)."""
+    with asyncio.Runner(loop_factory=serving_loop_factory()) as runner:
+        runner.run(serve_gateway(cfg, settings, log_level=log_level, on_ready=on_ready))
+
+
+def serving_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop when it can be imported, else None (asyncio's default loop)."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
