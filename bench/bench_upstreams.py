@@ -57,6 +57,18 @@ LOADS = ((1, 30), (64, 3))
 MASTER_KEY = "sk-bench-master-key-0001"
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
+NOTES = """
+How to read it. Each target is its own process in front of the same scripted upstream
+(asyncio + h11, `json.dumps` per chunk); the client is httpx in the bench's process. Read
+**ratios within one phase**: `cpu_x_upstream` is the target's CPU over the upstream's CPU for
+the same streams (issue 15 aims at <= 1.5 at 1 and 64 streams), `x_direct` is throughput
+over direct's at the same concurrency (aim >= 0.95 at 64), `added_ttft_p50_ms` the median
+time to first content minus direct's (aim <= 1 ms at 1 stream). At 64 streams the client,
+the upstream and the target share 2 cores, so added TTFT there is mostly queueing for the
+CPU. A row with `failed` is a peer that could not stream here, with its answer. "The hot
+path (issue 15)" below says what the profile showed and what changed.
+"""
+
 
 # -- the scripted upstream (run in its own process with ``--serve-upstream PORT``) ----------
 
@@ -225,6 +237,8 @@ async def _one_stream(client: httpx.AsyncClient, url: str, fmt: str | None,
     t0 = time.perf_counter()
     first, count = None, 0
     async with client.stream("POST", url, json=body, headers=headers) as r:
+        if r.status_code >= 400:
+            await r.aread()  # so the failure row can quote the body
         r.raise_for_status()
         if fmt == "msgpack":
             from tokenwire.codec.frames_msgpack import FrameDecoder
