@@ -263,7 +263,10 @@ def test_an_unparsable_request_target_is_400(keyed) -> None:
     assert data.startswith(b"HTTP/1.1 400 ")
 
 
-def test_a_websocket_upgrade_to_responses_is_426_with_no_body_and_a_closed_socket(keyed) -> None:
+def test_with_responses_websocket_off_an_upgrade_to_responses_is_426_with_no_body_and_a_closed_socket(  # noqa: E501
+        stacks) -> None:
+    # (With the setting on, the default, the upgrade is served: test_responses_ws.py.)
+    keyed = stacks(api_keys=(KEY,), auth="keys", responses_websocket=False)
     head = (f"GET /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
             "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
             "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n").encode()

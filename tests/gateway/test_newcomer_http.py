@@ -308,7 +308,8 @@ def test_discovery_is_served_to_any_origin_with_a_preflight(stacks) -> None:  # 
 
 
 def test_a_refused_websocket_upgrade_logs_no_library_advice(stacks) -> None:  # noqa: F811
-    keyed = stacks(api_keys=(KEY,), auth="keys")
+    # Refused: the Responses WebSocket turned off (it is served by default).
+    keyed = stacks(api_keys=(KEY,), auth="keys", responses_websocket=False)
     records: list[logging.LogRecord] = []
     handler = logging.Handler()
     handler.emit = records.append  # type: ignore[method-assign]

@@ -37,7 +37,9 @@ _SERVER_DEFAULTS = {"host": "127.0.0.1", "port": 8080, "coalesce_ms": DEFAULT_WI
 _CAPACITY_KEYS = ("max_concurrent", "queue_size", "idle_timeout_s", "request_cap_s",
                   "heartbeat_s", "retries", "drain_grace_s", "head_timeout_s",
                   "body_timeout_s", "max_connections", "max_connections_per_client",
-                  "http2", "tls_cert", "tls_key")
+                  "http2", "tls_cert", "tls_key",
+                  "responses_websocket", "ws_max_sockets", "ws_max_sockets_per_client",
+                  "ws_idle_timeout_s", "ws_session_cap_s")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -115,6 +117,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--no-http2", action="store_false", dest="http2", default=None,
                    help="serve HTTP/1.1 only (default: HTTP/2 too, h2c with prior "
                         "knowledge and ALPN h2 on TLS)")
+    p.add_argument("--no-responses-websocket", action="store_false",
+                   dest="responses_websocket", default=None,
+                   help="answer WebSocket upgrades on /v1/responses with 426 (Codex then uses "
+                        "HTTP); by default they are served")
     p.add_argument("--no-retries", action="store_false", dest="retries", default=None,
                    help="send upstream failures to clients as they come (no retry budgets)")
     p.add_argument("--request-log", choices=("json", "off"), default="json",

@@ -11,6 +11,9 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
                                 # retries, drain_grace_s, api_keys_env, allowed_origins,
                                 # head_timeout_s, body_timeout_s, max_connections,
                                 # max_connections_per_client, http2, tls_cert, tls_key,
+                                # responses_websocket, ws_max_sockets,
+                                # ws_max_sockets_per_client, ws_idle_timeout_s,
+                                # ws_session_cap_s,
     default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s
     api_keys_env = "GW_KEYS"    # the variable holding the client keys (comma-separated)
     allowed_origins = ["https://app.example"]   # browser origins allowed to call
@@ -106,7 +109,9 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "heartbeat_s": _NUM, "retries": (bool,), "drain_grace_s": _NUM,
     "head_timeout_s": _NUM, "body_timeout_s": _NUM, "max_connections": (int,),
     "max_connections_per_client": (int,), "http2": (bool,), "tls_cert": (str,),
-    "tls_key": (str,),
+    "tls_key": (str,), "responses_websocket": (bool,),
+    "ws_max_sockets": (int,), "ws_max_sockets_per_client": (int,),
+    "ws_idle_timeout_s": _NUM, "ws_session_cap_s": _NUM,
 }
 _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),

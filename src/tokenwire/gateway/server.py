@@ -34,6 +34,7 @@ from tokenwire.gateway.http.http2 import ALPN_PROTOCOLS, H2Limits
 from tokenwire.gateway.http.security import harden
 from tokenwire.gateway.http.shutdown import graceful_server
 from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.http.ws_session import BACKSTOP_SLACK_BYTES
 from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.routing.breaker import Breaker, BreakerPolicy
 from tokenwire.gateway.routing.health import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor
@@ -103,16 +104,26 @@ _FDS_PER_CONNECTION = 2
 _FD_RESERVE = 256
 
 
+#: WebSocket keep-alive (uvicorn's wsproto protocol): a ping every 20 s, and a socket whose
+#: peer answers none within 20 s is closed (1011). Codex answers pings from its reader task.
+WS_PING_INTERVAL_S = 20.0
+WS_PING_TIMEOUT_S = 20.0
+
+
 def uvicorn_limits(state: GatewayState) -> dict[str, Any]:
     """:data:`UVICORN_LIMITS`, the guarded protocol (h11, and HTTP/2 unless turned off) and
-    the TLS files for ``state``'s settings."""
+    the TLS files for ``state``'s settings; the WebSocket frame buffer stops a little above
+    the message limit the Responses socket enforces itself with a typed error
+    (``gateway/http/ws_session.py``)."""
     settings = state.settings
     limits = ConnectionLimits.from_settings(settings)
     tls: dict[str, Any] = {}
     if settings.tls_cert is not None:
         tls = {"ssl_certfile": str(settings.tls_cert), "ssl_keyfile": str(settings.tls_key)}
     return {**UVICORN_LIMITS, **tls,
-            "http": guarded_protocol(limits, H2Limits() if settings.http2 else None)}
+            "http": guarded_protocol(limits, H2Limits() if settings.http2 else None),
+            "ws_max_size": settings.max_body_bytes + BACKSTOP_SLACK_BYTES,
+            "ws_ping_interval": WS_PING_INTERVAL_S, "ws_ping_timeout": WS_PING_TIMEOUT_S}
 
 
 def offer_alpn(config: Any, settings: ServerSettings) -> None:

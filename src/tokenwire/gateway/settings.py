@@ -51,6 +51,11 @@ DEFAULT_HEAD_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 60.0
 DEFAULT_MAX_CONNECTIONS = 4096
 DEFAULT_MAX_CONNECTIONS_PER_CLIENT = 256
+#: Responses WebSocket defaults; the reasons are in ``gateway/http/ws_session.py``.
+DEFAULT_WS_MAX_SOCKETS = 1024
+DEFAULT_WS_MAX_SOCKETS_PER_CLIENT = 64
+DEFAULT_WS_IDLE_TIMEOUT_S = 900.0
+DEFAULT_WS_SESSION_CAP_S = 3600.0
 DEFAULT_HOST = "127.0.0.1"  # loopback: exposing a model to a network is a decision to make
 DEFAULT_PORT = 8080
 #: Largest request body accepted (after Content-Encoding). A 100K-token prompt as a JSON int
@@ -108,6 +113,15 @@ class ServerSettings:
     #: TLS: a PEM certificate (chain) and its private key; both or neither.
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    #: ``GET /v1/responses`` with a WebSocket upgrade (the Codex CLI's own transport,
+    #: ``gateway/http/responses_ws.py``); False answers the upgrade 426, as before.
+    responses_websocket: bool = True
+    #: Open Responses WebSockets in all and per client IP address, the time one may sit
+    #: idle between responses, and its whole life (OpenAI's 60 minutes).
+    ws_max_sockets: int = DEFAULT_WS_MAX_SOCKETS
+    ws_max_sockets_per_client: int = DEFAULT_WS_MAX_SOCKETS_PER_CLIENT
+    ws_idle_timeout_s: float = DEFAULT_WS_IDLE_TIMEOUT_S
+    ws_session_cap_s: float = DEFAULT_WS_SESSION_CAP_S
     #: Write ``stop`` instead of ``eos_token``/``stop_sequence`` like the engine forks (§5.7).
     legacy_finish_reason: bool = False
     model_path: Path | None = None
@@ -140,11 +154,12 @@ class ServerSettings:
             raise ConfigError("the request queue size must be >= 0")
         if self.max_concurrent < 1:
             raise ConfigError("max_concurrent must be at least 1")
-        for name in ("max_connections", "max_connections_per_client"):
+        for name in ("max_connections", "max_connections_per_client", "ws_max_sockets",
+                     "ws_max_sockets_per_client"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
         for name in ("idle_timeout_s", "request_cap_s", "heartbeat_s", "head_timeout_s",
-                     "body_timeout_s"):
+                     "body_timeout_s", "ws_idle_timeout_s", "ws_session_cap_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds")
         for name in ("tls_cert", "tls_key"):  # a config file gives strings

@@ -81,6 +81,7 @@ from tokenwire.gateway.ir import (
 from tokenwire.gateway.supervision.retry import Budget, budget_for
 
 __all__ = [
+    "FRAMINGS",
     "ResponsesRenderer",
     "failure_code",
     "failure_error_body",
@@ -90,6 +91,8 @@ __all__ = [
 ]
 
 _encode = msgspec.json.Encoder().encode
+#: How events are framed: SSE for ``POST /v1/responses``, bare JSON for the WebSocket.
+FRAMINGS = ("sse", "json")
 
 #: Codex's ``response.failed`` classification (gateway-research §2): a failure that would
 #: repeat identically is ``invalid_prompt`` so Codex stops after one request instead of
@@ -264,9 +267,15 @@ class ResponsesRenderer:
         reasoning_summary: str = "auto", echo: Mapping[str, Any] | None = None,
         derive_end_turn: bool = True, new_item_id: Callable[[str], str] = _new_item_id,
         call_fields: Callable[[str], Mapping[str, Any]] = lambda name: {},
+        framing: str = "sse",
     ) -> None:
+        if framing not in FRAMINGS:
+            raise ValueError(f"framing must be one of {', '.join(FRAMINGS)}, got {framing!r}")
         self.stream = stream
         self.content_type = SSE_CONTENT_TYPE if stream else "application/json"
+        #: ``"sse"``: each event is ``event: <type>\ndata: <json>\n\n``; ``"json"``: the bare
+        #: JSON of the event, one WebSocket text message each (``http/responses_ws.py``).
+        self._framing = framing
         self.response_id, self._model, self._created_at = response_id, model, created_at
         self._hide_summary = reasoning_summary == "none"
         self._echo = dict(echo or {})
@@ -351,6 +360,8 @@ class ResponsesRenderer:
     def _sse(self, type_: str, **fields: Any) -> bytes:
         data = {"type": type_, "sequence_number": self._seq, **fields}
         self._seq += 1
+        if self._framing == "json":
+            return _encode(data)
         return b"event: " + type_.encode() + b"\ndata: " + _encode(data) + b"\n\n"
 
     def _whole_body(self) -> list[bytes]:

@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import BaseRoute, Route
+from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from tokenwire.codec.frames import StreamFormat
 from tokenwire.codec.requests import decode_request
@@ -64,6 +64,7 @@ from tokenwire.gateway.http.requests import (
 )
 from tokenwire.gateway.http.responses_get import get_response
 from tokenwire.gateway.http.responses_routes import responses_routes
+from tokenwire.gateway.http.responses_ws import responses_socket
 from tokenwire.gateway.http.schema import PROTO_SCHEMA
 from tokenwire.gateway.http.security import internal_error_response
 from tokenwire.gateway.http.state import GatewayState
@@ -79,8 +80,9 @@ __all__ = ["FEATURES", "GatewayState", "create_app"]
 
 #: What this release guarantees, listed by /health so an operator can tell an updated
 #: server from an old one (seed: the ``features`` list of ``/health``).
-FEATURES = ("responses-ws-426", "openai-internal-strip", "retry-budgets-v1",
-            "admission-queue-v1", "heartbeats-v1", "metrics-v1", "replica-pools-v1")
+FEATURES = ("responses-ws-426", "responses-websocket-v1", "openai-internal-strip",
+            "retry-budgets-v1", "admission-queue-v1", "heartbeats-v1", "metrics-v1",
+            "replica-pools-v1")
 _BINARY_TYPES = {"application/x-msgpack": StreamFormat.MSGPACK,
                  "application/x-protobuf": StreamFormat.PROTOBUF}
 
@@ -286,6 +288,8 @@ def create_app(state: GatewayState) -> Starlette:
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),  # stored ones
         *_discovery_routes(state),
     ]
+    if state.settings.responses_websocket:  # GET /v1/responses upgraded (Codex's transport)
+        routes.append(WebSocketRoute("/v1/responses", responses_socket))
 
     def rejected(path: str, status: int, reason: str) -> None:
         state.observability.rejected(api=api_for_path(path), status=status, reason=reason)

@@ -27,7 +27,7 @@ from tokenwire.gateway.apis.messages import (
     type_for_status,
 )
 
-__all__ = ["error_response", "exception_response", "json_error"]
+__all__ = ["error_parts", "error_response", "exception_response", "json_error"]
 
 log = logging.getLogger(__name__)
 
@@ -58,19 +58,24 @@ def _status(exc: Exception, default: int) -> int:
     return status if isinstance(status, int) and 400 <= status <= 599 else default
 
 
-async def exception_response(request: Request, exc: Exception) -> Response:
-    """The exception handler for every error a route raises before its response starts."""
-    path = request.url.path
-    if isinstance(exc, HTTPException):
-        return _http_exception(request, exc)
+def error_parts(exc: Exception) -> tuple[int, str, str, str | None]:
+    """Status, message, code and param of a raised :class:`~tokenwire.errors.TokenwireError`:
+    the one classification of every route (and of the Responses WebSocket's ``error``
+    messages, ``http/responses_ws.py``)."""
     if isinstance(exc, ProtocolError):
         status = _status(exc, 400)
-        return error_response(path, status, str(exc), code=exc.code or code_for_status(status),
-                              param=exc.param)
+        return status, str(exc), exc.code or code_for_status(status), exc.param
     status = _status(exc, 500)  # another TokenwireError (a bug is security.py's 500)
     code = getattr(exc, "code", None)
-    return error_response(path, status, str(exc),
-                          code=code if isinstance(code, str) else code_for_status(status))
+    return status, str(exc), code if isinstance(code, str) else code_for_status(status), None
+
+
+async def exception_response(request: Request, exc: Exception) -> Response:
+    """The exception handler for every error a route raises before its response starts."""
+    if isinstance(exc, HTTPException):
+        return _http_exception(request, exc)
+    status, message, code, param = error_parts(exc)
+    return error_response(request.url.path, status, message, code=code, param=param)
 
 
 def _http_exception(request: Request, exc: HTTPException) -> Response:

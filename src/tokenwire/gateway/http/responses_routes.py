@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -45,10 +46,13 @@ from tokenwire.gateway.apis.responses_request import ResponsesCall, parse_respon
 from tokenwire.gateway.http.generation import check_inputs, check_model_limits
 from tokenwire.gateway.http.requests import decode_json, read_body
 from tokenwire.gateway.http.responses_get import get_response, response_store_of
+from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, WireRecord
-from tokenwire.gateway.ir import EventStream, Failure, FailureClass, is_terminal
+from tokenwire.gateway.ir import EventStream, Failure, FailureClass, GenerationRequest, is_terminal
+from tokenwire.gateway.routing.router import ServedModel
 
-__all__ = ["create_response", "responses_routes"]
+__all__ = ["Prepared", "create_response", "prepare_response", "refused_stream",
+           "responses_routes", "store_hook", "stream_events"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +63,42 @@ _ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous
 _SSE_HEADERS = (("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"))
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A parsed, routed Responses request, ready to be supervised (both transports)."""
+
+    call: ResponsesCall
+    served: ServedModel
+    renderer: ResponsesRenderer
+    gen: GenerationRequest
+
+
+def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
+                     headers: Mapping[str, str], store: Any, rid: str,
+                     framing: str = "sse", stream: bool | None = None) -> Prepared:
+    """Parse, route and check one Responses body; its renderer frames events as ``framing``.
+
+    ``stream`` overrides the body's ``stream`` (the WebSocket always streams). Raises what
+    the parser raises (``CompactionRefused`` included) and the router's errors."""
+    call = parse_responses_request(body, headers=headers, store=store, raw=raw,
+                                   request_id=rid)
+    streaming = call.stream if stream is None else stream
+    served = state.router.route(call.model)
+    check_inputs(served, call.request)
+    renderer = ResponsesRenderer(
+        response_id=rid, model=served.name, created_at=int(time.time()), stream=streaming,
+        reasoning_summary=call.reasoning_summary or "auto", echo=_echo(call),
+        # A Responses upstream's end_turn is its own (ResponseMeta): never invent one for it.
+        derive_end_turn=getattr(served.upstream, "kind", "") != "responses",
+        call_fields=partial(collaboration_call_fields,
+                            collaboration_tools=call.collaboration_tools),
+        framing=framing)
+    gen = msgspec.structs.replace(call.request, model=served.name, request_id=rid,
+                                  want_ids=False, want_text=True)
+    return Prepared(call=call, served=served, renderer=renderer,
+                    gen=check_model_limits(served, gen))
+
+
 async def create_response(request: Request) -> Response | EventResponse | _SSEResponse:
     state = request.app.state.gateway
     raw = await read_body(request, state.settings.max_body_bytes)
@@ -66,27 +106,17 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
     rid = new_response_id()
     store = response_store_of(request)
     try:
-        call = parse_responses_request(body, headers=request.headers, store=store, raw=raw,
-                                       request_id=rid)
+        prep = prepare_response(state, body, raw=raw, headers=request.headers, store=store,
+                                rid=rid)
     except CompactionRefused as exc:
         if isinstance(body, dict) and body.get("stream") is True:
             return _refused_stream(rid, body, exc)
         raise
-    served = state.router.route(call.model)
-    check_inputs(served, call.request)
-    renderer = ResponsesRenderer(
-        response_id=rid, model=served.name, created_at=int(time.time()), stream=call.stream,
-        reasoning_summary=call.reasoning_summary or "auto", echo=_echo(call),
-        # A Responses upstream's end_turn is its own (ResponseMeta): never invent one for it.
-        derive_end_turn=getattr(served.upstream, "kind", "") != "responses",
-        call_fields=partial(collaboration_call_fields,
-                            collaboration_tools=call.collaboration_tools))
-    gen = msgspec.structs.replace(call.request, model=served.name, request_id=rid,
-                                  want_ids=False, want_text=True)
-    gen = check_model_limits(served, gen)
-    stream = state.supervise(request, served, gen, streaming=call.stream, api="responses")
+    call, renderer = prep.call, prep.renderer
+    stream = state.supervise(request, prep.served, prep.gen, streaming=call.stream,
+                             api="responses")
     headers = [("Content-Type", renderer.content_type), *_SSE_HEADERS, ("X-Request-Id", rid)]
-    on_final = _store_hook(store, call)
+    on_final = store_hook(store, call)
     if call.stream:
         return _SSEResponse(stream, renderer, headers=headers, on_final=on_final,
                             record=stream.observer)
@@ -107,14 +137,20 @@ def _echo(call: ResponsesCall) -> dict[str, Any]:
     return echo
 
 
-def _refused_stream(rid: str, body: dict[str, Any], exc: CompactionRefused) -> _SSEResponse:
+def refused_stream(rid: str, body: dict[str, Any], exc: CompactionRefused, *,
+                   framing: str = "sse") -> tuple[EventStream, ResponsesRenderer]:
     """The seed's final refusal as a stream: created, in_progress, failed (invalid_prompt);
     no upstream is called."""
     model = body.get("model") if isinstance(body.get("model"), str) else ""
     renderer = ResponsesRenderer(response_id=rid, model=model, created_at=int(time.time()),
-                                 stream=True)
+                                 stream=True, framing=framing)
     failure = Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc), status=400)
-    return _SSEResponse(_Ended(failure), renderer, on_final=None,
+    return _Ended(failure), renderer
+
+
+def _refused_stream(rid: str, body: dict[str, Any], exc: CompactionRefused) -> _SSEResponse:
+    stream, renderer = refused_stream(rid, body, exc)
+    return _SSEResponse(stream, renderer, on_final=None,
                         headers=[("Content-Type", renderer.content_type), *_SSE_HEADERS,
                                  ("X-Request-Id", rid)])
 
@@ -138,7 +174,7 @@ def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], byt
                     *retry_after_header(failure.retry_after)], body
 
 
-def _store_hook(store: Any, call: ResponsesCall) -> Callable[[dict[str, Any]], None] | None:
+def store_hook(store: Any, call: ResponsesCall) -> Callable[[dict[str, Any]], None] | None:
     """Saves a finished response when the client asked to (``store`` defaults to true)."""
     if store is None or not call.store:
         return None
@@ -221,20 +257,11 @@ class _SSEResponse:
     async def _run(self, send: Send) -> None:
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._headers]
         await send({"type": "http.response.start", "status": 200, "headers": raw})
-        await self._body(send, self._renderer.created_events())
-        try:
-            while True:
-                event = await self._stream.next_event()
-                self._finished = is_terminal(event)
-                await self._body(send, self._renderer.on_event(event))
-                if self._finished:
-                    break
-        except Exception as exc:  # after the head: report in-stream (never a 500)
-            log.error("responses stream failed after the response started: %s",
-                      type(exc).__name__)
-            self._stream.cancel()
+
+        def finished() -> None:
             self._finished = True
-            await self._body(send, self._renderer.on_error(exc))
+
+        await stream_events(self._stream, self._renderer, partial(self._body, send), finished)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _body(self, send: Send, chunks: list[bytes]) -> None:
@@ -243,6 +270,30 @@ class _SSEResponse:
             await send({"type": "http.response.body", "body": data, "more_body": True})
             if self._record is not None:
                 self._record.wire_bytes("identity", len(data))
+
+
+async def stream_events(stream: EventStream, renderer: ResponsesRenderer,
+                        emit: Callable[[list[bytes]], Awaitable[None]],
+                        finished: Callable[[], None]) -> None:
+    """``response.created`` + ``response.in_progress`` at once, then every event rendered,
+    until the terminal (``finished`` is called as it is seen, before it is emitted). Any
+    error is reported in-stream as ``response.failed`` (never a 500): the one event loop
+    of the SSE route and the WebSocket (``http/responses_ws.py``)."""
+    await emit(renderer.created_events())
+    try:
+        while True:
+            event = await stream.next_event()
+            if is_terminal(event):
+                finished()
+            await emit(renderer.on_event(event))
+            if is_terminal(event):
+                return
+    except Exception as exc:  # after the head: report in-stream (never a 500)
+        log.error("responses stream failed after the response started: %s",
+                  type(exc).__name__)
+        stream.cancel()
+        finished()
+        await emit(renderer.on_error(exc))
 
 
 def responses_routes() -> list[BaseRoute]:

@@ -3,7 +3,8 @@
 A pure ASGI middleware (STYLE §6 item 13). The checks run in the order the gateway seed
 fixes ("WebSocket refusals"): an unparsable request target 400, any disallowed ``Origin``
 403, a missing or wrong key 401, then for upgrades a 404 on any path but ``/v1/responses``
-and a 426 with no body and ``Connection: close`` there. An upgrade is an ASGI
+and a 426 with no body and ``Connection: close`` there (unless ``responses_websocket``:
+then a WebSocket there is served, ``http/responses_ws.py``). An upgrade is an ASGI
 ``websocket`` scope, or an ``http`` scope whose ``Connection`` names ``upgrade`` beside an
 ``Upgrade`` header (uvicorn hands those to the app when no WebSocket library is installed,
 like the Node request handler the seed describes); the latter on other paths is served as
@@ -150,7 +151,8 @@ class SecurityMiddleware:
 
     def __init__(self, app: ASGIApp, *, bearer_tokens: Sequence[str] | None,
                  allowed_origins: Sequence[str] = (),
-                 allow_unauthenticated_localhost: bool = False) -> None:
+                 allow_unauthenticated_localhost: bool = False,
+                 responses_websocket: bool = False) -> None:
         tokens = [t.encode() for t in (bearer_tokens or ()) if t]
         if not tokens and not allow_unauthenticated_localhost:
             # Fail closed: an open gateway must be asked for, never the default.
@@ -160,6 +162,9 @@ class SecurityMiddleware:
         self._tokens = tokens
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
         self._localhost_open = allow_unauthenticated_localhost
+        #: Serve WebSocket upgrades of /v1/responses (``http/responses_ws.py``) instead of
+        #: the seed's 426; an ``http`` scope asking to upgrade still gets the 426.
+        self._responses_websocket = responses_websocket
 
     def _authorized(self, scope: Scope, headers: dict[bytes, list[bytes]]) -> bool:
         if self._localhost_open and _is_loopback(scope.get("client")):
@@ -186,6 +191,8 @@ class SecurityMiddleware:
             return _BAD_KEY
         upgrade = scope["type"] == "websocket" or _asks_upgrade(headers)
         if upgrade and path == RESPONSES_PATH:
+            if self._responses_websocket and scope["type"] == "websocket":
+                return None
             return 426, None  # the seed: no body, Connection: close
         if scope["type"] == "websocket":
             return _NOT_FOUND
@@ -346,4 +353,5 @@ def harden(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
     return SecurityMiddleware(
         CrashBarrier(app), bearer_tokens=settings.api_keys,
         allowed_origins=settings.allowed_origins,
-        allow_unauthenticated_localhost=settings.auth == "localhost-open")
+        allow_unauthenticated_localhost=settings.auth == "localhost-open",
+        responses_websocket=settings.responses_websocket)

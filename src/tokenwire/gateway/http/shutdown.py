@@ -37,6 +37,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
+from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
 
 from tokenwire.gateway.http.admission import is_inference, send_refusal
 from tokenwire.gateway.ir import Failure, FailureClass
@@ -153,8 +154,12 @@ class GracefulServer(uvicorn.Server):
             server.close()
         for sock in sockets or []:
             sock.close()
+        # WebSockets drain like HTTP streams (uvicorn's own shutdown() would close them at
+        # once with 1012, mid-response): each session closes after its running response.
+        self.state.drain_sockets()
         for connection in list(self.server_state.connections):
-            connection.shutdown()
+            if not isinstance(connection, WSProtocol):
+                connection.shutdown()
         if self._busy():
             log.warning("shutting down: %d connection(s) in flight get %g s to finish",
                         len(self.server_state.connections), self.drain_grace_s)

@@ -11,6 +11,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from starlette.requests import Request
@@ -22,6 +23,7 @@ from tokenwire.errors import ConfigError
 from tokenwire.gateway.affinity import affinity_hints
 from tokenwire.gateway.context_window import ContextSource
 from tokenwire.gateway.http.admission import ticket_of
+from tokenwire.gateway.http.ws_session import SocketTable
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
 from tokenwire.gateway.observability.records import Observability
 from tokenwire.gateway.routing.fallbacks import FallbackTable, plan_for
@@ -30,16 +32,20 @@ from tokenwire.gateway.routing.pool import ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
-from tokenwire.gateway.supervision.admission import Admission, limits_of
+from tokenwire.gateway.supervision.admission import Admission, Ticket, limits_of
 from tokenwire.gateway.supervision.retry import RetryPolicy
 from tokenwire.gateway.supervision.supervisor import SupervisedStream, Timing
 
 __all__ = ["GatewayState"]
 
 
-def _with_header_hints(gen: GenerationRequest, request: Request) -> GenerationRequest:
+def _with_header_hints(gen: GenerationRequest, request: Request | None) -> GenerationRequest:
     """The request's affinity hints plus those its headers carry (session ids, the explicit
-    affinity key): every API's requests pick replicas by them (``routing/pool.py``)."""
+    affinity key): every API's requests pick replicas by them (``routing/pool.py``). A
+    WebSocket ``response.create`` (no ``request``) already carries its upgrade's headers'
+    hints (``http/responses_ws.py`` parses it with them)."""
+    if request is None:
+        return gen
     given = dict(gen.affinity)
     extra = tuple((k, v) for k, v in affinity_hints({}, request.headers) if k not in given)
     return msgspec.structs.replace(gen, affinity=gen.affinity + extra) if extra else gen
@@ -76,6 +82,10 @@ class GatewayState:
     live_streams: weakref.WeakSet[SupervisedStream] = field(default_factory=weakref.WeakSet)
     #: Opt-in fallbacks between models (``gateway/routing/fallbacks.py``); empty: none.
     fallbacks: FallbackTable = field(default_factory=FallbackTable)
+    #: Open Responses WebSockets, counted per address (``http/ws_session.py``), and their
+    #: sessions, which graceful shutdown drains (``http/responses_ws.py``).
+    ws_sockets: SocketTable = field(default=None)  # type: ignore[assignment]
+    ws_sessions: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
 
     def __post_init__(self) -> None:
         if self.router is None:
@@ -105,6 +115,10 @@ class GatewayState:
         for pool in self.pools():  # a replica back or a slot freed: waiters may start
             pool.on_capacity = self.admission.regrant
         self.observability.set_pools_source(self.pools)
+        if self.ws_sockets is None:
+            self.ws_sockets = SocketTable(
+                max_sockets=self.settings.ws_max_sockets,
+                max_per_client=self.settings.ws_max_sockets_per_client)
 
     def timing(self, *, streaming: bool) -> Timing:
         """The request clocks; a non-streaming request has no stream to keep alive."""
@@ -112,15 +126,19 @@ class GatewayState:
         return Timing(heartbeat_s=s.heartbeat_s if streaming else None,
                       idle_timeout_s=s.idle_timeout_s, request_cap_s=s.request_cap_s)
 
-    def supervise(self, request: Request, served: ServedModel, gen: GenerationRequest, *,
-                  streaming: bool, api: str) -> SupervisedStream:
+    def supervise(self, request: Request | None, served: ServedModel, gen: GenerationRequest,
+                  *, streaming: bool, api: str, ticket: Ticket | None = None
+                  ) -> SupervisedStream:
         """The generation as the APIs see it: queued, retried, timed (``supervisor.py``),
-        and recorded (``api`` names the surface in metrics and logs)."""
+        and recorded (``api`` names the surface in metrics and logs). The admission ticket
+        is the request's (:func:`ticket_of`), or ``ticket`` when the caller took one itself
+        (a WebSocket ``response.create``, ``http/responses_ws.py``)."""
         gen = _with_header_hints(gen, request)
         record = self.observability.new_request(
             api=api, model=served.name, upstream=served.upstream_name or served.name,
             request_id=gen.request_id, stream=streaming)
-        ticket = ticket_of(request)
+        if ticket is None:
+            ticket = ticket_of(request)
         ticket.supervised, ticket.on_release = True, record.close
         plan = plan_for(self.fallbacks, {m.name: m for m in self.router.models}, served,
                         gen) if self.fallbacks else None
@@ -142,6 +160,14 @@ class GatewayState:
     def pools(self) -> tuple[ReplicaPool, ...]:
         """Every pool of replicas served (``/health`` and the metrics show their replicas)."""
         return tuple(up for _, up in self.router.upstreams() if isinstance(up, ReplicaPool))
+
+    def drain_sockets(self) -> int:
+        """Graceful shutdown's first step for WebSockets: each session closes once its
+        running response (if any) ended, and takes no new one; how many were told."""
+        sessions = list(self.ws_sessions)
+        for session in sessions:
+            session.drain()
+        return len(sessions)
 
     @property
     def dicts(self) -> dict[str, ZstdDict]:

@@ -1,0 +1,336 @@
+"""``GET /v1/responses`` over WebSocket: the Responses API on the Codex CLI's own transport.
+
+Codex (``codex-rs/codex-api/src/endpoint/responses_websocket.rs``) opens one socket per
+session (``OpenAI-Beta: responses_websockets=2026-02-06`` on the upgrade, its usual
+``Authorization``), then sends one ``response.create`` text message per turn and reads the
+ordinary Responses events as JSON text messages until ``response.completed`` (or
+``response.failed`` / ``response.incomplete``). On a 426 it falls back to HTTP at once. The
+upgrade has already passed :class:`~.security.SecurityMiddleware` (target, Origin, key); here
+it must also pass the socket caps and the capacity rule (a 429 when no request could be
+admitted right now), each refused with a JSON body and ``Retry-After`` before the handshake.
+
+Each ``response.create`` is one request, exactly as a ``POST /v1/responses`` with
+``stream: true`` (:func:`~.responses_routes.prepare_response`, the same renderer framed as
+bare JSON, :func:`~.responses_routes.stream_events`): its own admission ticket, deadlines,
+heartbeats, retries, metrics and log line, so an idle socket holds no capacity. One response
+runs at a time per socket; a second ``response.create`` meanwhile is a 409 ``error``. A
+failure before the response starts is ``{"type": "error", "status": N, "error": {...}}``
+with the HTTP path's status and code (Codex maps it as it maps that HTTP error); after it
+started, ``response.failed``, as on SSE. ``generate: false`` is a warm-up: validated and
+remembered, answered with an empty created / in_progress / completed lifecycle, no model run.
+
+The socket remembers its last completed response (:class:`~.ws_session.SocketMemory`), so
+Codex's ``previous_response_id`` with only the new ``input`` items works with ``store:
+false``; the upstream's turn state is remembered too and sent with the next turn (Codex
+echoes it in ``client_metadata``). Limits and close codes: :mod:`.ws_session`. On shutdown
+every session drains like an HTTP stream: an idle one closes (1001) at once, a busy one after
+its response (which the grace period may end with ``server_shutting_down``).
+
+Not built: holding one upstream WebSocket per client socket in front of a Responses upstream
+that offers one; every turn is translated to the upstream's HTTP API, as ``POST`` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import anyio
+from starlette.responses import Response
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from tokenwire.errors import CompactionRefused, TokenwireError
+from tokenwire.gateway.affinity import TURN_STATE_HEADER
+from tokenwire.gateway.apis.errors import error_object
+from tokenwire.gateway.apis.responses_render import ResponsesRenderer, new_response_id
+from tokenwire.gateway.apis.sse import json_bytes
+from tokenwire.gateway.http.errors import error_parts
+from tokenwire.gateway.http.requests import decode_json
+from tokenwire.gateway.http.responses_routes import (
+    prepare_response,
+    refused_stream,
+    store_hook,
+    stream_events,
+)
+from tokenwire.gateway.http.shutdown import shutdown_failure
+from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.http.ws_session import (
+    CLOSE_GOING_AWAY,
+    CLOSE_NORMAL,
+    CONNECTION_LIMIT_CODE,
+    CONNECTION_LIMIT_MESSAGE,
+    Create,
+    Refusal,
+    SessionClock,
+    SocketMemory,
+    parse_message,
+)
+from tokenwire.gateway.ir import EventStream, Finish, FinishKind
+from tokenwire.gateway.supervision.admission import RETRY_AFTER_S
+
+__all__ = ["MAX_MESSAGE_HEADER", "responses_socket"]
+
+log = logging.getLogger(__name__)
+
+#: Newer Codex builds read this upgrade header as the largest message the server takes.
+MAX_MESSAGE_HEADER = "x-codex-websocket-max-message-bytes"
+_BUSY_MESSAGE = "The gateway is at capacity; retry shortly."
+_SOCKETS_MESSAGE = {429: "Too many open Responses WebSockets from this address; retry "
+                         "shortly or use HTTP.",
+                    503: "The server has no free Responses WebSocket slot; retry shortly or "
+                         "use HTTP."}
+#: A warm-up's terminal: an empty, completed response.
+_WARM_UP_END = Finish(reason=FinishKind.EOS)
+_IDLE_REASON = "idle timeout"
+_SHUTDOWN_REASON = "server shutting down"
+
+
+def _denial(status: int, code: str, message: str) -> Response:
+    type_ = "rate_limit_error" if status == 429 else "server_error"
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return Response(json_bytes(body), status_code=status, media_type="application/json",
+                    headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"})
+
+
+async def responses_socket(websocket: WebSocket) -> None:
+    """The WebSocket route: socket caps and the capacity rule, then one :class:`_Session`."""
+    state: GatewayState = websocket.app.state.gateway
+    client = websocket.client
+    address = client.host if client is not None else "?"
+    refused = state.ws_sockets.open(address)
+    if refused is not None:
+        state.observability.rejected(api="responses", status=refused, reason="ws_sockets")
+        await websocket.send_denial_response(_denial(refused, "too_many_connections"
+                                                     if refused == 429 else "server_busy",
+                                                     _SOCKETS_MESSAGE[refused]))
+        return
+    try:
+        probe = state.admission.reserve(anyio.current_time())
+        if probe is None:  # the rule every POST meets: no request could be admitted now
+            state.observability.rejected(api="responses", status=429, reason="queue_full")
+            await websocket.send_denial_response(
+                _denial(429, "rate_limit_exceeded", _BUSY_MESSAGE))
+            return
+        probe.release()  # an idle socket holds no capacity: each response.create takes one
+        await _Session(state, websocket).run()
+    finally:
+        state.ws_sockets.close(address)
+
+
+class _Session:
+    """One accepted socket: a reader loop and at most one running response."""
+
+    def __init__(self, state: GatewayState, websocket: WebSocket) -> None:
+        self.state, self.ws = state, websocket
+        settings = state.settings
+        self.max_bytes = settings.max_body_bytes
+        self.clock = SessionClock(opened_at=anyio.current_time(),
+                                  idle_timeout_s=settings.ws_idle_timeout_s,
+                                  cap_s=settings.ws_session_cap_s)
+        self.memory = SocketMemory(state.response_store)
+        self.headers = {k.lower(): v for k, v in websocket.headers.items()}
+        self.turn_state: str | None = None  # the upstream's, wrapped (affinity.py)
+        self.busy = False
+        self.draining = False
+        self.stream: EventStream | None = None
+        self._wait: anyio.CancelScope | None = None
+        self.session_id = new_response_id().replace("resp_", "ws_", 1)
+
+    async def run(self) -> None:
+        await self.ws.accept(headers=[
+            (b"x-request-id", self.session_id.encode()),
+            (MAX_MESSAGE_HEADER.encode(), str(self.max_bytes).encode())])
+        self.state.ws_sessions.add(self)
+        try:
+            async with anyio.create_task_group() as tg:
+                try:
+                    await self._read(tg)
+                finally:
+                    if self.stream is not None:  # the client left mid-response: stop it
+                        self.stream.cancel()
+                    tg.cancel_scope.cancel()
+        except (WebSocketDisconnect, OSError):
+            pass  # the peer went away while we were sending: nothing more to tell it
+        finally:
+            self.state.ws_sessions.discard(self)
+
+    def drain(self) -> None:
+        """Graceful shutdown: take no new response; close once the running one ended."""
+        self.draining = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wait is not None:
+            self._wait.cancel()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def _read(self, tg: anyio.abc.TaskGroup) -> None:
+        while True:
+            now = anyio.current_time()
+            if not self.busy:
+                if self.draining:
+                    await self.ws.close(CLOSE_GOING_AWAY, _SHUTDOWN_REASON)
+                    return
+                if self.clock.wait_budget(now) <= 0:
+                    capped = self.clock.capped(now) and not self.clock.over_cap
+                    await self.ws.close(CLOSE_NORMAL, CONNECTION_LIMIT_MESSAGE if capped
+                                        else _IDLE_REASON)
+                    return
+            message = None
+            with anyio.CancelScope() as scope:
+                self._wait = scope
+                if not self.busy:
+                    scope.deadline = now + self.clock.wait_budget(now)
+                message = await self.ws.receive()
+            self._wait = None
+            if message is None:
+                continue  # a deadline, the end of a response or a drain: look again
+            if message["type"] == "websocket.disconnect":
+                return
+            if not await self._on_message(message, tg):
+                return
+
+    async def _on_message(self, message: dict[str, Any], tg: anyio.abc.TaskGroup) -> bool:
+        """Handle one client message; False when the socket was closed."""
+        parsed = parse_message(message.get("text"), message.get("bytes"),
+                               max_bytes=self.max_bytes, decode=decode_json)
+        if isinstance(parsed, Refusal):
+            self._rejected(parsed.status, parsed.code)
+            await self._error(parsed.status, parsed.code, parsed.message, parsed.param)
+            if parsed.close_code is not None:
+                await self.ws.close(parsed.close_code, parsed.code)
+                return False
+            return True
+        if self.busy:
+            self._rejected(409, "response_in_progress")
+            await self._error(409, "response_in_progress", "a response is already running on "
+                              "this socket; send the next response.create after its "
+                              "terminal event")
+            return True
+        if self.draining:
+            failure = shutdown_failure()
+            await self._error(503, failure.code or "server_shutting_down", failure.message)
+            await self.ws.close(CLOSE_GOING_AWAY, _SHUTDOWN_REASON)
+            return False
+        if self.clock.capped(anyio.current_time()):
+            await self._error(400, CONNECTION_LIMIT_CODE, CONNECTION_LIMIT_MESSAGE)
+            await self.ws.close(CLOSE_NORMAL, CONNECTION_LIMIT_MESSAGE)
+            return False
+        self.busy = True
+        tg.start_soon(self._respond, parsed)
+        return True
+
+    # -- one response ----------------------------------------------------------------------
+
+    async def _respond(self, create: Create) -> None:
+        try:
+            if create.generate:
+                await self._generate(create)
+            else:
+                await self._warm_up(create)
+        except (WebSocketDisconnect, OSError):
+            if self.stream is not None:
+                self.stream.cancel()
+        finally:
+            self.busy, self.stream = False, None
+            self.clock.response_ended(anyio.current_time())
+            self._wake()
+
+    def _turn_headers(self, body: dict[str, Any]) -> dict[str, str]:
+        """The upgrade's headers, plus the turn state Codex echoes in ``client_metadata``
+        (or, when it does not, the one this socket last received from its upstream)."""
+        headers = dict(self.headers)
+        meta = body.get("client_metadata")
+        echoed = meta.get(TURN_STATE_HEADER) if isinstance(meta, dict) else None
+        state = echoed if isinstance(echoed, str) else self.turn_state
+        if state is not None:
+            headers[TURN_STATE_HEADER] = state
+        return headers
+
+    async def _generate(self, create: Create) -> None:
+        state, rid = self.state, new_response_id()
+        ticket = state.admission.reserve(anyio.current_time())
+        if ticket is None:
+            self._rejected(429, "queue_full")
+            await self._error(429, "rate_limit_exceeded", _BUSY_MESSAGE)
+            return
+        try:
+            try:
+                prep = prepare_response(state, create.body, raw=create.raw,
+                                        headers=self._turn_headers(create.body),
+                                        store=self.memory, rid=rid, framing="json",
+                                        stream=True)
+            except CompactionRefused as exc:
+                stream, renderer = refused_stream(rid, create.body, exc, framing="json")
+                await self._pump(stream, renderer)
+                return
+            except TokenwireError as exc:
+                status, message, code, param = error_parts(exc)
+                self._rejected(status, code)
+                await self._error(status, code, message, param)
+                return
+            stream = state.supervise(None, prep.served, prep.gen, streaming=True,
+                                     api="responses", ticket=ticket)
+            self.stream = stream
+            await self._pump(stream, prep.renderer, record=stream.observer)
+            self._finished(prep.call, prep.renderer)
+        finally:
+            ticket.release()
+
+    async def _warm_up(self, create: Create) -> None:
+        """``generate: false``: the request is checked and remembered (Codex continues from
+        its id with the input it already sent); an empty, complete lifecycle, no model."""
+        rid = new_response_id()
+        try:
+            prep = prepare_response(self.state, create.body, raw=create.raw,
+                                    headers=self._turn_headers(create.body), store=self.memory,
+                                    rid=rid, framing="json", stream=True)
+        except TokenwireError as exc:  # CompactionRefused included: nothing to warm up
+            status, message, code, param = error_parts(exc)
+            self._rejected(status, code)
+            await self._error(status, code, message, param)
+            return
+        renderer = prep.renderer
+        await self._send(renderer.created_events())
+        await self._send(renderer.on_event(_WARM_UP_END))
+        self._finished(prep.call, renderer)
+
+    def _finished(self, call: Any, renderer: ResponsesRenderer) -> None:
+        final = renderer.final_response
+        if final is None:
+            return
+        hook = store_hook(self.state.response_store, call)
+        if hook is not None:
+            hook(final)
+        if final.get("status") == "completed":
+            self.memory.remember(final["id"], list(call.input_items), final, now=time.time())
+        if renderer.turn_state is not None:
+            self.turn_state = renderer.turn_state
+
+    async def _pump(self, stream: EventStream, renderer: ResponsesRenderer, *,
+                    record: Any = None) -> None:
+        async def emit(chunks: list[bytes]) -> None:
+            await self._send(chunks)
+            if record is not None and chunks:
+                record.wire_bytes("identity", sum(len(c) for c in chunks))
+
+        await stream_events(stream, renderer, emit, lambda: None)
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def _send(self, chunks: list[bytes]) -> None:
+        for chunk in chunks:
+            await self.ws.send_text(chunk.decode())
+
+    async def _error(self, status: int, code: str, message: str,
+                     param: str | None = None) -> None:
+        """Codex's wrapped error: ``{"type": "error", "status": N, "error": {...}}``."""
+        error = error_object(message, status=status, code=code, param=param)
+        await self.ws.send_text(json_bytes({"type": "error", "status": status,
+                                            **error}).decode())
+
+    def _rejected(self, status: int, reason: str) -> None:
+        self.state.observability.rejected(api="responses", status=status, reason=reason)
+
