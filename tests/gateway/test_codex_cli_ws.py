@@ -319,3 +319,55 @@ def test_with_the_setting_off_codex_falls_back_to_http_after_one_426(
     # (What the setting restores: Codex's own error line and fallback, seen here, so the
     # other tests' empty list means something.)
     assert any("falling back to HTTP" in ln for ln in run.websocket_errors()), run.stderr
+
+
+# -- the embedded engine ---------------------------------------------------------------------
+
+#: Codex's prompt with its tools in the engine's fallback block is ~9.2k SmolLM2 tokens
+#: (``test_codex_cli_tools.py``); room for an answer.
+CODEX_N_CTX = 16384
+
+
+@pytest.fixture(scope="module")
+def engine_large(smollm2_map):
+    import sys
+
+    from .conftest import _PROBE
+
+    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {probe.returncode})")
+    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+
+    eng = EmbeddedEngine.load(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2, queue_size=4)
+    eng.start()
+    yield eng
+    eng.close()
+
+
+def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
+        serve, engine_large, smollm2_map, tmp_path) -> None:
+    """SmolLM2 may answer in words or call a tool; either way every request of the session
+    is a ``response.create`` on one socket, each continuing the last by id."""
+    router = Router([ServedModel(name=engine_large.model_id, upstream=engine_large,
+                                 tmap=smollm2_map, max_model_len=engine_large.n_ctx,
+                                 ids_source=IdsSource.ENGINE, upstream_name="embedded")])
+    gw = serve(router)
+    run = run_codex(gw.url, engine_large.model_id, "say hi", tmp_path, builtin=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.of_type("turn.completed") and not run.of_type("turn.failed"), run.stdout
+    assert run.websocket_errors() == [], run.stderr
+    assert "Reconnecting" not in run.stdout
+    assert len(gw.recording.sockets) == 1 and gw.recording.posts == []
+    sock = gw.recording.sockets[0]
+    creates = [m for m in sock["in"] if m.get("type") == "response.create"]
+    assert creates[0].get("generate") is False and len(creates) >= 2
+    ids = [m["response"]["id"] for m in sock["out"] if m["type"] == "response.completed"]
+    assert len(ids) == len(creates)  # every request ended with its terminal
+    assert [m.get("previous_response_id") for m in creates] == [None, *ids[:-1]]
+    # What Codex shows is what the socket carried.
+    final = [m for m in sock["out"] if m["type"] == "response.completed"][-1]["response"]
+    texts = [c["text"] for i in final["output"] if i["type"] == "message"
+             for c in i["content"]]
+    if run.items("agent_message"):
+        assert run.items("agent_message")[-1]["text"].strip() == "".join(texts).strip()

@@ -681,3 +681,39 @@ def test_a_response_running_at_the_cap_finishes_then_the_next_create_is_refused(
     assert refused["status"] == 400 and refused["error"]["code"] == CONNECTION_LIMIT_CODE
     assert refused["error"]["message"] == CONNECTION_LIMIT_MESSAGE
     assert closed["closed"] == 1000
+
+
+def test_the_upgrade_meets_the_capacity_rule_a_429_when_nothing_could_be_admitted(
+        serve) -> None:
+    stack = serve(text_reply("busy"), max_concurrent=1, queue_size=0)
+    stack.upstream.hold_before.add(1)
+    with open_ws(stack) as ws:
+        ws.send(create())
+        assert stack.upstream.reached.wait(WAIT_S)  # the only slot is taken
+        with pytest.raises(InvalidStatus) as refused:
+            open_ws(stack)
+        stack.upstream.release()
+        assert until_terminal(ws)[-1]["type"] == "response.completed"
+    assert refused.value.response.status_code == 429
+    assert json.loads(refused.value.response.body)["error"]["code"] == "rate_limit_exceeded"
+
+
+def test_the_upstreams_turn_state_is_kept_by_the_socket_for_its_next_turn(serve) -> None:
+    from tokenwire.gateway.affinity import TURN_STATE_HEADER, wrap_turn_state
+    from tokenwire.gateway.ir import ResponseMeta
+
+    wrapped = wrap_turn_state("scripted", "sticky-1")
+
+    def script(request: GenerationRequest) -> list[Event]:
+        meta = [ResponseMeta(turn_state=wrapped)] if len(stack.upstream.requests) == 1 else []
+        return [*meta, *text_reply("ok")(request)]
+
+    stack = serve(script)
+    with open_ws(stack) as ws:
+        ws.send(create())
+        first = until_terminal(ws)
+        ws.send(create())  # Codex would echo it in client_metadata; the socket needs not
+        until_terminal(ws)
+    [meta] = [e for e in first if e["type"] == "response.metadata"]
+    assert meta["headers"] == {TURN_STATE_HEADER: wrapped}  # Codex reads it as on SSE
+    assert (TURN_STATE_HEADER, wrapped) in stack.upstream.requests[1].affinity
