@@ -717,3 +717,46 @@ def test_the_upstreams_turn_state_is_kept_by_the_socket_for_its_next_turn(serve)
     [meta] = [e for e in first if e["type"] == "response.metadata"]
     assert meta["headers"] == {TURN_STATE_HEADER: wrapped}  # Codex reads it as on SSE
     assert (TURN_STATE_HEADER, wrapped) in stack.upstream.requests[1].affinity
+
+
+def test_a_bug_inside_one_response_is_a_500_error_and_the_socket_goes_on(
+        serve, monkeypatch) -> None:
+    from tokenwire.gateway.http import responses_ws
+
+    real, calls = responses_ws.prepare_response, []
+
+    def buggy(*args: Any, **kw: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("secret-bug-detail")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(responses_ws, "prepare_response", buggy)
+    stack = serve()
+    with open_ws(stack) as ws:
+        ws.send(create())
+        [error] = until_terminal(ws)
+        ws.send(create())
+        assert until_terminal(ws)[-1]["type"] == "response.completed"
+    assert error["status"] == 500 and error["error"]["code"] == "internal_error"
+    assert "secret-bug-detail" not in json.dumps(error)
+    assert stack.state.admission.counts() == (0, 0)
+
+
+def test_the_http_body_deadline_does_not_cut_an_upgraded_socket(serve) -> None:
+    """h11 still waits for the upgrade request's "body" when the socket changes hands: the
+    guarded protocol's body backstop (body_timeout_s + 5 s) once closed every WebSocket at
+    that age, mid-response (Codex saw "Connection reset without closing handshake")."""
+    from tokenwire.gateway.http.connections import BODY_BACKSTOP_GRACE_S
+
+    body_timeout = 0.2
+    stack = serve(text_reply("still ", "here"), body_timeout_s=body_timeout)
+    stack.upstream.hold_before.add(1)
+    with open_ws(stack) as ws:
+        ws.send(create())
+        assert stack.upstream.reached.wait(WAIT_S)
+        time.sleep(body_timeout + BODY_BACKSTOP_GRACE_S + 1.0)  # past the backstop
+        stack.upstream.release()
+        assert until_terminal(ws)[-1]["type"] == "response.completed"
+        ws.send(create())
+        assert until_terminal(ws)[-1]["type"] == "response.completed"

@@ -227,6 +227,8 @@ class GuardedH11Protocol(H11Protocol):
         self._refused: _Refused | None = None
         #: The first bytes, kept until they show whether this is the HTTP/2 preface.
         self._sniffed: bytes | None = b"" if h2 is not None else None
+        #: The socket now belongs to a WebSocket protocol: no phase, no deadline here.
+        self._upgraded = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
@@ -291,7 +293,11 @@ class GuardedH11Protocol(H11Protocol):
             super().connection_lost(exc)
 
     def handle_websocket_upgrade(self, event: Any) -> None:
-        # The socket moves to another protocol object, which this table never hears from.
+        # The socket moves to another protocol object, which this table never hears from
+        # (the Responses WebSocket counts its own sockets, gateway/http/ws_session.py). h11
+        # still thinks the upgrade request's body is coming: without ``_upgraded``,
+        # ``_update`` would arm the body backstop and cut the socket 65 s later.
+        self._upgraded = True
         self._table.close(self)
         self._cancel()
         super().handle_websocket_upgrade(event)
@@ -305,7 +311,7 @@ class GuardedH11Protocol(H11Protocol):
     # -- phases ---------------------------------------------------------------------------
 
     def _update(self) -> None:
-        if self.transport is None or self.transport.is_closing():
+        if self._upgraded or self.transport is None or self.transport.is_closing():
             return
         their = self.conn.their_state
         if their is h11.IDLE and (self.cycle is None or self.cycle.response_complete):

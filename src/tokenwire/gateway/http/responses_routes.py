@@ -274,11 +274,13 @@ class _SSEResponse:
 
 async def stream_events(stream: EventStream, renderer: ResponsesRenderer,
                         emit: Callable[[list[bytes]], Awaitable[None]],
-                        finished: Callable[[], None]) -> None:
+                        finished: Callable[[], None],
+                        gone: tuple[type[BaseException], ...] = ()) -> None:
     """``response.created`` + ``response.in_progress`` at once, then every event rendered,
     until the terminal (``finished`` is called as it is seen, before it is emitted). Any
     error is reported in-stream as ``response.failed`` (never a 500): the one event loop
-    of the SSE route and the WebSocket (``http/responses_ws.py``)."""
+    of the SSE route and the WebSocket (``http/responses_ws.py``). ``gone``: exceptions
+    that mean the client left (re-raised as they are: nobody is there to tell)."""
     await emit(renderer.created_events())
     try:
         while True:
@@ -288,6 +290,8 @@ async def stream_events(stream: EventStream, renderer: ResponsesRenderer,
             await emit(renderer.on_event(event))
             if is_terminal(event):
                 return
+    except gone:
+        raise
     except Exception as exc:  # after the head: report in-stream (never a 500)
         log.error("responses stream failed after the response started: %s",
                   type(exc).__name__)

@@ -32,6 +32,7 @@ that offers one; every turn is translated to the upstream's HTTP API, as ``POST`
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -233,6 +234,12 @@ class _Session:
         except (WebSocketDisconnect, OSError):
             if self.stream is not None:
                 self.stream.cancel()
+        except Exception as exc:  # a bug: one response ends, the socket and server go on
+            log.error("responses websocket request failed: %s", type(exc).__name__)
+            if self.stream is not None:
+                self.stream.cancel()
+            with contextlib.suppress(WebSocketDisconnect, OSError):
+                await self._error(500, "internal_error", "The server had an internal error.")
         finally:
             self.busy, self.stream = False, None
             self.clock.response_ended(anyio.current_time())
@@ -316,7 +323,8 @@ class _Session:
             if record is not None and chunks:
                 record.wire_bytes("identity", sum(len(c) for c in chunks))
 
-        await stream_events(stream, renderer, emit, lambda: None)
+        await stream_events(stream, renderer, emit, lambda: None,
+                            gone=(WebSocketDisconnect, OSError))
 
     # -- sending ---------------------------------------------------------------------------
 
