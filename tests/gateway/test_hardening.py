@@ -531,3 +531,16 @@ def test_keys_never_appear_in_repr_str_or_errors() -> None:
 def test_the_banner_says_who_may_call(settings, line) -> None:
     banner = serve_cmd.auth_banner(settings)
     assert line in banner and KEY not in banner
+
+
+@pytest.mark.parametrize(("argv", "server", "want"), [
+    ([], None, True),                                    # served by default
+    (["--no-responses-websocket"], None, False),
+    ([], {"responses_websocket": False}, False),
+    ([], {"responses_websocket": True, "ws_max_sockets_per_client": 3}, True),
+])
+def test_the_responses_websocket_setting_from_the_flag_and_the_file(argv, server, want) -> None:
+    settings = _settings(argv, {}, server)
+    assert settings.responses_websocket is want
+    if server and "ws_max_sockets_per_client" in server:
+        assert settings.ws_max_sockets_per_client == 3
