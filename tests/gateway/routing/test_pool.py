@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+import looptime
 import pytest
 
 from tokenwire.gateway.affinity import wrap_turn_state
@@ -20,6 +21,7 @@ from tokenwire.gateway.ir import (
     Finish,
     FinishKind,
     GenerationRequest,
+    Heartbeat,
     PromptText,
     TokenDelta,
 )
@@ -28,7 +30,7 @@ from tokenwire.gateway.routing.pool import Replica, ReplicaPool, affinity_key
 from tokenwire.gateway.routing.router import ServedModel
 from tokenwire.gateway.supervision.admission import Admission, limits_of
 from tokenwire.gateway.supervision.retry import RetryPolicy
-from tokenwire.gateway.supervision.supervisor import SupervisedStream, _NoObserver
+from tokenwire.gateway.supervision.supervisor import SupervisedStream, Timing, _NoObserver
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
 
 REFUSED = Failure(failure_class=FailureClass.CONNECTION, status=502, code="connection_refused",
@@ -430,3 +432,83 @@ def test_an_openai_pool_never_pins_on_state_it_does_not_forward() -> None:
 def test_weights_and_limits_are_the_admission_limit(n: int) -> None:
     pool, _ = make_pool(*["ok"] * n, limit=3)
     assert limits_of([pool]) == {id(pool): 3 * n}
+
+
+# -- counting -----------------------------------------------------------------------------------
+
+
+class _GateOnHeartbeats(_NoObserver):
+    """Opens the replica's gate after ``n`` heartbeats, noting its in-flight count each time."""
+
+    def __init__(self, gate: asyncio.Event, replica: Replica, n: int = 2) -> None:
+        self.gate, self.replica, self.left = gate, replica, n
+        self.in_flight_seen: list[int] = []
+
+    def heartbeat(self) -> None:
+        self.in_flight_seen.append(self.replica.in_flight)
+        self.left -= 1
+        if self.left == 0:
+            self.gate.set()
+
+
+def test_a_stream_quiet_past_a_heartbeat_counts_as_completed_and_closes_its_breaker() -> None:
+    """The supervisor's heartbeat timer stops waiting on a quiet upstream and asks again
+    (EventStream: "cancelling the wait loses nothing"). Such a wait is not the attempt's end:
+    the replica stays in flight, its Finish counts as completed once and is the breaker's
+    success (a half-open trial closes). Before the fix the first heartbeat ended the attempt
+    as neutral: ``completed`` stayed 0, ``in_flight`` dropped while the replica was working,
+    and the trial never closed the breaker."""
+    async def main() -> None:
+        clock = Clock()
+        pool, fakes = make_pool("hold", clock=clock)
+        pool.probe_interval_s = 1e9  # only the request may close the breaker
+        replica = pool.replicas[0]
+        replica.breaker = Breaker(BreakerPolicy(consecutive_failures=3, base_cooldown_s=10,
+                                                max_cooldown_s=40, close_after=1))
+        replica.breaker.force_open(clock.now)
+        clock.now += 10  # cooled down: the next request is the half-open trial
+        fakes[0].release = asyncio.Event()
+        obs = _GateOnHeartbeats(fakes[0].release, replica)
+        admission = Admission(limits=limits_of([pool]), all_limited=True)
+        ticket = admission.reserve(asyncio.get_running_loop().time())
+        assert ticket is not None
+        stream = SupervisedStream(ServedModel(name="m", upstream=pool), request(), ticket,
+                                  timing=Timing(heartbeat_s=15.0), observer=obs,
+                                  rng=random.Random(1))
+        events = [await stream.next_event()]
+        while not isinstance(events[-1], Finish | Failure):
+            events.append(await stream.next_event())
+        ticket.release()
+        assert isinstance(events[-1], Finish), events
+        assert sum(isinstance(e, Heartbeat) for e in events) == 2
+        assert obs.in_flight_seen == [1, 1]  # still working on it while quiet
+        assert (replica.completed, replica.in_flight, replica.failed) == (1, 0, 0)
+        assert replica.breaker.state is BreakerState.CLOSED  # the trial's success counted
+    with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
+        runner.run(main())
+
+
+def test_a_client_that_goes_away_mid_attempt_frees_the_replica_as_neutral() -> None:
+    """The other side of the test above: the owner's cancel still ends the attempt once."""
+    async def main() -> None:
+        pool, fakes = make_pool("hold")
+        pool.probe_interval_s = 1e9
+        replica = pool.replicas[0]
+        fakes[0].release = asyncio.Event()  # never set: the replica stays quiet
+        admission = Admission(limits=limits_of([pool]), all_limited=True)
+        ticket = admission.reserve(asyncio.get_running_loop().time())
+        assert ticket is not None
+        stream = SupervisedStream(ServedModel(name="m", upstream=pool), request(), ticket,
+                                  timing=Timing(heartbeat_s=15.0), rng=random.Random(1))
+        reader = asyncio.create_task(stream.next_event())
+        while replica.in_flight == 0:
+            await asyncio.sleep(1.0)
+        await asyncio.sleep(40.0)  # past two heartbeats' timers
+        assert replica.in_flight == 1
+        stream.cancel()
+        await asyncio.sleep(1.0)
+        reader.cancel()
+        assert (replica.completed, replica.in_flight, replica.failed) == (0, 0, 0)
+        assert not replica.breaker.trial_in_flight
+    with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
+        runner.run(main())

@@ -7,7 +7,13 @@ SIGKILLed. What must hold (and is printed as a timeline with ``-s``):
   that had sent output; the ones that had not are retried on another replica, unseen);
 * the replica is ejected (``/health`` shows its breaker open), and later requests go to
   the others (its access log stops; nothing more fails);
-* restarted on the same port, it is half-opened by the probe, closed, and serves again.
+* restarted on the same port, it is half-opened by the probe, closed, and serves again;
+* every stream the client read to its end is counted once in ``/health``'s ``completed``.
+
+A shorter test first: 20 streamed and non-streamed requests through a gateway sending a
+heartbeat every 50 ms, so that the supervisor often stops waiting on a replica that is
+still generating; the sum of ``completed`` must still be the number of answers (it was
+about half before a cancelled wait stopped ending the attempt, routing/pool.py).
 
 The replicas run on one thread each with a small context and ``max_tokens`` 8, so the run
 stays about a minute on an idle machine (five under a load average of 12); nothing here
@@ -25,7 +31,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +53,8 @@ CONCURRENCY = 6
 KILL_AT = 60
 REPLICA_LIMIT = 1  # llama_cpp.server generates one request at a time
 START_TIMEOUT_S = 180.0
+#: Requests of the counting test (half streamed).
+COUNTED_REQUESTS = 20
 
 
 class Replica:
@@ -110,12 +118,13 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Replica]
             r.stop()
 
 
-def _config(reps: list[Replica], port: int) -> str:
+def _config(reps: list[Replica], port: int, server: str = "") -> str:
     rows = ",\n".join(f'  {{ name = "{r.name}", base_url = "{r.url}" }}' for r in reps)
     # Short cool-downs and probe interval keep the test short; the defaults are 10 s / 5 s.
     return f"""
 [server]
 port = {port}
+{server}
 [[upstreams]]
 name = "llama"
 kind = "openai"
@@ -133,12 +142,11 @@ upstream_model = "{reps[0].model}"
 """
 
 
-@pytest.fixture(scope="module")
-def gateway(replicas: list[Replica], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("gateway")
+@contextmanager
+def _serve(replicas: list[Replica], tmp: Path, server: str = "") -> Iterator[str]:
     port = free_port()
     cfg = tmp / "pool.toml"
-    cfg.write_text(_config(replicas, port))
+    cfg.write_text(_config(replicas, port, server))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENWIRE_", "CODEC_"))}
     env["PYTHONPATH"] = str(SRC)
     with (tmp / "gateway.log").open("wb") as log:
@@ -161,11 +169,58 @@ def gateway(replicas: list[Replica], tmp_path_factory: pytest.TempPathFactory) -
         proc.wait(60)
 
 
+@pytest.fixture(scope="module")
+def gateway(replicas: list[Replica], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with _serve(replicas, tmp_path_factory.mktemp("gateway")) as url:
+        yield url
+
+
+#: A heartbeat this often makes the supervisor stop waiting on a generating replica at
+#: almost every token (it asks again; nothing may be lost or counted as ended).
+FAST_HEARTBEAT_S = 0.05
+
+
+def test_every_answer_is_counted_once_while_heartbeats_interrupt_the_waits(
+        replicas: list[Replica], tmp_path_factory: pytest.TempPathFactory) -> None:
+    async def ask(client: openai.AsyncOpenAI, i: int) -> None:
+        messages = [{"role": "user", "content": f"Count to three, request {i}."}]
+        if i % 2:
+            stream = await client.chat.completions.create(
+                model="smollm2", stream=True, max_tokens=8, temperature=0, messages=messages)
+            finishes = [c.choices[0].finish_reason async for c in stream
+                        if c.choices and c.choices[0].finish_reason]
+            assert len(finishes) == 1 and finishes[0] in ("length", "stop"), finishes
+        else:
+            answer = await client.chat.completions.create(
+                model="smollm2", max_tokens=8, temperature=0, messages=messages)
+            assert answer.choices[0].finish_reason in ("length", "stop"), answer
+
+    async def drive(url: str) -> None:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                                    timeout=120)
+        lanes = asyncio.Semaphore(4)
+
+        async def one(i: int) -> None:
+            async with lanes:
+                await ask(client, i)
+        await asyncio.gather(*(one(i) for i in range(COUNTED_REQUESTS)))
+        await client.close()
+
+    with _serve(replicas, tmp_path_factory.mktemp("heartbeats"),
+                f"heartbeat_s = {FAST_HEARTBEAT_S}") as url:
+        asyncio.run(drive(url))
+        rows = _replica_rows(url)
+    assert sum(r["completed"] for r in rows.values()) == COUNTED_REQUESTS, rows
+    assert all(r["in_flight"] == 0 and r["failed"] == 0 for r in rows.values()), rows
+
+
 @dataclass
 class Run:
     t0: float = field(default_factory=time.monotonic)
     events: list[str] = field(default_factory=list)
     done: int = 0
+    #: Streams read to their end (with an answer or not): each is one Finish delivered.
+    streamed: int = 0
     failed: list[tuple[int, str]] = field(default_factory=list)
 
     def note(self, text: str) -> None:
@@ -187,6 +242,7 @@ async def _one(client: openai.AsyncOpenAI, i: int, run: Run) -> None:
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
                 text += chunk.choices[0].delta.content
+        run.streamed += 1
         assert text, f"request {i}: an empty answer"
         run.done += 1
     except (openai.APIError, AssertionError) as exc:
@@ -281,3 +337,6 @@ def test_a_killed_replica_is_ejected_its_requests_retried_and_it_comes_back(
     assert rows[victim.name]["breaker"] == "closed"
     assert victim.posts() > marks["posts_before_restart"]
     assert run.done + len(run.failed) == N_REQUESTS + marks["extra"]
+    # Each answer was counted once, on the replica that gave it (retried attempts elsewhere
+    # and the attempts cut by the kill are not completions).
+    assert sum(r["completed"] for r in rows.values()) == run.streamed, rows

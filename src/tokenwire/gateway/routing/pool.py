@@ -415,7 +415,14 @@ class _ReplicaStream:
     async def next_event(self) -> Event:
         try:
             event = await self._inner.next_event()
-        except BaseException:
+        except asyncio.CancelledError:
+            # A cancelled wait is not the attempt's end (EventStream: it loses nothing):
+            # the supervisor's heartbeat timer stops waiting on a quiet replica and asks
+            # again. Counting it as neutral here lost the Finish that came next (never
+            # ``completed``, never the breaker's success) and freed the slot of a replica
+            # still generating. The owner ends the attempt with :meth:`cancel`.
+            raise
+        except Exception:
             self._finish(None)
             raise
         if is_terminal(event):
