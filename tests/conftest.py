@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -14,6 +18,12 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("tokenwire", deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("tokenwire")
+
+#: ``TOKENWIRE_FUZZ=release`` runs the fuzzing and repeated-sample checks at their release
+#: counts; the default ``ci`` runs each at a count its test explains.
+PROFILE = os.environ.get("TOKENWIRE_FUZZ", "ci")
+
+T = TypeVar("T", bound=AbstractContextManager)
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CODEC_FIXTURES = FIXTURES / "codec"
@@ -29,6 +39,19 @@ def corpus() -> dict[str, list[str]]:
     return json.loads((FIXTURES / "corpus" / "corpus.json").read_text("utf-8"))
 
 
+@pytest.fixture
+def closing() -> Iterator[Callable[[T], T]]:
+    """``closing(client) -> client``, entered now and closed when the test ends.
+
+    For SDK and httpx clients a test makes: one left open keeps its pooled sockets until the
+    garbage collector finds it (SDK clients sit in reference cycles), and then a
+    ResourceWarning for the socket fails whichever later test was running at that moment.
+    """
+    with ExitStack() as stack:
+        yield stack.enter_context
+
+
 @pytest.fixture(scope="session")
 def corpus_samples() -> list[str]:
     return [s for samples in corpus().values() for s in samples]
+

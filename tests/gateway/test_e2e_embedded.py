@@ -166,9 +166,10 @@ def test_codecai_decodes_our_streams_to_the_ids_we_generated(live, engine, refer
     assert frames[-1].done and frames[-1].finish_reason in ("length", "eos_token")
 
 
-def test_openai_sdk_streams_completions_unchanged(live, reference):
+def test_openai_sdk_streams_completions_unchanged(live, reference, closing):
     ids, text = reference
-    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+    client = closing(openai.OpenAI(base_url=live.url + "/v1", api_key="unused",
+                                   max_retries=0))
     model = client.models.list().data[0].id
     chunks = list(client.completions.create(model=model, prompt=PROMPT, max_tokens=24,
                                             stream=True, **GREEDY))
@@ -178,8 +179,9 @@ def test_openai_sdk_streams_completions_unchanged(live, reference):
     assert whole.choices[0].text == text and whole.usage.completion_tokens == len(ids)
 
 
-def test_openai_sdk_streams_chat_unchanged(live, smollm2_map):
-    client = openai.OpenAI(base_url=live.url + "/v1", api_key="unused", max_retries=0)
+def test_openai_sdk_streams_chat_unchanged(live, smollm2_map, closing):
+    client = closing(openai.OpenAI(base_url=live.url + "/v1", api_key="unused",
+                                   max_retries=0))
     model = client.models.list().data[0].id
     messages = [{"role": "user", "content": "Name a fruit."}]
     stream = client.chat.completions.create(model=model, messages=messages, max_tokens=16,

@@ -91,11 +91,11 @@ def test_logprobs_equal_llama_cpp_pythons_own(engine, reference_llm) -> None:
         assert ours.logprob == ours.top[0].logprob  # greedy: the chosen token is the top one
 
 
-def test_logprobs_through_the_sdk_in_each_api_shape(engine, serve) -> None:
+def test_logprobs_through_the_sdk_in_each_api_shape(engine, serve, closing) -> None:
     import openai
 
     served = serve(engine)
-    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x")
+    client = closing(openai.OpenAI(base_url=f"{served.url}/v1", api_key="x"))
     chat = client.chat.completions.create(
         model=engine.model_id, messages=[{"role": "user", "content": "Say hi"}],
         max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)

@@ -236,8 +236,9 @@ def test_upstreams_get_no_sampling_or_length_the_client_did_not_send() -> None:
 # -- what clients call ----------------------------------------------------------------------
 
 
-def test_the_openai_sdk_retrieves_a_model_and_gets_model_not_found(scripted) -> None:
-    client = openai.OpenAI(base_url=scripted.url + "/v1", api_key="x", max_retries=0)
+def test_the_openai_sdk_retrieves_a_model_and_gets_model_not_found(scripted,
+                                                                   closing) -> None:
+    client = closing(openai.OpenAI(base_url=scripted.url + "/v1", api_key="x", max_retries=0))
     assert client.models.retrieve("scripted").id == "scripted"
     with pytest.raises(openai.NotFoundError) as info:
         client.models.retrieve("gpt-9")
@@ -245,8 +246,8 @@ def test_the_openai_sdk_retrieves_a_model_and_gets_model_not_found(scripted) -> 
 
 
 @pytest.mark.slow
-def test_count_tokens_equals_what_the_engine_evaluates(live) -> None:
-    client = anthropic.Anthropic(base_url=live.url, api_key="x", max_retries=0)
+def test_count_tokens_equals_what_the_engine_evaluates(live, closing) -> None:
+    client = closing(anthropic.Anthropic(base_url=live.url, api_key="x", max_retries=0))
     kw = {"system": "You are terse.", "messages": [{"role": "user", "content": "Say hi"}]}
     counted = client.messages.count_tokens(model="SmolLM2-135M-Instruct", **kw).input_tokens
     made = client.messages.create(model="SmolLM2-135M-Instruct", max_tokens=1, **kw)

@@ -353,11 +353,12 @@ def _answer(text: str) -> Any:
     return Script(chunks=ResponsesStream().message([text]).completed().chunks())
 
 
-def test_sdk_retrieve_returns_a_stored_response_and_404s_an_unknown_one(gateway: Any) -> None:
+def test_sdk_retrieve_returns_a_stored_response_and_404s_an_unknown_one(gateway: Any,
+                                                                        closing) -> None:
     import openai
 
     fake, served = gateway
-    client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0)
+    client = closing(openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0))
     fake.push(_answer("Hello Ada."))
     created = client.responses.create(model="gpt-test", input="I am Ada.", store=True)
     got = client.responses.retrieve(created.id)
@@ -367,11 +368,11 @@ def test_sdk_retrieve_returns_a_stored_response_and_404s_an_unknown_one(gateway:
     assert err.value.body["message"] == f"Response with id 'resp_{'0' * 32}' not found."
 
 
-def test_sdk_previous_response_id_continues_the_conversation(gateway: Any) -> None:
+def test_sdk_previous_response_id_continues_the_conversation(gateway: Any, closing) -> None:
     import openai
 
     fake, served = gateway
-    client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0)
+    client = closing(openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0))
     fake.push(_answer("Hello Ada."), _answer("Your name is Ada."))
     first = client.responses.create(model="gpt-test", input="I am Ada.", store=True)
     second = client.responses.create(model="gpt-test", input="Who am I?",
@@ -411,11 +412,12 @@ def test_any_json_body_parses_or_is_a_client_error(body: dict) -> None:
         assert isinstance(call.request.prompt, ChatPrompt) and messages(call)
 
 
-def test_sdk_a_response_created_with_store_false_is_not_retrievable(gateway: Any) -> None:
+def test_sdk_a_response_created_with_store_false_is_not_retrievable(gateway: Any,
+                                                                     closing) -> None:
     import openai
 
     fake, served = gateway
-    client = openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0)
+    client = closing(openai.OpenAI(base_url=served.url + "/v1", api_key="x", max_retries=0))
     fake.push(_answer("ok"))
     created = client.responses.create(model="gpt-test", input="x", store=False)
     with pytest.raises(openai.NotFoundError):

@@ -266,10 +266,11 @@ REPORTED = {"prompt_tokens": 40, "completion_tokens": 9, "total_tokens": 49,
             "completion_tokens_details": {"reasoning_tokens": 5}}
 
 
-def test_cached_and_reasoning_counts_reach_chat_responses_and_messages(openai_gateway):
+def test_cached_and_reasoning_counts_reach_chat_responses_and_messages(openai_gateway,
+                                                                       closing):
     url, replies = openai_gateway
     replies += [_openai_usage_reply(REPORTED) for _ in range(4)]
-    oc = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    oc = closing(openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0))
     chat = oc.chat.completions.create(model="m", messages=USER)
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (40, 9)
     assert chat.usage.prompt_tokens_details.cached_tokens == 32
@@ -280,7 +281,7 @@ def test_cached_and_reasoning_counts_reach_chat_responses_and_messages(openai_ga
     assert resp.usage.input_tokens_details.cached_tokens == 32
     assert resp.usage.output_tokens_details.reasoning_tokens == 5
     # An Anthropic client behind an OpenAI upstream: input_tokens excludes the cache read.
-    ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    ac = closing(anthropic.Anthropic(base_url=url, api_key="x", max_retries=0))
     msg = ac.messages.create(model="m", max_tokens=20, messages=USER)
     assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens,
             msg.usage.output_tokens) == (8, 32, 9)
@@ -291,7 +292,8 @@ def test_cached_and_reasoning_counts_reach_chat_responses_and_messages(openai_ga
 
 
 def test_an_upstream_that_reports_nothing_is_counted_with_the_map(openai_gateway,
-                                                                  smollm2_map, gguf_format):
+                                                                  smollm2_map, gguf_format,
+                                                                  closing):
     url, replies = openai_gateway
     replies += [_openai_usage_reply(None) for _ in range(2)]
     counter = PromptCounter(smollm2_map, gguf_format)
@@ -304,7 +306,7 @@ def test_an_upstream_that_reports_nothing_is_counted_with_the_map(openai_gateway
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (prompt, completion)
     assert usage["prompt_tokens_details"] is None  # the upstream's cache is not ours to know
     assert usage["tokenwire_source"] == "gateway"
-    oc = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    oc = closing(openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0))
     chunks = list(oc.chat.completions.create(model="m", messages=USER, stream=True,
                                              stream_options={"include_usage": True}))
     assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (
@@ -341,14 +343,15 @@ def _cached_messages_stream() -> Script:
     return Script(s.text(["Hi"]).end("end_turn", 7).chunks())
 
 
-def test_anthropic_cache_figures_reach_openai_and_anthropic_clients(anthropic_gateway):
+def test_anthropic_cache_figures_reach_openai_and_anthropic_clients(anthropic_gateway,
+                                                                    closing):
     url, srv = anthropic_gateway
     srv.push(*[_cached_messages_stream() for _ in range(3)])
-    oc = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    oc = closing(openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0))
     chat = oc.chat.completions.create(model="sonnet", messages=USER)
     assert (chat.usage.prompt_tokens, chat.usage.completion_tokens) == (360, 7)
     assert chat.usage.prompt_tokens_details.cached_tokens == 300
-    ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    ac = closing(anthropic.Anthropic(base_url=url, api_key="x", max_retries=0))
     msg = ac.messages.create(model="sonnet", max_tokens=20, messages=USER)
     assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens,
             msg.usage.cache_creation_input_tokens, msg.usage.output_tokens) == (10, 300, 50, 7)
@@ -373,13 +376,14 @@ def test_a_failure_after_the_early_count_keeps_its_http_status(anthropic_gateway
     assert r.status_code == 503, r.text
 
 
-def test_count_tokens_counts_a_chat_with_the_models_template(openai_gateway, llama_vocab):
+def test_count_tokens_counts_a_chat_with_the_models_template(openai_gateway, llama_vocab,
+                                                             closing):
     """``messages.count_tokens`` for an upstream without a counting endpoint: the model's
     map and template, equal to llama.cpp's tokenization of the rendered chat."""
     url, _ = openai_gateway
     llm, fmt = llama_vocab
     expected = llm.tokenize(fmt(messages=USER).prompt.encode(), add_bos=False, special=True)
-    ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0)
+    ac = closing(anthropic.Anthropic(base_url=url, api_key="x", max_retries=0))
     assert ac.messages.count_tokens(model="m", messages=USER).input_tokens == len(expected)
 
 

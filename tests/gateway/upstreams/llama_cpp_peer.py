@@ -1,7 +1,8 @@
 """``python -m llama_cpp.server`` (the real peer in ``.venv-peers``) on a free loopback port.
 
-For suites that need their own server (``test_llama_cpp_overflow.py`` runs one with a small
-``--n_ctx``). Its output goes to a file, not a pipe (llama.cpp logs a lot at load, and a full
+The session's shared server is the ``llama_server`` fixture (conftest.py); suites that need
+their own server call :func:`llama_server` (``test_llama_cpp_overflow.py`` runs one with a
+small ``--n_ctx``). Its output goes to a file, not a pipe (llama.cpp logs a lot at load, and a full
 pipe would block it); uvicorn's access log (stdout) is in it, one line per request, which is
 how a test counts what reached the upstream (:meth:`LlamaServer.posts`).
 """
@@ -23,11 +24,14 @@ import pytest
 
 from tokenwire.gguf_tokenizer import smollm2_gguf_path
 
-__all__ = ["PEERS_PY", "LlamaServer", "free_port", "llama_server", "require_peer"]
+__all__ = ["PEERS_PY", "SHARED_N_CTX", "LlamaServer", "free_port", "llama_server",
+           "require_peer"]
 
 PEERS_PY = Path(__file__).resolve().parents[3] / ".venv-peers" / "bin" / "python"
 #: Loading the GGUF takes a few seconds idle; the machine is shared, so be generous.
 START_TIMEOUT_S = 180
+#: The context of the session's shared server (the ``llama_server`` fixture in conftest.py).
+SHARED_N_CTX = 2048
 _ACCESS = re.compile(rb'"POST (\S+) HTTP/1\.1" (\d{3})')
 
 

@@ -47,19 +47,13 @@ MAX_TOKENS = 24
 #: in-process reference must repeat: repeat_penalty 1.1 changes even greedy choices.
 GREEDY = {"temperature": 0, "seed": 7, "top_p": 1.0}
 SERVER_DEFAULTS = {"repeat_penalty": 1.1, "top_k": 40, "min_p": 0.05}
-N_CTX = 2048
+N_CTX = peer.SHARED_N_CTX  # the session's shared server (conftest.py)
 
 
 def _evict(upstream_url: str, model: str) -> None:
     """Make the server's cached prefix unrelated to the next prompt (see module docstring)."""
     httpx.post(upstream_url + "/completions", timeout=180, json={
         "model": model, "prompt": "Zebra", "max_tokens": 1, "temperature": 0})
-
-
-@pytest.fixture(scope="module")
-def llama_server(tmp_path_factory):
-    with peer.llama_server(tmp_path_factory.mktemp("llama_server"), n_ctx=N_CTX) as server:
-        yield server.url, server.model
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +81,7 @@ def gateway(llama_server):
     state = GatewayState(settings=ServerSettings(), router=Router([served]))
     live = start_server(state)
     yield live.url + "/v1"
-    live.stop()
-    asyncio.run(adapter.aclose())  # its sockets belonged to the server's (stopped) loop
+    live.stop(adapter)
 
 
 @pytest.fixture(scope="module")
@@ -172,25 +165,27 @@ def _chat_view(chunks) -> tuple:
     return text, finish, roles, {c.object for c in chunks}
 
 
-def test_openai_sdk_completion_stream_is_unchanged_through_tokenwire(gateway, llama_server):
+def test_openai_sdk_completion_stream_is_unchanged_through_tokenwire(gateway, llama_server,
+                                                                     closing):
     url, upstream_model = llama_server
     _evict(url, upstream_model)
-    direct = list(_sdk(url).completions.create(model=upstream_model, prompt=PROMPT,
-                                               max_tokens=MAX_TOKENS, stream=True, **GREEDY))
+    direct = list(closing(_sdk(url)).completions.create(
+        model=upstream_model, prompt=PROMPT, max_tokens=MAX_TOKENS, stream=True, **GREEDY))
     _evict(url, upstream_model)
-    via = list(_sdk(gateway).completions.create(model="smollm2", prompt=PROMPT,
-                                                max_tokens=MAX_TOKENS, stream=True, **GREEDY))
+    via = list(closing(_sdk(gateway)).completions.create(
+        model="smollm2", prompt=PROMPT, max_tokens=MAX_TOKENS, stream=True, **GREEDY))
     assert _completion_view(via) == _completion_view(direct)
     assert _completion_view(via)[0]
 
 
-def test_openai_sdk_chat_stream_is_unchanged_through_tokenwire(gateway, llama_server):
+def test_openai_sdk_chat_stream_is_unchanged_through_tokenwire(gateway, llama_server,
+                                                               closing):
     url, upstream_model = llama_server
     _evict(url, upstream_model)
-    direct = list(_sdk(url).chat.completions.create(
+    direct = list(closing(_sdk(url)).chat.completions.create(
         model=upstream_model, messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True, **GREEDY))
     _evict(url, upstream_model)
-    via = list(_sdk(gateway).chat.completions.create(
+    via = list(closing(_sdk(gateway)).chat.completions.create(
         model="smollm2", messages=MESSAGES, max_tokens=MAX_TOKENS, stream=True, **GREEDY))
     assert _chat_view(via) == _chat_view(direct)
     assert _chat_view(via)[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 
 import anthropic
 import httpx
@@ -28,7 +29,7 @@ from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
 
-from .test_llama_cpp_server import N_CTX, _evict, llama_server  # noqa: F401  (a fixture)
+from .test_llama_cpp_server import N_CTX, _evict
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ class City(pydantic.BaseModel):
 
 
 @pytest.fixture(scope="module")
-def gateway(llama_server):  # noqa: F811
+def gateway(llama_server):
     url, upstream_model = llama_server
     smollm2 = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
     cfg = UpstreamConfig(name="llama-cpp-python", kind="openai", base_url=url,
@@ -71,12 +72,14 @@ def gateway(llama_server):  # noqa: F811
                          upstream_name=adapter.name)
     live = start_server(GatewayState(settings=ServerSettings(), router=Router([served])))
     yield live.url, url, upstream_model
-    live.stop()
-    asyncio.run(adapter.aclose())
+    live.stop(adapter)
 
 
-def _client(gateway) -> openai.OpenAI:
-    return openai.OpenAI(base_url=gateway[0] + "/v1", api_key="x", max_retries=0, timeout=300)
+@pytest.fixture(scope="module")
+def client(gateway) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=gateway[0] + "/v1", api_key="x", max_retries=0,
+                       timeout=300) as sdk:
+        yield sdk
 
 
 def _direct(gateway, path: str, body: dict) -> dict:
@@ -87,30 +90,29 @@ def _direct(gateway, path: str, body: dict) -> dict:
 
 @pytest.mark.parametrize("prompt", ["Name a big city and its population.",
                                     "Tell me about Tokyo.", "Which city do you like?"])
-def test_chat_parse_with_a_pydantic_model_returns_a_parsed_object(gateway, prompt) -> None:
+def test_chat_parse_with_a_pydantic_model_returns_a_parsed_object(client, prompt) -> None:
     # json_schema reaches llama_cpp.server as its json_object + schema, a llama.cpp grammar.
-    done = _client(gateway).chat.completions.parse(
+    done = client.chat.completions.parse(
         model="smollm2", messages=[{"role": "user", "content": prompt}], max_tokens=120,
         temperature=0, response_format=City)
     parsed = done.choices[0].message.parsed
     assert isinstance(parsed, City), done.choices[0].message.content
 
 
-def test_responses_parse_through_an_openai_upstream_returns_a_parsed_object(gateway) -> None:
+def test_responses_parse_through_an_openai_upstream_returns_a_parsed_object(client) -> None:
     # Responses text.format -> the IR -> Chat response_format -> llama_cpp.server's form.
-    resp = _client(gateway).responses.parse(
+    resp = client.responses.parse(
         model="smollm2", input="Name a big city and its population.", max_output_tokens=120,
         temperature=0, text_format=City)
     assert isinstance(resp.output_parsed, City), resp.output_text
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_named_tool_choice_returns_the_upstreams_real_call(gateway, stream) -> None:
+def test_named_tool_choice_returns_the_upstreams_real_call(gateway, client, stream) -> None:
     body = {"messages": ASK_WEATHER, "max_tokens": 60, "temperature": 0, "tools": [WEATHER],
             "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
     direct = _direct(gateway, "chat/completions", body)["choices"][0]["message"]
     want = direct["tool_calls"][0]["function"]
-    client = _client(gateway)
     _evict(gateway[1], gateway[2])
     if stream:
         name, args, reason = None, "", None
@@ -129,10 +131,11 @@ def test_named_tool_choice_returns_the_upstreams_real_call(gateway, stream) -> N
     assert isinstance(json.loads(args)["city"], str)
 
 
-def test_messages_tool_choice_tool_reaches_it_as_a_named_function(gateway) -> None:
+def test_messages_tool_choice_tool_reaches_it_as_a_named_function(gateway, closing) -> None:
     # Anthropic's {type: tool, name} -> the IR -> Chat's named tool_choice; the answer is a
     # tool_use block with the server's arguments.
-    client = anthropic.Anthropic(base_url=gateway[0], api_key="x", max_retries=0, timeout=300)
+    client = closing(anthropic.Anthropic(base_url=gateway[0], api_key="x", max_retries=0,
+                                         timeout=300))
     _evict(gateway[1], gateway[2])
     msg = client.messages.create(
         model="smollm2", max_tokens=60, messages=ASK_WEATHER,
@@ -144,12 +147,12 @@ def test_messages_tool_choice_tool_reaches_it_as_a_named_function(gateway) -> No
     assert msg.stop_reason == "tool_use"
 
 
-def test_chat_logprobs_are_the_upstreams(gateway) -> None:
+def test_chat_logprobs_are_the_upstreams(gateway, client) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
             "temperature": 0, "logprobs": True, "top_logprobs": 2}
     want = _direct(gateway, "chat/completions", body)["choices"][0]["logprobs"]["content"]
     _evict(gateway[1], gateway[2])
-    got = _client(gateway).chat.completions.create(model="smollm2", **body)
+    got = client.chat.completions.create(model="smollm2", **body)
     content = got.choices[0].logprobs.content
     assert [c.token for c in content] == [w["token"] for w in want]
     assert [c.logprob for c in content] == pytest.approx([w["logprob"] for w in want])
@@ -157,7 +160,7 @@ def test_chat_logprobs_are_the_upstreams(gateway) -> None:
         [t["token"] for t in w["top_logprobs"]] for w in want]
 
 
-def test_completions_sampling_extensions_reach_it(gateway) -> None:
+def test_completions_sampling_extensions_reach_it(gateway, client) -> None:
     fields = {"frequency_penalty": 1.5, "presence_penalty": 1.0, "top_k": 5, "min_p": 0.1,
               "repeat_penalty": 1.4}
     base = {"prompt": "one one one one one one", "max_tokens": 24, "temperature": 0}
@@ -165,5 +168,5 @@ def test_completions_sampling_extensions_reach_it(gateway) -> None:
     want = _direct(gateway, "completions", {**base, **fields})["choices"][0]["text"]
     assert want != plain  # the fields change this answer at the server itself
     _evict(gateway[1], gateway[2])
-    got = _client(gateway).completions.create(model="smollm2", **base, extra_body=fields)
+    got = client.completions.create(model="smollm2", **base, extra_body=fields)
     assert got.choices[0].text == want

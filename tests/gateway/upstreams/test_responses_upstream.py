@@ -424,9 +424,11 @@ def test_openai_sdk_chat_stream_through_tokenwire_gets_text_and_tool_calls(
          .function_call("call_T2", "get_time", ["{}"]).completed(9, 12))
     fake.push(Script(s.chunks(), delay=0.005))
     try:
-        client = openai.OpenAI(base_url=served.url + "/v1", api_key="unused", max_retries=0)
-        chunks = list(client.chat.completions.create(
-            model="smart", messages=[{"role": "user", "content": "Weather?"}], stream=True))
+        with openai.OpenAI(base_url=served.url + "/v1", api_key="unused",
+                           max_retries=0) as client:
+            chunks = list(client.chat.completions.create(
+                model="smart", messages=[{"role": "user", "content": "Weather?"}],
+                stream=True))
     finally:
         served.stop()  # the adapter's client lives on the server's loop; it goes with it
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)

@@ -28,7 +28,7 @@ import openai
 import pytest
 
 from tests.gateway.conftest import start_server
-from tests.gateway.upstreams.test_llama_cpp_server import _evict, llama_server  # noqa: F401
+from tests.gateway.upstreams.test_llama_cpp_server import _evict
 from tokenwire.gateway.config import parse_config
 from tokenwire.gateway.server import build_gateway
 from tokenwire.gateway.settings import ServerSettings
@@ -55,84 +55,84 @@ def _served(doc: dict) -> tuple[str, Callable[[], None]]:
     cfg = parse_config({"upstreams": [doc]}, env={})
     gw = asyncio.run(build_gateway(cfg, ServerSettings()))
     live = start_server(gw.state)
-    return live.url, live.stop
+    return live.url, lambda: live.stop(gw)
 
 
 def _chat_and_completions(url: str, model: str, before: Callable[[], None]) -> dict:
-    oc = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
-    kw = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0, "seed": 7}
-    out = {}
-    before()
-    r = httpx.post(url + "/v1/chat/completions", timeout=300, json={**kw, "messages": MESSAGES})
-    u = r.json()["usage"]
-    out["chat"] = Counts(u["prompt_tokens"], u["completion_tokens"],
-                         r.json()["choices"][0]["message"]["content"],
-                         r.headers["tokenwire-usage-source"])
-    before()
-    chunks = list(oc.chat.completions.create(messages=MESSAGES, stream=True,
-                                             stream_options={"include_usage": True}, **kw))
-    u = chunks[-1].usage
-    out["chat stream"] = Counts(u.prompt_tokens, u.completion_tokens, "".join(
-        c.choices[0].delta.content or "" for c in chunks if c.choices), u.tokenwire_source)
-    before()
-    done = oc.completions.create(prompt=PROMPT, **kw)
-    out["completions"] = Counts(done.usage.prompt_tokens, done.usage.completion_tokens,
-                                done.choices[0].text, done.usage.tokenwire_source)
-    before()
-    chunks = list(oc.completions.create(prompt=PROMPT, stream=True,
-                                        stream_options={"include_usage": True}, **kw))
-    u = chunks[-1].usage
-    out["completions stream"] = Counts(u.prompt_tokens, u.completion_tokens, "".join(
-        c.choices[0].text for c in chunks if c.choices), u.tokenwire_source)
-    return out
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300) as oc:
+        kw = {"model": model, "max_tokens": MAX_TOKENS, "temperature": 0, "seed": 7}
+        out = {}
+        before()
+        r = httpx.post(url + "/v1/chat/completions", timeout=300, json={**kw, "messages": MESSAGES})
+        u = r.json()["usage"]
+        out["chat"] = Counts(u["prompt_tokens"], u["completion_tokens"],
+                             r.json()["choices"][0]["message"]["content"],
+                             r.headers["tokenwire-usage-source"])
+        before()
+        chunks = list(oc.chat.completions.create(messages=MESSAGES, stream=True,
+                                                 stream_options={"include_usage": True}, **kw))
+        u = chunks[-1].usage
+        out["chat stream"] = Counts(u.prompt_tokens, u.completion_tokens, "".join(
+            c.choices[0].delta.content or "" for c in chunks if c.choices), u.tokenwire_source)
+        before()
+        done = oc.completions.create(prompt=PROMPT, **kw)
+        out["completions"] = Counts(done.usage.prompt_tokens, done.usage.completion_tokens,
+                                    done.choices[0].text, done.usage.tokenwire_source)
+        before()
+        chunks = list(oc.completions.create(prompt=PROMPT, stream=True,
+                                            stream_options={"include_usage": True}, **kw))
+        u = chunks[-1].usage
+        out["completions stream"] = Counts(u.prompt_tokens, u.completion_tokens, "".join(
+            c.choices[0].text for c in chunks if c.choices), u.tokenwire_source)
+        return out
 
 
 def _responses(url: str, model: str, before: Callable[[], None]) -> dict:
-    oc = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300)
-    kw = {"model": model, "max_output_tokens": MAX_TOKENS, "temperature": 0,
-          "input": MESSAGES[0]["content"], "store": True}
-    out = {}
-    before()
-    resp = oc.responses.create(**kw)
-    u = resp.usage
-    assert u.total_tokens == u.input_tokens + u.output_tokens
-    assert u.output_tokens_details.reasoning_tokens == 0  # no reasoning text was produced
-    out["responses"] = Counts(u.input_tokens, u.output_tokens, resp.output_text,
-                              u.tokenwire_source)
-    stored = httpx.get(f"{url}/v1/responses/{resp.id}", timeout=60).json()["usage"]
-    out["responses GET"] = Counts(stored["input_tokens"], stored["output_tokens"],
-                                  resp.output_text, stored["tokenwire_source"])
-    before()
-    events = list(oc.responses.create(stream=True, **kw))
-    final = next(e for e in events if e.type == "response.completed").response
-    out["responses stream"] = Counts(final.usage.input_tokens, final.usage.output_tokens,
-                                     final.output_text, final.usage.tokenwire_source)
-    return out
+    with openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=300) as oc:
+        kw = {"model": model, "max_output_tokens": MAX_TOKENS, "temperature": 0,
+              "input": MESSAGES[0]["content"], "store": True}
+        out = {}
+        before()
+        resp = oc.responses.create(**kw)
+        u = resp.usage
+        assert u.total_tokens == u.input_tokens + u.output_tokens
+        assert u.output_tokens_details.reasoning_tokens == 0  # no reasoning text was produced
+        out["responses"] = Counts(u.input_tokens, u.output_tokens, resp.output_text,
+                                  u.tokenwire_source)
+        stored = httpx.get(f"{url}/v1/responses/{resp.id}", timeout=60).json()["usage"]
+        out["responses GET"] = Counts(stored["input_tokens"], stored["output_tokens"],
+                                      resp.output_text, stored["tokenwire_source"])
+        before()
+        events = list(oc.responses.create(stream=True, **kw))
+        final = next(e for e in events if e.type == "response.completed").response
+        out["responses stream"] = Counts(final.usage.input_tokens, final.usage.output_tokens,
+                                         final.output_text, final.usage.tokenwire_source)
+        return out
 
 
 def _messages(url: str, model: str, before: Callable[[], None]) -> dict:
-    ac = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=300)
-    kw = {"model": model, "max_tokens": MAX_TOKENS, "messages": MESSAGES,
-          "extra_body": {"temperature": 0}}
-    out = {}
-    before()
-    msg = ac.messages.create(**kw)
-    out["messages"] = Counts(msg.usage.input_tokens, msg.usage.output_tokens,
-                             msg.content[0].text, msg.usage.tokenwire_source)
-    before()
-    start = delta = None
-    with ac.messages.stream(**kw) as stream:
-        for event in stream:
-            if event.type == "message_start":
-                start = event.message.usage
-            elif event.type == "message_delta":
-                delta = event.usage
-        text = stream.get_final_message().content[0].text
-    assert start is not None and delta is not None
-    out["messages start"] = Counts(start.input_tokens, None, text, start.tokenwire_source)
-    out["messages delta"] = Counts(delta.input_tokens, delta.output_tokens, text,
-                                   delta.tokenwire_source)
-    return out
+    with anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=300) as ac:
+        kw = {"model": model, "max_tokens": MAX_TOKENS, "messages": MESSAGES,
+              "extra_body": {"temperature": 0}}
+        out = {}
+        before()
+        msg = ac.messages.create(**kw)
+        out["messages"] = Counts(msg.usage.input_tokens, msg.usage.output_tokens,
+                                 msg.content[0].text, msg.usage.tokenwire_source)
+        before()
+        start = delta = None
+        with ac.messages.stream(**kw) as stream:
+            for event in stream:
+                if event.type == "message_start":
+                    start = event.message.usage
+                elif event.type == "message_delta":
+                    delta = event.usage
+            text = stream.get_final_message().content[0].text
+        assert start is not None and delta is not None
+        out["messages start"] = Counts(start.input_tokens, None, text, start.tokenwire_source)
+        out["messages delta"] = Counts(delta.input_tokens, delta.output_tokens, text,
+                                       delta.tokenwire_source)
+        return out
 
 
 def _every_api(url: str, model: str, before: Callable[[], None] = lambda: None) -> dict:
@@ -154,7 +154,7 @@ def _check(got: dict, chat: Counts, text: Counts, source: str) -> None:
 # -- python -m llama_cpp.server ----------------------------------------------------------------
 
 
-def test_llama_cpp_server_counts_equal_its_own_on_every_api(llama_server):  # noqa: F811
+def test_llama_cpp_server_counts_equal_its_own_on_every_api(llama_server):
     url, upstream_model = llama_server
     evict = lambda: _evict(url, upstream_model)  # noqa: E731
     greedy = {"model": upstream_model, "max_tokens": MAX_TOKENS, "temperature": 0, "seed": 7}
@@ -180,7 +180,7 @@ def test_llama_cpp_server_counts_equal_its_own_on_every_api(llama_server):  # no
     _check(got, chat, text, "gateway")
 
 
-def test_llama_cpp_server_does_not_stream_usage_even_when_asked(llama_server):  # noqa: F811
+def test_llama_cpp_server_does_not_stream_usage_even_when_asked(llama_server):
     """Why tokenwire counts: the peer's streams carry no usage chunk (if a release starts
     sending one, the adapter takes its counts and this test says so)."""
     url, upstream_model = llama_server
