@@ -34,7 +34,6 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.test_codex_cli_tools import BASE_INSTRUCTIONS
 from tests.gateway.upstreams.fakes_responses import ResponsesStream, Script, ScriptedServer
 from tokenwire.gateway import server as server_mod
 from tokenwire.gateway.http.app import create_app
@@ -196,18 +195,11 @@ class CodexRun:
 
 
 def run_codex(base_url: str, model: str, prompt: str, tmp: Path, *, builtin: bool,
-              timeout_s: float = CODEX_TIMEOUT_S, base_instructions: str | None = None
-              ) -> CodexRun:
-    """``base_instructions`` replaces Codex's base prompt through its
-    ``model_instructions_file`` setting (as in ``test_codex_cli.run_codex``)."""
+              timeout_s: float = CODEX_TIMEOUT_S) -> CodexRun:
     home, work = tmp / "codex-home", tmp / "work"
     home.mkdir()
     work.mkdir()
-    config = _config(base_url, model, builtin=builtin)
-    if base_instructions is not None:
-        (home / "instructions.md").write_text(base_instructions)
-        config = f'model_instructions_file = "{home / "instructions.md"}"\n' + config
-    (home / "config.toml").write_text(config)
+    (home / "config.toml").write_text(_config(base_url, model, builtin=builtin))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp),
            "CODEX_HOME": str(home), KEY_ENV: KEY, "LANG": "C.UTF-8",
            "RUST_LOG": "codex_api=info,codex_core=warn"}
@@ -364,13 +356,11 @@ def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
     router = Router([ServedModel(name=engine_large.model_id, upstream=engine_large,
                                  tmap=smollm2_map, max_model_len=engine_large.n_ctx,
                                  ids_source=IdsSource.ENGINE, upstream_name="embedded")])
-    # The engine says nothing while it prefills Codex's prompt (~5.4k tokens with the short
-    # base instructions, ~9k without): on a loaded machine the full prompt passed the 600 s
-    # silence budget once; the budget is not under test here. The transport is what is
-    # under test, so Codex gets the short instructions the tools test uses.
+    # The engine says nothing while it prefills Codex's ~9k tokens: on a loaded machine
+    # that passed the 600 s silence budget once; the budget is not under test here.
     gw = serve(router, idle_timeout_s=EMBEDDED_TIMEOUT_S)
     run = run_codex(gw.url, engine_large.model_id, "say hi", tmp_path, builtin=False,
-                    timeout_s=EMBEDDED_TIMEOUT_S, base_instructions=BASE_INSTRUCTIONS)
+                    timeout_s=EMBEDDED_TIMEOUT_S)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.of_type("turn.completed") and not run.of_type("turn.failed"), run.stdout
     assert run.websocket_errors() == [], run.stderr
