@@ -134,19 +134,11 @@ class CodexRun:
         return "Reconnecting" in self.stdout or bool(self.of_type("error"))
 
 
-def run_codex(base_url: str, model: str, prompt: str, tmp: Path,
-              base_instructions: str | None = None) -> CodexRun:
-    """``base_instructions`` replaces Codex's compiled-in base prompt (~17 kB) through its
-    ``model_instructions_file`` setting; its tools, permissions and environment context
-    are sent as always."""
+def run_codex(base_url: str, model: str, prompt: str, tmp: Path) -> CodexRun:
     home, work = tmp / "codex-home", tmp / "work"
     home.mkdir()
     work.mkdir()
-    config = _config(base_url, model)
-    if base_instructions is not None:
-        (home / "instructions.md").write_text(base_instructions)
-        config = f'model_instructions_file = "{home / "instructions.md"}"\n' + config
-    (home / "config.toml").write_text(config)
+    (home / "config.toml").write_text(_config(base_url, model))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp),
            "CODEX_HOME": str(home), KEY_ENV: "tw-dummy-key", "LANG": "C.UTF-8"}
     cmd = [str(CODEX), "exec", "--json", "--strict-config", "--skip-git-repo-check",
