@@ -13,6 +13,8 @@ from typing import TypeVar
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.redis_server import RedisServer, redis_binary
+
 # Property tests must not depend on this machine's speed (a loaded 2-core CI machine runs an
 # example many times slower than an idle one): no per-example deadline and no "too slow"
 # health check anywhere. A test's own @settings still sets its example count.
@@ -71,3 +73,18 @@ def _collect_garbage_after_each_module() -> Iterator[None]:
     """
     yield
     gc.collect()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real ``redis-server`` of this test's own, on a free port (tests/redis_server.py).
+
+    Skips where the binary is missing, except in CI (``CI=true``), where ``./dev`` installs
+    it (scripts/system-packages.sh) and a missing one is a failure, not a silent skip.
+    """
+    if redis_binary() is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redis-server is missing in CI: scripts/system-packages.sh did not run")
+        pytest.skip("redis-server is not installed (scripts/system-packages.sh)")
+    with RedisServer(tmp_path / "redis") as server:
+        yield server
