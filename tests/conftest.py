@@ -13,6 +13,7 @@ from typing import TypeVar
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests import suite_timeline
 from tests.redis_server import RedisServer, redis_binary
 
 # Property tests must not depend on this machine's speed (a loaded 2-core CI machine runs an
@@ -88,3 +89,11 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         pytest.skip("redis-server is not installed (scripts/system-packages.sh)")
     with RedisServer(tmp_path / "redis") as server:
         yield server
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    suite_timeline.addoption(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    suite_timeline.configure(config)
