@@ -10,12 +10,14 @@ pacing, never a stand-in for the real engine in interop tests.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,19 +90,36 @@ def make_state(settings: ServerSettings, upstream, tmap: TokenizerMap,
                         max_model_len=max_model_len, policy=policy, descriptor=desc)
 
 
-@pytest.fixture(scope="session")
-def engine(smollm2_map):
-    """The real embedded engine, once per session (skips if llama.cpp cannot run here)."""
-    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {probe.returncode};"
+@functools.cache
+def _llama_decodes() -> int:
+    """The exit code of one decode in a child process (0: llama.cpp runs here), probed once
+    per process: a wheel built for another CPU dies with SIGILL, which would kill pytest."""
+    return subprocess.run([sys.executable, "-c", _PROBE], capture_output=True,
+                          timeout=120).returncode
+
+
+@contextmanager
+def running_engine(tmap: TokenizerMap, *, n_ctx: int, n_threads: int = 1):
+    """The real embedded engine at ``n_ctx``, started and closed on exit; skips the test if
+    llama.cpp cannot decode on this machine."""
+    if (code := _llama_decodes()) != 0:
+        pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {code};"
                     " install the portable wheel, see ./dev)")
     from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
 
-    eng = EmbeddedEngine.load(smollm2_map, n_ctx=1024, n_threads=1, queue_size=4)
+    eng = EmbeddedEngine.load(tmap, n_ctx=n_ctx, n_threads=n_threads, queue_size=4)
     eng.start()
-    yield eng
-    eng.close()
+    try:
+        yield eng
+    finally:
+        eng.close()
+
+
+@pytest.fixture(scope="session")
+def engine(smollm2_map):
+    """The real embedded engine, once per session (skips if llama.cpp cannot run here)."""
+    with running_engine(smollm2_map, n_ctx=1024) as eng:
+        yield eng
 
 
 @pytest.fixture(scope="session")

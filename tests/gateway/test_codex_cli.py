@@ -2,7 +2,7 @@
 
 ``scripts/codex-install.sh`` (run by ``./dev``) puts the CLI in ``.codex-cli/``; without it
 these tests skip. Each test runs ``codex exec --json`` against tokenwire on a loopback port,
-with a throw-away ``CODEX_HOME`` whose ``config.toml`` (``_config`` below) declares one
+with a throw-away ``CODEX_HOME`` whose ``config.toml`` (``codex_cli.codex_config``) declares one
 provider, ``[model_providers.tw]`` with ``wire_api = "responses"``, Codex's default retry
 budget (``stream_max_retries = 5``, ``request_max_retries = 4``: a reconnect caused by the
 gateway must show), no approvals and no sandbox (the only command is the scripted
@@ -52,16 +52,11 @@ What this Codex sends (recorded with a logging server, 2026-11; the gateway must
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import uvicorn
@@ -76,87 +71,10 @@ from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
 
-from .conftest import _PROBE
+from .codex_cli import CODEX_MARKS, STREAM_MAX_RETRIES, run_codex
+from .conftest import running_engine
 
-REPO = Path(__file__).resolve().parents[2]
-CODEX = REPO / ".codex-cli" / "node_modules" / ".bin" / "codex"
-#: Generous: Codex itself answers in well under a second against a local server, but the
-#: embedded engine shares 2 cores with the rest of the suite.
-CODEX_TIMEOUT_S = 300
-#: Codex's own default; a gateway-caused reconnect would show as up to 6 requests.
-STREAM_MAX_RETRIES = 5
-KEY_ENV = "TW_CODEX_KEY"
-
-# In CI the CLI must be there (./dev installs it): a skipped interop test would hide that.
-if not CODEX.exists() and os.environ.get("CI") == "true":
-    raise RuntimeError(f"{CODEX} is absent in CI: scripts/codex-install.sh failed")
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not CODEX.exists(), reason=(
-        "the Codex CLI is not installed: run scripts/codex-install.sh (needs node + npm)")),
-]
-
-
-# -- running Codex ---------------------------------------------------------------------------
-
-
-def _config(base_url: str, model: str) -> str:
-    features = ("plugins", "remote_plugin", "plugin_sharing", "apps", "in_app_updates",
-                "shell_snapshot")
-    return "\n".join([
-        f'model = "{model}"', 'model_provider = "tw"', 'approval_policy = "never"',
-        'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
-        "[analytics]", "enabled = false", "", "[feedback]", "enabled = false", "",
-        "[features]", *(f"{f} = false" for f in features), "",
-        "[model_providers.tw]", 'name = "tokenwire"', f'base_url = "{base_url}/v1"',
-        'wire_api = "responses"', f'env_key = "{KEY_ENV}"',
-        f"stream_max_retries = {STREAM_MAX_RETRIES}", "request_max_retries = 4",
-        "stream_idle_timeout_ms = 300000", ""])
-
-
-@dataclass
-class CodexRun:
-    returncode: int
-    events: list[dict]
-    stdout: str
-    stderr: str
-
-    def of_type(self, type_: str) -> list[dict]:
-        return [e for e in self.events if e.get("type") == type_]
-
-    def items(self, type_: str) -> list[dict]:
-        return [e["item"] for e in self.of_type("item.completed") if e["item"]["type"] == type_]
-
-    @property
-    def reconnected(self) -> bool:
-        """A top-level ``error`` event is what Codex prints for each retry ("Reconnecting")."""
-        return "Reconnecting" in self.stdout or bool(self.of_type("error"))
-
-
-def run_codex(base_url: str, model: str, prompt: str, tmp: Path) -> CodexRun:
-    home, work = tmp / "codex-home", tmp / "work"
-    home.mkdir()
-    work.mkdir()
-    (home / "config.toml").write_text(_config(base_url, model))
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp),
-           "CODEX_HOME": str(home), KEY_ENV: "tw-dummy-key", "LANG": "C.UTF-8"}
-    cmd = [str(CODEX), "exec", "--json", "--strict-config", "--skip-git-repo-check",
-           "--ephemeral", "--color", "never", "-C", str(work), prompt]
-    # Its own process group, so teardown kills Codex and whatever it spawned.
-    proc = subprocess.Popen(cmd, env=env, cwd=work, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=CODEX_TIMEOUT_S)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return CodexRun(proc.returncode, events, out, err)
+pytestmark = CODEX_MARKS
 
 
 # -- tokenwire on a loopback port, recording what it was sent --------------------------------
@@ -339,15 +257,8 @@ def test_codex_runs_a_tool_call_and_returns_its_output_with_the_same_call_id(
 @pytest.fixture(scope="module")
 def engine_4096(smollm2_map: TokenizerMap):
     """The real embedded SmolLM2 at its default context (4096), once for this module."""
-    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {probe.returncode})")
-    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
-
-    eng = EmbeddedEngine.load(smollm2_map, n_ctx=4096, n_threads=1, queue_size=4)
-    eng.start()
-    yield eng
-    eng.close()
+    with running_engine(smollm2_map, n_ctx=4096) as eng:
+        yield eng
 
 
 def serve_embedded(engine, tmap: TokenizerMap) -> Gateway:

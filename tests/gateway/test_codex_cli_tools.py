@@ -13,17 +13,15 @@ item, or be refused by it).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
 
 from tokenwire.codec.maps import TokenizerMap
 
-from . import test_codex_cli
-from .conftest import _PROBE
-from .test_codex_cli import CODEX, Gateway, run_codex, serve_embedded
+from .codex_cli import CODEX_MARKS, run_codex
+from .conftest import running_engine
+from .test_codex_cli import Gateway, serve_embedded
 
 #: Codex's prompt with its tools in the fallback block, and room for an answer.
 CODEX_N_CTX = 16384
@@ -31,26 +29,15 @@ CODEX_N_CTX = 16384
 #: 2-core machine, plus answers Codex does not bound: a generous safety net, not a target.
 CODEX_TURN_TIMEOUT_S = 1800
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not CODEX.exists(), reason="the Codex CLI is not installed: run "
-                       "scripts/codex-install.sh (needs node + npm)"),
-]
+pytestmark = CODEX_MARKS
 
 
 @pytest.fixture(scope="module")
 def engine_large(smollm2_map: TokenizerMap):
-    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {probe.returncode})")
-    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
-
-    # Two threads: the suite runs one test at a time, and the ~9.2k-token prefill is most of
-    # this test's time (222 s on one thread of a busy machine, measured).
-    eng = EmbeddedEngine.load(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2, queue_size=4)
-    eng.start()
-    yield eng
-    eng.close()
+    # Two threads: the ~9.2k-token prefill is most of this test's time (222 s on one thread
+    # of a busy machine, measured).
+    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2) as eng:
+        yield eng
 
 
 @pytest.fixture
@@ -84,10 +71,10 @@ def _matches(args: dict, schema: dict) -> bool:
 
 
 def test_a_codex_turn_on_the_embedded_engine_never_sees_a_malformed_call(
-        engine_large, gateway, tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(test_codex_cli, "CODEX_TIMEOUT_S", CODEX_TURN_TIMEOUT_S)
+        engine_large, gateway, tmp_path) -> None:
     run = run_codex(gateway.url, engine_large.model_id,
-                    "Run `echo hello` in the shell and tell me what it printed.", tmp_path)
+                    "Run `echo hello` in the shell and tell me what it printed.", tmp_path,
+                    timeout_s=CODEX_TURN_TIMEOUT_S)
     assert "Reconnecting" not in run.stdout
     assert run.of_type("turn.completed"), (run.stdout[-3000:], run.stderr[-2000:])
     first = gateway.recording.bodies[0]

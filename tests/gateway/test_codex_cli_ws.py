@@ -21,10 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from tests.gateway.codex_cli import CODEX_MARKS, CODEX_TIMEOUT_S, CodexRun, run_codex
+from tests.gateway.conftest import running_engine
 from tests.gateway.upstreams.fakes_responses import ResponsesStream, Script, ScriptedServer
 from tokenwire.gateway import server as server_mod
 from tokenwire.gateway.http.app import create_app
@@ -44,26 +43,15 @@ from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.responses_upstream import ResponsesUpstream
 
-REPO = Path(__file__).resolve().parents[2]
-CODEX = REPO / ".codex-cli" / "node_modules" / ".bin" / "codex"
-CODEX_TIMEOUT_S = 300
 #: The embedded run prefills ~9k tokens per request on a shared 2-core machine (minutes
 #: under load): a safety net, not a target.
 EMBEDDED_TIMEOUT_S = 1800
 KEY = "tw-codex-ws-key-0123456789"
-KEY_ENV = "TW_CODEX_KEY"
 UPSTREAM_KEY_ENV = "TW_CODEX_WS_UPSTREAM_KEY"
-#: What Codex logs when its WebSocket fails (``codex_api::endpoint::responses_websocket``).
-WS_ERROR_MARKERS = ("responses_websocket", "Falling back from WebSockets", "falling back to HTTP")
+#: Codex's WebSocket log lines (``CodexRun.websocket_errors``) are at info level.
+RUST_LOG = "codex_api=info,codex_core=warn"
 
-if not CODEX.exists() and os.environ.get("CI") == "true":
-    raise RuntimeError(f"{CODEX} is absent in CI: scripts/codex-install.sh failed")
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not CODEX.exists(), reason=(
-        "the Codex CLI is not installed: run scripts/codex-install.sh (needs node + npm)")),
-]
+pytestmark = CODEX_MARKS
 
 
 # -- what the gateway saw ----------------------------------------------------------------------
@@ -159,67 +147,12 @@ def serve() -> Iterator[Callable[..., Served]]:
 # -- running Codex -----------------------------------------------------------------------------
 
 
-def _config(base_url: str, model: str, *, builtin: bool) -> str:
-    features = ("plugins", "remote_plugin", "plugin_sharing", "apps", "in_app_updates",
-                "shell_snapshot")
-    common = [f'model = "{model}"', 'approval_policy = "never"',
-              'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
-              "[analytics]", "enabled = false", "", "[feedback]", "enabled = false", "",
-              "[features]", *(f"{f} = false" for f in features), ""]
-    if builtin:  # the built-in provider, pointed at tokenwire
-        return "\n".join([f'openai_base_url = "{base_url}/v1"', *common])
-    return "\n".join(['model_provider = "tw"', *common,
-                      "[model_providers.tw]", 'name = "tokenwire"', f'base_url = "{base_url}/v1"',
-                      'wire_api = "responses"', f'env_key = "{KEY_ENV}"',
-                      "supports_websockets = true", "stream_max_retries = 5",
-                      "request_max_retries = 4", "stream_idle_timeout_ms = 300000", ""])
-
-
-@dataclass
-class CodexRun:
-    returncode: int
-    events: list[dict]
-    stdout: str
-    stderr: str
-
-    def of_type(self, type_: str) -> list[dict]:
-        return [e for e in self.events if e.get("type") == type_]
-
-    def items(self, type_: str) -> list[dict]:
-        return [e["item"] for e in self.of_type("item.completed") if e["item"]["type"] == type_]
-
-    def websocket_errors(self) -> list[str]:
-        return [ln for ln in (self.stdout + self.stderr).splitlines()
-                if any(m in ln for m in WS_ERROR_MARKERS)
-                and any(w in ln for w in ("ERROR", "WARN", "Falling"))]
-
-
-def run_codex(base_url: str, model: str, prompt: str, tmp: Path, *, builtin: bool,
-              timeout_s: float = CODEX_TIMEOUT_S) -> CodexRun:
-    home, work = tmp / "codex-home", tmp / "work"
-    home.mkdir()
-    work.mkdir()
-    (home / "config.toml").write_text(_config(base_url, model, builtin=builtin))
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp),
-           "CODEX_HOME": str(home), KEY_ENV: KEY, "LANG": "C.UTF-8",
-           "RUST_LOG": "codex_api=info,codex_core=warn"}
-    if builtin:
-        env["CODEX_API_KEY"] = KEY
-    cmd = [str(CODEX), "exec", "--json", "--strict-config", "--skip-git-repo-check",
-           "--ephemeral", "--color", "never", "-C", str(work), prompt]
-    proc = subprocess.Popen(cmd, env=env, cwd=work, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return CodexRun(proc.returncode, events, out, err)
+def codex_ws(base_url: str, model: str, prompt: str, tmp: Path, *, builtin: bool,
+             timeout_s: float = CODEX_TIMEOUT_S) -> CodexRun:
+    """A Codex turn on its WebSocket transport (``builtin``: the built-in provider, which
+    always tries it first; else a custom provider with ``supports_websockets``)."""
+    return run_codex(base_url, model, prompt, tmp, builtin=builtin, websockets=True, key=KEY,
+                     timeout_s=timeout_s, rust_log=RUST_LOG)
 
 
 # -- a scripted Responses upstream -------------------------------------------------------------
@@ -284,7 +217,7 @@ def test_codex_with_supports_websockets_runs_a_tool_turn_on_one_socket(
         serve, upstream, tmp_path) -> None:
     tool_round_trip(upstream)
     gw = serve(responses_router(upstream, "m"))
-    run = run_codex(gw.url, "m", "run echo hello", tmp_path, builtin=False)
+    run = codex_ws(gw.url, "m", "run echo hello", tmp_path, builtin=False)
     _check_tool_session(run, gw, upstream)
 
 
@@ -292,7 +225,7 @@ def test_codex_built_in_provider_runs_a_tool_turn_on_one_socket(
         serve, upstream, tmp_path) -> None:
     tool_round_trip(upstream)
     gw = serve(responses_router(upstream, "gpt-5.5"))
-    run = run_codex(gw.url, "gpt-5.5", "run echo hello", tmp_path, builtin=True)
+    run = codex_ws(gw.url, "gpt-5.5", "run echo hello", tmp_path, builtin=True)
     _check_tool_session(run, gw, upstream)
 
 
@@ -308,7 +241,7 @@ def test_with_the_setting_off_codex_falls_back_to_http_after_one_426(
     level = security_log.level
     security_log.setLevel(logging.INFO)
     try:
-        run = run_codex(gw.url, "m", "run echo hello", tmp_path, builtin=False)
+        run = codex_ws(gw.url, "m", "run echo hello", tmp_path, builtin=False)
     finally:
         security_log.removeHandler(handler)
         security_log.setLevel(level)
@@ -334,19 +267,8 @@ CODEX_N_CTX = 16384
 
 @pytest.fixture(scope="module")
 def engine_large(smollm2_map):
-    import sys
-
-    from .conftest import _PROBE
-
-    probe = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, timeout=120)
-    if probe.returncode != 0:
-        pytest.skip(f"llama-cpp-python cannot decode on this machine (exit {probe.returncode})")
-    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
-
-    eng = EmbeddedEngine.load(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2, queue_size=4)
-    eng.start()
-    yield eng
-    eng.close()
+    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2) as eng:
+        yield eng
 
 
 def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
@@ -359,7 +281,7 @@ def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
     # The engine says nothing while it prefills Codex's ~9k tokens: on a loaded machine
     # that passed the 600 s silence budget once; the budget is not under test here.
     gw = serve(router, idle_timeout_s=EMBEDDED_TIMEOUT_S)
-    run = run_codex(gw.url, engine_large.model_id, "say hi", tmp_path, builtin=False,
+    run = codex_ws(gw.url, engine_large.model_id, "say hi", tmp_path, builtin=False,
                     timeout_s=EMBEDDED_TIMEOUT_S)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.of_type("turn.completed") and not run.of_type("turn.failed"), run.stdout

@@ -237,7 +237,7 @@ def test_a_prompt_that_fits_is_answered(stack) -> None:
 
 def test_codex_gets_one_request_its_ran_out_of_room_message_and_no_reconnect(
         stack, tmp_path) -> None:
-    from tests.gateway.test_codex_cli import CODEX, run_codex
+    from tests.gateway.codex_cli import CODEX, run_codex
 
     if not CODEX.exists():
         pytest.skip("the Codex CLI is not installed: run scripts/codex-install.sh")

@@ -1,0 +1,126 @@
+"""Running the Codex CLI (``@openai/codex`` 0.171.0, from npm) as a real client in a test.
+
+One launcher for every Codex test (``test_codex_cli*.py``, the llama_cpp.server overflow
+test): ``codex exec --json`` against a tokenwire URL, with a throw-away ``CODEX_HOME`` whose
+``config.toml`` (:func:`codex_config`) is offline (``test_codex_cli.py`` says how that was
+found), no approvals, no sandbox, ``HOME`` a temp dir (no user ``.bashrc`` runs). The CLI
+is installed by ``scripts/codex-install.sh`` (run by ``./dev``) into ``.codex-cli/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CODEX = REPO / ".codex-cli" / "node_modules" / ".bin" / "codex"
+#: Generous: Codex itself answers in well under a second against a local server, but the
+#: gateway behind it shares 2 cores with the rest of the suite.
+CODEX_TIMEOUT_S = 300
+#: Codex's own default; a gateway-caused reconnect would show as up to 6 requests.
+STREAM_MAX_RETRIES = 5
+KEY_ENV = "TW_CODEX_KEY"
+#: The key Codex sends unless a test names one (a gateway without keys ignores it).
+DUMMY_KEY = "tw-dummy-key"
+#: What Codex logs when its WebSocket fails (``codex_api::endpoint::responses_websocket``).
+WS_ERROR_MARKERS = ("responses_websocket", "Falling back from WebSockets", "falling back to HTTP")
+#: Features that reach the network (plugins, apps, updates) or run the user's shell.
+OFF_FEATURES = ("plugins", "remote_plugin", "plugin_sharing", "apps", "in_app_updates",
+                "shell_snapshot")
+
+# In CI the CLI must be there (./dev installs it): a skipped interop test would hide that.
+if not CODEX.exists() and os.environ.get("CI") == "true":
+    raise RuntimeError(f"{CODEX} is absent in CI: scripts/codex-install.sh failed")
+
+#: A Codex test module's ``pytestmark``.
+CODEX_MARKS = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not CODEX.exists(), reason=(
+        "the Codex CLI is not installed: run scripts/codex-install.sh (needs node + npm)")),
+]
+
+
+def codex_config(base_url: str, model: str, *, builtin: bool = False,
+                 websockets: bool = False) -> str:
+    """``config.toml``: the built-in ``openai`` provider pointed at ``base_url``
+    (``builtin``), else one custom provider ``[model_providers.tw]`` with Codex's default
+    retry budget (a reconnect caused by the gateway must show); ``websockets`` sets its
+    ``supports_websockets``."""
+    common = [f'model = "{model}"', 'approval_policy = "never"',
+              'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
+              "[analytics]", "enabled = false", "", "[feedback]", "enabled = false", "",
+              "[features]", *(f"{f} = false" for f in OFF_FEATURES), ""]
+    if builtin:
+        return "\n".join([f'openai_base_url = "{base_url}/v1"', *common])
+    return "\n".join([
+        'model_provider = "tw"', *common,
+        "[model_providers.tw]", 'name = "tokenwire"', f'base_url = "{base_url}/v1"',
+        'wire_api = "responses"', f'env_key = "{KEY_ENV}"',
+        *(["supports_websockets = true"] if websockets else []),
+        f"stream_max_retries = {STREAM_MAX_RETRIES}", "request_max_retries = 4",
+        "stream_idle_timeout_ms = 300000", ""])
+
+
+@dataclass
+class CodexRun:
+    returncode: int
+    events: list[dict]
+    stdout: str
+    stderr: str
+
+    def of_type(self, type_: str) -> list[dict]:
+        return [e for e in self.events if e.get("type") == type_]
+
+    def items(self, type_: str) -> list[dict]:
+        return [e["item"] for e in self.of_type("item.completed") if e["item"]["type"] == type_]
+
+    @property
+    def reconnected(self) -> bool:
+        """A top-level ``error`` event is what Codex prints for each retry ("Reconnecting")."""
+        return "Reconnecting" in self.stdout or bool(self.of_type("error"))
+
+    def websocket_errors(self) -> list[str]:
+        """Codex's log lines about a failed WebSocket (needs ``rust_log`` with
+        ``codex_api=info``)."""
+        return [ln for ln in (self.stdout + self.stderr).splitlines()
+                if any(m in ln for m in WS_ERROR_MARKERS)
+                and any(w in ln for w in ("ERROR", "WARN", "Falling"))]
+
+
+def run_codex(base_url: str, model: str, prompt: str, tmp: Path, *, builtin: bool = False,
+              websockets: bool = False, key: str = DUMMY_KEY,
+              timeout_s: float = CODEX_TIMEOUT_S, rust_log: str | None = None) -> CodexRun:
+    """One ``codex exec --json`` turn; its JSON events, output and exit code."""
+    home, work = tmp / "codex-home", tmp / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / "config.toml").write_text(codex_config(base_url, model, builtin=builtin,
+                                                   websockets=websockets))
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp),
+           "CODEX_HOME": str(home), KEY_ENV: key, "LANG": "C.UTF-8"}
+    if rust_log is not None:
+        env["RUST_LOG"] = rust_log
+    if builtin:
+        env["CODEX_API_KEY"] = key
+    cmd = [str(CODEX), "exec", "--json", "--strict-config", "--skip-git-repo-check",
+           "--ephemeral", "--color", "never", "-C", str(work), prompt]
+    # Its own process group, so teardown kills Codex and whatever it spawned.
+    proc = subprocess.Popen(cmd, env=env, cwd=work, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    return CodexRun(proc.returncode, events, out, err)
