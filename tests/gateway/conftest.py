@@ -58,12 +58,17 @@ class Served:
         self.thread.join(10)
 
 
-def start_server(state: GatewayState) -> Served:
+def start_server(state: GatewayState, *, wrap: Callable[[Any], Any] | None = None) -> Served:
+    """``create_app(state)`` (wrapped in ``wrap(app)`` when given, e.g. a recorder) on
+    uvicorn in a thread, on a free loopback port."""
+    app = create_app(state)
+    if wrap is not None:
+        app = wrap(app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    config = uvicorn.Config(create_app(state), log_level="warning", lifespan="off",
+    config = uvicorn.Config(app, log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)

@@ -52,18 +52,13 @@ What this Codex sends (recorded with a logging server, 2026-11; the gateway must
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
-import uvicorn
 
 from tests.gateway.upstreams.fakes import Reply, ToolScript, chat_stream, start_fake
 from tokenwire.codec.maps import TokenizerMap
-from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.routing.router import Router, ServedModel
@@ -72,7 +67,7 @@ from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
 
 from .codex_cli import CODEX_MARKS, STREAM_MAX_RETRIES, run_codex
-from .conftest import running_engine
+from .conftest import Served, running_engine, start_server
 
 pytestmark = CODEX_MARKS
 
@@ -121,33 +116,21 @@ class Recording:
 class Gateway:
     url: str
     recording: Recording
-    server: uvicorn.Server
-    thread: threading.Thread
+    served: Served
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+        self.served.stop()
 
 
 def serve_gateway(state: GatewayState) -> Gateway:
-    app = create_app(state)
-    if not any(getattr(r, "path", None) == "/v1/responses" for r in app.routes):
-        pytest.skip("tokenwire has no POST /v1/responses route yet (http/responses_routes.py)")
-    recording = Recording(app)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(recording, log_level="warning", lifespan="off",
-                                           timeout_graceful_shutdown=2))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.02)
-    return Gateway(f"http://127.0.0.1:{sock.getsockname()[1]}", recording, server, thread)
+    recorders: list[Recording] = []
+
+    def record(app: Callable) -> Recording:
+        recorders.append(Recording(app))
+        return recorders[0]
+
+    served = start_server(state, wrap=record)
+    return Gateway(served.url, recorders[0], served)
 
 
 @pytest.fixture

@@ -18,12 +18,9 @@ instructions on this CPU): it checks the same transport facts, not the model's w
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +30,8 @@ import pytest
 
 from tests.gateway.codex_cli import CODEX_MARKS, CODEX_TIMEOUT_S, CodexRun, run_codex
 from tests.gateway.conftest import running_engine
+from tests.gateway.test_hardening import serve_stack, stop_stacks
 from tests.gateway.upstreams.fakes_responses import ResponsesStream, Script, ScriptedServer
-from tokenwire.gateway import server as server_mod
-from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.routing.router import Router, ServedModel
@@ -104,44 +100,18 @@ class Served:
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., Served]]:
-    """``serve(router, **settings) -> Served``: ``serve_gateway`` on a loopback port."""
+    """``serve(router, **settings) -> Served``: ``serve_gateway`` on a loopback port, with
+    the recorder inside its hardening."""
     running: list[tuple[Any, threading.Thread]] = []
     patch = pytest.MonkeyPatch()
 
     def start(router: Router, **kw: Any) -> Served:
         settings = ServerSettings(**{"api_keys": (KEY,), "auth": "keys", **kw})
-        state = GatewayState(settings=settings, router=router)
-        holder: dict[str, Recording] = {}
-
-        def factory(st: GatewayState) -> Recording:
-            holder["r"] = Recording(create_app(st))
-            return holder["r"]
-
-        async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
-            return server_mod.Gateway(state=state, adapters=(), probes=())
-
-        patch.setattr(server_mod, "build_gateway", fake_build)
-        patch.setattr(server_mod, "create_app", factory)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        ready: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: asyncio.run(server_mod.serve_gateway(
-            None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
-            on_ready=lambda gw, srv: ready.update(server=srv))), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 20
-        while not (ready.get("server") and ready["server"].started):
-            assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.02)
-        running.append((ready["server"], thread))
-        return Served(f"http://127.0.0.1:{sock.getsockname()[1]}", holder["r"], state)
+        stack = serve_stack(patch, running, settings, router=router, wrap=Recording)
+        return Served(stack.url, stack.app, stack.state)
 
     yield start
-    patch.undo()
-    for srv, thread in running:
-        srv.should_exit = True
-        thread.join(10)
+    stop_stacks(patch, running)
 
 
 # -- running Codex -----------------------------------------------------------------------------

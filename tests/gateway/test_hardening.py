@@ -75,8 +75,10 @@ def _create_app_with_a_crashing_route(state: GatewayState) -> Any:
 class Stack:
     url: str
     port: int
-    upstream: ScriptedUpstream
+    upstream: Any
     state: GatewayState
+    server: Any = None  # the running uvicorn server (``graceful_server``)
+    app: Any = None  # what ``wrap`` returned (e.g. a recording middleware), else None
 
 
 def _state(settings: ServerSettings, smollm2_map: Any, upstream: ScriptedUpstream
@@ -89,20 +91,33 @@ def _state(settings: ServerSettings, smollm2_map: Any, upstream: ScriptedUpstrea
 
 
 def serve_stack(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Thread]],
-                settings: ServerSettings, smollm2_map: Any, *, backlog: int = 64,
-                app_factory: Any = None, upstream: Any = None) -> Stack:
-    """``serve_gateway`` (what ``tokenwire serve --upstream`` runs) over a scripted upstream
-    (or ``upstream``), in a thread on its own loopback socket; ``running`` collects it for
-    the fixture to stop."""
-    upstream = upstream if upstream is not None else Scripted(SIMPLE)
-    state = _state(settings, smollm2_map, upstream)
+                settings: ServerSettings, smollm2_map: Any = None, *, backlog: int = 64,
+                app_factory: Any = None, upstream: Any = None, router: Router | None = None,
+                wrap: Callable[[Any], Any] | None = None) -> Stack:
+    """``serve_gateway`` (what ``tokenwire serve --upstream`` runs) in a thread on its own
+    loopback socket, over ``router``, else one scripted model (``upstream``, by default
+    :data:`SIMPLE` replayed); ``running`` collects it for the fixture to stop.
+
+    ``app_factory(state)`` replaces ``create_app``; ``wrap(app)`` wraps the app inside the
+    hardening (a recorder sees what passed the security layer) and is ``Stack.app``."""
+    if router is not None:
+        state = GatewayState(settings=settings, router=router)
+    else:
+        upstream = upstream if upstream is not None else Scripted(SIMPLE)
+        state = _state(settings, smollm2_map, upstream)
+    wrapped: dict[str, Any] = {}
+
+    def make_app(st: GatewayState) -> Any:
+        app = (app_factory or create_app)(st)
+        if wrap is not None:
+            wrapped["app"] = app = wrap(app)
+        return app
 
     async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
         return server_mod.Gateway(state=state, adapters=(), probes=())
 
     patch.setattr(server_mod, "build_gateway", fake_build)
-    if app_factory is not None:
-        patch.setattr(server_mod, "create_app", app_factory)
+    patch.setattr(server_mod, "create_app", make_app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -118,7 +133,8 @@ def serve_stack(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Th
         time.sleep(0.02)
     running.append((ready["server"], thread))
     port = sock.getsockname()[1]
-    return Stack(f"http://127.0.0.1:{port}", port, upstream, state)
+    return Stack(f"http://127.0.0.1:{port}", port, upstream, state, ready["server"],
+                 wrapped.get("app"))
 
 
 def stop_stacks(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Thread]]) -> None:

@@ -23,7 +23,6 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tokenwire.gateway import server as server_mod
 from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.ws_session import (
@@ -45,6 +44,8 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
+
+from .test_hardening import serve_stack, stop_stacks
 
 KEY = "tw-ws-key-0123456789abcdef"
 #: A safety net against a server that never answers, never the thing measured.
@@ -105,10 +106,9 @@ def text_reply(*pieces: str) -> Callable[[GenerationRequest], list[Event]]:
     return script
 
 
-def _state(settings: ServerSettings, upstream: PacedUpstream) -> GatewayState:
-    router = Router([ServedModel(name="scripted", upstream=upstream, ids_source=IdsSource.NONE,
-                                 upstream_name="scripted")], default="scripted")
-    return GatewayState(settings=settings, router=router)
+def _router(upstream: PacedUpstream) -> Router:
+    return Router([ServedModel(name="scripted", upstream=upstream, ids_source=IdsSource.NONE,
+                               upstream_name="scripted")], default="scripted")
 
 
 @dataclass
@@ -126,37 +126,13 @@ def serve() -> Iterator[Callable[..., Stack]]:
     patch = pytest.MonkeyPatch()
 
     def start(script=None, **kw: Any) -> Stack:
-        import socket
-
         upstream = PacedUpstream(script or text_reply("Hi ", "there."))
         settings = ServerSettings(**{"api_keys": (KEY,), "auth": "keys", **kw})
-        state = _state(settings, upstream)
-
-        async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
-            return server_mod.Gateway(state=state, adapters=(), probes=())
-
-        patch.setattr(server_mod, "build_gateway", fake_build)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        ready: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: asyncio.run(server_mod.serve_gateway(
-            None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
-            on_ready=lambda gw, srv: ready.update(server=srv))), daemon=True)
-        thread.start()
-        deadline = time.monotonic() + WAIT_S
-        while not (ready.get("server") and ready["server"].started):
-            assert thread.is_alive() and time.monotonic() < deadline, "gateway did not start"
-            time.sleep(0.02)
-        running.append((ready["server"], thread))
-        return Stack(f"ws://127.0.0.1:{sock.getsockname()[1]}", upstream, state,
-                     ready["server"])
+        served = serve_stack(patch, running, settings, router=_router(upstream))
+        return Stack(f"ws://127.0.0.1:{served.port}", upstream, served.state, served.server)
 
     yield start
-    patch.undo()
-    for srv, thread in running:
-        srv.should_exit = True
-        thread.join(10)
+    stop_stacks(patch, running)
 
 
 def open_ws(stack: Stack, **headers: str) -> ClientConnection:
@@ -611,7 +587,7 @@ class MemorySocket:
 def _looptime_session(script, body: Callable[[MemorySocket, GatewayState], Any],
                       **kw: Any) -> Any:
     async def main() -> Any:
-        state = _state(ServerSettings(**kw), PacedUpstream(script))
+        state = GatewayState(settings=ServerSettings(**kw), router=_router(PacedUpstream(script)))
         sock = MemorySocket()
         task = asyncio.create_task(create_app(state)(sock.scope, sock.receive, sock.send))
         assert (await sock.sent.get())["type"] == "websocket.accept"
