@@ -13,60 +13,36 @@ from __future__ import annotations
 
 import json
 import resource
-import selectors
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 
 from tokenwire.gateway.settings import ServerSettings
 
-from .test_hardening import KEY, Stack, serve_stack, stop_stacks
+from .raw_sockets import (
+    CLOSE_WAIT_S,
+    connect_from,
+    keyed_stacks,
+    read_all_until_closed,
+    read_until_closed,
+)
+from .test_hardening import KEY, Stack
 
-#: Safety net for "the server closes it" (a deadline of a second or two is configured).
-CLOSE_WAIT_S = 60
 HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "
 
 
 @pytest.fixture(scope="module")
 def guarded(smollm2_map) -> Iterator[Callable[..., Stack]]:
     """``guarded(**settings) -> Stack``: ``serve_gateway`` on a socket with a deep backlog."""
-    running: list[tuple[Any, threading.Thread]] = []
-    patch = pytest.MonkeyPatch()
-    yield lambda **kw: serve_stack(patch, running, ServerSettings(api_keys=(KEY,), auth="keys",
-                                                                  **kw),
-                                   smollm2_map, backlog=4096)
-    stop_stacks(patch, running)
-
-
-def _connect(port: int, source: str = "127.0.0.1") -> socket.socket:
-    conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    conn.bind((source, 0))
-    conn.connect(("127.0.0.1", port))
-    return conn
-
-
-def _read_until_closed(conn: socket.socket, wait: float = CLOSE_WAIT_S) -> bytes:
-    """Everything the server sends until it closes; fails if it keeps the socket open."""
-    conn.settimeout(wait)
-    data = b""
-    try:
-        while chunk := conn.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        pytest.fail(f"the server kept the connection open for {wait} s; got {data!r}")
-    return data
+    yield from keyed_stacks(smollm2_map, backlog=4096)
 
 
 def _request(port: int, head: bytes, source: str = "127.0.0.1") -> bytes:
-    with _connect(port, source) as conn:
+    with connect_from(port, source) as conn:
         conn.sendall(head)
-        return _read_until_closed(conn)
+        return read_until_closed(conn)
 
 
 AUTHED = (f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
@@ -82,13 +58,13 @@ def _status(response: bytes) -> int:
 
 def test_a_silent_connection_is_closed_at_the_head_deadline(guarded) -> None:
     stack = guarded(head_timeout_s=0.5)
-    with _connect(stack.port) as conn:
-        assert _read_until_closed(conn) == b""  # nothing was asked, nothing is answered
+    with connect_from(stack.port) as conn:
+        assert read_until_closed(conn) == b""  # nothing was asked, nothing is answered
 
 
 def test_half_a_head_gets_408_and_is_closed_even_while_it_keeps_dripping(guarded) -> None:
     stack = guarded(head_timeout_s=1.0)
-    with _connect(stack.port) as conn:
+    with connect_from(stack.port) as conn:
         conn.sendall(HALF_HEAD)
         conn.settimeout(0.1)
         data = b""
@@ -110,13 +86,13 @@ def test_half_a_head_gets_408_and_is_closed_even_while_it_keeps_dripping(guarded
 
 def test_a_keep_alive_connection_gets_a_fresh_head_deadline_after_each_response(guarded) -> None:
     stack = guarded(head_timeout_s=1.0)
-    with _connect(stack.port) as conn:
+    with connect_from(stack.port) as conn:
         conn.sendall(AUTHED.replace(b"Connection: close\r\n", b""))
         conn.settimeout(CLOSE_WAIT_S)
         first = conn.recv(65536)
         assert first.startswith(b"HTTP/1.1 200 ")
         conn.sendall(HALF_HEAD)
-        rest = _read_until_closed(conn)
+        rest = read_until_closed(conn)
         assert rest.endswith(b"\r\n\r\n") and b"HTTP/1.1 408 " in first + rest
 
 
@@ -126,9 +102,9 @@ def test_a_body_nobody_reads_is_cut_at_the_body_backstop(guarded) -> None:
     # backstop can close it (it stays open for ever without one).
     head = (f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
             "Content-Length: 1000\r\n\r\n{").encode()
-    with _connect(stack.port) as conn:
+    with connect_from(stack.port) as conn:
         conn.sendall(head)
-        data = _read_until_closed(conn)
+        data = read_until_closed(conn)
     assert data.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 408" not in data
 
 
@@ -137,7 +113,7 @@ def test_a_body_nobody_reads_is_cut_at_the_body_backstop(guarded) -> None:
 
 def test_one_address_over_its_cap_gets_429_and_another_address_is_served(guarded) -> None:
     stack = guarded(max_connections_per_client=3, head_timeout_s=30)
-    held = [_connect(stack.port, "127.0.0.2") for _ in range(3)]
+    held = [connect_from(stack.port, "127.0.0.2") for _ in range(3)]
     try:
         refused = _request(stack.port, AUTHED, "127.0.0.2")
         assert _status(refused) == 429 and b"retry-after: 1" in refused.lower()
@@ -151,7 +127,7 @@ def test_one_address_over_its_cap_gets_429_and_another_address_is_served(guarded
 
 def test_at_the_global_cap_idle_connections_make_room_for_requests(guarded) -> None:
     stack = guarded(max_connections=4, head_timeout_s=30)
-    held = [_connect(stack.port, f"127.0.0.{2 + i}") for i in range(4)]
+    held = [connect_from(stack.port, f"127.0.0.{2 + i}") for i in range(4)]
     try:
         time.sleep(0.2)  # not a timing assertion: lets the server accept all four first
         for _ in range(3):
@@ -175,7 +151,7 @@ def test_when_every_connection_is_busy_a_new_one_gets_503_with_retry_after(guard
     stack = guarded(max_connections=2, head_timeout_s=30, body_timeout_s=30)
     head = (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
             "Content-Length: 100\r\nContent-Type: application/json\r\n\r\n{").encode()
-    busy = [_connect(stack.port, f"127.0.0.{2 + i}") for i in range(2)]
+    busy = [connect_from(stack.port, f"127.0.0.{2 + i}") for i in range(2)]
     try:
         for conn in busy:
             conn.sendall(head)  # a body in progress: never evicted
@@ -213,7 +189,7 @@ def test_a_flood_of_idle_and_half_head_connections_does_not_starve_keyed_clients
     held: list[socket.socket] = []
     try:
         for i in range(idle_n + half_n):
-            conn = _connect(stack.port, sources[i % len(sources)])
+            conn = connect_from(stack.port, sources[i % len(sources)])
             if i >= idle_n:
                 conn.sendall(HALF_HEAD)
             held.append(conn)
@@ -234,27 +210,7 @@ def test_a_flood_of_idle_and_half_head_connections_does_not_starve_keyed_clients
 
 def _wait_all_closed(conns: list[socket.socket]) -> dict[str, int]:
     """Read every socket until the server closes it; count how each ended."""
-    sel = selectors.DefaultSelector()
-    data: dict[socket.socket, bytes] = {}
-    for conn in conns:
-        conn.setblocking(False)
-        sel.register(conn, selectors.EVENT_READ)
-        data[conn] = b""
-    deadline = time.monotonic() + CLOSE_WAIT_S
-    open_ = set(conns)
-    while open_ and time.monotonic() < deadline:
-        for key, _ in sel.select(timeout=1.0):
-            conn = key.fileobj
-            try:
-                chunk = conn.recv(65536)  # type: ignore[union-attr]
-            except ConnectionResetError:
-                chunk = b""
-            if chunk:
-                data[conn] += chunk  # type: ignore[index]
-                continue
-            sel.unregister(conn)
-            open_.discard(conn)  # type: ignore[arg-type]
-    sel.close()
+    data, open_ = read_all_until_closed(conns)
     counts = {"open": len(open_), "429": 0, "408": 0, "other": 0}
     for conn, got in data.items():
         if conn in open_:

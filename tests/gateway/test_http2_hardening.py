@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,9 +31,9 @@ from hyperframe.frame import (
 )
 
 from tokenwire.gateway.http.http2 import FLOOD_BUDGET, H2_PREFACE, MAX_HEADER_LIST_SIZE
-from tokenwire.gateway.settings import ServerSettings
 
-from .test_hardening import KEY, serve_stack, stop_stacks
+from .raw_sockets import connect_from, keyed_stacks, read_all_until_closed, read_until_closed
+from .test_hardening import KEY
 from .test_http2 import RawH2
 
 WAIT_S = 60
@@ -43,34 +42,19 @@ ENHANCE_YOUR_CALM = 0xB
 
 @pytest.fixture(scope="module")
 def guarded(smollm2_map) -> Iterator[Callable[..., Any]]:
-    running: list[tuple[Any, threading.Thread]] = []
-    patch = pytest.MonkeyPatch()
-    yield lambda **kw: serve_stack(patch, running, ServerSettings(api_keys=(KEY,), auth="keys",
-                                                                  **kw),
-                                   smollm2_map, backlog=1024)
-    stop_stacks(patch, running)
+    yield from keyed_stacks(smollm2_map, backlog=1024)
 
 
 def _open(port: int, source: str = "127.0.0.1") -> socket.socket:
     """A connection that has sent the preface and an empty SETTINGS, nothing else."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((source, 0))
-    sock.connect(("127.0.0.1", port))
+    sock = connect_from(port, source)
     sock.sendall(H2_PREFACE + SettingsFrame(0).serialize())
     return sock
 
 
 def _frames_until_closed(sock: socket.socket, wait: float = WAIT_S) -> list[Frame]:
     """Every frame the server sends until it closes; fails if it keeps the socket open."""
-    sock.settimeout(wait)
-    data = b""
-    try:
-        while chunk := sock.recv(65536):
-            data += chunk
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        pytest.fail(f"the server kept the connection open for {wait} s")
+    data = read_until_closed(sock, wait)
     frames = []
     while len(data) >= 9:
         frame, length = Frame.parse_frame_header(memoryview(data[:9]))
@@ -217,17 +201,8 @@ def test_an_idle_h2_flood_does_not_starve_clients_and_every_idle_connection_is_c
     held = [_open(stack.port, f"127.0.0.{2 + i % 3}") for i in range(300)]
     try:
         assert [_served_on_h2(stack.port) for _ in range(10)] == [200] * 10
-        open_ = 0
-        for sock in held:  # every one is evicted or closed at the head deadline
-            sock.settimeout(WAIT_S)
-            try:
-                while sock.recv(65536):
-                    pass
-            except ConnectionResetError:
-                pass
-            except TimeoutError:
-                open_ += 1
-        assert open_ == 0
+        _, still_open = read_all_until_closed(held, WAIT_S)
+        assert not still_open  # every one is evicted or closed at the head deadline
     finally:
         for sock in held:
             sock.close()
