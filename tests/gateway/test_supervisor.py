@@ -33,7 +33,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.supervision.admission import Admission
 from tokenwire.gateway.supervision.retry import THROTTLE_EXHAUSTED_MESSAGE
-from tokenwire.gateway.supervision.supervisor import SupervisedStream, Timing
+from tokenwire.gateway.supervision.supervisor import SupervisedStream, Timing, Upstreamish
 
 REQUEST = GenerationRequest(prompt=PromptText(text="hi"))
 EOS = Finish(reason=FinishKind.EOS)
@@ -54,8 +54,9 @@ Step = tuple[float, Event]  # (seconds of silence before it, event); inf = never
 
 
 @dataclass
-class Script:
-    """Attempt n plays ``attempts[min(n, last)]``; records when each attempt started."""
+class Script(Upstreamish):
+    """Attempt n plays ``attempts[min(n, last)]``; records when each attempt started (a
+    served model of one upstream: the protocol's preflight and fail-over defaults)."""
 
     attempts: list[list[Step]]
     started_at: list[float] = field(default_factory=list)

@@ -52,7 +52,11 @@ __all__ = [
     "Upstream",
     "Usage",
     "UsageSource",
+    "fails_over",
+    "free_slot",
     "is_terminal",
+    "kind_of",
+    "replica_of",
 ]
 
 
@@ -474,7 +478,12 @@ class IdsSource(enum.StrEnum):
 
 
 class EventStream(Protocol):
-    """One running generation, as seen from the event loop."""
+    """One running generation, as seen from the event loop.
+
+    Optional: ``replica``, the replica of a pool (``routing/pool.py``) running it (default
+    None); read it with :func:`replica_of`."""
+
+    replica: Any = None
 
     async def next_event(self) -> Event:
         """The next event; cancelling the wait loses nothing (the event stays queued)."""
@@ -486,10 +495,50 @@ class EventStream(Protocol):
 
 
 class Upstream(Protocol):
-    """Something that turns :class:`GenerationRequest` values into event streams."""
+    """Something that turns :class:`GenerationRequest` values into event streams.
+
+    ``kind``, ``has_free_slot`` and ``can_fail_over`` are optional: an in-process engine or
+    a test's scripted upstream may leave them out, and the defaults here are what that
+    means. Read them with :func:`kind_of`, :func:`free_slot` and :func:`fails_over` (one
+    default each, never a caller's own guess)."""
 
     model_id: str
+    #: The adapter kind (``upstreams/base.py``); without one, an in-process engine.
+    kind: str = "embedded"
 
     def submit(self, request: GenerationRequest) -> EventStream:
         """Admit a request, or raise :class:`~tokenwire.errors.ServerBusy` when full."""
         ...
+
+    def has_free_slot(self, avoid: frozenset[str] = frozenset()) -> bool:
+        """May admission start one more request here (a pool: on a replica not in
+        ``avoid``)? By default yes: admission's own limits decide."""
+        return True
+
+    def can_fail_over(self, failure: Failure, avoid: frozenset[str],
+                      request: GenerationRequest) -> bool:
+        """Should another replica get ``failure``'s request now? Only a pool has another."""
+        return False
+
+
+def kind_of(upstream: object) -> str:
+    """``upstream.kind``, or the protocol's default."""
+    return getattr(upstream, "kind", Upstream.kind)
+
+
+def free_slot(upstream: object, avoid: frozenset[str] = frozenset()) -> bool:
+    """``upstream.has_free_slot(avoid)``, or the protocol's default (yes)."""
+    free = getattr(upstream, "has_free_slot", None)
+    return True if free is None else bool(free(avoid) if avoid else free())
+
+
+def fails_over(upstream: object, failure: Failure, avoid: frozenset[str],
+               request: GenerationRequest) -> bool:
+    """``upstream.can_fail_over(...)``, or the protocol's default (no)."""
+    check = getattr(upstream, "can_fail_over", None)
+    return bool(check is not None and check(failure, avoid, request))
+
+
+def replica_of(stream: object) -> Any:
+    """``stream.replica``, or the protocol's default (None: not a pool's)."""
+    return getattr(stream, "replica", EventStream.replica)

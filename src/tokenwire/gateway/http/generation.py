@@ -32,7 +32,14 @@ from tokenwire.gateway.apis.sse import openai_error_code
 from tokenwire.gateway.http.requests import client_version
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, Renderer
-from tokenwire.gateway.ir import ChatPrompt, Failure, GenerationRequest, ImagePart, PromptIds
+from tokenwire.gateway.ir import (
+    ChatPrompt,
+    Failure,
+    GenerationRequest,
+    ImagePart,
+    PromptIds,
+    kind_of,
+)
 from tokenwire.gateway.observability.records import api_for_path
 from tokenwire.gateway.request_fields import refusal
 from tokenwire.gateway.routing.router import ServedModel
@@ -60,7 +67,7 @@ def check_inputs(served: ServedModel, gen: GenerationRequest) -> None:
     text-only model is a 400 naming the field (the engine would otherwise fail deep in its
     chat template, after the request waited its turn); so is a field the upstream's kind
     cannot honour (``gateway/request_fields.py``: nothing is dropped silently)."""
-    refused = refusal(gen, getattr(served.upstream, "kind", "embedded"))
+    refused = refusal(gen, kind_of(served.upstream))
     if refused is not None:
         raise refused
     if served.accepts_images or not isinstance(gen.prompt, ChatPrompt):

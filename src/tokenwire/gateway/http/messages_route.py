@@ -29,7 +29,7 @@ from tokenwire.gateway.apis.messages_request import MessagesCall, parse_messages
 from tokenwire.gateway.apis.params import bad_request
 from tokenwire.gateway.http.generation import check_inputs, route_model, start_generation
 from tokenwire.gateway.http.requests import read_json, upgrade_response
-from tokenwire.gateway.ir import Failure
+from tokenwire.gateway.ir import Failure, kind_of
 from tokenwire.gateway.routing.router import ServedModel
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]
@@ -49,7 +49,7 @@ async def _parse(request: Request, *, counting: bool) -> tuple[ServedModel, Mess
     served = route_model(state, model if isinstance(model, str) else None, None)
     upstream = served.upstream
     signed_by = getattr(upstream, "name", served.upstream_name) \
-        if getattr(upstream, "kind", None) == _ANTHROPIC_KIND else None
+        if kind_of(upstream) == _ANTHROPIC_KIND else None
     call = parse_messages_request(body, request_id="msg_" + secrets.token_hex(12),
                                   encrypted_for=signed_by, counting=counting)
     return served, call
@@ -65,7 +65,7 @@ async def messages_endpoint(request: Request) -> Any:
     for note in call.notes:
         log.info("%s: %s", rid, note)
     signed_by = getattr(served.upstream, "name", served.upstream_name) \
-        if getattr(served.upstream, "kind", None) == _ANTHROPIC_KIND else None
+        if kind_of(served.upstream) == _ANTHROPIC_KIND else None
     renderer = MessagesRenderer(message_id=rid, model=served.name, stream=call.stream,
                                 signed_by=signed_by)
     return start_generation(state, request, served, call.request, renderer, "json",
@@ -82,7 +82,7 @@ async def count_tokens_endpoint(request: Request) -> Response:
         if counted is not None:
             return JSONResponse({"input_tokens": counted})
     if counter is None:
-        kind = getattr(served.upstream, "kind", "") or "this"
+        kind = kind_of(served.upstream)
         raise bad_request(
             f"model {served.name!r} cannot count tokens here: its {kind} upstream has no "
             "token-counting endpoint, and tokenwire has no chat template for it",

@@ -48,7 +48,14 @@ from tokenwire.gateway.http.requests import decode_json, read_body
 from tokenwire.gateway.http.responses_get import get_response, response_store_of
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, WireRecord
-from tokenwire.gateway.ir import EventStream, Failure, FailureClass, GenerationRequest, is_terminal
+from tokenwire.gateway.ir import (
+    EventStream,
+    Failure,
+    FailureClass,
+    GenerationRequest,
+    is_terminal,
+    kind_of,
+)
 from tokenwire.gateway.routing.router import ServedModel
 
 __all__ = ["Prepared", "create_response", "prepare_response", "refused_stream",
@@ -89,7 +96,7 @@ def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
         response_id=rid, model=served.name, created_at=int(time.time()), stream=streaming,
         reasoning_summary=call.reasoning_summary or "auto", echo=_echo(call),
         # A Responses upstream's end_turn is its own (ResponseMeta): never invent one for it.
-        derive_end_turn=getattr(served.upstream, "kind", "") != "responses",
+        derive_end_turn=kind_of(served.upstream) != "responses",
         call_fields=partial(collaboration_call_fields,
                             collaboration_tools=call.collaboration_tools),
         framing=framing)

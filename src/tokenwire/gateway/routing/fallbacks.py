@@ -55,6 +55,7 @@ from tokenwire.gateway.ir import (
     GenerationRequest,
     ImagePart,
     PromptIds,
+    kind_of,
 )
 from tokenwire.gateway.request_fields import refusal
 from tokenwire.gateway.routing.router import ServedModel
@@ -196,7 +197,7 @@ def incompatibility(primary: ServedModel, target: ServedModel,
                     f"{primary.name!r}'s")
         if request.want_ids and not target.has_ids:
             return "cannot return token ids"
-    kind = getattr(target.upstream, "kind", "embedded")
+    kind = kind_of(target.upstream)
     refused = refusal(request, kind)
     if refused is not None:
         return f"cannot honour {refused.param or 'a field of this request'} ({kind} upstream)"

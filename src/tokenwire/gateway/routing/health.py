@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenwire.gateway.ir import kind_of
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
 
 __all__ = ["DEFAULT_HEALTH_INTERVAL_S", "HealthMonitor", "overall_status"]
@@ -69,16 +70,16 @@ class HealthMonitor:
 async def _probe(name: str, upstream: Any) -> UpstreamHealth:
     probe = getattr(upstream, "probe", None)
     if probe is None:  # an in-process upstream without probe(): alive while we are
-        return UpstreamHealth(name=name, kind=getattr(upstream, "kind", "embedded"),
+        return UpstreamHealth(name=name, kind=kind_of(upstream),
                               state=UpstreamState.UP, models=(upstream.model_id,))
     try:
         return await probe()
     except Exception as exc:  # a probe must never take /health down with it
-        return UpstreamHealth(name=name, kind=getattr(upstream, "kind", "?"),
+        return UpstreamHealth(name=name, kind=kind_of(upstream),
                               state=UpstreamState.DOWN,
                               detail=f"probe failed: {type(exc).__name__}")
 
 
 def _unknown(name: str, upstream: Any) -> UpstreamHealth:
-    return UpstreamHealth(name=name, kind=getattr(upstream, "kind", "?"),
+    return UpstreamHealth(name=name, kind=kind_of(upstream),
                           state=UpstreamState.DOWN, detail="not probed yet")

@@ -31,6 +31,8 @@ from tokenwire.gateway.ir import (
     GenerationRequest,
     IdsSource,
     Upstream,
+    fails_over,
+    replica_of,
 )
 from tokenwire.gateway.usage import MeteredStream, PromptCounter, UsageMeter
 
@@ -93,7 +95,7 @@ class ServedModel:
         ``avoid``: replicas of a pool (``routing/pool.py``) this request already failed on."""
         stream = self.upstream.submit(request, avoid=avoid) if avoid else \
             self.upstream.submit(request)
-        replica = getattr(stream, "replica", None)
+        replica = replica_of(stream)
         if request.want_ids and self.ids_source is IdsSource.RETOKENIZED:
             from tokenwire.gateway.retokenize import Retokenizer, RetokenizingStream
 
@@ -101,7 +103,7 @@ class ServedModel:
             stream = RetokenizingStream(stream, Retokenizer(self.tmap))
         if self.usage is not None:
             stream = MeteredStream(stream, UsageMeter(request, self.usage))
-        if replica is not None and getattr(stream, "replica", None) is None:
+        if replica is not None and replica_of(stream) is None:
             stream = _Named(stream, replica)
         return stream
 
@@ -109,8 +111,7 @@ class ServedModel:
                       request: GenerationRequest) -> bool:
         """True when another replica of this model's pool should get ``failure``'s request
         now (never for a single upstream)."""
-        check = getattr(self.upstream, "can_fail_over", None)
-        return bool(check is not None and check(failure, avoid, request))
+        return fails_over(self.upstream, failure, avoid, request)
 
 
 class _Named:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.ir import free_slot
 
 __all__ = [
     "DEFAULT_MAX_CONCURRENT",
@@ -191,8 +192,7 @@ class Admission:
             return False
         # A pool of replicas (routing/pool.py) has a slot only where a healthy replica has
         # one: a pool at its limits waits here, the one queue, never inside the pool.
-        free = getattr(upstream, "has_free_slot", None)
-        return free is None or bool(free(avoid) if avoid else free())
+        return free_slot(upstream, avoid)
 
     def _grant(self) -> None:
         """Start every waiter that fits, oldest first."""

@@ -63,6 +63,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     ToolCallDelta,
     Usage,
+    replica_of,
 )
 from tokenwire.gateway.routing.fallbacks import FallbackPlan
 from tokenwire.gateway.supervision.admission import Ticket
@@ -170,9 +171,15 @@ class Upstreamish(Protocol):
 
     def submit(self, request: GenerationRequest) -> EventStream: ...
 
+    def preflight(self, request: GenerationRequest) -> Failure | None:
+        """A refusal before the request queues (a prompt that cannot fit); by default none."""
+        return None
 
-def _no_preflight(request: GenerationRequest) -> Failure | None:
-    return None
+    def can_fail_over(self, failure: Failure, avoid: frozenset[str],
+                      request: GenerationRequest) -> bool:
+        """Should another replica get ``failure``'s request now? By default no (one
+        upstream); a pool's model says."""
+        return False
 
 
 class _Deadline(Exception):
@@ -324,7 +331,7 @@ class SupervisedStream:
         """One model: its preflight, a slot on its upstream, its attempts under its budget."""
         # A prompt that certainly does not fit is refused before it queues or reaches an
         # upstream: no attempt, final for this model (gateway/context_window.py).
-        refusal = getattr(self._served, "preflight", _no_preflight)(self._request)
+        refusal = self._served.preflight(self._request)
         if refusal is not None:
             return refusal
         loop = asyncio.get_running_loop()
@@ -452,7 +459,7 @@ class SupervisedStream:
                 if isinstance(event, Finish | Failure):
                     if isinstance(event, Finish) or self._published:
                         await self._flush_held()
-                    elif (replica := getattr(stream, "replica", None)) is not None:
+                    elif (replica := replica_of(stream)) is not None:
                         self._avoid |= {replica.name}
                     return event
                 await self._forward(event)
@@ -473,9 +480,8 @@ class SupervisedStream:
 
     def _fails_over(self, failure: Failure) -> bool:
         """True when the served model is a pool with another replica for this failure."""
-        check = getattr(self._served, "can_fail_over", None)
-        return bool(self._avoid) and check is not None and check(failure, self._avoid,
-                                                                 self._request)
+        return bool(self._avoid) and self._served.can_fail_over(failure, self._avoid,
+                                                                self._request)
 
     async def _forward(self, event: Event) -> None:
         if not is_output(event):
