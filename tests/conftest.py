@@ -13,7 +13,7 @@ from typing import TypeVar
 import pytest
 from hypothesis import HealthCheck, settings
 
-from tests import suite_timeline
+from tests import suite_order, suite_timeline
 from tests.redis_server import RedisServer, redis_binary
 
 # Property tests must not depend on this machine's speed (a loaded 2-core CI machine runs an
@@ -97,3 +97,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     suite_timeline.configure(config)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    suite_order.reorder(config, items)
