@@ -17,7 +17,8 @@ import pytest
 
 from tokenwire.codec.requests import CodecRequest, encode_request
 
-from .test_connection_limits import _connect, _read_until_closed, guarded  # noqa: F401
+from .raw_sockets import connect_from, read_until_closed
+from .test_connection_limits import guarded  # noqa: F401
 from .test_hardening import KEY
 
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -152,9 +153,9 @@ def test_max_tokens_is_capped_at_the_models_context_window(stack) -> None:
 def _slow_upload(port: int, path: str) -> bytes:
     head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
             "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{").encode()
-    with _connect(port) as conn:
+    with connect_from(port) as conn:
         conn.sendall(head)  # and never the rest
-        return _read_until_closed(conn)
+        return read_until_closed(conn)
 
 
 @pytest.mark.parametrize("path", ["/tokenize", "/detokenize", "/v1/chat/completions",
@@ -171,12 +172,12 @@ def test_slow_uploads_free_their_slots_at_the_body_deadline(guarded) -> None:  #
     stack = guarded(body_timeout_s=0.5, max_concurrent=1, queue_size=1)
     head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}"
             "\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{").encode()
-    slow = [_connect(stack.port) for _ in range(2)]  # every admission slot
+    slow = [connect_from(stack.port) for _ in range(2)]  # every admission slot
     try:
         for conn in slow:
             conn.sendall(head)
         for conn in slow:
-            assert _read_until_closed(conn).startswith(b"HTTP/1.1 408 ")
+            assert read_until_closed(conn).startswith(b"HTTP/1.1 408 ")
         resp = _post(stack, "/v1/chat/completions", {"model": "scripted", "messages": USER})
         assert resp.status_code == 200
     finally:
@@ -193,7 +194,7 @@ def test_a_client_that_disconnects_mid_upload_is_not_an_internal_error(guarded, 
     caplog.set_level(logging.INFO)
     head = (f"POST /tokenize HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
             "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{").encode()
-    conn = _connect(stack.port)
+    conn = connect_from(stack.port)
     conn.sendall(head)
     time.sleep(0.3)  # lets the route start reading (a margin, not a measurement)
     conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
