@@ -39,6 +39,8 @@ import pytest
 import uvicorn
 
 from tests.gateway.conftest import make_state
+from tokenwire.codec import frames_msgpack, frames_protobuf
+from tokenwire.codec.frames import Frame, ToolCall
 from tokenwire.gateway.config import parse_config
 from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.security import harden
@@ -454,3 +456,102 @@ def test_the_page_works_through_a_pool_of_two_replicas(browser, serve, engine) -
         ready["server"].should_exit = True
         thread.join(10)
         sock.close()
+
+
+# -- the page's own decoders, against the Python codec ---------------------------------------
+
+#: Every id width of both encodings (msgpack fixint/uint8/16/32, protobuf 1..5-byte varints),
+#: an empty heartbeat frame, a terminal with tool calls, and non-ASCII strings.
+FRAMES = [
+    Frame(ids=(0, 127, 128, 255, 256, 16383, 16384, 65535, 65536, 2**21, 2**28, 2**32 - 1),
+          done=False),
+    Frame(ids=(), done=False),
+    Frame(ids=tuple(range(300)), done=False),  # array16 in msgpack
+    Frame(ids=(9707,), done=False),
+    Frame(ids=(), done=True, finish_reason="stop_sequence", tool_calls=(
+        ToolCall(id="tc_1", name="get_weather", arguments_json='{"city": "Zürich"}'),
+        ToolCall(arguments_json=""))),
+]
+
+_DECODE_JS = """
+const [kind, bytes, step] = arguments;
+const dec = kind === "msgpack" ? new MsgpackFrames() : new ProtobufFrames();
+const out = [];
+try {
+  const buf = Uint8Array.from(bytes);
+  for (let i = 0; i < buf.length; i += step) {
+    for (const f of dec.feed(buf.slice(i, i + step))) out.push(f.frame);
+  }
+  dec.finish();
+  return {frames: out};
+} catch (e) { return {error: String(e.message || e)}; }
+"""
+
+
+def _as_dict(frame: Frame) -> dict[str, Any]:
+    return {"ids": list(frame.ids), "done": frame.done, "finish_reason": frame.finish_reason,
+            "tool_calls": [{"name": t.name, "arguments_json": t.arguments_json, "id": t.id}
+                           for t in frame.tool_calls]}
+
+
+def _page_decode(driver: Any, kind: str, data: bytes, step: int) -> dict[str, Any]:
+    return driver.execute_script(_DECODE_JS, kind, list(data), step)
+
+
+@pytest.mark.parametrize("kind", ["msgpack", "msgpack-prefixed", "protobuf",
+                                  "protobuf-legacy"])
+def test_the_pages_frame_decoders_equal_the_python_codec(browser, live, kind) -> None:
+    """Whole, and one byte at a time (a frame boundary is never a chunk boundary)."""
+    if kind.startswith("msgpack"):
+        enc = frames_msgpack.FrameEncoder()
+        frames = [enc.encode(f) for f in FRAMES]
+        if kind == "msgpack-prefixed":  # the overview's 4-byte-prefixed form (DESIGN.md)
+            frames = [len(b).to_bytes(4, "big") + b for b in frames]
+        decoded = [f for f in frames_msgpack.FrameDecoder().feed(frames[0])]  # sanity
+        assert decoded[0].ids == FRAMES[0].ids
+    else:
+        enc = frames_protobuf.FrameEncoder(legacy_done_false=kind == "protobuf-legacy")
+        frames = [enc.encode(f) for f in FRAMES]
+    data = b"".join(frames)
+    assert open_page(browser, live.url) == "models"
+    want = [_as_dict(f) for f in FRAMES]
+    for step in (len(data), 1, 7):
+        got = _page_decode(browser, kind.split("-")[0], data, step)
+        assert got == {"frames": want}, step
+
+
+@pytest.mark.parametrize(("kind", "data", "message"), [
+    ("msgpack", bytes.fromhex("82a3696473"), "ended inside a frame"),  # cut short
+    ("msgpack", bytes.fromhex("920102"), "must be a map"),  # a whole array, not a map
+    ("msgpack", bytes.fromhex("81a369647391d3000000000000000a"), "0xd3"),  # int64 not allowed
+    ("msgpack", bytes.fromhex("81a369647391d0ff"), "unsigned 32-bit"),  # a negative id
+    ("protobuf", bytes.fromhex("000000080a06808080808010"), "longer than 5 bytes"),
+    ("protobuf", bytes.fromhex("000000030a0281"), "past its frame"),
+    ("protobuf", bytes.fromhex("ffffffff"), "over the limit"),
+    ("protobuf", bytes.fromhex("0000000a0a"), "ended inside a frame"),
+])
+def test_the_pages_decoders_refuse_broken_frames(browser, live, kind, data, message) -> None:
+    assert open_page(browser, live.url) == "models"
+    got = _page_decode(browser, kind, data, len(data))
+    assert message in got.get("error", ""), got
+
+
+def test_the_pages_detokenizer_equals_the_python_one(browser, live, smollm2_map) -> None:
+    """Characters split over several byte-level tokens, special ids skipped, one token at a
+    time as frames bring them."""
+    from tokenwire.codec.detokenizer import Detokenizer
+    from tokenwire.codec.tokenizer import Tokenizer
+
+    text = "Zürich 🌊 naïve café — 東京\n\tdone."
+    ids = [1, *Tokenizer.from_map(smollm2_map).encode(text), 2]  # <|im_start|> ... <|im_end|>
+    assert open_page(browser, live.url) == "models"
+    got = browser.execute_async_script("""
+        const [ids, done] = arguments;
+        loadMap(state.models[0]).then((map) => {
+          const d = new Detokenizer(map);
+          let out = "";
+          for (const id of ids) out += d.push(id).text;
+          done(out + d.end());
+        }, (e) => done("failed: " + e.message));
+    """, ids)
+    assert got == Detokenizer(smollm2_map).decode(ids) == text
