@@ -356,10 +356,14 @@ def test_screenshots_of_the_playground_and_the_status_view(browser, live, tmp_pa
     by_id(browser, "tab-status").click()
     wait_for(browser, lambda: browser.execute_script(
         "return document.getElementById('status').dataset.state"), "the status view")
-    # a second poll draws the first tokens/s point (the chart needs two readings)
-    browser.execute_script("document.getElementById('status').dataset.state = ''")
+    # Traffic while the view polls: an answer (tokens/s) and two refused requests (errors).
+    for body in ({"messages": "not a list"}, {"model": "no-such-model", "messages": []}):
+        assert httpx.post(live.url + CHAT, json=body, timeout=30).status_code in (400, 404)
+    server_text(live.url)
     wait_for(browser, lambda: browser.execute_script(
-        "return document.getElementById('status').dataset.state"), "a second status poll")
+        "return state.tpsSeries.some((v) => v > 0)"), "a tokens/s reading")
+    wait_for(browser, lambda: browser.execute_script(
+        "return document.querySelectorAll('#chart-errors rect').length"), "the error bars")
     models = by_id(browser, "models").text
     assert "huggingfacetb/smollm2" in models and "1024" in models
     upstreams = by_id(browser, "upstreams").text

@@ -611,10 +611,10 @@ function drawBars(svg, counts) {
   const items = [...counts].filter(([, v]) => v > 0).sort((a, b) => b[1] - a[1]).slice(0, 6);
   const max = Math.max(1, ...items.map(([, v]) => v));
   const kids = items.flatMap(([k, v], i) => {
-    const y = 4 + i * 12, w = (v / max) * 170;
+    const y = 4 + i * 12, w = (v / max) * 125;
     const t = svgEl("text", { x: 4, y: y + 9, class: "chart-label" });
     t.textContent = `${k} ${v}`;
-    return [svgEl("rect", { x: 126, y, width: Math.max(w, 1), height: 9, class: "chart-bar" }), t];
+    return [svgEl("rect", { x: 170, y, width: Math.max(w, 1), height: 9, class: "chart-bar" }), t];
   });
   if (!kids.length) { const t = svgEl("text", { x: 4, y: 14, class: "chart-label" }); t.textContent = "none so far"; kids.push(t); }
   svg.replaceChildren(...kids);
