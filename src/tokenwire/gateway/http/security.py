@@ -12,8 +12,11 @@ an ordinary request. Keys are never logged or echoed.
 
 Discovery documents (``/.well-known/codec/``) are public, cacheable data that browsers fetch
 cross-origin (codec-spec §6.4): plain HTTP requests there skip the Origin and key checks
-(their CORS preflight carries neither), and :mod:`.wellknown` answers the preflight. Every
-other route keeps both refusals.
+(their CORS preflight carries neither), and :mod:`.wellknown` answers the preflight. So
+are ``GET``/``HEAD`` of the playground's three static files (:mod:`.playground`: no data,
+and a browser cannot send a key when it navigates). Every other route keeps both refusals;
+the gateway's own origin passes the Origin check only on a loopback ``Host`` or with a
+valid key (:meth:`SecurityMiddleware._origin_allowed`: DNS rebinding).
 
 :func:`harden` builds the served stack from :class:`ServerSettings`:
 ``SecurityMiddleware(CrashBarrier(app))``. Refusals come first so they never reach the app,
@@ -184,9 +187,6 @@ class SecurityMiddleware:
     def _authorized(self, scope: Scope, headers: dict[bytes, list[bytes]]) -> bool:
         if self._localhost_open and _is_loopback(scope.get("client")):
             return True
-        return self._key_valid(headers)
-
-    def _key_valid(self, headers: dict[bytes, list[bytes]]) -> bool:
         key = _presented_key(headers)
         if key is None:
             return False
@@ -234,7 +234,8 @@ class SecurityMiddleware:
         host = hosts[0].decode("latin-1").lower()
         if origin != f"{scope.get('scheme', 'http')}://{host}":
             return False
-        return _is_loopback_host(host) or self._key_valid(headers)
+        # A valid key, whoever the peer is: the same check with the loopback exemption off.
+        return _is_loopback_host(host) or self._authorized({**scope, "client": None}, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
