@@ -454,7 +454,8 @@ def test_the_page_works_through_a_pool_of_two_replicas(browser, serve, engine) -
             assert run.text == run.json_text == server_text(url)
         by_id(browser, "tab-status").click()
         wait_for(browser, lambda: "pool/2" in by_id(browser, "upstreams").text, "both replicas")
-        assert "pool/1" in by_id(browser, "upstreams").text
+        upstreams = by_id(browser, "upstreams").text
+        assert "pool/1: breaker closed" in upstreams and "pool/2: breaker closed" in upstreams
         by_id(browser, "tab-play").click()
     finally:
         ready["server"].should_exit = True
@@ -559,3 +560,24 @@ def test_the_pages_detokenizer_equals_the_python_one(browser, live, smollm2_map)
         }, (e) => done("failed: " + e.message));
     """, ids)
     assert got == Detokenizer(smollm2_map).decode(ids) == text
+
+
+def test_an_error_from_the_server_is_shown_in_its_own_words(browser, live) -> None:
+    """A prompt past the context window: the API's 400 message, in the page."""
+    assert open_page(browser, live.url) == "models"
+    long_prompt = "word " * 2000  # ~2000 tokens; the window is 1024
+    expected = httpx.post(live.url + CHAT, timeout=PAGE_TIMEOUT_S, json={
+        "messages": [{"role": "user", "content": long_prompt}], "max_tokens": MAX_TOKENS,
+        "stream": True, "stream_format": "msgpack"})
+    assert expected.status_code == 400
+    message = expected.json()["error"]["message"]
+    browser.execute_script("arguments[0].value = arguments[1]", by_id(browser, "prompt"),
+                           long_prompt)
+    from selenium.webdriver.support.ui import Select
+
+    Select(by_id(browser, "wire")).select_by_value("msgpack")
+    browser.execute_script("document.getElementById('answer').dataset.state = 'idle'")
+    by_id(browser, "send").click()
+    wait_for(browser, lambda: browser.execute_script(
+        "return document.getElementById('answer').dataset.state === 'error'"), "the error")
+    assert error_text(browser) == f"The server answered 400: {message}"

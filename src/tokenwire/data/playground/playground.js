@@ -571,7 +571,7 @@ function renderHealth(h) {
   $("overall").textContent = `(${h.status})`;
   const body = $("upstreams").querySelector("tbody");
   body.replaceChildren(...h.upstreams.map((u) => {
-    const reps = (u.replicas || []).map((r) => `${r.name || r.url || "?"}: ${r.state}${r.in_flight !== undefined ? `, ${r.in_flight} in flight` : ""}`);
+    const reps = (u.replicas || []).map((r) => `${r.name}: breaker ${r.breaker}, ${r.in_flight}/${r.limit} in flight, ${r.completed} done, ${r.failed} failed`);
     const tr = cells(document.createElement("tr"), [u.name, u.kind, u.state, reps.join("; ") || "-", u.detail || ""]);
     tr.className = "state-" + u.state;
     return tr;
