@@ -12,6 +12,7 @@ Routes:
 * ``POST /tokenize`` and ``POST /detokenize`` in vLLM's shapes (:mod:`.tokenize_routes`).
 * ``POST /v1/messages/count_tokens`` (Anthropic's, :mod:`.messages_route`).
 * ``/.well-known/codec/...`` from :mod:`.wellknown`.
+* ``GET /``: the playground page (:mod:`.playground`).
 
 The pieces live beside it in ``http/``: every inference request takes an admission ticket
 before its body is read (:mod:`.admission`), is read by :mod:`.requests` (limits, upload
@@ -55,6 +56,7 @@ from tokenwire.gateway.http.admission import AdmissionMiddleware
 from tokenwire.gateway.http.errors import exception_response
 from tokenwire.gateway.http.generation import codec_renderer, route_model, start_generation
 from tokenwire.gateway.http.messages_route import count_tokens_endpoint, messages_endpoint
+from tokenwire.gateway.http.playground import playground_routes
 from tokenwire.gateway.http.requests import (
     client_version,
     new_id,
@@ -287,6 +289,7 @@ def create_app(state: GatewayState) -> Starlette:
         *responses_routes(),  # POST /v1/responses (OpenAI Responses)
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),  # stored ones
         *_discovery_routes(state),
+        *playground_routes(),  # GET /: the playground page (http/playground.py)
     ]
     if state.settings.responses_websocket:  # GET /v1/responses upgraded (Codex's transport)
         routes.append(WebSocketRoute("/v1/responses", responses_socket))

@@ -44,11 +44,21 @@ from tokenwire.gateway.observability.records import api_for_path
 from tokenwire.gateway.request_fields import refusal
 from tokenwire.gateway.routing.router import ServedModel
 
-__all__ = ["check_inputs", "check_model_limits", "codec_renderer", "generation_headers",
-           "route_model", "start_generation"]
+__all__ = ["ACCEPT_ENCODING_HEADER", "RAW_BODY_HEADER", "RAW_CODING_HEADER", "check_inputs",
+           "check_model_limits", "codec_renderer", "generation_headers", "route_model",
+           "start_generation"]
 
 #: Server-side order of preference (codec-spec §4.1); availability is the registry's.
 _PREFERENCE = ("zstd", "br", "gzip", "identity")
+#: The playground's way to choose a coding (``GET /``, ``http/playground.py``): a page script
+#: cannot set ``Accept-Encoding`` (a forbidden header), so the pick reads this request
+#: header instead when present (same syntax).
+ACCEPT_ENCODING_HEADER = "Tokenwire-Accept-Encoding"
+#: Browsers decode any ``Content-Encoding`` before a script sees a byte. A request with
+#: ``Tokenwire-Raw-Body: 1`` gets its coding named in ``Tokenwire-Content-Encoding`` instead,
+#: so the page counts the bytes as sent and inflates them itself (DecompressionStream).
+RAW_BODY_HEADER = "Tokenwire-Raw-Body"
+RAW_CODING_HEADER = "Tokenwire-Content-Encoding"
 
 
 def route_model(state: GatewayState, model: str | None, fmt: StreamFormat | None) -> ServedModel:
@@ -103,7 +113,7 @@ def check_model_limits(served: ServedModel, gen: GenerationRequest, *,
 
 def generation_headers(
     state: GatewayState, served: ServedModel, cv: Version, renderer: Renderer, encoding: str,
-    zdict: ZstdDict | None, reason_code: str, request_id: str,
+    zdict: ZstdDict | None, reason_code: str, request_id: str, *, raw: bool = False,
 ) -> list[tuple[str, str]]:
     """All response headers of a generation, filtered by the client's version (§5.3)."""
     headers = [("Content-Type", renderer.content_type), ("Vary", VARY),
@@ -113,7 +123,9 @@ def generation_headers(
         headers.append(("Codec-Tokenizer-Map", served.tmap.hash))
     if isinstance(renderer, CodecStreamRenderer):  # where the frames' ids come from
         headers.append(("Codec-Ids-Source", served.ids_source.value))
-    if encoding != "identity":
+    if raw:  # the page decodes the body itself (RAW_BODY_HEADER)
+        headers.append((RAW_CODING_HEADER, encoding))
+    elif encoding != "identity":
         headers.append(("Content-Encoding", encoding))
     if zdict is not None:  # §4.1: every zstd response names its dictionary
         headers.append(("Codec-Zstd-Dict", zdict.hash))
@@ -155,8 +167,10 @@ def start_generation(
     # ("Dictionary mismatch"). Undeclared clients get br/gzip, which every client decodes.
     allow_zstd = (zdict is not None and CLIENT_VERSION_HEADER in request.headers
                   and header_allowed("Codec-Zstd-Dict", cv))
+    chosen = request.headers.get(ACCEPT_ENCODING_HEADER)
     pick = pick_encoding(
-        request.headers.get("accept-encoding"), zstd_has_dict=allow_zstd,
+        chosen if chosen is not None else request.headers.get("accept-encoding"),
+        zstd_has_dict=allow_zstd,
         server_supports=tuple(c for c in _PREFERENCE if c in COMPRESSORS),
     )
     zdict = zdict if pick.encoding == "zstd" else None
@@ -166,7 +180,9 @@ def start_generation(
     def headers() -> list[tuple[str, str]]:  # at the head: a fallback may serve by then
         serving = stream.serving if isinstance(stream.serving, ServedModel) else served
         return generation_headers(state, serving, cv, renderer, pick.encoding, zdict,
-                                  pick.reason_code.value, gen.request_id) + filter_headers(
+                                  pick.reason_code.value, gen.request_id,
+                                  raw=request.headers.get(RAW_BODY_HEADER) == "1",
+                                  ) + filter_headers(
             stream.served_headers(), cv)
 
     return EventResponse(

@@ -12,8 +12,11 @@ an ordinary request. Keys are never logged or echoed.
 
 Discovery documents (``/.well-known/codec/``) are public, cacheable data that browsers fetch
 cross-origin (codec-spec §6.4): plain HTTP requests there skip the Origin and key checks
-(their CORS preflight carries neither), and :mod:`.wellknown` answers the preflight. Every
-other route keeps both refusals.
+(their CORS preflight carries neither), and :mod:`.wellknown` answers the preflight. So
+are ``GET``/``HEAD`` of the playground's three static files (:mod:`.playground`: no data,
+and a browser cannot send a key when it navigates). Every other route keeps both refusals;
+the gateway's own origin passes the Origin check only on a loopback ``Host`` or with a
+valid key (:meth:`SecurityMiddleware._origin_allowed`: DNS rebinding).
 
 :func:`harden` builds the served stack from :class:`ServerSettings`:
 ``SecurityMiddleware(CrashBarrier(app))``. Refusals come first so they never reach the app,
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.http.playground import PAGE_PATHS
 from tokenwire.gateway.http.wellknown import WELL_KNOWN_PREFIX
 
 if TYPE_CHECKING:
@@ -61,6 +65,8 @@ MAX_LOGGED_PATH = 120
 # The ASGI extension that lets a websocket scope answer with a plain HTTP response.
 _DENIAL_EXT = "websocket.http.response"
 _log = logging.getLogger(__name__)
+# Methods that may fetch the playground's static files without a key.
+_READS = frozenset({"GET", "HEAD"})
 
 
 def _error(status: int, message: str, type_: str, code: str) -> tuple[int, dict[str, Any]]:
@@ -84,6 +90,18 @@ def _is_loopback(client: Any) -> bool:
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1 (3.11 says not loopback)
     return addr.is_loopback  # 127.0.0.0/8 or ::1
+
+
+def _is_loopback_host(host: str) -> bool:
+    """``Host`` names a loopback address: ``localhost``, 127.0.0.0/8 or ``[::1]``, any port."""
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    name = name.strip("[]")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _target_path(scope: Scope) -> str | None:
@@ -183,9 +201,12 @@ class SecurityMiddleware:
             return _BAD_TARGET
         if scope["type"] == "http" and _is_discovery(path):
             return None  # public discovery documents, for any origin (§6.4)
+        if scope["type"] == "http" and path in PAGE_PATHS and scope.get("method") in _READS:
+            return None  # the playground's static files hold no data; its calls need the key
         headers = _headers(scope)
         origins = headers.get(b"origin", [])
-        if any(o.decode("latin-1").rstrip("/").lower() not in self._origins for o in origins):
+        if any(not self._origin_allowed(o.decode("latin-1").rstrip("/").lower(), scope,
+                                        headers) for o in origins):
             return _BAD_ORIGIN
         if not self._authorized(scope, headers):
             return _BAD_KEY
@@ -197,6 +218,24 @@ class SecurityMiddleware:
         if scope["type"] == "websocket":
             return _NOT_FOUND
         return None
+
+    def _origin_allowed(self, origin: str, scope: Scope,
+                        headers: dict[bytes, list[bytes]]) -> bool:
+        """A configured origin, or the gateway's own (the playground page: browsers send
+        ``Origin`` on every same-origin POST). Its own origin counts only when the ``Host``
+        is a loopback name or a valid key comes with it: a DNS-rebinding page has the
+        attacker's host name as its origin *and* as ``Host``, so "same origin" alone would
+        let any web site drive a localhost-open gateway."""
+        if origin in self._origins:
+            return True
+        hosts = headers.get(b"host", [])
+        if len(hosts) != 1:
+            return False
+        host = hosts[0].decode("latin-1").lower()
+        if origin != f"{scope.get('scheme', 'http')}://{host}":
+            return False
+        # A valid key, whoever the peer is: the same check with the loopback exemption off.
+        return _is_loopback_host(host) or self._authorized({**scope, "client": None}, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
