@@ -38,6 +38,8 @@ from typing import Any
 import h11
 import httpx
 
+from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
+
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanTransport",
            "upstream_transport"]
 
@@ -68,7 +70,9 @@ class _Connection(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.transport: asyncio.Transport | None = None
-        self.h11 = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+        self.h11 = _new_h11()  # one per request: a body the chunked decoder read leaves
+        # h11 mid-message, so each exchange starts a fresh one (HTTP/1.1 keeps no state
+        # between exchanges on a connection)
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._eof = False
@@ -122,9 +126,8 @@ class _Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        """Idle, open, nothing unexpected arrived: safe for the next request."""
-        return (not self.closed and not self._eof and not self._chunks
-                and self.h11.our_state is h11.IDLE and self.h11.their_state is h11.IDLE)
+        """Open and nothing unexpected arrived: safe for the next request."""
+        return not self.closed and not self._eof and not self._chunks
 
     def take_buffered(self) -> bytes:
         data = b"".join(self._chunks) if len(self._chunks) != 1 else self._chunks[0]
@@ -172,6 +175,10 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
 
 
+def _new_h11() -> h11.Connection:
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+
+
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
@@ -208,13 +215,16 @@ class _Body(httpx.AsyncByteStream):
                 # Pooled only once the reader came back for more (read to the end), as
                 # httpcore does: a reader that stops at its last event closes the response
                 # instead, and the connection closes with it.
-                self._finish()
+                self._finish(conn.h11.our_state is h11.DONE
+                             and conn.h11.their_state is h11.DONE)
                 return
             conn.h11.receive_data(await _read(conn, self._timeout, request))
 
-    def _finish(self) -> None:
+    def _finish(self, reusable: bool) -> None:
         if not self._done:
             self._done = True
+            if not reusable:
+                self._conn.close()
             self._transport._release(self._key, self._conn)
 
     async def aclose(self) -> None:
@@ -224,6 +234,50 @@ class _Body(httpx.AsyncByteStream):
             self._done = True
             self._conn.close()
             self._transport._release(self._key, self._conn)
+
+
+class _ChunkedBody(_Body):
+    """A chunked body (every streamed upstream answer), decoded by :mod:`.chunked`."""
+
+    def __init__(self, *args: Any, start: bytes, keep_alive: bool) -> None:
+        super().__init__(*args)
+        self._start, self._keep_alive = start, keep_alive
+        self._decoder = ChunkedDecoder()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn, request, decoder = self._conn, self._request, self._decoder
+        data, self._start = self._start, b""
+        while True:
+            if data:
+                try:
+                    out = decoder.feed(data)
+                except ChunkedError as exc:
+                    conn.close()
+                    raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+                if out:
+                    yield out
+                if decoder.done:  # the reader came back: pooled (see _Body)
+                    self._finish(self._keep_alive and not decoder.extra)
+                    return
+            data = await _read(conn, self._timeout, request)
+            if not data:
+                conn.close()
+                raise httpx.RemoteProtocolError("peer closed connection without sending "
+                                                "complete message body: incomplete chunked "
+                                                "read", request=request)
+
+
+def _chunked(request: httpx.Request, response: h11.Response) -> bool:
+    """Whether h11 would read this response's body as chunked (RFC 9112 §6.3)."""
+    if request.method == "HEAD" or response.status_code in (204, 304):
+        return False
+    coding = next((v for k, v in response.headers if k == b"transfer-encoding"), b"")
+    return coding.lower() == b"chunked"
+
+
+def _keep_alive(response: h11.Response) -> bool:
+    connection = b",".join(v for k, v in response.headers if k == b"connection").lower()
+    return response.http_version == b"1.1" and b"close" not in connection
 
 
 def _next_event(conn: _Connection, request: httpx.Request) -> Any:
@@ -323,6 +377,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
     async def _exchange(self, key: _Key, conn: _Connection, request: httpx.Request,
                         timeouts: dict[str, float | None]) -> httpx.Response:
         body = await request.aread()
+        conn.h11 = _new_h11()
         target = request.url.raw_path
         head = h11.Request(method=request.method, target=target,
                            headers=list(request.headers.raw))
@@ -349,7 +404,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 break
             elif type(event) is not h11.InformationalResponse:  # a 1xx: the answer follows
                 raise _unexpected(conn, event, request)
-        stream = _Body(self, key, conn, request, read_timeout)
+        if _chunked(request, event):
+            stream: _Body = _ChunkedBody(self, key, conn, request, read_timeout,
+                                         start=conn.h11.trailing_data[0],
+                                         keep_alive=_keep_alive(event))
+        else:
+            stream = _Body(self, key, conn, request, read_timeout)
         return httpx.Response(event.status_code, headers=event.headers, stream=stream,
                               extensions={"http_version": b"HTTP/1.1",
                                           "reason_phrase": event.reason})
@@ -361,8 +421,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if conn.closed:
             self._open.discard(conn)
             return
-        if conn.h11.our_state is h11.DONE and conn.h11.their_state is h11.DONE:
-            conn.h11.start_next_cycle()
         if self._closed or not conn.reusable:
             conn.close()
             self._open.discard(conn)
