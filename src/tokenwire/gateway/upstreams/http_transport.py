@@ -5,8 +5,9 @@ a streamed upstream body goes through httpcore's pool and connection objects and
 stream and cancel scope (one ``fail_after`` per read); at one stream that was 45 % of the
 gateway's busy CPU samples. This transport keeps httpx's client (headers, timeouts as
 configured, its exceptions, content decoding, ``MockTransport`` injection in tests) and
-replaces only the layer below it: an :class:`asyncio.Protocol` per connection, h11 for the
-HTTP/1.1 framing (the same parser httpcore uses), and a keep-alive pool.
+replaces only the layer below it: an :class:`asyncio.Protocol` per connection, h11 (the
+parser httpcore uses) for the request and the response head, :mod:`.chunked` for chunked
+bodies (every streamed answer), and a keep-alive pool.
 
 What it keeps from httpcore's behaviour, so the adapters and their failure mapping
 (:mod:`.failures`) see the same thing:
