@@ -23,6 +23,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from bench import bench_upstreams as bu
 
 FORMATS = ((None, {}, "chat SSE"), ("msgpack", {"Codec-Client-Version": "0.5"}, "Codec msgpack"))
@@ -57,8 +59,15 @@ def main() -> int:
                 tw = _start(tree, up_port, port)
                 try:
                     for fmt, headers, label in FORMATS:
-                        for row in bu._measure(f"{name} ({label})", f"http://127.0.0.1:{port}",
-                                               tw.pid, fmt, headers, up.pid):
+                        try:
+                            rows = bu._measure(f"{name} ({label})", f"http://127.0.0.1:{port}",
+                                               tw.pid, fmt, headers, up.pid)
+                        except httpx.HTTPError as exc:  # a lost phase, not a lost run
+                            print(json.dumps({"round": rnd, "target": name, "format": label,
+                                              "failed": f"{type(exc).__name__}: {exc}",
+                                              "alive": tw.poll() is None}), flush=True)
+                            continue
+                        for row in rows:
                             row.update(round=rnd, load=round(os.getloadavg()[0], 1))
                             print(json.dumps(row), flush=True)
                             key = (name, label, row["concurrency"])

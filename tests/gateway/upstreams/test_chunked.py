@@ -33,14 +33,19 @@ def test_any_cut_of_the_bytes_decodes_as_h11_does(step: int) -> None:
     dec, out = ChunkedDecoder(), b""
     for i in range(0, len(BODY), step):
         assert not dec.done
-        out += dec.feed(BODY[i:i + step])
+        out += b"".join(dec.feed(BODY[i:i + step]))
     assert dec.done and dec.extra == b""
     assert out == _h11_body(BODY) == FIRST + b"hello0123456789"
 
 
+def test_each_chunk_is_its_own_piece() -> None:
+    """A reader that fails on one chunk (a malformed frame) has had every chunk before it."""
+    assert ChunkedDecoder().feed(b"2\r\nab\r\n3\r\ncde\r\n1\r\n") == [b"ab", b"cde"]
+
+
 def test_bytes_after_the_end_are_kept_apart() -> None:
     dec = ChunkedDecoder()
-    assert dec.feed(b"2\r\nok\r\n0\r\n\r\nHTTP/1.1") == b"ok"
+    assert dec.feed(b"2\r\nok\r\n0\r\n\r\nHTTP/1.1") == [b"ok"]
     assert dec.done and dec.extra == b"HTTP/1.1"
 
 

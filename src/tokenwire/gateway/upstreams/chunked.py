@@ -30,8 +30,9 @@ class ChunkedError(ValueError):
 
 
 class ChunkedDecoder:
-    """Feed the bytes after the head; get the body's bytes back; :attr:`done` once the last
-    chunk and the trailer section have arrived. Bytes after the end are kept in
+    """Feed the bytes after the head; get the body's bytes back, one piece per chunk (as h11
+    gives them: a reader that fails on one chunk has had every chunk before it); :attr:`done`
+    once the last chunk and the trailer section have arrived. Bytes after the end are kept in
     :attr:`extra` (the connection then cannot carry another response)."""
 
     def __init__(self) -> None:
@@ -45,10 +46,10 @@ class ChunkedDecoder:
     def done(self) -> bool:
         return self._state == _DONE
 
-    def feed(self, data: bytes) -> bytes:
+    def feed(self, data: bytes) -> list[bytes]:
         if self._state == _DONE:
             self.extra += data
-            return b""
+            return []
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         pos, end = 0, len(buf)
@@ -88,7 +89,7 @@ class ChunkedDecoder:
                 self.extra += buf[pos:]
                 pos = end
         self._buf = buf[pos:]
-        return out[0] if len(out) == 1 else b"".join(out)
+        return out
 
     def _line_end(self, buf: bytes, pos: int) -> int:
         line_end = buf.find(b"\r\n", pos)

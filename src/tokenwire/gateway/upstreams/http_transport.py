@@ -186,8 +186,8 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 class _Body(httpx.AsyncByteStream):
-    """A response body read off its connection; every ``Data`` already received is yielded
-    as one piece (an SSE decoder downstream cuts events itself)."""
+    """A response body read off its connection, one piece per h11 ``Data`` (per chunk, as
+    httpcore yields them: a frame decoder that fails on one chunk has had those before)."""
 
     def __init__(self, transport: LeanTransport, key: _Key, conn: _Connection,
                  request: httpx.Request, read_timeout: float | None) -> None:
@@ -198,28 +198,20 @@ class _Body(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         conn, request = self._conn, self._request
         while True:
-            parts: list[bytes] = []
-            ended = False
             event = _next_event(conn, request)
-            while event is not h11.NEED_DATA:
-                if type(event) is h11.Data:
-                    parts.append(event.data)  # type: ignore[attr-defined]
-                elif type(event) is h11.EndOfMessage:
-                    ended = True
-                    break
-                else:  # nothing else can come before the end of a response body
-                    raise _unexpected(conn, event, request)
-                event = _next_event(conn, request)
-            if parts:
-                yield b"".join(parts) if len(parts) != 1 else bytes(parts[0])
-            if ended:
+            if event is h11.NEED_DATA:
+                conn.h11.receive_data(await _read(conn, self._timeout, request))
+            elif type(event) is h11.Data:
+                yield bytes(event.data)  # type: ignore[attr-defined]
+            elif type(event) is h11.EndOfMessage:
                 # Pooled only once the reader came back for more (read to the end), as
                 # httpcore does: a reader that stops at its last event closes the response
                 # instead, and the connection closes with it.
                 self._finish(conn.h11.our_state is h11.DONE
                              and conn.h11.their_state is h11.DONE)
                 return
-            conn.h11.receive_data(await _read(conn, self._timeout, request))
+            else:  # nothing else can come before the end of a response body
+                raise _unexpected(conn, event, request)
 
     def _finish(self, reusable: bool) -> None:
         if not self._done:
@@ -251,12 +243,12 @@ class _ChunkedBody(_Body):
         while True:
             if data:
                 try:
-                    out = decoder.feed(data)
+                    pieces = decoder.feed(data)
                 except ChunkedError as exc:
                     conn.close()
                     raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-                if out:
-                    yield out
+                for piece in pieces:
+                    yield piece
                 if decoder.done:  # the reader came back: pooled (see _Body)
                     self._finish(self._keep_alive and not decoder.extra)
                     return
