@@ -254,6 +254,26 @@ def test_curl_http2_prior_knowledge_drives_a_codec_stream(served, zdict) -> None
     assert [i for f in frames for i in f.ids] == IDS and frames[-1].done
 
 
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_curl_http2_over_http_gets_http11_its_upgrade_ignored(h2c) -> None:
+    """``curl --http2`` on an http:// URL asks for ``Upgrade: h2c`` (RFC 7540 §3.2, which
+    RFC 9113 §3.1 deprecated); the gateway does not upgrade (README "HTTP/2"), so curl goes
+    on in HTTP/1.1: a whole stream, then a second request on the same connection."""
+    url = h2c.url + "/v1/chat/completions"
+    result = subprocess.run(
+        ["curl", "--silent", "--show-error", "--verbose", "--http2", "--max-time", "60",
+         "-H", "content-type: application/json", "-H", f"authorization: Bearer {KEY}",
+         "--data", json.dumps(CHAT), url, "--next", "--http2",
+         "-H", f"authorization: Bearer {KEY}", h2c.url + "/v1/models"],
+        capture_output=True, timeout=WAIT_S, check=True, text=True)
+    assert "> Upgrade: h2c" in result.stderr  # curl did ask
+    assert "< HTTP/1.1 200" in result.stderr and "< HTTP/2" not in result.stderr
+    assert "Re-using existing connection" in result.stderr  # the answer kept it usable
+    chat, _, models = result.stdout.partition("data: [DONE]")
+    assert _sse_text(chat) == "".join(f" t{i}" for i in IDS)
+    assert json.loads(models)["data"][0]["id"] == "scripted"
+
+
 # -- many streams on one connection, and a reset ----------------------------------------------
 
 

@@ -82,6 +82,7 @@ from tokenwire.gateway.upstreams.codec_native_wire import (
     classify_exception,
     classify_http,
 )
+from tokenwire.gateway.upstreams.http_transport import upstream_transport
 
 __all__ = ["MAX_MODELS_BODY", "STREAM_QUEUE_DEPTH", "CodecNativeUpstream", "CodecOptions"]
 
@@ -286,10 +287,11 @@ class CodecNativeUpstream:
             if not api_key:
                 raise ConfigError(f"upstream {config.name!r}: environment variable "
                                   f"{config.api_key_env} is not set")
+        most = config.max_concurrent + _SPARE_CONNECTIONS
         http = httpx.AsyncClient(
-            transport=transport,
+            transport=transport or upstream_transport(most),
             timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(max_connections=config.max_concurrent + _SPARE_CONNECTIONS),
+            limits=httpx.Limits(max_connections=most),
             headers=dict(config.headers),
         )
         return cls(config, opts, http, maps or {}, api_key)

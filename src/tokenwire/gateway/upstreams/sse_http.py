@@ -34,6 +34,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 from tokenwire.gateway.upstreams.failures import MALFORMED, failure_from_exception, read_capped
+from tokenwire.gateway.upstreams.http_transport import upstream_transport
 from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
 
 __all__ = [
@@ -216,9 +217,10 @@ def api_key_from_env(config: UpstreamConfig) -> str | None:
 def http_client(config: UpstreamConfig, headers: dict[str, str],
                 transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
     timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
-    limits = httpx.Limits(max_connections=config.max_concurrent + 1)  # + 1 for probes
+    most = config.max_concurrent + 1  # + 1 for probes
     return httpx.AsyncClient(headers={**headers, **dict(config.headers)}, timeout=timeout,
-                             limits=limits, transport=transport)
+                             limits=httpx.Limits(max_connections=most),
+                             transport=transport or upstream_transport(most))
 
 
 

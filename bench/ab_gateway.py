@@ -1,0 +1,88 @@
+"""A/B: two source trees of tokenwire, taking turns in front of one scripted upstream.
+
+``bench_upstreams`` measures one tree against its peers; a change to the hot path needs the
+tree before and after it in the same run, because this machine's load moves absolute CPU
+figures by 2x between runs (BENCHMARKS.md). Each round starts ``tokenwire serve`` from
+tree A, measures it, stops it, then the same for tree B (same upstream, same clients, the
+phases and ratios of :mod:`bench.bench_upstreams`), so both see the same load.
+
+    PYTHONPATH=src .venv/bin/python -m bench.ab_gateway --a /tmp/before/src --b src --rounds 3
+
+Prints one JSON row per (round, tree, format, concurrency) and the medians of
+``cpu_x_upstream`` per tree at the end. To get a tree of an older commit:
+``git archive <commit> src | tar -x -C /tmp/before``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from bench import bench_upstreams as bu
+
+FORMATS = ((None, {}, "chat SSE"), ("msgpack", {"Codec-Client-Version": "0.5"}, "Codec msgpack"))
+
+
+def _start(tree: str, up_port: int, port: int) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
+    most = str(max(c for c, _ in bu.LOADS))
+    argv = [sys.executable, "-m", "tokenwire.cli.main", "serve", "--upstream",
+            f"http://127.0.0.1:{up_port}/v1", "--upstream-max-concurrent", most,
+            "--max-concurrent", most, "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    bu._wait_http(f"http://127.0.0.1:{port}/health", proc, 60)
+    return proc
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", required=True, help="the 'before' tree (holds tokenwire/)")
+    parser.add_argument("--b", required=True, help="the 'after' tree")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    up_port = bu._free_port()
+    up = subprocess.Popen([sys.executable, bu.__file__, "--serve-upstream", str(up_port)])
+    ratios: dict[tuple[str, str, int], list[float]] = {}
+    try:
+        bu._wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 30)
+        for rnd in range(args.rounds):
+            for name, tree in (("A", args.a), ("B", args.b)):
+                port = bu._free_port()
+                tw = _start(tree, up_port, port)
+                try:
+                    for fmt, headers, label in FORMATS:
+                        try:
+                            rows = bu._measure(f"{name} ({label})", f"http://127.0.0.1:{port}",
+                                               tw.pid, fmt, headers, up.pid)
+                        except httpx.HTTPError as exc:  # a lost phase, not a lost run
+                            print(json.dumps({"round": rnd, "target": name, "format": label,
+                                              "failed": f"{type(exc).__name__}: {exc}",
+                                              "alive": tw.poll() is None}), flush=True)
+                            continue
+                        for row in rows:
+                            row.update(round=rnd, load=round(os.getloadavg()[0], 1))
+                            print(json.dumps(row), flush=True)
+                            key = (name, label, row["concurrency"])
+                            ratios.setdefault(key, []).append(row["cpu_x_upstream"])
+                finally:
+                    tw.terminate()
+                    tw.wait(15)
+    finally:
+        up.terminate()
+        up.wait(15)
+    for (name, label, conc), values in sorted(ratios.items()):
+        print(f"{name} {label:14} {conc:3} streams: cpu_x_upstream median "
+              f"{statistics.median(values):.2f} of {values}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,430 @@
+"""A lean HTTP/1.1 transport for httpx, for the upstream side of streamed generations.
+
+Why (BENCHMARKS.md, "The hot path (issue 15)"): under httpx's default transport, each read of
+a streamed upstream body goes through httpcore's pool and connection objects and anyio's
+stream and cancel scope (one ``fail_after`` per read); at one stream that was 45 % of the
+gateway's busy CPU samples. This transport keeps httpx's client (headers, timeouts as
+configured, its exceptions, content decoding, ``MockTransport`` injection in tests) and
+replaces only the layer below it: an :class:`asyncio.Protocol` per connection, h11 (the
+parser httpcore uses) for the request and the response head, :mod:`.chunked` for chunked
+bodies (every streamed answer), and a keep-alive pool.
+
+What it keeps from httpcore's behaviour, so the adapters and their failure mapping
+(:mod:`.failures`) see the same thing:
+
+* the four httpx timeouts: connect (``ConnectTimeout``), read, per wait for body bytes
+  (``ReadTimeout``), write, while the socket's send buffer is full (``WriteTimeout``), and
+  pool, while every allowed connection is busy (``PoolTimeout``);
+* connect failures as ``ConnectError`` chained to the ``OSError`` / ``ssl.SSLError``, so
+  :func:`~.failures.connection_fault` names the cause;
+* a response closed before its end (the stream's task cancelled, a terminal event read)
+  closes its connection, so the upstream sees the disconnect and stops generating; a
+  complete one goes back to the pool (idle at most :data:`KEEPALIVE_EXPIRY_S`);
+* back-pressure: reading pauses while :data:`MAX_BUFFERED_BYTES` wait unread;
+* TLS with httpx's own default context (certifi, ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``).
+
+Proxies: httpx reads ``HTTP(S)_PROXY`` only for its own transport, so
+:func:`upstream_transport` returns ``None`` (httpx's default) when the environment names a
+proxy. HTTP/2 to upstreams is not offered by either (httpx's ``http2`` is off here).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import AsyncIterator
+from typing import Any
+
+import h11
+import httpx
+
+from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
+
+__all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanTransport",
+           "upstream_transport"]
+
+#: An idle pooled connection is dropped after this long: httpx's default expiry, kept so the
+#: change of transport changes nothing an upstream's own keep-alive timeout was tuned for.
+KEEPALIVE_EXPIRY_S = 5.0
+#: Unread bytes from one upstream before its socket stops being read (back-pressure: the
+#: stream's event queue is full because the client is slow).
+MAX_BUFFERED_BYTES = 256 * 1024
+#: A response head (status line + headers) larger than this is a protocol error; httpcore's
+#: limit, so an upstream that worked before still works.
+MAX_HEAD_BYTES = 100 * 1024
+
+_Key = tuple[str, str, int]
+
+
+def upstream_transport(max_connections: int) -> LeanTransport | None:
+    """The transport an upstream's client uses: this one, unless the environment names a
+    proxy (then ``None``: httpx's own transport, which is where httpx applies proxies)."""
+    if any(k in ("http", "https", "all") for k in urllib.request.getproxies()):
+        return None
+    return LeanTransport(max_connections=max_connections)
+
+
+class _Connection(asyncio.Protocol):
+    """One socket: buffered reads with a deadline, writes that wait while paused."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self.h11 = _new_h11()  # one per request: a body the chunked decoder read leaves
+        # h11 mid-message, so each exchange starts a fresh one (HTTP/1.1 keeps no state
+        # between exchanges on a connection)
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._eof = False
+        self._lost: BaseException | None = None
+        self.closed = False
+        self._reading_paused = False
+        self._writable = True
+        self._waiter: asyncio.Future[None] | None = None
+        self.idle_since = 0.0
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > MAX_BUFFERED_BYTES and not self._reading_paused:
+            self._reading_paused = True
+            self.transport.pause_reading()  # type: ignore[union-attr]
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        # Kept half-open (as anyio's protocol does): the connection is closed by whoever
+        # reads the EOF or finds it in the pool, never from inside the loop's callback,
+        # which may run while the loop is closing (uvloop then fails "Event loop is closed").
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._lost = exc
+        self._writable = True
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._writable = False
+
+    def resume_writing(self) -> None:
+        self._writable = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- what the transport calls ---------------------------------------------------------
+
+    @property
+    def reusable(self) -> bool:
+        """Open and nothing unexpected arrived: safe for the next request."""
+        return not self.closed and not self._eof and not self._chunks
+
+    def take_buffered(self) -> bytes:
+        data = b"".join(self._chunks) if len(self._chunks) != 1 else self._chunks[0]
+        self._chunks.clear()
+        self._buffered = 0
+        if self._reading_paused:
+            self._reading_paused = False
+            self.transport.resume_reading()  # type: ignore[union-attr]
+        return data
+
+    async def read(self, timeout: float | None) -> bytes:
+        """What arrived, waiting at most ``timeout`` for something; ``b""`` at EOF."""
+        while not self._chunks:
+            if self._eof or self.closed:
+                if self._lost is not None:
+                    raise self._lost
+                return b""
+            await self._wait(timeout)
+        return self.take_buffered()
+
+    async def write(self, data: bytes, timeout: float | None) -> None:
+        if self.closed:
+            raise ConnectionResetError("the upstream closed the connection")
+        self.transport.write(data)  # type: ignore[union-attr]
+        while not self._writable and not self.closed:
+            await self._wait(timeout)
+
+    async def _wait(self, timeout: float | None) -> None:
+        # One future and (with a timeout) one timer per wait: the cost httpcore + anyio paid
+        # as a cancel scope, a task-group check and a stream wrapper per read.
+        waiter = self._waiter = self._loop.create_future()
+        if timeout is None:
+            await waiter
+            return
+        timer = self._loop.call_later(timeout, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+
+
+def _new_h11() -> h11.Connection:
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+class _Body(httpx.AsyncByteStream):
+    """A response body read off its connection, one piece per h11 ``Data`` (per chunk, as
+    httpcore yields them: a frame decoder that fails on one chunk has had those before)."""
+
+    def __init__(self, transport: LeanTransport, key: _Key, conn: _Connection,
+                 request: httpx.Request, read_timeout: float | None) -> None:
+        self._transport, self._key, self._conn = transport, key, conn
+        self._request, self._timeout = request, read_timeout
+        self._done = False  # the connection went back to the pool or was closed
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn, request = self._conn, self._request
+        while True:
+            event = _next_event(conn, request)
+            if event is h11.NEED_DATA:
+                conn.h11.receive_data(await _read(conn, self._timeout, request))
+            elif type(event) is h11.Data:
+                yield bytes(event.data)  # type: ignore[attr-defined]
+            elif type(event) is h11.EndOfMessage:
+                # Pooled only once the reader came back for more (read to the end), as
+                # httpcore does: a reader that stops at its last event closes the response
+                # instead, and the connection closes with it.
+                self._finish(conn.h11.our_state is h11.DONE
+                             and conn.h11.their_state is h11.DONE)
+                return
+            else:  # nothing else can come before the end of a response body
+                raise _unexpected(conn, event, request)
+
+    def _finish(self, reusable: bool) -> None:
+        if not self._done:
+            self._done = True
+            if not reusable:
+                self._conn.close()
+            self._transport._release(self._key, self._conn)
+
+    async def aclose(self) -> None:
+        if not self._done:
+            # Closed before its end: the connection carries the rest of an answer nobody
+            # will read, so it closes (and the upstream sees the disconnect).
+            self._done = True
+            self._conn.close()
+            self._transport._release(self._key, self._conn)
+
+
+class _ChunkedBody(_Body):
+    """A chunked body (every streamed upstream answer), decoded by :mod:`.chunked`."""
+
+    def __init__(self, *args: Any, start: bytes, keep_alive: bool) -> None:
+        super().__init__(*args)
+        self._start, self._keep_alive = start, keep_alive
+        self._decoder = ChunkedDecoder()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        conn, request, decoder = self._conn, self._request, self._decoder
+        data, self._start = self._start, b""
+        while True:
+            if data:
+                try:
+                    pieces = decoder.feed(data)
+                except ChunkedError as exc:
+                    conn.close()
+                    raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+                for piece in pieces:
+                    yield piece
+                if decoder.done:  # the reader came back: pooled (see _Body)
+                    self._finish(self._keep_alive and not decoder.extra)
+                    return
+            data = await _read(conn, self._timeout, request)
+            if not data:
+                conn.close()
+                raise httpx.RemoteProtocolError("peer closed connection without sending "
+                                                "complete message body: incomplete chunked "
+                                                "read", request=request)
+
+
+def _chunked(request: httpx.Request, response: h11.Response) -> bool:
+    """Whether h11 would read this response's body as chunked (RFC 9112 §6.3)."""
+    if request.method == "HEAD" or response.status_code in (204, 304):
+        return False
+    coding = next((v for k, v in response.headers if k == b"transfer-encoding"), b"")
+    return coding.lower() == b"chunked"
+
+
+def _keep_alive(response: h11.Response) -> bool:
+    connection = b",".join(v for k, v in response.headers if k == b"connection").lower()
+    return response.http_version == b"1.1" and b"close" not in connection
+
+
+def _next_event(conn: _Connection, request: httpx.Request) -> Any:
+    try:
+        return conn.h11.next_event()
+    except h11.RemoteProtocolError as exc:
+        conn.close()
+        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
+
+
+def _unexpected(conn: _Connection, event: object, request: httpx.Request) -> Exception:
+    conn.close()
+    return httpx.RemoteProtocolError(f"unexpected {type(event).__name__} from the upstream",
+                                     request=request)
+
+
+async def _read(conn: _Connection, timeout: float | None, request: httpx.Request) -> bytes:
+    try:
+        return await conn.read(timeout)
+    except TimeoutError as exc:
+        conn.close()
+        raise httpx.ReadTimeout("timed out waiting for the upstream", request=request) from exc
+    except OSError as exc:
+        conn.close()
+        raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
+
+
+class LeanTransport(httpx.AsyncBaseTransport):
+    """HTTP/1.1 over a keep-alive pool: at most ``max_connections`` requests in flight (a
+    request waits up to the pool timeout for a free one), idle connections reused."""
+
+    def __init__(self, *, max_connections: int,
+                 keepalive_expiry: float = KEEPALIVE_EXPIRY_S) -> None:
+        self._max = max_connections
+        self._expiry = keepalive_expiry
+        self._idle: dict[_Key, list[_Connection]] = {}
+        self._open: set[_Connection] = set()  # every connection not yet closed: aclose ends all
+        self._slots: asyncio.Semaphore | None = None  # made on the loop that uses it
+        self._ssl: Any = None
+        self._closed = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self._closed:
+            raise RuntimeError("the transport is closed")
+        timeouts = request.extensions.get("timeout", {})
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._max)
+        slots = self._slots
+        try:
+            async with asyncio.timeout(timeouts.get("pool")):
+                await slots.acquire()
+        except TimeoutError as exc:
+            raise httpx.PoolTimeout("no free upstream connection", request=request) from exc
+        key = (request.url.scheme, request.url.host, request.url.port
+               or (443 if request.url.scheme == "https" else 80))
+        conn: _Connection | None = None
+        try:
+            conn = self._reuse(key) or await self._connect(key, request, timeouts)
+            return await self._exchange(key, conn, request, timeouts)
+        except BaseException:
+            if conn is not None:
+                conn.close()
+                self._open.discard(conn)
+            slots.release()
+            raise
+
+    def _reuse(self, key: _Key) -> _Connection | None:
+        idle, now = self._idle.get(key), time.monotonic()
+        while idle:
+            conn = idle.pop()
+            if conn.reusable and now - conn.idle_since < self._expiry:
+                return conn
+            conn.close()
+            self._open.discard(conn)
+        return None
+
+    async def _connect(self, key: _Key, request: httpx.Request,
+                       timeouts: dict[str, float | None]) -> _Connection:
+        scheme, host, port = key
+        loop = asyncio.get_running_loop()
+        tls: dict[str, Any] = {}
+        if scheme == "https":
+            self._ssl = self._ssl or httpx.create_ssl_context()
+            tls = {"ssl": self._ssl, "server_hostname": host}
+        try:
+            async with asyncio.timeout(timeouts.get("connect")):
+                _, conn = await loop.create_connection(lambda: _Connection(loop), host, port,
+                                                       **tls)
+        except TimeoutError as exc:
+            raise httpx.ConnectTimeout(f"connecting to {host}:{port} timed out",
+                                       request=request) from exc
+        except OSError as exc:  # refused, DNS, TLS (ssl.SSLError is an OSError)
+            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+        self._open.add(conn)
+        return conn
+
+    async def _exchange(self, key: _Key, conn: _Connection, request: httpx.Request,
+                        timeouts: dict[str, float | None]) -> httpx.Response:
+        body = await request.aread()
+        conn.h11 = _new_h11()
+        target = request.url.raw_path
+        head = h11.Request(method=request.method, target=target,
+                           headers=list(request.headers.raw))
+        data = conn.h11.send(head) + (conn.h11.send(h11.Data(data=body)) if body else b"")
+        data += conn.h11.send(h11.EndOfMessage())
+        try:
+            await conn.write(data, timeouts.get("write"))
+        except TimeoutError as exc:
+            raise httpx.WriteTimeout("timed out sending to the upstream",
+                                     request=request) from exc
+        except OSError as exc:
+            raise httpx.WriteError(str(exc) or type(exc).__name__, request=request) from exc
+        read_timeout = timeouts.get("read")
+        while True:
+            event = _next_event(conn, request)
+            if event is h11.NEED_DATA:
+                data = await _read(conn, read_timeout, request)
+                if not data and conn.h11.their_state is h11.SEND_RESPONSE:
+                    # httpcore's wording and class for an upstream that hung up unanswered.
+                    raise httpx.RemoteProtocolError("Server disconnected without sending a "
+                                                    "response.", request=request)
+                conn.h11.receive_data(data)
+            elif type(event) is h11.Response:
+                break
+            elif type(event) is not h11.InformationalResponse:  # a 1xx: the answer follows
+                raise _unexpected(conn, event, request)
+        if _chunked(request, event):
+            stream: _Body = _ChunkedBody(self, key, conn, request, read_timeout,
+                                         start=conn.h11.trailing_data[0],
+                                         keep_alive=_keep_alive(event))
+        else:
+            stream = _Body(self, key, conn, request, read_timeout)
+        return httpx.Response(event.status_code, headers=event.headers, stream=stream,
+                              extensions={"http_version": b"HTTP/1.1",
+                                          "reason_phrase": event.reason})
+
+    def _release(self, key: _Key, conn: _Connection) -> None:
+        """A request's connection is done: pooled when it can carry another, else closed."""
+        if self._slots is not None:
+            self._slots.release()
+        if conn.closed:
+            self._open.discard(conn)
+            return
+        if self._closed or not conn.reusable:
+            conn.close()
+            self._open.discard(conn)
+            return
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(key, []).append(conn)
+
+    async def aclose(self) -> None:
+        # Like httpcore's pool: every connection, those still streaming a body too.
+        self._closed = True
+        for conn in self._open:
+            conn.close()
+        self._open.clear()
+        self._idle.clear()

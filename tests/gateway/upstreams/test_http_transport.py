@@ -1,0 +1,301 @@
+"""The lean upstream transport (gateway/upstreams/http_transport.py) against raw sockets.
+
+Each test's server is a plain asyncio server that writes exact bytes, so framing, early
+closes and stalls are the test's own preconditions. What is checked is what the adapters
+and :mod:`~tokenwire.gateway.upstreams.failures` rely on: the same httpx exceptions (and
+causes) as httpx's own transport, connection reuse, a closed response closing its
+connection, the pool limit, TLS, and the proxy fallback. Timeouts here are the behaviour
+under test (a server that never answers) or safety nets, never a measured time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from tokenwire.gateway.upstreams.failures import connection_fault, failure_from_exception
+from tokenwire.gateway.upstreams.http_transport import LeanTransport, upstream_transport
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                b"transfer-encoding: chunked\r\n\r\n")
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+class Server:
+    """Counts accepted connections and the requests read on them."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler, self.accepts, self.eofs = handler, 0, 0
+        self.closed = asyncio.Event()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepts += 1
+        try:
+            await self.handler(reader, writer)
+        finally:
+            writer.close()
+
+    async def start(self, tls: ssl.SSLContext | None = None) -> str:
+        self._srv = await asyncio.start_server(self._serve, "127.0.0.1", 0, ssl=tls)
+        port = self._srv.sockets[0].getsockname()[1]
+        return f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+
+    async def stop(self) -> None:
+        self._srv.close()
+        await self._srv.wait_closed()
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return head + (await reader.readexactly(length) if length else b"")
+
+
+def _run(main: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(main(), 30))  # the safety net, not a measurement
+
+
+def _client(**limits) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=LeanTransport(max_connections=limits.get("n", 4)),
+                             timeout=httpx.Timeout(limits.get("read", 10.0), connect=5.0,
+                                                   pool=limits.get("pool", 10.0)))
+
+
+def test_a_streamed_body_arrives_whole_and_its_connection_is_reused() -> None:
+    async def handler(reader, writer):
+        for _ in range(3):  # three requests on one connection
+            request = await _read_request(reader)
+            assert request.startswith(b"POST /v1/chat HTTP/1.1\r\n")
+            assert request.endswith(b'{"n":1}')
+            writer.write(CHUNKED_HEAD)
+            for word in (b"data: a\n\n", b"data: b\n\n", b"data: [DONE]\n\n"):
+                writer.write(_chunk(word))
+                await writer.drain()
+            writer.write(b"0\r\n\r\n")
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        async with _client() as client:
+            for _ in range(3):
+                async with client.stream("POST", url + "/v1/chat", json={"n": 1}) as resp:
+                    assert resp.status_code == 200
+                    assert resp.headers["content-type"] == "text/event-stream"
+                    body = b"".join([c async for c in resp.aiter_bytes()])
+                assert body == b"data: a\n\ndata: b\n\ndata: [DONE]\n\n"
+        await server.stop()
+        assert server.accepts == 1
+
+    _run(main)
+
+
+def test_a_response_closed_before_its_end_closes_its_connection() -> None:
+    """The stream's task cancelled (a client went away): the upstream sees the disconnect."""
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + _chunk(b"data: a\n\n"))
+        await writer.drain()
+        assert await reader.read(1) == b""  # EOF: the gateway hung up
+        server.closed.set()
+
+    async def main():
+        nonlocal server
+        server = Server(handler)
+        url = await server.start()
+        async with _client() as client:
+            async with client.stream("POST", url, json={}) as resp:
+                async for chunk in resp.aiter_bytes():
+                    assert chunk == b"data: a\n\n"
+                    break
+            await server.closed.wait()
+            async with client.stream("POST", url, json={}) as resp:  # a new connection
+                async for _ in resp.aiter_bytes():
+                    break
+        await server.stop()
+        assert server.accepts == 2
+
+    server: Server
+    _run(main)
+
+
+def test_a_cancelled_read_closes_the_connection() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        await writer.drain()
+        assert await reader.read(1) == b""
+        server.closed.set()
+
+    async def main():
+        nonlocal server
+        server = Server(handler)
+        url = await server.start()
+        async with _client() as client:
+            started = asyncio.Event()
+
+            async def read():
+                async with client.stream("POST", url, json={}) as resp:
+                    started.set()
+                    await resp.aread()
+
+            task = asyncio.create_task(read())
+            await started.wait()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await server.closed.wait()
+        await server.stop()
+
+    server: Server
+    _run(main)
+
+
+def test_a_stalled_body_is_a_read_timeout() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + _chunk(b"data: a\n\n"))
+        await writer.drain()
+        await reader.read(1)  # never answers more; returns when the gateway gives up
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        async with _client(read=0.2) as client:
+            with pytest.raises(httpx.ReadTimeout) as info:
+                async with client.stream("POST", url, json={}) as resp:
+                    async for _ in resp.aiter_bytes():
+                        pass
+        await server.stop()
+        assert failure_from_exception(info.value, started=True).code == "read_timeout"
+
+    _run(main)
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (b"", "Server disconnected without sending a response."),
+    (CHUNKED_HEAD + _chunk(b"data: a\n\n"), "incomplete chunked read"),
+    (b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n", "illegal header line"),
+])
+def test_a_broken_answer_is_a_remote_protocol_error(answer: bytes, message: str) -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        async with _client() as client:
+            with pytest.raises(httpx.RemoteProtocolError, match=message):
+                async with client.stream("POST", url, json={}) as resp:
+                    async for _ in resp.aiter_bytes():
+                        pass
+        await server.stop()
+
+    _run(main)
+
+
+def test_a_refused_connect_is_a_connect_error_naming_its_cause() -> None:
+    async def main():
+        server = Server(_read_request)
+        url = await server.start()
+        await server.stop()  # the port is free again: nothing listens
+        async with _client() as client:
+            with pytest.raises(httpx.ConnectError) as info:
+                await client.get(url)
+        assert connection_fault(info.value) == "connection_refused"
+        assert failure_from_exception(info.value, started=False).failure_class.value == \
+            "connection"
+
+    _run(main)
+
+
+def test_a_request_waits_for_a_free_connection_then_times_out() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        await writer.drain()
+        await reader.read(1)
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        async with _client(n=1, pool=0.2) as client:
+            async with client.stream("POST", url, json={}):
+                with pytest.raises(httpx.PoolTimeout):
+                    await client.get(url)
+        await server.stop()
+
+    _run(main)
+
+
+def test_closing_the_client_closes_a_connection_still_streaming() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + _chunk(b"data: a\n\n"))
+        await writer.drain()
+        assert await reader.read(1) == b""
+        server.closed.set()
+
+    async def main():
+        nonlocal server
+        server = Server(handler)
+        url = await server.start()
+        client = _client()
+        resp = await client.send(client.build_request("POST", url, json={}), stream=True)
+        assert resp.status_code == 200
+        await client.aclose()
+        await server.closed.wait()
+        await server.stop()
+
+    server: Server
+    _run(main)
+
+
+def test_tls_upstreams_are_verified_with_httpx_default_trust(tmp_path, monkeypatch) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(ca_file)
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async def main(expect_ok: bool):
+        server = Server(handler)
+        url = await server.start(tls=server_ctx)
+        async with _client() as client:
+            if expect_ok:
+                assert (await client.get(url)).text == "ok"
+            else:
+                with pytest.raises(httpx.ConnectError) as info:
+                    await client.get(url)
+                assert connection_fault(info.value) == "certificate_error"
+        await server.stop()
+
+    _run(lambda: main(False))  # a private CA nobody trusts
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))  # httpx's own way to trust it
+    _run(lambda: main(True))
+
+
+def test_a_proxy_in_the_environment_keeps_httpx_own_transport(monkeypatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
+                 "all_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert isinstance(upstream_transport(4), LeanTransport)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    assert upstream_transport(4) is None  # httpx applies proxies only on its own transport
