@@ -264,7 +264,10 @@ def _build_client(config: StateConfig) -> Redis:
     pool = aioredis.BlockingConnectionPool.from_url(
         config.url, max_connections=MAX_CONNECTIONS, timeout=None,
         socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s,
-        retry=Retry(NoBackoff(), 0), **extra)
+        # One immediate retry on a fresh connection: after a Redis restart every pooled
+        # socket is dead, and the first call on each must not fail a request (and flip the
+        # state to degraded) for it. Still inside the call's one deadline.
+        retry=Retry(NoBackoff(), 1), **extra)
     # from_pool: the client owns the pool, so aclose() also closes every pooled socket.
     return aioredis.Redis.from_pool(pool)
 
