@@ -173,7 +173,15 @@ class RedisConn:
         return self.counts["ok"] + self.counts["error"]
 
     def key(self, *parts: str) -> str:
+        """``<key_prefix>part1:part2...``: every key this gateway writes goes through it."""
         return self.prefix + ":".join(parts)
+
+    def retry_in(self) -> float:
+        """Seconds until a degraded connection's next re-check (0 when up): a
+        ``Retry-After`` for answers that needed Redis."""
+        if self.up:
+            return 0.0
+        return max(0.0, self.health.next_check - self._clock())
 
     async def call(self, op: Callable[[Redis], Awaitable[T]]) -> T:
         kind = self.health.admit(self._clock())
