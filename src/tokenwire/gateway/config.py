@@ -66,6 +66,7 @@ from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, 
 from tokenwire.errors import ConfigError, ConfigErrors, MapError
 from tokenwire.gateway.routing.breaker import BreakerPolicy
 from tokenwire.gateway.routing.fallbacks import FallbackTable
+from tokenwire.gateway.state.config import parse_state_table
 from tokenwire.gateway.upstreams.base import (
     UPSTREAM_KINDS,
     ModelRoute,
@@ -139,7 +140,8 @@ _MODEL_KEYS: dict[str, tuple[type, ...]] = {
     "chat_template": (str,),
 }
 _TOP_KEYS: dict[str, tuple[type, ...]] = {"server": (dict,), "upstreams": (list,),
-                                           "fallbacks": (dict,), "context_fallbacks": (dict,)}
+                                           "fallbacks": (dict,), "context_fallbacks": (dict,),
+                                           "state": (dict,)}
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,9 @@ class GatewayConfig:
     #: ``[fallbacks]`` and ``[context_fallbacks]`` (README "Fallbacks"); names are checked
     #: against the served models once probing has found them all (``GatewayState``).
     fallbacks: FallbackTable = field(default_factory=FallbackTable)
+    #: ``[state]`` as given (checked; ``gateway/state/config.py``): ``resolve_state`` merges
+    #: it with ``--state-url`` and ``TOKENWIRE_STATE_URL``.
+    state: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def default_model(self) -> str | None:
@@ -435,11 +440,13 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     if default is not None and names and default not in declared:
         problems.add(ConfigError(f"{source}: [server] default_model {default!r} is not a "
                                  "configured model; configured: " + ", ".join(names)))
+    state = doc.get("state", {}) if isinstance(doc.get("state", {}), dict) else {}
+    state = problems.check(parse_state_table, state, f"{source}: [state]") or {}
     table = problems.check(parse_fallbacks, doc, source, declared=declared
                            if all(u.models for u in upstreams) else None)
     config = GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
                            no_probe=frozenset(no_probe), source=source,
-                           fallbacks=table or FallbackTable())
+                           fallbacks=table or FallbackTable(), state=state)
     if problems.messages:
         exc = ConfigErrors(problems.messages)
         # The upstreams that did parse, so callers can still probe them (without a
