@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-__all__ = ["EchoUpstream", "Instance", "free_port", "metric", "start_instances"]
+__all__ = ["EchoUpstream", "Instance", "free_port", "metric", "pool_of", "start_instances"]
 
 SRC = Path(__file__).resolve().parents[3] / "src"
 #: A gateway process imports, probes its upstream and binds: seconds idle; generous for a
@@ -173,17 +173,10 @@ def metric(text: str, name: str) -> float | None:
     return None
 
 
-def _config(port: int, replicas: Sequence[EchoUpstream], state_url: str, state: str) -> str:
+def pool_of(replicas: Sequence[EchoUpstream]) -> str:
+    """``[[upstreams]]``: one pool named ``echo`` of ``replicas``, serving model ``echo``."""
     rows = ",\n".join(f'  {{ name = "{r.tag}", base_url = "{r.url}" }}' for r in replicas)
     return f"""
-[server]
-port = {port}
-
-[state]
-url = "{state_url}"
-timeout_ms = {TEST_TIMEOUT_MS}
-{state}
-
 [[upstreams]]
 name = "echo"
 kind = "openai"
@@ -194,6 +187,19 @@ replicas = [
 [[upstreams.models]]
 name = "echo"
 upstream_model = "{replicas[0].model}"
+"""
+
+
+def _config(port: int, upstreams: str, state_url: str, state: str) -> str:
+    return f"""
+[server]
+port = {port}
+
+[state]
+url = "{state_url}"
+timeout_ms = {TEST_TIMEOUT_MS}
+{state}
+{upstreams}
 """
 
 
@@ -215,12 +221,12 @@ _PORT_TAKEN = 3
 _PORT_ATTEMPTS = 5
 
 
-def _spawn(i: int, *, replicas: Sequence[EchoUpstream], state_url: str, tmp: Path,
-           state: str, env: dict[str, str]) -> Instance:
+def _spawn(i: int, *, upstreams: str, state_url: str, tmp: Path, state: str,
+           env: dict[str, str]) -> Instance:
     for _ in range(_PORT_ATTEMPTS):
         port = free_port()
         cfg = tmp / f"gw{i}.toml"
-        cfg.write_text(_config(port, replicas, state_url, state))
+        cfg.write_text(_config(port, upstreams, state_url, state))
         log_path = tmp / f"gw{i}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
@@ -239,17 +245,20 @@ def _spawn(i: int, *, replicas: Sequence[EchoUpstream], state_url: str, tmp: Pat
 
 
 @contextmanager
-def start_instances(n: int, *, replicas: Sequence[EchoUpstream], state_url: str, tmp: Path,
+def start_instances(n: int, *, state_url: str, tmp: Path,
+                    replicas: Sequence[EchoUpstream] = (), upstreams: str = "",
                     state: str = "") -> Iterator[list[Instance]]:
-    """``n`` gateway processes on ``state_url`` in front of one pool of ``replicas``
-    (``state``: more ``[state]`` lines, e.g. ``store_max_bytes = 2048``), started one
-    after the other (each must answer ``/health``), stopped (SIGTERM) at the end."""
+    """``n`` gateway processes on ``state_url`` in front of one pool of ``replicas`` (or of
+    ``upstreams``, ``[[upstreams]]`` TOML), with ``state``: more ``[state]`` lines (e.g.
+    ``store_max_bytes = 2048``); started one after the other (each must answer
+    ``/health``), stopped (SIGTERM) at the end."""
+    upstreams = upstreams or pool_of(replicas)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENWIRE_", "CODEC_"))}
     env["PYTHONPATH"] = str(SRC)
     with ExitStack() as stack:
         instances = []
         for i in range(n):
-            inst = _spawn(i, replicas=replicas, state_url=state_url, tmp=tmp, state=state,
+            inst = _spawn(i, upstreams=upstreams, state_url=state_url, tmp=tmp, state=state,
                           env=env)
             stack.callback(inst.stop)
             instances.append(inst)
