@@ -215,7 +215,11 @@ def store_hook(state: GatewayState, store: Any, call: ResponsesCall) -> Saver | 
         except ResponseTooLarge as exc:
             reason, detail = "too_large", str(exc)
         except StoreUnavailable:
-            reason, detail = "store_unavailable", "the response store's Redis does not answer"
+            # Not a line per response: the connection logged the outage once (redis_conn.py)
+            # and the counter counts what it cost.
+            log.debug("response %s served but not stored: the store is unavailable", rid)
+            state.observability.not_stored("store_unavailable")
+            return "store_unavailable"
         except Exception as exc:  # the answer is served; a store bug must not undo it
             reason, detail = "store_error", type(exc).__name__
         log.warning("response %s served but not stored (%s): %s", rid, reason, detail)
