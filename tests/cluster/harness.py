@@ -22,6 +22,10 @@ from tests.redis_server import free_port
 from tokenwire.cluster.launcher import Cluster
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+#: The tests' Redis deadline: the default 250 ms is for a production Redis; on this shared
+#: 2-core machine (load average 30+) a loopback call can miss it, and only injected faults
+#: may degrade the state here (redis-store's tests use the same).
+STATE_TIMEOUT_MS = 5000
 #: Safety net for a whole wait (instances starting under a load average of 30); never a
 #: measurement.
 SAFETY_S = 240.0
@@ -31,8 +35,10 @@ def pool_config(path: Path, replicas: Sequence[tuple[str, str]], *, model: str =
                 kind: str = "openai", breaker: dict[str, Any] | None = None,
                 probe_interval_s: float = 3600.0) -> Path:
     """One pooled upstream named ``pool`` over ``(name, base_url)`` replicas serving
-    ``model``. Probes are rare by default: a test's breakers move by requests only."""
-    lines = ["[[upstreams]]", 'name = "pool"', f'kind = "{kind}"',
+    ``model``, and the ``[state]`` deadline of the tests. Probes are rare by default: a
+    test's breakers move by requests only."""
+    lines = ["[state]", f"timeout_ms = {STATE_TIMEOUT_MS}  # the url comes from the launcher",
+             "[[upstreams]]", 'name = "pool"', f'kind = "{kind}"',
              f"probe_interval_s = {probe_interval_s}", "replicas = ["]
     lines += [f'  {{ base_url = "{url}", name = "{name}" }},' for name, url in replicas]
     lines += ["]"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,7 +44,8 @@ def test_tokenwire_cluster_serves_round_robin_and_stops_on_sigint(redis_server) 
         [sys.executable, "-m", "tokenwire.cli.main", "cluster", "--instances", "2",
          "--port", str(port), "--instance-ports", f"{free_port()},{free_port()}",
          "--state-url", redis_server.url, "--", "--upstream", fake.url],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True)  # its own group: a failed test kills the instances too
     try:
         # The instances share the terminal: their own banners come first.
         lines = iter(proc.stdout.readline, "")  # type: ignore[union-attr]
@@ -62,8 +64,8 @@ def test_tokenwire_cluster_serves_round_robin_and_stops_on_sigint(redis_server) 
         proc.send_signal(signal.SIGINT)
         assert proc.wait(SAFETY_S) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
         proc.stdout.close()  # type: ignore[union-attr]
         fake.stop()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.harness import balancer_url, running_cluster
+from tests.cluster.harness import balancer_url, pool_config, running_cluster
 from tests.gateway.test_codex_cli import (
     CODEX,
     CODEX_TIMEOUT_S,
@@ -67,7 +67,8 @@ def _respond(path: str, body: dict) -> Reply:
 def test_codex_two_turns_across_three_instances(redis_server, tmp_path) -> None:
     fake = start_fake(_respond)
     try:
-        with running_cluster(3, ["--upstream", fake.url], state_url=redis_server.url,
+        config = pool_config(tmp_path / "up.toml", [("only", fake.url)])
+        with running_cluster(3, ["--config", str(config)], state_url=redis_server.url,
                              log_dir=tmp_path / "logs") as cluster:
             home, work = tmp_path / "codex-home", tmp_path / "work"
             home.mkdir()

@@ -10,7 +10,9 @@ It is the worked example of a deployment, not a process supervisor: an instance 
 is reported and skipped by the balancer, not restarted (systemd, Kubernetes or a container
 runtime does that in production). Stopping the launcher (SIGINT, SIGTERM) stops the
 balancer, then sends each instance SIGTERM (so its streams drain, ``--drain-grace``), and
-SIGKILL to any still running after :data:`STOP_TIMEOUT_S`.
+SIGKILL to any still running after :data:`STOP_TIMEOUT_S`. A launcher that is itself
+SIGKILLed cannot do that: its instances keep running (they share its process group, so a
+terminal's Ctrl-C reaches them all, and ``kill -- -PGID`` stops the lot).
 """
 
 from __future__ import annotations
