@@ -127,6 +127,7 @@ class GatewayState:
         self.observability.set_pools_source(self.pools)
         if self.redis is not None and self.pools() and self.breaker_sync is None:
             self.breaker_sync = BreakerSync(self.redis, self.pools())
+            self.observability.registry.register(self.breaker_sync.collector())
             self.breaker_sync.start()  # in the server's loop; else at the first ejection
         if self.ws_sockets is None:
             self.ws_sockets = SocketTable(

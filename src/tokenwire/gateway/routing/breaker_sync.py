@@ -21,8 +21,11 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from tokenwire.gateway.routing.breaker import BreakerState
 from tokenwire.gateway.routing.pool import Replica, ReplicaPool
@@ -54,6 +57,9 @@ class BreakerSync:
         self._task: asyncio.Task[None] | None = None
         self._publishing: set[asyncio.Task[None]] = set()
         self.published = self.adopted = 0
+        #: Round trips that succeeded: the per-request round trips of the other state are
+        #: ``tokenwire_state_calls_total`` minus this (README "Deployment: several instances").
+        self.round_trips = 0
         for pool in self.pools:
             pool.on_transition = self._hook(pool)
 
@@ -96,6 +102,7 @@ class BreakerSync:
             await self.conn.call(op)
         except StateUnavailable:
             return  # kept pending; the next sync retries
+        self.round_trips += 1
         for k in due:
             self._pending.pop(k, None)
         self.published += len(due)
@@ -121,6 +128,7 @@ class BreakerSync:
             answers = await self.conn.call(op)
         except StateUnavailable:
             return 0  # local-only until Redis answers again
+        self.round_trips += 1
         now, changed = self._clock(), 0
         for i, (pool, replica) in enumerate(pairs):
             ejection = Ejection.decode(answers[2 * i], int(answers[2 * i + 1]))
@@ -148,6 +156,24 @@ class BreakerSync:
             except Exception as exc:  # a bug here must not end the sharing
                 log.error("breaker sync failed: %s", type(exc).__name__)
             await asyncio.sleep(self.interval_s)
+
+    def collector(self) -> Collector:
+        """``tokenwire_breaker_sync_round_trips_total`` and ``_adopted_total``."""
+        sync = self
+
+        class _Collector(Collector):
+            def collect(self) -> Iterable[Metric]:
+                trips = CounterMetricFamily(
+                    "tokenwire_breaker_sync_round_trips", "Redis round trips of the breaker "
+                    "sync that succeeded (publishing ejections, reading the others')")
+                trips.add_metric([], sync.round_trips)
+                adopted = CounterMetricFamily(
+                    "tokenwire_breaker_sync_adopted", "Ejections taken over from other "
+                    "gateway instances")
+                adopted.add_metric([], sync.adopted)
+                return [trips, adopted]
+
+        return _Collector()
 
     async def aclose(self) -> None:
         tasks = [t for t in (self._task, *self._publishing) if t is not None]
