@@ -21,6 +21,7 @@ from tokenwire.errors import TokenwireError
 from . import chat as chat_cmd
 from . import check as check_cmd
 from . import client_cmds
+from . import cluster as cluster_cmd
 from . import maps as maps_cmd
 from . import models as models_cmd
 from . import serve as serve_cmd
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat_cmd.register(sub)
     check_cmd.register(sub)
     models_cmd.register(sub)
+    cluster_cmd.register(sub)
     return parser
 
 

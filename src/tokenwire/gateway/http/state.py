@@ -26,6 +26,7 @@ from tokenwire.gateway.http.admission import ticket_of
 from tokenwire.gateway.http.ws_session import SocketTable
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
 from tokenwire.gateway.observability.records import Observability
+from tokenwire.gateway.routing.breaker_sync import BreakerSync
 from tokenwire.gateway.routing.fallbacks import FallbackTable, plan_for
 from tokenwire.gateway.routing.health import HealthMonitor
 from tokenwire.gateway.routing.pool import ReplicaPool
@@ -79,6 +80,9 @@ class GatewayState:
     #: The process's one Redis connection (``state/redis_conn.py``), built from
     #: ``settings.state``; None without ``[state]`` (nothing is shared).
     redis: RedisConn | None = None
+    #: Shares this instance's breaker ejections with the others over ``redis``
+    #: (``routing/breaker_sync.py``); None without ``[state]`` or without pools.
+    breaker_sync: BreakerSync | None = None
     #: The capacity bound (seed, "Capacity"); built from the settings and upstream limits.
     admission: Admission = field(default=None)  # type: ignore[assignment]
     #: Prometheus metrics and the request log (``gateway/observability/records.py``).
@@ -121,6 +125,10 @@ class GatewayState:
         for pool in self.pools():  # a replica back or a slot freed: waiters may start
             pool.on_capacity = self.admission.regrant
         self.observability.set_pools_source(self.pools)
+        if self.redis is not None and self.pools() and self.breaker_sync is None:
+            self.breaker_sync = BreakerSync(self.redis, self.pools())
+            self.observability.registry.register(self.breaker_sync.collector())
+            self.breaker_sync.start()  # in the server's loop; else at the first ejection
         if self.ws_sockets is None:
             self.ws_sockets = SocketTable(
                 max_sockets=self.settings.ws_max_sockets,
@@ -161,6 +169,8 @@ class GatewayState:
 
     async def aclose_state(self) -> None:
         """Close the Redis connection (server shutdown)."""
+        if self.breaker_sync is not None:
+            await self.breaker_sync.aclose()
         if self.redis is not None:
             await self.redis.aclose()
 

@@ -137,6 +137,8 @@ class Breaker:
     #: Ejections in a row (the cool-down grows with it); total ejections for the metrics.
     streak: int = 0
     ejections: int = 0
+    #: Ejections taken over from another instance (:meth:`adopt_open`), not in ``ejections``.
+    adopted: int = 0
     open_until: float = 0.0
     consecutive: int = 0
     trial_in_flight: bool = False
@@ -212,6 +214,25 @@ class Breaker:
         gives its turn back, so the next request or probe may be the trial."""
         if trial:
             self.trial_in_flight = False
+
+    def adopt_open(self, now: float, cooldown_s: float, streak: int) -> bool:
+        """Another gateway instance ejected this replica for ``cooldown_s`` more seconds
+        (``routing/shared_breakers.py``): be open until then too. A closed breaker opens
+        (``TRIP``), an open one keeps the later end; a half-open one is left to its own
+        trial, which ends within one request. True when the state or the end changed.
+        Failure counts stay this process's own (README "Deployment: several instances")."""
+        if cooldown_s <= 0 or self.state is BreakerState.HALF_OPEN:
+            return False
+        until = now + cooldown_s
+        if self.state is BreakerState.CLOSED:
+            self._step(_Input.TRIP)
+            self.consecutive = 0
+            self.adopted += 1
+        elif until <= self.open_until:
+            return False
+        self.open_until = until
+        self.streak = max(self.streak, streak)
+        return True
 
     def force_open(self, now: float) -> None:
         """Eject a closed replica now (its start-up probe found it down)."""

@@ -53,7 +53,7 @@ from tokenwire.gateway.ir import (
     is_terminal,
 )
 from tokenwire.gateway.routing.balance import Candidate, least_loaded_of_two, rendezvous_order
-from tokenwire.gateway.routing.breaker import Breaker, counts_against_replica
+from tokenwire.gateway.routing.breaker import Breaker, BreakerState, counts_against_replica
 from tokenwire.gateway.state.pins import PinStore
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
 
@@ -171,6 +171,9 @@ class ReplicaPool:
         #: Called when capacity may have grown (a breaker closed, a slot freed): admission
         #: re-grants its waiters (set by GatewayState).
         self.on_capacity: Callable[[], None] = lambda: None
+        #: Called after a replica's breaker changed state here, with its state before:
+        #: ``breaker_sync.py`` publishes this instance's ejections to the others.
+        self.on_transition: Callable[[Replica, BreakerState], None] = lambda r, before: None
 
     # -- what the router and admission read ------------------------------------------------
 
@@ -328,6 +331,7 @@ class ReplicaPool:
         if replica.breaker.state is not before:
             log.warning("replica %s of %s: %s -> %s", replica.name, self.name, before.value,
                         replica.breaker.state.value)
+            self.on_transition(replica, before)
         self.on_capacity()
 
     # -- active probes ---------------------------------------------------------------------
@@ -366,6 +370,7 @@ class ReplicaPool:
         if replica.breaker.state is not before:
             log.warning("replica %s of %s: %s -> %s (probe)", replica.name, self.name,
                         before.value, replica.breaker.state.value)
+            self.on_transition(replica, before)
             self.on_capacity()
 
     async def probe(self) -> UpstreamHealth:
@@ -393,7 +398,8 @@ class ReplicaPool:
         return [{"name": r.name, "url": r.url, "weight": r.weight, "limit": r.limit,
                  "in_flight": r.in_flight, "breaker": r.breaker.state.value,
                  "cooldown_left_s": round(r.breaker.cooldown_left(now), 3),
-                 "ejections": r.breaker.ejections, "completed": r.completed,
+                 "ejections": r.breaker.ejections,
+                 "adopted_ejections": r.breaker.adopted, "completed": r.completed,
                  "failed": r.failed} for r in self.replicas]
 
 

@@ -1,0 +1,71 @@
+"""``tokenwire cluster`` as a user runs it: the command, its banner, a request, Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.cluster.harness import SAFETY_S, SRC
+from tests.gateway.upstreams.fakes import Reply, chat_stream, start_fake
+from tests.redis_server import free_port
+from tokenwire.cli.main import main
+from tokenwire.cluster.balancer import INSTANCE_HEADER
+
+
+def test_a_balancer_on_a_public_address_needs_instance_keys(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("TOKENWIRE_API_KEYS", raising=False)
+    assert main(["cluster", "--host", "0.0.0.0", "--", "--upstream", "http://x/v1"]) == 1
+    assert "without a key" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--instances", "0"], "1 to 16 instances"),
+    (["--", "--port", "9000"], "--port is set by the launcher"),
+    (["--instances", "2", "--instance-ports", "9001"], "names 1 ports for 2 instances"),
+])
+def test_bad_cluster_arguments_are_refused_before_anything_starts(args, message,
+                                                                   capsys) -> None:
+    assert main(["cluster", *args]) == 1
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_tokenwire_cluster_serves_round_robin_and_stops_on_sigint(redis_server) -> None:
+    fake = start_fake(lambda path, body: Reply(chunks=chat_stream("vllm", ["ok"])))
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokenwire.cli.main", "cluster", "--instances", "2",
+         "--port", str(port), "--instance-ports", f"{free_port()},{free_port()}",
+         "--state-url", redis_server.url, "--", "--upstream", fake.url],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        start_new_session=True)  # its own group: a failed test kills the instances too
+    try:
+        # The instances share the terminal: their own banners come first.
+        lines = iter(proc.stdout.readline, "")  # type: ignore[union-attr]
+        head = next(line for line in lines if line.startswith("tokenwire cluster:"))
+        assert "round-robin over 2 instances sharing state on Redis" in head, head
+        listed = [next(lines) for _ in range(2)]
+        assert all(line.startswith("  instance ") and "pid" in line for line in listed)
+        url = f"http://127.0.0.1:{port}"
+        seen = set()
+        for _ in range(4):
+            r = httpx.post(url + "/v1/chat/completions", timeout=SAFETY_S, json={
+                "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok"
+            seen.add(r.headers[INSTANCE_HEADER])
+        assert len(seen) == 2
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(SAFETY_S) == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        proc.stdout.close()  # type: ignore[union-attr]
+        fake.stop()
