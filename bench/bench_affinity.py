@@ -6,16 +6,24 @@ three real llama.cpp replicas, routed by affinity, round-robin and at random, in
   conversations' states: llama-cpp-python reloads the longest cached prefix of a prompt and
   prefills only the rest) and ``--interrupt_requests False`` (requests queue at a replica
   instead of cutting each other off).
-* Workload: ``CONVERSATIONS`` conversations of ``TURNS`` turns, all running at once, each
-  turn after the previous answer; every conversation opens with its own long document
-  (about ``DOC_TOKENS`` tokens), so a turn is cheap only on a replica that still holds that
-  conversation's prefix. Each mode gets fresh documents, so no mode reuses another's cache.
+* Workload: ``CONVERSATIONS`` conversations of ``TURNS`` turns, all open at once, each turn
+  after the previous answer, with at most ``CONCURRENCY`` requests in flight (default: one
+  per replica). Every conversation opens with its own long document (about ``DOC_TOKENS``
+  tokens), so a turn is cheap only on a replica that still holds that conversation's
+  prefix. Each mode gets fresh documents, so no mode reuses another's cache.
+* Why the cap: each replica generates one request at a time, so with every conversation in
+  flight at once (8 on 3 replicas) the time to first token is mostly the wait in a
+  replica's own queue, and the prefill the cache saves is lost in it (the first runs in
+  BENCHMARKS.md: 1.03x). The issue's aim is about the prefix cache; the cap keeps the
+  replicas' queues short so the figure measures it. ``BENCH_AFFINITY_CONCURRENCY=0``
+  restores the uncapped run.
 * Modes: ``affinity``: one ``tokenwire serve`` pool over the three, each conversation sending
   its ``session-id`` (rendezvous hashing keeps it on one replica); ``least-loaded``: the same
   gateway without a key (power of two choices); ``round-robin`` and ``random``: the client
   spreads turns over the replicas' URLs directly (what a gateway without affinity does).
-* TTFT: request sent -> first content chunk, streamed Chat, at the client; p50/p90 over
-  every turn, and over turns 2..6 (the first turn is cold in every mode).
+* TTFT: request sent -> first content chunk, streamed Chat, at the client (from when the
+  request left the client's cap, not while it waited for it); p50/p90 over every turn, and
+  over turns 2..N (the first turn is cold in every mode).
 
 The machine is small and shared: note the load beside the numbers (BENCHMARKS.md).
 """
@@ -41,6 +49,8 @@ PEERS_PY = ROOT / ".venv-peers" / "bin" / "python"
 CONVERSATIONS = int(os.environ.get("BENCH_AFFINITY_CONVERSATIONS", "8"))
 TURNS = int(os.environ.get("BENCH_AFFINITY_TURNS", "6"))
 DOC_TOKENS = int(os.environ.get("BENCH_AFFINITY_DOC_TOKENS", "400"))
+#: Requests in flight at once from the client (0: every conversation at once).
+CONCURRENCY = int(os.environ.get("BENCH_AFFINITY_CONCURRENCY", "3"))
 MAX_TOKENS = 8
 N_CTX = 1024
 #: About three conversations' prompt states at ~23 KB per token (SmolLM2's KV cache).
@@ -159,6 +169,7 @@ async def _mode(mode: str, gateway: str, replicas: list[str], model: str) -> lis
     rng = random.Random(mode)
     counter = iter(range(10**9))
     out: list[tuple[int, float]] = []
+    cap = asyncio.Semaphore(CONCURRENCY or CONVERSATIONS)
 
     async def conversation(c: int, client: httpx.AsyncClient) -> None:
         messages = [{"role": "system", "content": _document(f"{mode}-{c}")}]
@@ -172,7 +183,8 @@ async def _mode(mode: str, gateway: str, replicas: list[str], model: str) -> lis
             else:
                 i = next(counter) % 3 if mode == "round-robin" else rng.randrange(3)
                 url, headers, name = replicas[i], {}, model
-            ttft, text = await _ttft(client, url, name, messages, headers)
+            async with cap:
+                ttft, text = await _ttft(client, url, name, messages, headers)
             out.append((turn, ttft))
             messages.append({"role": "assistant", "content": text})
 
@@ -225,11 +237,12 @@ def run() -> list[dict]:
 
 
 NOTES = f"""
-{CONVERSATIONS} conversations x {TURNS} turns at once, each opening with its own ~{DOC_TOKENS}-token
-document, against three `python -m llama_cpp.server` replicas (SmolLM2-135M, one thread,
-RAM prompt cache for about three conversations). `affinity`: tokenwire pool with a
-`session-id` per conversation; `least-loaded`: the same pool without a key;
-`round-robin` / `random`: the client spreads turns over the replicas directly.
+{CONVERSATIONS} conversations x {TURNS} turns, at most {CONCURRENCY or CONVERSATIONS} requests
+in flight, each opening with its own ~{DOC_TOKENS}-token document, against three
+`python -m llama_cpp.server` replicas (SmolLM2-135M, one thread, RAM prompt cache for about
+three conversations). `affinity`: tokenwire pool with a `session-id` per conversation;
+`least-loaded`: the same pool without a key; `round-robin` / `random`: the client spreads
+turns over the replicas directly.
 """
 
 if __name__ == "__main__":

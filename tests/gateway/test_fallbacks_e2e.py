@@ -188,3 +188,31 @@ def test_a_conversation_continued_by_previous_response_id_falls_back_whole() -> 
                 assert said[-1] == ("user", "And then?")
                 assert ("user", "Hi") in said
     _with_records(go)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_responses_stream_names_the_fallback_from_response_created_on(stream: bool) -> None:
+    """After a fallback before any output, ``response.created`` and every later event name
+    the model that served, as the ``Tokenwire-Served-Model`` header does (the head waits
+    for the first event when a fallback is configured). Before, ``response.created`` named
+    the requested model and only the final events the fallback."""
+    async def go(records: _Records) -> None:
+        async with environment(PRIMARY_DOWN, fallback=[Fault.ok(FALLBACK_TEXT)],
+                               maps=_maps("same")) as env:
+            async with openai.AsyncOpenAI(base_url=env.url + "/v1", api_key="unused",
+                                          max_retries=0) as client:
+                raw = await client.responses.with_raw_response.create(
+                    model=MODEL, input="Hi", stream=stream)
+                assert raw.headers["tokenwire-served-model"] == FALLBACK
+                if not stream:
+                    body = raw.parse()
+                    assert (body.model, body.output_text) == (FALLBACK, FALLBACK_TEXT)
+                    return
+                events = [e async for e in raw.parse()]
+                assert events[0].type == "response.created"
+                models = [e.response.model for e in events if getattr(e, "response", None)]
+                assert len(models) >= 3 and set(models) == {FALLBACK}
+                assert "".join(e.delta for e in events
+                               if e.type == "response.output_text.delta") == FALLBACK_TEXT
+                assert [e.sequence_number for e in events] == list(range(len(events)))
+    _with_records(go)

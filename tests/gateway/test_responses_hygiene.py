@@ -206,8 +206,11 @@ def test_malformed_or_oversized_upstream_turn_state_is_dropped(value: str) -> No
     assert wrap_turn_state("up", value) is None
 
 
-@pytest.mark.parametrize("client_value", ["raw-unwrapped-value", "tw1.", "tw1.!!!.v",
-                                          "tw1.dXA.", "tw1.dXA.a b"])
+@pytest.mark.parametrize("client_value", ["raw-unwrapped-value", "tw2.", "tw2.!!!.v",
+                                          "tw2.dXA.", "tw2.dXA.a b",
+                                          # the old unsigned form, and a forged signature
+                                          "tw1.dXA.state-123",
+                                          "tw2.dXA.AAAAAAAAAAAAAAAAAAAAAA.state-123"])
 def test_malformed_client_turn_state_is_never_forwarded(client_value: str) -> None:
     hints = affinity_hints({}, {TURN_STATE_HEADER: client_value})
     assert TURN_STATE_HEADER not in affinity_headers("responses", "up", hints)

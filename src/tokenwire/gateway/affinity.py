@@ -12,11 +12,17 @@ state"):
   get the body key and the session/thread headers; OpenAI-compatible servers (OpenRouter is
   one) get the caller's session id as ``x-session-id``; engines in this process, Codec and
   Anthropic upstreams get nothing.
-* ``x-codex-turn-state`` keeps one turn on one backend. The value an upstream returns is
-  handed to the client wrapped with a scope tag naming that upstream
-  (:func:`wrap_turn_state`); a value the client echoes is forwarded only to the upstream the
-  tag names (:func:`unwrap_turn_state`). Another scope, a malformed value, or an upstream
-  value over :data:`MAX_TURN_STATE_CHARS` is dropped; none is ever logged.
+* ``x-codex-turn-state`` keeps one turn on one backend. Codex takes the first value a turn's
+  response carries (HTTP header, ``response.metadata``, or the WebSocket upgrade's header)
+  and sends it back on every later request of that turn. The gateway hands out its own
+  token (:func:`wrap_turn_state`, :func:`replica_token`): the *scope* (the upstream or
+  replica that must continue the turn) and, when that upstream issued one, its own value,
+  signed with HMAC-SHA256 (:func:`turn_state_key`), so a client can neither point a turn at
+  another replica nor hand an upstream a value it did not issue. A value the client echoes
+  is read back (:func:`read_turn_state`) and the upstream's part forwarded only to the
+  upstream its scope names (:func:`unwrap_turn_state`). A bad signature, another scope, a
+  malformed value, or an upstream value over :data:`MAX_TURN_STATE_CHARS` is dropped; none
+  is ever logged.
 
 This module sits between ``apis/`` (which collects the hints into
 :attr:`~tokenwire.gateway.ir.GenerationRequest.affinity`) and ``upstreams/`` (which asks what to
@@ -27,7 +33,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import hmac
+import os
 import re
+import secrets
 from collections.abc import Iterable, Mapping
 
 __all__ = [
@@ -36,9 +46,14 @@ __all__ = [
     "MAX_AFFINITY_CHARS",
     "MAX_TURN_STATE_CHARS",
     "TURN_STATE_HEADER",
+    "TURN_STATE_SECRET_ENV",
     "affinity_body",
     "affinity_headers",
     "affinity_hints",
+    "read_turn_state",
+    "replica_token",
+    "set_turn_state_secret",
+    "turn_state_key",
     "unwrap_turn_state",
     "well_formed_id",
     "wrap_turn_state",
@@ -56,8 +71,20 @@ TURN_STATE_HEADER = "x-codex-turn-state"
 _SAFE_ID = re.compile(r"[A-Za-z0-9._:\-]+")
 #: Visible ASCII without spaces or commas: a turn-state value is an opaque header token.
 _SAFE_STATE = re.compile(r"[\x21-\x2b\x2d-\x7e]+")
-#: The scope tag of a wrapped turn state: ``tw1.<base64url(upstream name)>.<value>``.
-_SCOPE_PREFIX = "tw1."
+#: A gateway turn-state token: ``tw2.<base64url(scope)>.<base64url(mac)>[.<value>]``, the
+#: MAC over the scope and the value. Scope and MAC are base64url (no dots), so the value,
+#: last, may hold anything a header token may.
+_SCOPE_PREFIX = "tw2."
+#: 128 bits of HMAC-SHA256: forging one is as hard as guessing a random 128-bit number, and
+#: the token stays short (22 characters).
+_MAC_BYTES = 16
+#: Gateway instances behind one balancer share turns only when they share this secret
+#: (README "Replica pools"); without it each process draws its own at start, and a token
+#: from another instance or an earlier run is ignored (the turn is routed afresh).
+TURN_STATE_SECRET_ENV = "TOKENWIRE_TURN_STATE_SECRET"
+#: A shared secret shorter than this is refused: it could be guessed offline from tokens.
+_MIN_SECRET_BYTES = 16
+_key: bytes | None = None
 
 #: Request headers (by the name we send) each upstream kind uses for cache affinity, and the
 #: client hints they are filled from, in order of preference.
@@ -131,24 +158,79 @@ def _valid_state(value: object) -> bool:
             and _SAFE_STATE.fullmatch(value) is not None)
 
 
+def turn_state_key() -> bytes:
+    """The HMAC key of turn-state tokens: :data:`TURN_STATE_SECRET_ENV` when set, else
+    one random key per process (drawn on first use)."""
+    global _key
+    if _key is None:
+        shared = os.environ.get(TURN_STATE_SECRET_ENV)
+        if shared is not None and len(shared.encode()) < _MIN_SECRET_BYTES:
+            raise ValueError(f"{TURN_STATE_SECRET_ENV} must be at least {_MIN_SECRET_BYTES} "
+                             "bytes (a shared secret every gateway instance knows)")
+        _key = shared.encode() if shared is not None else secrets.token_bytes(32)
+    return _key
+
+
+def set_turn_state_secret(secret: bytes | None) -> None:
+    """Use ``secret`` from now on (None: read the environment again on next use)."""
+    global _key
+    _key = secret
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _mac(scope: str, value: str) -> str:
+    digest = hmac.new(turn_state_key(), f"tw2\x00{scope}\x00{value}".encode(),
+                      hashlib.sha256).digest()
+    return _b64(digest[:_MAC_BYTES])
+
+
+def _token(scope: str, value: str) -> str:
+    tail = f".{value}" if value else ""
+    return f"{_SCOPE_PREFIX}{_b64(scope.encode())}.{_mac(scope, value)}{tail}"
+
+
 def wrap_turn_state(upstream_name: str, value: str) -> str | None:
-    """The value to hand the client for ``value`` issued by ``upstream_name``; ``None`` drops
+    """The token to hand the client for ``value`` issued by ``upstream_name``; ``None`` drops
     a malformed or oversized upstream value."""
     if not _valid_state(value):
         return None
-    scope = base64.urlsafe_b64encode(upstream_name.encode()).decode().rstrip("=")
-    return f"{_SCOPE_PREFIX}{scope}.{value}"
+    return _token(upstream_name, value)
+
+
+def replica_token(scope: str) -> str:
+    """A token that names only ``scope`` (a replica of a pool): the turn continues there,
+    with no upstream value to forward (``routing/pool.py``)."""
+    return _token(scope, "")
+
+
+def read_turn_state(wrapped: str) -> tuple[str, str | None] | None:
+    """``(scope, upstream value or None)`` of a token this gateway signed, else None."""
+    if not isinstance(wrapped, str) or not wrapped.startswith(_SCOPE_PREFIX) \
+            or len(wrapped) > MAX_TURN_STATE_CHARS + 128:
+        return None
+    parts = wrapped[len(_SCOPE_PREFIX):].split(".", 2)
+    if len(parts) < 2:
+        return None
+    value = parts[2] if len(parts) == 3 else ""
+    if value and not _valid_state(value):
+        return None
+    try:
+        scope = _unb64(parts[0]).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        return None
+    if not hmac.compare_digest(parts[1], _mac(scope, value)):
+        return None
+    return scope, value or None
 
 
 def unwrap_turn_state(upstream_name: str, wrapped: str) -> str | None:
     """The upstream value inside ``wrapped`` when its scope is ``upstream_name``, else None."""
-    if not wrapped.startswith(_SCOPE_PREFIX):
-        return None
-    scope, sep, value = wrapped[len(_SCOPE_PREFIX):].partition(".")
-    if not sep or not _valid_state(value):
-        return None
-    try:
-        name = base64.urlsafe_b64decode(scope + "=" * (-len(scope) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
-    return value if name == upstream_name else None
+    found = read_turn_state(wrapped)
+    return found[1] if found is not None and found[0] == upstream_name else None

@@ -119,7 +119,7 @@ _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "max_concurrent": (int,), "connect_timeout_s": _NUM, "read_timeout_s": _NUM,
     "probe": (bool,), "headers": (dict,), "options": (dict,), "models": (list,),
     "context_length": (int,), "replicas": (list,), "breaker": (dict,),
-    "probe_interval_s": _NUM, "affinity_prefix_chars": (int,),
+    "probe_interval_s": _NUM, "affinity_prefix_chars": (int,), "panic_threshold": (*_NUM, bool),
 }
 #: One replica of a pool (README "Replica pools").
 _REPLICA_KEYS: dict[str, tuple[type, ...]] = {
@@ -344,8 +344,8 @@ def _parse_upstream(
         **{k: float(doc[k]) for k in ("connect_timeout_s", "read_timeout_s") if k in doc},
         headers=tuple(headers.items()), options=dict(doc.get("options", {})),
         context_length=doc.get("context_length"), replicas=replicas or (),
-        pool={k: doc[k] for k in ("breaker", "probe_interval_s", "affinity_prefix_chars")
-              if k in doc})
+        pool={k: doc[k] for k in ("breaker", "probe_interval_s", "affinity_prefix_chars",
+                                  "panic_threshold") if k in doc})
     return config, maps
 
 
@@ -373,6 +373,10 @@ def _parse_pool(doc: Mapping[str, Any], env: Mapping[str, str],
     interval = doc.get("probe_interval_s", 1)
     if isinstance(interval, _NUM) and interval <= 0:
         problems.add(ConfigError(f"{where}: probe_interval_s must be a positive number"))
+    if "panic_threshold" in doc:
+        from tokenwire.gateway.routing.pool import parse_panic_threshold
+
+        problems.check(parse_panic_threshold, doc["panic_threshold"], where)
     prefix = doc.get("affinity_prefix_chars", 0)
     if isinstance(prefix, int) and not 0 <= prefix <= MAX_AFFINITY_PREFIX_CHARS:
         problems.add(ConfigError(f"{where}: affinity_prefix_chars must be between 0 (off) "

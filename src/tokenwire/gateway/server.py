@@ -38,7 +38,13 @@ from tokenwire.gateway.http.ws_session import BACKSTOP_SLACK_BYTES
 from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.routing.breaker import Breaker, BreakerPolicy
 from tokenwire.gateway.routing.health import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor
-from tokenwire.gateway.routing.pool import DEFAULT_PROBE_INTERVAL_S, Replica, ReplicaPool
+from tokenwire.gateway.routing.pool import (
+    DEFAULT_PANIC_THRESHOLD,
+    DEFAULT_PROBE_INTERVAL_S,
+    Replica,
+    ReplicaPool,
+    parse_panic_threshold,
+)
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings, build_policy
 from tokenwire.gateway.upstreams import adapter_for
@@ -267,6 +273,7 @@ class Gateway:
     probes: tuple[UpstreamHealth, ...]
 
     async def aclose(self) -> None:
+        await self.state.health.stop()
         await _close_all(self.adapters)
         await self.state.aclose_state()
 
@@ -407,7 +414,9 @@ def _pool_of(up: UpstreamConfig, configs: list[UpstreamConfig],
         up.name, up.kind, replicas,
         probe_interval_s=float(options.get("probe_interval_s",  # type: ignore[arg-type]
                                            DEFAULT_PROBE_INTERVAL_S)),
-        prefix_chars=int(options.get("affinity_prefix_chars", 0)))  # type: ignore[arg-type]
+        prefix_chars=int(options.get("affinity_prefix_chars", 0)),  # type: ignore[arg-type]
+        panic_threshold=parse_panic_threshold(options.get("panic_threshold",
+                                                          DEFAULT_PANIC_THRESHOLD)))
 
 
 def _served(built: _Built) -> list[ServedModel]:
@@ -488,8 +497,8 @@ async def build_gateway(
                                                          DEFAULT_HEALTH_INTERVAL_S)))
     if len(probes) + len(pooled) == len(built):
         health.seed(probes)
-    for b in pooled:
-        b.adapter.start_probing()
+    if pooled:
+        health.start()  # the one active-probe loop: it feeds the replicas' breakers
     primary = router.primary
     pair = build_policy(settings, primary.tmap.id) if primary.tmap is not None else None
     if pair is None and settings.version_policy.safety_policy_id is not None:

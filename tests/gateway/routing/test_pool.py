@@ -11,7 +11,13 @@ from typing import Any
 import looptime
 import pytest
 
-from tokenwire.gateway.affinity import wrap_turn_state
+from tokenwire.errors import ConfigError
+from tokenwire.gateway.affinity import (
+    read_turn_state,
+    replica_token,
+    set_turn_state_secret,
+    wrap_turn_state,
+)
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -23,10 +29,16 @@ from tokenwire.gateway.ir import (
     GenerationRequest,
     Heartbeat,
     PromptText,
+    ResponseMeta,
     TokenDelta,
 )
 from tokenwire.gateway.routing.breaker import Breaker, BreakerPolicy, BreakerState
-from tokenwire.gateway.routing.pool import Replica, ReplicaPool, affinity_key
+from tokenwire.gateway.routing.pool import (
+    Replica,
+    ReplicaPool,
+    affinity_key,
+    parse_panic_threshold,
+)
 from tokenwire.gateway.routing.router import ServedModel
 from tokenwire.gateway.supervision.admission import Admission, limits_of
 from tokenwire.gateway.supervision.retry import RetryPolicy
@@ -227,9 +239,9 @@ def test_a_dead_replica_is_ejected_and_later_requests_never_reach_it() -> None:
         assert len(fakes[0].requests) == 3  # the threshold, then never again
         # The cool-down passes; the probe is the half-open trial; two successes close it.
         fakes[0].mode, clock.now = "ok", clock.now + 10
-        await pool.probe_replicas()
+        await pool.probe()
         assert pool.replicas[0].breaker.state is BreakerState.HALF_OPEN
-        await pool.probe_replicas()
+        await pool.probe()
         assert pool.replicas[0].breaker.state is BreakerState.CLOSED
         for i in range(20):
             await run_one(pool, request(rid=f"z{i}"))
@@ -243,7 +255,7 @@ def test_a_probe_failure_counts_and_a_down_replica_is_not_probed_while_cooling()
         pool, fakes = make_pool("ok", "ok", clock=clock)
         fakes[0].up = False
         for _ in range(3):
-            await pool.probe_replicas()
+            await pool.probe()
         assert pool.replicas[0].breaker.state is BreakerState.OPEN
         assert pool.replicas[1].breaker.state is BreakerState.CLOSED
         events, _ = await run_one(pool, request())
@@ -251,10 +263,11 @@ def test_a_probe_failure_counts_and_a_down_replica_is_not_probed_while_cooling()
     asyncio.run(main())
 
 
-def test_all_replicas_ejected_fails_fast_with_a_typed_error() -> None:
+def test_all_replicas_ejected_fails_fast_with_a_typed_error_when_panic_is_off() -> None:
     async def main() -> None:
         clock = Clock()
         pool, _fakes = make_pool("ok", "ok", clock=clock)
+        pool.panic_threshold = None  # panic_threshold = false
         for r in pool.replicas:
             r.breaker.force_open(clock.now)
         assert pool.has_free_slot()  # admission lets it through, to fail at once
@@ -425,7 +438,107 @@ def test_turn_state_pins_its_replica() -> None:
 
 def test_an_openai_pool_never_pins_on_state_it_does_not_forward() -> None:
     pool, _ = make_pool("ok", "ok", "ok", kind="openai")
-    assert pool._hard_pin(_with_encrypted("p/r2")) is None
+    assert pool._turn_pin(_with_encrypted("p/r2")) == (None, False)
+
+
+# -- the gateway's turn-state token (x-codex-turn-state) ----------------------------------------
+
+
+def _turn(token: str, **kw: Any) -> GenerationRequest:
+    return request(affinity=(("x-codex-turn-state", token), ("session-id", "s")), **kw)
+
+
+def test_every_attempt_starts_with_a_signed_token_naming_its_replica() -> None:
+    async def main() -> None:
+        pool, _ = make_pool("ok", "ok")
+        events, _ = await run_one(pool, request())
+        [meta] = [e for e in events if isinstance(e, ResponseMeta)]
+        scope, value = read_turn_state(meta.turn_state)
+        assert value is None and scope in {"p/r1", "p/r2"}
+        assert events.index(meta) < next(i for i, e in enumerate(events)
+                                         if isinstance(e, TokenDelta))
+    asyncio.run(main())
+
+
+def test_a_replica_token_keeps_the_turn_on_its_replica_and_reroutes_when_it_is_down() -> None:
+    clock = Clock()
+    pool, _ = make_pool("ok", "ok", "ok", kind="openai", clock=clock)
+    token = replica_token("p/r3")
+    assert {pool.choose(_turn(token)).replica.name for _ in range(10)} == {"p/r3"}
+    # Down: the turn's state is the gateway's own (it replays the items), so the request
+    # goes on elsewhere, and never fails for it.
+    pool.replicas[2].breaker.force_open(clock.now)
+    names = {pool.choose(_turn(token)).replica.name for _ in range(10)}
+    assert names and "p/r3" not in names
+
+
+def test_a_forged_or_foreign_token_is_ignored() -> None:
+    pool, _ = make_pool("ok", "ok", "ok", kind="responses")
+    token = replica_token("p/r3")
+    forged = token[:-1] + ("A" if token[-1] != "A" else "B")
+    assert read_turn_state(forged) is None
+    assert pool._turn_pin(_turn(forged)) == (None, False)
+    set_turn_state_secret(b"another-instance-secret-0123")
+    try:  # a token signed by a gateway with another secret names nothing here
+        assert read_turn_state(token) is None
+    finally:
+        set_turn_state_secret(None)
+    assert pool._turn_pin(_turn(replica_token("q/r1"))) == (None, False)  # another pool
+
+
+# -- panic ---------------------------------------------------------------------------------------
+
+
+def test_panic_routes_over_every_replica_when_all_are_ejected() -> None:
+    async def main() -> None:
+        clock = Clock()
+        pool, fakes = make_pool("ok", "ok", clock=clock)
+        for r in pool.replicas:
+            r.breaker.force_open(clock.now)
+        assert pool.panicking(clock.now)
+        events, _ = await run_one(pool, request())
+        assert isinstance(events[-1], Finish)  # served, not refused
+        assert sum(len(f.requests) for f in fakes) == 1
+        # A success in panic is no trial: the breakers still decide recovery.
+        assert all(r.breaker.state is BreakerState.OPEN for r in pool.replicas)
+        clock.now += 10  # cooled down: no longer panicking, the trials go first
+        assert not pool.panicking(clock.now)
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(("threshold", "ejected", "panics"), [
+    (0.0, 2, False), (0.0, 3, True), (0.5, 1, False), (0.5, 2, True), (None, 3, False)])
+def test_the_panic_threshold_is_the_share_of_replicas_not_cooling_down(
+        threshold: float | None, ejected: int, panics: bool) -> None:
+    clock = Clock()
+    pool, _ = make_pool("ok", "ok", "ok", clock=clock)
+    pool.panic_threshold = threshold
+    for r in pool.replicas[:ejected]:
+        r.breaker.force_open(clock.now)
+    assert pool.panicking(clock.now) is panics
+    choice = pool.choose(request())
+    if panics or ejected < 3:
+        assert choice.replica is not None
+        if not panics:
+            assert choice.replica in pool.replicas[ejected:]
+    else:
+        assert choice.failure is not None and choice.failure.code == "no_healthy_replica"
+
+
+def test_panic_never_exceeds_a_replica_limit() -> None:
+    clock = Clock()
+    pool, _ = make_pool("ok", "ok", limit=1, clock=clock)
+    for r in pool.replicas:
+        r.breaker.force_open(clock.now)
+        r.in_flight = 1
+    assert not pool.has_free_slot()  # wait in admission, not over the limit
+    assert pool.choose(request()).replica is None
+
+
+@pytest.mark.parametrize("value", [1, 1.5, -0.1, "0.5", True])
+def test_a_bad_panic_threshold_is_a_config_error(value: object) -> None:
+    with pytest.raises(ConfigError, match="panic_threshold"):
+        parse_panic_threshold(value)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -512,3 +625,21 @@ def test_a_client_that_goes_away_mid_attempt_frees_the_replica_as_neutral() -> N
         assert not replica.breaker.trial_in_flight
     with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
         runner.run(main())
+
+
+def test_the_websocket_upgrade_names_a_replica_or_echoes_a_signed_token() -> None:
+    from types import SimpleNamespace
+
+    from tokenwire.gateway.http.responses_ws import upgrade_turn_state
+    from tokenwire.gateway.routing.router import Router
+
+    pool, _ = make_pool("ok", "ok", kind="responses")
+    state = SimpleNamespace(router=Router([ServedModel(name="m", upstream=pool)]))
+    token = upgrade_turn_state(state, {})  # type: ignore[arg-type]
+    assert token is not None and read_turn_state(token)[0] in {"p/r1", "p/r2"}
+    mine = replica_token("p/r2")
+    assert upgrade_turn_state(state, {"x-codex-turn-state": mine}) == mine  # type: ignore[arg-type]
+    forged = mine[:-2] + "zz"
+    assert upgrade_turn_state(state, {"x-codex-turn-state": forged}) != forged  # type: ignore[arg-type]
+    single = SimpleNamespace(router=Router([ServedModel(name="m", upstream=FakeReplica("u"))]))
+    assert upgrade_turn_state(single, {}) is None  # type: ignore[arg-type]

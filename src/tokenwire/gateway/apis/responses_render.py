@@ -310,6 +310,10 @@ class ResponsesRenderer:
         return [self._sse("response.created", response=self._snapshot("in_progress")),
                 self._sse("response.in_progress", response=self._snapshot("in_progress"))]
 
+    def served_by(self, model: str) -> None:
+        """The model that serves (a fallback's), named from the next event on."""
+        self._model = model
+
     def heartbeat(self) -> list[bytes]:
         """A genuine ``response.in_progress`` data event: Codex's idle timer ignores SSE
         comments, so a quiet stream is kept alive by data events (gateway-research §5.1)."""

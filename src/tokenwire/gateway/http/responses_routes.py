@@ -50,6 +50,7 @@ from tokenwire.gateway.apis.responses_request import (
 from tokenwire.gateway.http.generation import check_inputs, check_model_limits
 from tokenwire.gateway.http.requests import decode_json, read_body
 from tokenwire.gateway.http.responses_get import get_response, response_store_of
+from tokenwire.gateway.http.responses_head import open_stream, turn_state_of
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, WireRecord
 from tokenwire.gateway.ir import (
@@ -293,7 +294,14 @@ class _SSEResponse:
         scope.cancel()
 
     async def _run(self, send: Send) -> None:
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._headers]
+        # The head may wait for the first event (http/responses_head.py): then it names the
+        # model that serves and carries the turn state (the replica of the turn).
+        self._stream, facts = await open_stream(self._stream, self._renderer)
+        served = getattr(self._stream, "served_headers", None)
+        head = [*self._headers, *(served() if served is not None else [])]
+        if (turn_state := turn_state_of(facts)) is not None:
+            head.append((TURN_STATE_HEADER, turn_state))
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in head]
         await send({"type": "http.response.start", "status": 200, "headers": raw})
 
         def finished() -> None:

@@ -21,10 +21,19 @@ remembered, answered with an empty created / in_progress / completed lifecycle, 
 
 The socket remembers its last completed response (:class:`~.ws_session.SocketMemory`), so
 Codex's ``previous_response_id`` with only the new ``input`` items works with ``store:
-false``; the upstream's turn state is remembered too and sent with the next turn (Codex
-echoes it in ``client_metadata``). Limits and close codes: :mod:`.ws_session`. On shutdown
-every session drains like an HTTP stream: an idle one closes (1001) at once, a busy one after
-its response (which the grace period may end with ``server_shutting_down``).
+false``; the turn state is remembered too and sent with the next turn (Codex echoes it in
+``client_metadata``). The upgrade response carries ``x-codex-turn-state`` (Codex reads it
+there, ``responses_websocket.rs``, and replays it when it reconnects within the turn): the
+one the client sent, when this gateway signed it, else, when the default model is served
+by a replica pool, a token naming the replica chosen for the socket now
+(:func:`upgrade_turn_state`), so every turn of the socket goes there while it is up.
+Codex's other upgrade headers (``openai-model``, ``x-models-etag``,
+``x-reasoning-included``) are not sent: the model is only known per ``response.create``,
+and the gateway has no models etag nor reasoning-inclusion rule to announce.
+
+Limits and close codes: :mod:`.ws_session`. On shutdown every session drains like an HTTP
+stream: an idle one closes (1001) at once, a busy one after its response (which the grace
+period may end with ``server_shutting_down``).
 
 Not built: holding one upstream WebSocket per client socket in front of a Responses upstream
 that offers one; every turn is translated to the upstream's HTTP API, as ``POST`` does.
@@ -43,12 +52,18 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tokenwire.errors import CompactionRefused, TokenwireError
-from tokenwire.gateway.affinity import TURN_STATE_HEADER
+from tokenwire.gateway.affinity import (
+    TURN_STATE_HEADER,
+    affinity_hints,
+    read_turn_state,
+    replica_token,
+)
 from tokenwire.gateway.apis.errors import error_object
 from tokenwire.gateway.apis.responses_render import ResponsesRenderer, new_response_id
 from tokenwire.gateway.apis.sse import json_bytes
 from tokenwire.gateway.http.errors import error_parts
 from tokenwire.gateway.http.requests import decode_json
+from tokenwire.gateway.http.responses_head import open_stream
 from tokenwire.gateway.http.responses_routes import (
     final_saver,
     prepare_response,
@@ -69,10 +84,10 @@ from tokenwire.gateway.http.ws_session import (
     SocketMemory,
     parse_message,
 )
-from tokenwire.gateway.ir import EventStream, Finish, FinishKind
+from tokenwire.gateway.ir import EventStream, Finish, FinishKind, GenerationRequest, PromptText
 from tokenwire.gateway.supervision.admission import RETRY_AFTER_S
 
-__all__ = ["MAX_MESSAGE_HEADER", "responses_socket"]
+__all__ = ["MAX_MESSAGE_HEADER", "responses_socket", "upgrade_turn_state"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +109,20 @@ def _denial(status: int, code: str, message: str) -> Response:
     body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     return Response(json_bytes(body), status_code=status, media_type="application/json",
                     headers={"Retry-After": str(RETRY_AFTER_S), "Connection": "close"})
+
+
+def upgrade_turn_state(state: GatewayState, headers: dict[str, str]) -> str | None:
+    """The ``x-codex-turn-state`` of an upgrade response (module docstring), or None."""
+    sent = headers.get(TURN_STATE_HEADER)
+    if sent is not None and read_turn_state(sent) is not None:
+        return sent
+    default = state.router.default
+    pool = getattr(default.upstream, "replicas", None) and default.upstream if default else None
+    if pool is None:
+        return None
+    hints = affinity_hints({}, headers)
+    choice = pool.choose(GenerationRequest(prompt=PromptText(text=""), affinity=hints))
+    return replica_token(choice.replica.name) if choice.replica is not None else None
 
 
 async def responses_socket(websocket: WebSocket) -> None:
@@ -133,7 +162,8 @@ class _Session:
                                   cap_s=settings.ws_session_cap_s)
         self.memory = SocketMemory(state.response_store)
         self.headers = {k.lower(): v for k, v in websocket.headers.items()}
-        self.turn_state: str | None = None  # the upstream's, wrapped (affinity.py)
+        #: The turn state of the socket's next turn: the upgrade's, then each response's.
+        self.turn_state = upgrade_turn_state(state, self.headers)
         self.busy = False
         self.draining = False
         self.stream: EventStream | None = None
@@ -141,9 +171,11 @@ class _Session:
         self.session_id = new_response_id().replace("resp_", "ws_", 1)
 
     async def run(self) -> None:
-        await self.ws.accept(headers=[
-            (b"x-request-id", self.session_id.encode()),
-            (MAX_MESSAGE_HEADER.encode(), str(self.max_bytes).encode())])
+        headers = [(b"x-request-id", self.session_id.encode()),
+                   (MAX_MESSAGE_HEADER.encode(), str(self.max_bytes).encode())]
+        if self.turn_state is not None:
+            headers.append((TURN_STATE_HEADER.encode(), self.turn_state.encode()))
+        await self.ws.accept(headers=headers)
         self.state.ws_sessions.add(self)
         try:
             async with anyio.create_task_group() as tg:
@@ -282,6 +314,8 @@ class _Session:
                 return
             stream = state.supervise(None, prep.served, prep.gen, streaming=True,
                                      api="responses", ticket=ticket)
+            self.stream = stream  # cancelled if the client leaves while the head waits
+            stream, _facts = await open_stream(stream, prep.renderer)  # responses_head.py
             self.stream = stream
             save = store_hook(state, state.response_store, prep.call)
             await self._pump(stream, prep.renderer, record=stream.observer,

@@ -188,6 +188,7 @@ class GatewayState:
         is the request's (:func:`ticket_of`), or ``ticket`` when the caller took one itself
         (a WebSocket ``response.create``, ``http/responses_ws.py``)."""
         gen = _with_header_hints(gen, request)
+        self.health.start()  # the active probes of replica pools (idempotent)
         record = self.observability.new_request(
             api=api, model=served.name, upstream=served.upstream_name or served.name,
             request_id=gen.request_id, stream=streaming)

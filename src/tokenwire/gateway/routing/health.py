@@ -1,12 +1,23 @@
-"""Each upstream's health for ``/health``: the last ``probe()``, refreshed in the background.
+"""Each upstream's health for ``/health``, and the one active-probe loop of the gateway.
 
-:class:`HealthMonitor` refreshes at most every ``interval`` seconds, so a scraper polling
-``/health`` in a tight loop does not turn into a probe storm against the upstreams.
+:class:`HealthMonitor` keeps the last ``probe()`` of every upstream. Two kinds of entry:
+
+* **Active**: an upstream with a ``probe_interval_s`` (a replica pool, ``routing/pool.py``,
+  whose probes feed its replicas' breakers: a restarted replica is half-opened and closed
+  again by them) is probed by the background loop (:meth:`HealthMonitor.start`) that
+  often, whether ``/health`` is polled or not.
+* **Passive**: any other upstream is probed when ``/health`` is polled, at most every
+  ``interval`` seconds, so a scraper polling in a tight loop does not turn into a probe
+  storm against the upstreams.
+
+One loop, one probe per upstream: ``/health`` reads what the loop found for active entries
+(probing them itself only while no loop runs, in tests without a server).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -44,6 +55,7 @@ class HealthMonitor:
     _last: dict[str, UpstreamHealth] = field(default_factory=dict)
     _checked_at: float | None = None
     _refresh: asyncio.Task[None] | None = None
+    _loop: asyncio.Task[None] | None = None
 
     def seed(self, results: Iterable[UpstreamHealth]) -> None:
         """Record probes already made (at start-up), so the first /health needs none."""
@@ -61,10 +73,48 @@ class HealthMonitor:
         return tuple(self._last.get(name) or _unknown(name, up) for name, up in self.upstreams)
 
     async def refresh(self) -> None:
-        results = await asyncio.gather(*(_probe(name, up) for name, up in self.upstreams))
-        for h in results:
-            self._last[h.name] = h
+        """Probe the passive entries (all of them while no loop runs)."""
+        looping = self._loop is not None and not self._loop.done()
+        chosen = [(n, up) for n, up in self.upstreams if not (looping and _interval(up))]
+        results = await asyncio.gather(*(_probe(name, up) for name, up in chosen))
+        for (name, _), h in zip(chosen, results, strict=True):
+            self._last[name] = h
         self._checked_at = self.clock()
+
+    def start(self) -> None:
+        """Start the active-probe loop when an entry is active (idempotent; needs a running
+        event loop, else does nothing)."""
+        if not any(_interval(up) for _, up in self.upstreams):
+            return
+        if self._loop is None or self._loop.done():
+            try:
+                self._loop = asyncio.get_running_loop().create_task(self._run())
+            except RuntimeError:
+                return
+
+    async def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+            self._loop = None
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        active = [(n, up, _interval(up)) for n, up in self.upstreams if _interval(up)]
+        due = {n: loop.time() + every for n, _, every in active}
+        while True:
+            await asyncio.sleep(max(0.0, min(due.values()) - loop.time()))
+            ready = [(n, up, every) for n, up, every in active if due[n] <= loop.time()]
+            results = await asyncio.gather(*(_probe(n, up) for n, up, _ in ready))
+            for (name, _, every), h in zip(ready, results, strict=True):
+                self._last[name] = h
+                due[name] = loop.time() + every
+
+
+def _interval(upstream: Any) -> float:
+    """The active-probe period of an upstream (0: passive)."""
+    return float(getattr(upstream, "probe_interval_s", 0) or 0)
 
 
 async def _probe(name: str, upstream: Any) -> UpstreamHealth:

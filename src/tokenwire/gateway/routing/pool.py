@@ -8,24 +8,34 @@ adapter (one URL, key, weight, concurrency limit) with its own :class:`~.breaker
 Each :meth:`ReplicaPool.submit` is one attempt of the supervisor's retry loop and picks one
 replica (:meth:`ReplicaPool.choose`), in this order:
 
-1. **Hard pins**: state only one replica can read (encrypted reasoning it produced, its
-   ``x-codex-turn-state``) goes to that replica and nowhere else. When it is down the
-   attempt fails with ``replica_unavailable`` (503, ``Retry-After`` = its cool-down left),
-   never with the state sent elsewhere.
-2. **Soft pins**: a ``previous_response_id`` continues on the replica that produced it
+1. **Hard pins**: state only one replica can read (encrypted reasoning it produced, the
+   ``x-codex-turn-state`` value its upstream issued) goes to that replica and nowhere else.
+   When it is down the attempt fails with ``replica_unavailable`` (503, ``Retry-After`` =
+   its cool-down left), never with the state sent elsewhere.
+2. **Turn pins**: every attempt's first event is a turn-state token naming its replica
+   (``affinity.replica_token``; signed, so a client cannot aim it elsewhere). Codex sends
+   it back on every later request of the turn, which continues on that replica. When that
+   replica is down or full, the request is re-routed (steps 3-5) and logged: the gateway
+   replays the conversation itself, so nothing unreadable is sent anywhere.
+3. **Soft pins**: a ``previous_response_id`` continues on the replica that produced it
    (its prefix cache holds the conversation); the gateway replays the items itself, so when
    that replica is down any other can continue.
-3. **Affinity keys** (:func:`affinity_key`): an explicit ``x-tokenwire-affinity`` header,
+4. **Affinity keys** (:func:`affinity_key`): an explicit ``x-tokenwire-affinity`` header,
    ``prompt_cache_key``, ``session-id`` / ``x-session-id`` / ``thread-id``, or (opt-in) a
    hash of the prompt's first characters, choose by rendezvous hashing over the replicas
    the breakers admit; a full replica passes the key to the next one in its order.
-4. Otherwise the less loaded of two random replicas (``balance.py``).
+5. Otherwise the less loaded of two random replicas (``balance.py``).
 
 Replicas an earlier attempt of the same request failed on (``avoid``) are skipped while
 another can take the request; breakers open on a dead replica so that later requests do
-not even try it, and the active probe (every ``probe_interval_s``) half-opens and closes
-them again. The pool never queues: admission (``supervision/admission.py``) asks
-:meth:`ReplicaPool.has_free_slot` and waits in its own queue.
+not even try it, and the active probe (:meth:`ReplicaPool.probe`, run every
+``probe_interval_s`` by the one health loop, ``routing/health.py``) half-opens and closes
+them again. **Panic**: when the share of replicas the breakers admit is at or below
+``panic_threshold`` (default 0: only when every replica is ejected), the breakers are
+ignored and requests spread over every replica (Envoy's panic mode; README "Replica
+pools" says why the default is 0). The pool never queues: admission
+(``supervision/admission.py``) asks :meth:`ReplicaPool.has_free_slot` and waits in its
+own queue.
 """
 
 from __future__ import annotations
@@ -39,7 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenwire.gateway.affinity import TURN_STATE_HEADER, unwrap_turn_state
+from tokenwire.errors import ConfigError
+from tokenwire.gateway.affinity import TURN_STATE_HEADER, read_turn_state, replica_token
 from tokenwire.gateway.ir import (
     ChatPrompt,
     Event,
@@ -50,6 +61,7 @@ from tokenwire.gateway.ir import (
     GenerationRequest,
     PromptIds,
     PromptText,
+    ResponseMeta,
     is_terminal,
 )
 from tokenwire.gateway.routing.balance import Candidate, least_loaded_of_two, rendezvous_order
@@ -59,12 +71,14 @@ from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
 
 __all__ = [
     "AFFINITY_HEADER",
+    "DEFAULT_PANIC_THRESHOLD",
     "DEFAULT_PROBE_INTERVAL_S",
     "FAILOVER_CLASSES",
     "PINNED_STATE_KINDS",
     "Replica",
     "ReplicaPool",
     "affinity_key",
+    "parse_panic_threshold",
 ]
 
 log = logging.getLogger(__name__)
@@ -77,6 +91,14 @@ _KEY_HINTS = (AFFINITY_HEADER, "prompt_cache_key", "session-id", "x-session-id",
 #: Active probes of every replica run this often: a restarted replica is half-opened within
 #: a cool-down plus this, and a probe is one ``GET /v1/models``.
 DEFAULT_PROBE_INTERVAL_S = 5.0
+#: Panic (route over every replica, breakers ignored) only when no replica is admitted. A
+#: higher share (Envoy's default is 50 %) protects the survivors from overload; here the
+#: admission queue already bounds each replica at its ``max_concurrent``, so the survivors
+#: cannot be overloaded and panicking early would only send requests to replicas known to
+#: be down. With all of them ejected, though, the breakers are more likely wrong (one
+#: network blip, a burst of 503s seen by this gateway) than every replica dead at once, and
+#: an attempt on a dead one costs a fast connection failure.
+DEFAULT_PANIC_THRESHOLD = 0.0
 #: Failures another replica may answer differently, so the supervisor retries them there at
 #: once (the replica's own faults); a client error would fail the same way everywhere.
 FAILOVER_CLASSES = frozenset({FailureClass.CONNECTION, FailureClass.UPSTREAM,
@@ -85,6 +107,16 @@ FAILOVER_CLASSES = frozenset({FailureClass.CONNECTION, FailureClass.UPSTREAM,
 #: back (gateway/affinity.py, responses_upstream.py, anthropic_upstream.py): only there is
 #: such state a hard pin. Other kinds never send it anywhere.
 PINNED_STATE_KINDS = frozenset({"responses", "anthropic"})
+
+
+def parse_panic_threshold(value: object, where: str = "pool") -> float | None:
+    """A ``panic_threshold`` setting: a share in [0, 1), or ``false`` for no panic (an
+    all-ejected pool then answers ``no_healthy_replica`` at once)."""
+    if value is False:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1:
+        return float(value)
+    raise ConfigError(f"{where}: panic_threshold must be a share in [0, 1) or false")
 
 
 def affinity_key(request: GenerationRequest, *, prefix_chars: int = 0) -> str | None:
@@ -155,19 +187,23 @@ class ReplicaPool:
 
     def __init__(self, name: str, kind: str, replicas: Sequence[Replica], *,
                  pins: PinStore | None = None, probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
-                 prefix_chars: int = 0, clock: Callable[[], float] = time.monotonic,
+                 prefix_chars: int = 0, panic_threshold: float | None = DEFAULT_PANIC_THRESHOLD,
+                 clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         if not replicas:
             raise ValueError("a pool needs at least one replica")
+        if panic_threshold is not None and not 0.0 <= panic_threshold < 1.0:
+            raise ValueError("panic_threshold must be in [0, 1), or None for no panic")
         self.name, self.kind = name, kind
         self.replicas = tuple(replicas)
         self.pins = pins or PinStore()
+        #: How often the health loop (``routing/health.py``) probes every replica.
         self.probe_interval_s = probe_interval_s
         self.prefix_chars = prefix_chars
+        self.panic_threshold = panic_threshold
         self._clock = clock
         self._rng = rng or random.Random()
         self._by_name = {r.name: r for r in self.replicas}
-        self._probing: asyncio.Task[None] | None = None
         #: Called when capacity may have grown (a breaker closed, a slot freed): admission
         #: re-grants its waiters (set by GatewayState).
         self.on_capacity: Callable[[], None] = lambda: None
@@ -193,34 +229,53 @@ class ReplicaPool:
             raise AttributeError(name)
         return getattr(self.replicas[0].adapter, name)
 
+    def panicking(self, now: float) -> bool:
+        """True when the share of replicas not cooling down is at or below the panic
+        threshold: the breakers are then ignored (module docstring)."""
+        if self.panic_threshold is None:
+            return False
+        up = sum(1 for r in self.replicas if not r.breaker.known_down(now))
+        return up / len(self.replicas) <= self.panic_threshold
+
+    def _candidates(self, now: float, avoid: frozenset[str], panic: bool) -> list[Candidate]:
+        if panic:  # every replica may be tried, as its limit allows
+            return [Candidate(name=r.name, weight=r.weight, in_flight=r.in_flight,
+                              limit=r.limit, eligible=r.name not in avoid)
+                    for r in self.replicas]
+        return [r.candidate(now, avoid) for r in self.replicas]
+
     def has_free_slot(self, avoid: frozenset[str] = frozenset()) -> bool:
         """May admission start one more request here (on a replica not in ``avoid``)? Yes
-        when a replica its breaker admits has a free slot, and also when none is admitted
-        at all: the attempt then fails at once with ``no_healthy_replica`` (a request never
-        waits on a replica known to be down; the retry budget spaces the next tries)."""
+        when a replica its breaker admits (any replica, in panic) has a free slot, and also
+        when none is admitted at all: the attempt then fails at once with
+        ``no_healthy_replica`` (a request never waits on a replica known to be down; the
+        retry budget spaces the next tries)."""
         now = self._clock()
-        admitted = [r for r in self.replicas if r.name not in avoid and r.breaker.admits(now)]
-        return not admitted or any(r.in_flight < r.limit for r in admitted)
+        cands = [c for c in self._candidates(now, avoid, self.panicking(now)) if c.eligible]
+        return not cands or any(c.free for c in cands)
 
     # -- choosing --------------------------------------------------------------------------
 
     def choose(self, request: GenerationRequest, avoid: frozenset[str] = frozenset()
                ) -> _Choice:
-        """The replica for this attempt (module docstring, steps 1-4)."""
+        """The replica for this attempt (module docstring, steps 1-5)."""
         now = self._clock()
-        pinned = self._hard_pin(request)
-        if pinned is not None:
-            if pinned.breaker.admits(now) and pinned.in_flight < pinned.limit:
+        panic = self.panicking(now)
+        pinned, hard = self._turn_pin(request)
+        if pinned is not None and hard:
+            if (panic or pinned.breaker.admits(now)) and pinned.in_flight < pinned.limit:
                 return _Choice(pinned)
             return _Choice(failure=self._unavailable(pinned, now))
-        cands = [r.candidate(now, avoid) for r in self.replicas]
+        cands = self._candidates(now, avoid, panic)
         if not any(c.free for c in cands):  # every other one tried or full: any will do
-            cands = [r.candidate(now) for r in self.replicas]
-        soft = self._soft_pin(request)
-        if soft is not None:
-            i = self.replicas.index(soft)
-            if cands[i].free:
-                return _Choice(soft)
+            cands = self._candidates(now, frozenset(), panic)
+        for preferred in (pinned, self._soft_pin(request)):
+            if preferred is not None:
+                if cands[self.replicas.index(preferred)].free:
+                    return _Choice(preferred)
+                if preferred is pinned:
+                    log.info("replica %s of %s named by the turn state cannot take the "
+                             "request now; re-routed", pinned.name, self.name)
         key = affinity_key(request, prefix_chars=self.prefix_chars)
         if key is not None:
             for i in rendezvous_order(key, cands):
@@ -235,28 +290,31 @@ class ReplicaPool:
                       request: GenerationRequest) -> bool:
         """Should the supervisor retry ``failure`` on another replica, without a budget or
         a wait beyond admission's? Yes for a replica's own fault when a replica not in
-        ``avoid`` is admitted by its breaker (busy or not: the request then waits in the
-        admission queue for its slot, first in line)."""
-        if failure.failure_class not in FAILOVER_CLASSES or self._hard_pin(request):
+        ``avoid`` is admitted by its breaker, or by panic (busy or not: the request then
+        waits in the admission queue for its slot, first in line)."""
+        if failure.failure_class not in FAILOVER_CLASSES or self._turn_pin(request)[1]:
             return False
         now = self._clock()
-        return any(r.candidate(now, avoid).eligible for r in self.replicas)
+        return any(c.eligible for c in self._candidates(now, avoid, self.panicking(now)))
 
-    def _hard_pin(self, request: GenerationRequest) -> Replica | None:
-        """The replica whose unreadable-elsewhere state the request carries (the latest)."""
-        if self.kind not in PINNED_STATE_KINDS:
-            return None
+    def _turn_pin(self, request: GenerationRequest) -> tuple[Replica | None, bool]:
+        """The replica the request's state names, and whether only it can read that state
+        (hard: its encrypted reasoning, or its upstream's own turn state) or it is only the
+        turn's replica (a :func:`~tokenwire.gateway.affinity.replica_token`)."""
         found: Replica | None = None
-        if isinstance(request.prompt, ChatPrompt):
+        pinned_kind = self.kind in PINNED_STATE_KINDS
+        if pinned_kind and isinstance(request.prompt, ChatPrompt):
             for message in request.prompt.messages:
                 for name, _ in message.reasoning_encrypted:
                     found = self._by_name.get(name, found)
         wrapped = dict(request.affinity).get(TURN_STATE_HEADER)
-        if wrapped is not None:
-            for r in self.replicas:
-                if unwrap_turn_state(r.name, wrapped) is not None:
-                    found = r
-        return found
+        token = read_turn_state(wrapped) if wrapped is not None else None
+        named = self._by_name.get(token[0]) if token is not None else None
+        if named is not None and token is not None and token[1] is not None and pinned_kind:
+            return named, True
+        if found is not None:
+            return found, True
+        return named, False
 
     def pinned(self, key: str) -> str | None:
         """The replica pinned to ``key`` (a response id), if any."""
@@ -296,14 +354,15 @@ class ReplicaPool:
 
     def submit(self, request: GenerationRequest, *, avoid: frozenset[str] = frozenset()
                ) -> EventStream:
-        self.start_probing()
         choice = self.choose(request, avoid)
         if choice.replica is None:
             assert choice.failure is not None
             return _Ended(choice.failure)
         replica = choice.replica
         now = self._clock()
-        trial = replica.breaker.start(now)
+        # In panic a replica its breaker does not admit is tried anyway, outside the
+        # breaker: its outcome is no trial (probes and trials decide its recovery).
+        trial = replica.breaker.start(now) if replica.breaker.admits(now) else False
         try:
             inner = replica.adapter.submit(request)
         except BaseException:
@@ -336,32 +395,29 @@ class ReplicaPool:
 
     # -- active probes ---------------------------------------------------------------------
 
-    def start_probing(self) -> None:
-        """Start the background probe loop (idempotent; needs a running event loop)."""
-        if self._probing is None or self._probing.done():
-            try:
-                self._probing = asyncio.get_running_loop().create_task(self._probe_loop())
-            except RuntimeError:
-                return
+    async def probe(self) -> UpstreamHealth:
+        """Probe every replica not cooling down, feeding its breaker; the pool as one
+        upstream: up when every replica is, degraded when some are, down when none is.
+        The health loop (``routing/health.py``) calls it every ``probe_interval_s``."""
+        results = await asyncio.gather(*(self._probe_one(r) for r in self.replicas))
+        up = [h for h in results if h.state is not UpstreamState.DOWN]
+        models = next((h.models for h in up if h.models), ())
+        state = UpstreamState.UP if len(up) == len(results) else (
+            UpstreamState.DEGRADED if up else UpstreamState.DOWN)
+        detail = "; ".join(f"{h.name}: {h.detail}" for h in results if h.detail)
+        return UpstreamHealth(name=self.name, kind=self.kind, state=state, models=models,
+                              detail=detail)
 
-    async def _probe_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.probe_interval_s)
-            try:
-                await self.probe_replicas()
-            except Exception as exc:  # a probe bug must not end probing
-                log.error("replica probes of %s failed: %s", self.name, type(exc).__name__)
-
-    async def probe_replicas(self) -> None:
-        """Probe every replica not cooling down; the results feed its breaker."""
-        await asyncio.gather(*(self._probe_one(r) for r in self.replicas))
-
-    async def _probe_one(self, replica: Replica) -> None:
+    async def _probe_one(self, replica: Replica) -> UpstreamHealth:
         now = self._clock()
-        if not replica.breaker.admits(now):
-            return  # cooling down, or a trial is already in flight
+        if not replica.breaker.admits(now):  # cooling down, or a trial is in flight
+            left = replica.breaker.cooldown_left(now)
+            return UpstreamHealth(name=replica.name, kind=self.kind, state=UpstreamState.DOWN,
+                                  detail=f"ejected, {left:.0f} s of cool-down left" if left
+                                  else "half-open, a trial is in flight")
         trial = replica.breaker.start(now)
-        ok = await _probe_ok(replica.adapter)
+        health = await _safe_probe(replica)
+        ok = health.state is not UpstreamState.DOWN
         now, before = self._clock(), replica.breaker.state
         if ok and trial:
             replica.breaker.on_success(now, trial=True)
@@ -372,21 +428,9 @@ class ReplicaPool:
                         before.value, replica.breaker.state.value)
             self.on_transition(replica, before)
             self.on_capacity()
-
-    async def probe(self) -> UpstreamHealth:
-        """The pool as one upstream (start-up checks): up when any replica is."""
-        results = await asyncio.gather(*(_safe_probe(r) for r in self.replicas))
-        up = [h for h in results if h.state is not UpstreamState.DOWN]
-        models = next((h.models for h in up if h.models), ())
-        state = UpstreamState.UP if len(up) == len(results) else (
-            UpstreamState.DEGRADED if up else UpstreamState.DOWN)
-        detail = "; ".join(f"{h.name}: {h.detail}" for h in results if h.detail)
-        return UpstreamHealth(name=self.name, kind=self.kind, state=state, models=models,
-                              detail=detail)
+        return health
 
     async def aclose(self) -> None:
-        if self._probing is not None:
-            self._probing.cancel()
         for r in self.replicas:
             close = getattr(r.adapter, "aclose", None)
             if close is not None:
@@ -411,14 +455,6 @@ async def _safe_probe(replica: Replica) -> UpstreamHealth:
                               detail=f"probe failed: {type(exc).__name__}")
 
 
-async def _probe_ok(adapter: Any) -> bool:
-    try:
-        health = await adapter.probe()
-    except Exception:
-        return False
-    return health.state is not UpstreamState.DOWN
-
-
 class _ReplicaStream:
     """One attempt's stream on one replica; tells the pool how it ended, exactly once."""
 
@@ -427,8 +463,26 @@ class _ReplicaStream:
         self._pool, self.replica, self._inner = pool, replica, inner
         self._trial, self._request_id = trial, request_id
         self._done = False
+        self._announced = False
+        self._pending: Event | None = None
 
     async def next_event(self) -> Event:
+        """The replica's events, the first preceded by a turn-state token naming the
+        replica (module docstring, step 2) unless the upstream's own (already naming it)
+        comes first."""
+        if self._pending is not None:
+            event, self._pending = self._pending, None
+            return event
+        event = await self._next()
+        if self._announced:
+            return event
+        self._announced = True
+        if isinstance(event, ResponseMeta) and event.turn_state is not None:
+            return event
+        self._pending = event
+        return ResponseMeta(turn_state=replica_token(self.replica.name))
+
+    async def _next(self) -> Event:
         try:
             event = await self._inner.next_event()
         except asyncio.CancelledError:

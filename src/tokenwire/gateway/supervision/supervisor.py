@@ -308,6 +308,14 @@ class SupervisedStream:
             self._ticket.release_slot()
 
     @property
+    def head_waits(self) -> bool:
+        """Should a Responses stream hold its head and ``response.created`` for the first
+        event? Yes when what that event says may differ from what is known now: a fallback
+        may serve the request, or a pool names the replica of the turn (its turn-state
+        token, ``routing/pool.py``). The wait ends at the first event or heartbeat."""
+        return self._plan is not None or hasattr(self._served.upstream, "replicas")
+
+    @property
     def serving(self) -> Upstreamish:
         """The model serving the request now (the routed one unless a fallback took it)."""
         return self._served
