@@ -1,0 +1,283 @@
+"""The one Redis connection of a gateway process: deadlines, degraded mode, recovery.
+
+Everything the gateway shares with its other instances (stored responses, pins, limits,
+breakers) goes through one :class:`RedisConn`, built from ``[state]``
+(``state/config.py``). Its rules:
+
+- **Every call has a deadline** (``[state] timeout_ms``, default 250 ms,
+  :data:`~tokenwire.gateway.state.config.DEFAULT_TIMEOUT_MS` says why), enforced around the
+  whole call (connect, send, reply), and redis-py's own retries are off: a retry belongs to
+  the caller, which knows whether the request can wait.
+- **A failing Redis makes the connection "degraded"** and requests stop waiting on it: while
+  degraded, :meth:`RedisConn.call` raises :class:`StateUnavailable` at once, without I/O,
+  except for one probe call every backoff period (0.5 s doubling to 5 s). Each piece of state
+  then does its documented degraded thing (local-only limits, "store unavailable").
+- **It recovers by itself**: the first probe that succeeds makes it "up" again. Transitions,
+  never requests, produce the log lines (a WARNING when degraded, an INFO when recovered) and
+  move ``tokenwire_state_up``.
+
+The up/degraded decisions are :class:`LinkHealth`, a sans-IO state machine that is given the
+time (tests drive it with a fake clock); :class:`RedisConn` does the I/O around it. The
+``redis`` package is imported only when a connection is built, so a gateway without
+``[state]`` never loads it.
+
+Callers pass an operation ``op(client)`` that does **one round trip** (one command, or one
+pipeline): :meth:`RedisConn.call` counts round trips (``calls``, the
+``tokenwire_state_calls_total`` series), which is how the per-request count is measured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from tokenwire.gateway.state.config import StateConfig
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+__all__ = [
+    "INITIAL_BACKOFF_S",
+    "MAX_BACKOFF_S",
+    "MAX_CONNECTIONS",
+    "LinkHealth",
+    "RedisConn",
+    "StateUnavailable",
+]
+
+T = TypeVar("T")
+
+log = logging.getLogger("tokenwire.state")
+
+#: The first re-check after Redis fails: short, because a restart or a failover usually
+#: completes within a second and every skipped call is degraded service.
+INITIAL_BACKOFF_S: Final = 0.5
+#: The longest wait between re-checks: a Redis that stays down costs one probe call (at most
+#: one deadline of one request) per 5 s, and recovery is noticed within 5 s of it returning.
+MAX_BACKOFF_S: Final = 5.0
+#: Connections to Redis per gateway process. Calls take well under a millisecond each, so 64
+#: carry tens of thousands of calls a second; a bound keeps a stalled Redis from collecting
+#: one socket per waiting request (the wait for a free one counts against the deadline).
+MAX_CONNECTIONS: Final = 64
+
+
+class StateUnavailable(Exception):
+    """Redis could not be used for this call: it is known to be down (``skipped``), or the
+    call failed or missed its deadline. The caller falls back to its degraded behaviour."""
+
+    def __init__(self, reason: str, *, skipped: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.skipped = skipped
+
+
+@dataclass(slots=True)
+class LinkHealth:
+    """Up or degraded, and when the next probe of a degraded Redis may go (sans-IO).
+
+    :meth:`admit` is asked before each call: ``"call"`` (up), ``"probe"`` (degraded, and a
+    re-check is due: this one call goes through), or None (degraded: skip, no I/O). The call's
+    result is reported with :meth:`succeeded`, :meth:`failed` or :meth:`abandoned`; the first
+    two return True when they changed the state (the caller logs transitions only).
+    """
+
+    initial_backoff_s: float = INITIAL_BACKOFF_S
+    max_backoff_s: float = MAX_BACKOFF_S
+    up: bool = True
+    since: float = 0.0
+    next_check: float = 0.0
+    backoff_s: float = 0.0
+    probing: bool = False
+
+    def admit(self, now: float) -> str | None:
+        if self.up:
+            return "call"
+        if self.probing or now < self.next_check:
+            return None
+        self.probing = True
+        return "probe"
+
+    def succeeded(self, now: float, kind: str) -> bool:
+        if kind == "probe":
+            self.probing = False
+        if self.up:
+            return False
+        # A success is proof Redis answers, whether from the probe or from a call that was
+        # already under way when another one failed.
+        self.up, self.since, self.backoff_s = True, now, 0.0
+        return True
+
+    def failed(self, now: float, kind: str) -> bool:
+        if self.up:
+            self.up, self.since = False, now
+            self.backoff_s = self.initial_backoff_s
+            self.next_check = now + self.backoff_s
+            return True
+        if kind == "probe":
+            # Only a failed probe lengthens the wait: calls that were in flight when Redis
+            # went down fail together and must not multiply the backoff.
+            self.probing = False
+            self.backoff_s = min(self.backoff_s * 2, self.max_backoff_s)
+            self.next_check = now + self.backoff_s
+        return False
+
+    def abandoned(self, kind: str) -> None:
+        """The call was cancelled (its client went away): a probe may be sent again."""
+        if kind == "probe":
+            self.probing = False
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    from redis.exceptions import RedisError
+    # OSError: refused or reset sockets that escape redis-py's wrapping; TimeoutError: the
+    # deadline (asyncio.timeout raises the builtin).
+    return (RedisError, OSError, TimeoutError)
+
+
+class RedisConn:
+    """The process's Redis client behind a deadline and the degraded-mode gate.
+
+    ``call(op)`` runs ``op(client)`` (one round trip) or raises :class:`StateUnavailable`;
+    ``key(*parts)`` builds a key under the configured prefix; ``up``, ``snapshot()`` and
+    ``collector()`` report the state for ``/health`` and ``/metrics``. ``client=`` injects
+    a client (tests); ``clock`` drives the backoff.
+    """
+
+    def __init__(self, config: StateConfig, *, client: Redis | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.prefix = config.key_prefix
+        self._clock = clock
+        self.health = LinkHealth(since=clock())
+        self._client = client if client is not None else _build_client(config)
+        self._errors = _transport_errors()
+        #: Round trips attempted (``outcome`` ok / error) and calls skipped while degraded.
+        self.counts: dict[str, int] = {"ok": 0, "error": 0, "skipped": 0}
+        self.transitions = 0
+        self.last_error: str | None = None
+
+    @property
+    def up(self) -> bool:
+        return self.health.up
+
+    @property
+    def calls(self) -> int:
+        """Round trips sent to Redis so far (the per-request count is a difference)."""
+        return self.counts["ok"] + self.counts["error"]
+
+    def key(self, *parts: str) -> str:
+        return self.prefix + ":".join(parts)
+
+    async def call(self, op: Callable[[Redis], Awaitable[T]]) -> T:
+        kind = self.health.admit(self._clock())
+        if kind is None:
+            self.counts["skipped"] += 1
+            raise StateUnavailable("redis is degraded; re-check pending", skipped=True)
+        try:
+            async with asyncio.timeout(self.config.timeout_s):
+                result = await op(self._client)
+        except asyncio.CancelledError:
+            self.health.abandoned(kind)
+            raise
+        except self._errors as exc:
+            self.counts["error"] += 1
+            self._failed(exc, kind)
+            raise StateUnavailable(f"redis call failed: {_describe(exc)}") from exc
+        self.counts["ok"] += 1
+        if self.health.succeeded(self._clock(), kind):
+            self.transitions += 1
+            log.info("shared state recovered: redis at %s answers again; shared state "
+                     "resumes", self.config.display_url)
+        return result
+
+    def _failed(self, exc: BaseException, kind: str) -> None:
+        self.last_error = _describe(exc)
+        if self.health.failed(self._clock(), kind):
+            self.transitions += 1
+            log.warning("shared state degraded: redis at %s failed (%s); serving without "
+                        "it (see README \"Shared state\"), re-checking every %.1f-%.0f s",
+                        self.config.display_url, self.last_error,
+                        self.health.initial_backoff_s, self.health.max_backoff_s)
+
+    async def check(self) -> bool:
+        """One PING when Redis is up or a re-check is due (``/health``, start-up); whether
+        Redis is up afterwards. Never raises."""
+        try:
+            await self.call(lambda r: r.ping())
+        except StateUnavailable:
+            pass
+        return self.up
+
+    def snapshot(self) -> dict[str, Any]:
+        """``/health``'s ``state`` entry: the backend, its URL without password, up or
+        degraded, and the last error while degraded."""
+        body: dict[str, Any] = {"backend": "redis", "url": self.config.display_url,
+                                "key_prefix": self.prefix,
+                                "state": "up" if self.up else "degraded",
+                                "since_s": round(max(0.0, self._clock() - self.health.since), 3)}
+        if not self.up and self.last_error:
+            body["last_error"] = self.last_error
+        return body
+
+    def collector(self) -> Collector:
+        """The ``tokenwire_state_*`` series, read at scrape time (register it once)."""
+        return _StateCollector(self)
+
+    async def aclose(self) -> None:
+        try:
+            await self._client.aclose()
+        except self._errors:
+            pass  # closing a connection to a dead Redis has nothing left to do
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _build_client(config: StateConfig) -> Redis:
+    import redis.asyncio as aioredis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
+    extra: dict[str, Any] = {}
+    if config.tls and config.tls_ca_file:
+        extra["ssl_ca_certs"] = config.tls_ca_file
+    if config.password is not None:
+        extra["password"] = config.password
+    pool = aioredis.BlockingConnectionPool.from_url(
+        config.url, max_connections=MAX_CONNECTIONS, timeout=None,
+        socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s,
+        retry=Retry(NoBackoff(), 0), **extra)
+    # from_pool: the client owns the pool, so aclose() also closes every pooled socket.
+    return aioredis.Redis.from_pool(pool)
+
+
+class _StateCollector(Collector):
+    def __init__(self, conn: RedisConn) -> None:
+        self._conn = conn
+
+    def describe(self) -> Iterable[Metric]:
+        return self.collect()
+
+    def collect(self) -> Iterable[Metric]:
+        conn = self._conn
+        up = GaugeMetricFamily("tokenwire_state_up", "1 when the shared-state Redis answers, "
+                               "0 while degraded (README \"Shared state\").",
+                               value=1 if conn.up else 0)
+        calls = CounterMetricFamily("tokenwire_state_calls", "Shared-state Redis round "
+                                    "trips by outcome (ok, error), and calls skipped while "
+                                    "degraded.", labels=["outcome"])
+        for outcome, n in conn.counts.items():
+            calls.add_metric([outcome], n)
+        transitions = CounterMetricFamily("tokenwire_state_transitions", "Times the "
+                                          "shared-state connection went degraded or "
+                                          "recovered.", value=conn.transitions)
+        return [up, calls, transitions]
