@@ -23,14 +23,17 @@ from tokenwire.errors import ConfigError
 from tokenwire.gateway.affinity import affinity_hints
 from tokenwire.gateway.context_window import ContextSource
 from tokenwire.gateway.http.admission import ticket_of
+from tokenwire.gateway.http.limits import LEASE_SCOPE_KEY
 from tokenwire.gateway.http.ws_session import SocketTable
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
+from tokenwire.gateway.observability.key_metrics import KeyMetrics
 from tokenwire.gateway.observability.records import Observability
 from tokenwire.gateway.routing.fallbacks import FallbackTable, plan_for
 from tokenwire.gateway.routing.health import HealthMonitor
 from tokenwire.gateway.routing.pool import ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.state.key_limiter import KeyLimiter, Lease
 from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
 from tokenwire.gateway.supervision.admission import Admission, Ticket, limits_of
 from tokenwire.gateway.supervision.retry import RetryPolicy
@@ -86,6 +89,10 @@ class GatewayState:
     #: sessions, which graceful shutdown drains (``http/responses_ws.py``).
     ws_sockets: SocketTable = field(default=None)  # type: ignore[assignment]
     ws_sessions: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    #: Per-key limits (``state/key_limiter.py``): this process's counts, or Redis's when
+    #: the gateway has a ``[state]`` connection; and their per-key-name metrics.
+    limiter: KeyLimiter = field(default_factory=KeyLimiter)
+    key_metrics: KeyMetrics = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.router is None:
@@ -115,6 +122,9 @@ class GatewayState:
         for pool in self.pools():  # a replica back or a slot freed: waiters may start
             pool.on_capacity = self.admission.regrant
         self.observability.set_pools_source(self.pools)
+        if self.key_metrics is None:
+            self.key_metrics = KeyMetrics(self.observability.registry)
+        self.limiter.on_mode = self.key_metrics.set_local_only
         if self.ws_sockets is None:
             self.ws_sockets = SocketTable(
                 max_sockets=self.settings.ws_max_sockets,
@@ -127,18 +137,23 @@ class GatewayState:
                       idle_timeout_s=s.idle_timeout_s, request_cap_s=s.request_cap_s)
 
     def supervise(self, request: Request | None, served: ServedModel, gen: GenerationRequest,
-                  *, streaming: bool, api: str, ticket: Ticket | None = None
-                  ) -> SupervisedStream:
+                  *, streaming: bool, api: str, ticket: Ticket | None = None,
+                  lease: Lease | None = None) -> SupervisedStream:
         """The generation as the APIs see it: queued, retried, timed (``supervisor.py``),
         and recorded (``api`` names the surface in metrics and logs). The admission ticket
         is the request's (:func:`ticket_of`), or ``ticket`` when the caller took one itself
-        (a WebSocket ``response.create``, ``http/responses_ws.py``)."""
+        (a WebSocket ``response.create``, ``http/responses_ws.py``); likewise the per-key
+        lease (``http/limits.py``), whose tokens are this record's usage."""
         gen = _with_header_hints(gen, request)
         record = self.observability.new_request(
             api=api, model=served.name, upstream=served.upstream_name or served.name,
             request_id=gen.request_id, stream=streaming)
         if ticket is None:
             ticket = ticket_of(request)
+        if lease is None and request is not None:
+            lease = request.scope.get(LEASE_SCOPE_KEY)
+        if lease is not None:
+            lease.usage = record
         ticket.supervised, ticket.on_release = True, record.close
         plan = plan_for(self.fallbacks, {m.name: m for m in self.router.models}, served,
                         gen) if self.fallbacks else None

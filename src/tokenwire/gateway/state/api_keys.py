@@ -22,11 +22,14 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
 from tokenwire.errors import ConfigError, ConfigErrors
 from tokenwire.gateway.state.limits import KeyLimits
 
-__all__ = ["ANONYMOUS", "KEY_FIELDS", "KEY_SCOPE_KEY", "UNNAMED", "ApiKey", "check_api_key", "digest", "key_table",
-           "parse_keys"]
+__all__ = [
+    "ANONYMOUS", "ANONYMOUS_KEY", "KEY_FIELDS", "KEY_SCOPE_KEY", "UNNAMED", "ApiKey",
+    "check_api_key", "digest", "key_table", "parse_keys",
+]
 
 #: The metric/log name of a key from the flat list, and of a loopback client with no key.
 UNNAMED = "unnamed"
@@ -143,3 +146,7 @@ def key_table(keys: Sequence[ApiKey], flat: Sequence[str]) -> dict[bytes, ApiKey
     table = {digest(k): ApiKey(name=UNNAMED, sha256=digest(k)) for k in flat}
     table.update({k.sha256: k for k in keys})
     return table
+
+
+#: The "key" of a loopback client let in without one (``localhost-open``): no limits.
+ANONYMOUS_KEY = ApiKey(name=ANONYMOUS, sha256=b"")
