@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "CONCURRENT_RETRY_AFTER_S",
+    "EPSILON",
     "WINDOW_S",
     "KeyLimits",
     "Limit",
@@ -93,8 +94,14 @@ def estimate(previous: int, current: int, fraction: float) -> float:
     return previous * (1.0 - fraction) + current
 
 
+#: Slack in ``estimate + 1 <= limit``: the fraction of a window is a float, and at the exact
+#: moment ``Retry-After`` names the estimate may land a rounding error above the limit. Counts
+#: are whole numbers, so no real request is ever admitted by it. The Lua scripts use the same.
+EPSILON = 1e-9
+
+
 def _admits(previous: int, current: int, fraction: float, limit: int) -> bool:
-    return estimate(previous, current, fraction) + 1 <= limit
+    return estimate(previous, current, fraction) + 1 <= limit + EPSILON
 
 
 def wait_s(previous: int, current: int, fraction: float, limit: int,
@@ -118,7 +125,7 @@ def wait_s(previous: int, current: int, fraction: float, limit: int,
 
 def retry_after_s(wait: float) -> int:
     """``Retry-After``: whole seconds, rounded up, at least 1."""
-    return max(1, math.ceil(wait - 1e-9))
+    return max(1, math.ceil(wait - EPSILON))
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ _REFUSALS: Final = {1: Limit.CONCURRENT, 2: Limit.REQUESTS, 3: Limit.TOKENS}
 
 # KEYS: requests current, requests previous, tokens current, tokens previous, leases.
 # ARGV: fraction, rpm, tpm, max_concurrent (-1: none), now, lease id, lease expiry, ttl.
+# The comparisons are limits.py's, with its EPSILON.
 # Returns {verdict (0 admitted, 1 concurrent, 2 requests, 3 tokens), the counts seen:
 # requests current, previous, tokens current, previous, leases in flight}.
 _ACQUIRE: Final = """
@@ -81,8 +82,8 @@ if maxc >= 0 then
 end
 local verdict = 0
 if maxc >= 0 and inflight + 1 > maxc then verdict = 1
-elseif rpm >= 0 and rp * (1.0 - f) + rc + 1 > rpm then verdict = 2
-elseif tpm >= 0 and tp * (1.0 - f) + tc + 1 > tpm then verdict = 3
+elseif rpm >= 0 and rp * (1.0 - f) + rc + 1 > rpm + 1e-9 then verdict = 2
+elseif tpm >= 0 and tp * (1.0 - f) + tc + 1 > tpm + 1e-9 then verdict = 3
 end
 if verdict == 0 then
   if rpm >= 0 then
