@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 
 import pytest
 
@@ -53,11 +54,11 @@ def test_the_lua_decision_is_the_python_decision(redis_server: RedisServer) -> N
             now = T0 + i * WINDOW_S + rng.uniform(0, WINDOW_S - 0.001)
             index = int(now // WINDOW_S)
             name = f"k{i}"
-            for kind, prev, cur in (("r", rp, rc), ("t", tp, tc)):
-                await conn.call(lambda r, k=kind, p=prev, c=cur: r.mset({
-                    conn.key("limits", name, k, str(index - 1)): p,
-                    conn.key("limits", name, k, str(index)): c}))
-            verdict, _ = await lim.acquire(name, limits, now, clock=lambda: now)
+            counts = {conn.key("limits", name, kind, str(index + back)): n
+                      for kind, prev, cur in (("r", rp, rc), ("t", tp, tc))
+                      for back, n in ((-1, prev), (0, cur))}
+            await conn.call(lambda r, c=counts: r.mset(c))
+            verdict, _ = await lim.acquire(name, limits, now, clock=time.time)
             fraction = now / WINDOW_S - index
             want = decide(limits, WindowCounts(fraction=fraction, requests=(rp, rc),
                                                tokens=(tp, tc)))
@@ -101,7 +102,7 @@ def test_a_dead_instance_leases_expire_and_a_live_one_renews(redis_server: Redis
         # "dead" never renews nor releases; "live" renews before the TTL runs out
         await live.renew_now(T0 + LEASE_TTL_S - 1)
         later = T0 + LEASE_TTL_S + 1
-        v3, l3 = await other.acquire("c", limits, later, clock=lambda: later)
+        v3, _ = await other.acquire("c", limits, later, clock=lambda: later)
         assert v3.admitted  # the dead instance's slot came back
         v4, _ = await other.acquire("c", limits, later, clock=lambda: later)
         assert v4.refused is Limit.CONCURRENT  # the live instance still holds its slot
