@@ -56,12 +56,14 @@ class Served:
         self.thread.join(10)
 
 
-def start_server(state: GatewayState) -> Served:
+def start_server(state: GatewayState, app: Any = None) -> Served:
+    """Serve ``app`` (default: ``create_app(state)``; pass ``harden(...)`` for the served
+    stack with its key checks) on a free loopback port."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    config = uvicorn.Config(create_app(state), log_level="warning", lifespan="off",
+    config = uvicorn.Config(app or create_app(state), log_level="warning", lifespan="off",
                             timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
