@@ -201,6 +201,7 @@ def _run_check(block: Block, url: str, tmp_path: Path) -> None:
     env = _env()
     variables = [doc.get("server", {}).get("api_keys_env")]
     variables += [u.get("api_key_env") for u in doc.get("upstreams", [])]
+    variables.append(doc.get("state", {}).get("password_env"))
     for var in filter(None, variables):
         env[var] = "readme-test-key"
     config = tmp_path / "gateway.toml"

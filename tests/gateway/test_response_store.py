@@ -3,6 +3,7 @@ read (issue 5 item 4). Expiry and eviction are driven by an injected clock, neve
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from pathlib import Path
 
@@ -10,7 +11,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
+from tokenwire.gateway.state.response_store import (
+    ResponseNotStored,
+    ResponseStore,
+    ResponseTooLarge,
+    SQLiteResponseStore,
+    StoredResponse,
+)
+
+
+def put(store: ResponseStore, rid: str, **kw: object) -> None:
+    asyncio.run(store.put(rid, **kw))  # type: ignore[arg-type]
+
+
+def get(store: ResponseStore, rid: str) -> StoredResponse | None:
+    return asyncio.run(store.get(rid))
 
 
 class Clock:
@@ -29,14 +44,14 @@ def response(rid: str, text: str = "hi") -> dict:
 
 def test_sqlite_store_implements_the_protocol() -> None:
     store: ResponseStore = SQLiteResponseStore()
-    assert store.get("resp_missing") is None
+    assert get(store, "resp_missing") is None
 
 
 def test_a_stored_response_reads_back_with_its_input_and_output() -> None:
     store = SQLiteResponseStore()
     items = [{"type": "message", "role": "user", "content": "hello"}]
-    store.put("resp_1", input_items=items, response=response("resp_1"))
-    got = store.get("resp_1")
+    put(store, "resp_1", input_items=items, response=response("resp_1"))
+    got = get(store, "resp_1")
     assert got is not None
     assert got.response == response("resp_1")
     assert got.input == tuple(items)
@@ -44,25 +59,25 @@ def test_a_stored_response_reads_back_with_its_input_and_output() -> None:
 
 
 def test_an_unknown_id_reads_as_absent() -> None:
-    assert SQLiteResponseStore().get("resp_nope") is None
+    assert get(SQLiteResponseStore(), "resp_nope") is None
 
 
 def test_a_response_past_its_ttl_reads_as_absent() -> None:
     clock = Clock()
     store = SQLiteResponseStore(ttl_s=60, clock=clock)
-    store.put("resp_1", input_items=[], response=response("resp_1"))
+    put(store, "resp_1", input_items=[], response=response("resp_1"))
     clock.now += 59
-    assert store.get("resp_1") is not None
+    assert get(store, "resp_1") is not None
     clock.now += 2
-    assert store.get("resp_1") is None
+    assert get(store, "resp_1") is None
 
 
 def test_expired_rows_are_deleted_on_the_next_put() -> None:
     clock = Clock()
     store = SQLiteResponseStore(ttl_s=60, clock=clock)
-    store.put("resp_old", input_items=[], response=response("resp_old"))
+    put(store, "resp_old", input_items=[], response=response("resp_old"))
     clock.now += 120
-    store.put("resp_new", input_items=[], response=response("resp_new"))
+    put(store, "resp_new", input_items=[], response=response("resp_new"))
     assert len(store) == 1
 
 
@@ -71,24 +86,24 @@ def test_rows_are_bounded_and_the_oldest_go_first() -> None:
     store = SQLiteResponseStore(max_rows=3, clock=clock)
     for i in range(5):
         clock.now += 1
-        store.put(f"resp_{i}", input_items=[], response=response(f"resp_{i}"))
+        put(store, f"resp_{i}", input_items=[], response=response(f"resp_{i}"))
     assert len(store) == 3
-    assert [store.get(f"resp_{i}") is not None for i in range(5)] == [False, False, True,
+    assert [get(store, f"resp_{i}") is not None for i in range(5)] == [False, False, True,
                                                                        True, True]
 
 
 def test_putting_the_same_id_replaces_it() -> None:
     store = SQLiteResponseStore()
-    store.put("resp_1", input_items=[], response=response("resp_1", "a"))
-    store.put("resp_1", input_items=[], response=response("resp_1", "b"))
-    got = store.get("resp_1")
+    put(store, "resp_1", input_items=[], response=response("resp_1", "a"))
+    put(store, "resp_1", input_items=[], response=response("resp_1", "b"))
+    got = get(store, "resp_1")
     assert got is not None and got.output[0]["content"][0]["text"] == "b"
     assert len(store) == 1
 
 
 def test_a_response_without_an_id_is_refused() -> None:
     with pytest.raises(ValueError):
-        SQLiteResponseStore().put("", input_items=[], response={"object": "response"})
+        put(SQLiteResponseStore(), "", input_items=[], response={"object": "response"})
 
 
 def test_bounds_must_be_positive() -> None:
@@ -101,11 +116,11 @@ def test_bounds_must_be_positive() -> None:
 def test_a_file_store_survives_reopening(tmp_path: Path) -> None:
     path = str(tmp_path / "responses.sqlite3")
     first = SQLiteResponseStore(path)
-    first.put("resp_1", input_items=[{"role": "user", "content": "x"}],
+    put(first, "resp_1", input_items=[{"role": "user", "content": "x"}],
               response=response("resp_1"))
     first.close()
     second = SQLiteResponseStore(path)
-    got = second.get("resp_1")
+    got = get(second, "resp_1")
     assert got is not None and got.input == ({"role": "user", "content": "x"},)
     second.close()
 
@@ -117,9 +132,9 @@ def test_the_store_is_safe_to_share_between_threads() -> None:
     def work(t: int) -> None:
         try:
             for i in range(50):
-                store.put(f"resp_{t}_{i}", input_items=[{"n": i}],
+                put(store, f"resp_{t}_{i}", input_items=[{"n": i}],
                           response=response(f"resp_{t}_{i}"))
-                assert store.get(f"resp_{t}_{i}") is not None
+                assert get(store, f"resp_{t}_{i}") is not None
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
 
@@ -143,6 +158,25 @@ _json = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53) | st
 def test_stored_json_round_trips_exactly(items: list, extra: dict) -> None:
     store = SQLiteResponseStore()
     resp = {**extra, "id": "resp_x", "output": []}
-    store.put("resp_x", input_items=items, response=resp)
-    got = store.get("resp_x")
+    put(store, "resp_x", input_items=items, response=resp)
+    got = get(store, "resp_x")
     assert got is not None and got.response == resp and list(got.input) == items
+
+
+def test_a_response_over_the_byte_cap_is_not_stored_and_reads_say_why() -> None:
+    store = SQLiteResponseStore(max_bytes=2_000)
+    with pytest.raises(ResponseTooLarge) as too_large:
+        put(store, "resp_big", input_items=[{"role": "user", "content": "x" * 5_000}],
+            response=response("resp_big"))
+    assert too_large.value.cap == 2_000 and too_large.value.size > 5_000
+    with pytest.raises(ResponseNotStored, match="over the store's cap of 2000 bytes"):
+        get(store, "resp_big")
+    put(store, "resp_small", input_items=[], response=response("resp_small"))
+    assert get(store, "resp_small") is not None
+
+
+def test_the_producing_replica_is_stored_with_the_response() -> None:
+    store = SQLiteResponseStore()
+    put(store, "resp_1", input_items=[], response=response("resp_1"), replica=("pool", "r2"))
+    got = get(store, "resp_1")
+    assert got is not None and (got.pool, got.replica) == ("pool", "r2")

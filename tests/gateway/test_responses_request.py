@@ -7,6 +7,7 @@ the ``openai`` SDK.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from tokenwire.errors import PreviousResponseNotFound, RemoteProtocolError
 from tokenwire.gateway.apis.responses_render import wrap_encrypted
 from tokenwire.gateway.apis.responses_request import (
     ResponsesCall,
+    load_previous,
     parse_responses_request,
 )
 from tokenwire.gateway.ir import (
@@ -33,7 +35,10 @@ from tokenwire.gateway.upstreams.responses_upstream import build_responses_body
 
 
 def parse(body: dict[str, Any], **kw: Any) -> ResponsesCall:
-    return parse_responses_request(body, headers=kw.pop("headers", {}), **kw)
+    store = kw.pop("store", None)
+    previous = asyncio.run(load_previous(body, store))
+    return parse_responses_request(body, headers=kw.pop("headers", {}), previous=previous,
+                                   **kw)
 
 
 def messages(call: ResponsesCall) -> tuple[ChatMessage, ...]:
@@ -294,9 +299,9 @@ def test_bad_fields_are_a_400(body: dict) -> None:
 def test_previous_response_id_prepends_the_stored_conversation() -> None:
     store = SQLiteResponseStore()
     first_input = [{"type": "message", "role": "user", "content": "My name is Ada."}]
-    store.put("resp_a", input_items=first_input, response={"id": "resp_a", "output": [
-        {"type": "message", "role": "assistant",
-         "content": [{"type": "output_text", "text": "Hi Ada."}]}]})
+    asyncio.run(store.put("resp_a", input_items=first_input, response={
+        "id": "resp_a", "output": [{"type": "message", "role": "assistant",
+                                    "content": [{"type": "output_text", "text": "Hi Ada."}]}]}))
     call = parse({"input": "What is my name?", "previous_response_id": "resp_a"}, store=store)
     assert messages(call) == (ChatMessage(role="user", content="My name is Ada."),
                               ChatMessage(role="assistant", content="Hi Ada."),
@@ -318,8 +323,8 @@ def test_an_unknown_previous_response_id_is_openai_s_400(with_store: bool) -> No
 def test_an_expired_previous_response_id_is_not_found() -> None:
     now = [0.0]
     store = SQLiteResponseStore(ttl_s=10, clock=lambda: now[0])
-    store.put("resp_a", input_items=[{"role": "user", "content": "x"}],
-              response={"id": "resp_a", "output": []})
+    asyncio.run(store.put("resp_a", input_items=[{"role": "user", "content": "x"}],
+                          response={"id": "resp_a", "output": []}))
     now[0] = 11
     with pytest.raises(PreviousResponseNotFound):
         parse({"input": "x", "previous_response_id": "resp_a"}, store=store)

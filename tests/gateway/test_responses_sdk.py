@@ -475,7 +475,7 @@ def test_a_quiet_upstream_gets_in_progress_heartbeats_in_sequence() -> None:
 
     renderer = ResponsesRenderer(response_id="resp_" + "1" * 32, model="m", created_at=0,
                                  stream=True)
-    app = _SSEResponse(Quiet(), renderer, headers=[], on_final=None)
+    app = _SSEResponse(Quiet(), renderer, headers=[], save=None)
     asyncio.run(app({"type": "http"}, receive, send))
     events = [json.loads(line[6:]) for line in b"".join(sent).decode().splitlines()
               if line.startswith("data: ")]

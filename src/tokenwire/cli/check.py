@@ -69,6 +69,7 @@ def run_checks(args: argparse.Namespace, env: dict[str, str] | None = None
                           allow_unauthenticated_localhost=False, env=env)
     except ConfigError as exc:
         problems += _errors_of(exc)
+    problems += _check_state(cfg, env)
     if cfg is None and not problems:
         checked.append("no configuration: `tokenwire serve` serves the embedded model")
         problems += _check_embedded(args.model)
@@ -79,6 +80,18 @@ def run_checks(args: argparse.Namespace, env: dict[str, str] | None = None
         if probed and not args.no_probe:
             problems += asyncio.run(config_problems(cfg, ServerSettings()))
     return checked, problems
+
+
+def _check_state(cfg: object, env: dict[str, str]) -> list[str]:
+    """``[state]`` with the environment (``TOKENWIRE_STATE_URL``, ``password_env``), as
+    ``serve`` resolves it; Redis itself is not contacted."""
+    from tokenwire.gateway.state.config import resolve_state
+
+    try:
+        resolve_state(getattr(cfg, "state", None), env=env)
+    except ConfigError as exc:
+        return _errors_of(exc)
+    return []
 
 
 def _check_embedded(model: Path | None) -> list[str]:

@@ -121,6 +121,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    dest="responses_websocket", default=None,
                    help="answer WebSocket upgrades on /v1/responses with 426 (Codex then uses "
                         "HTTP); by default they are served")
+    p.add_argument("--state-url", metavar="REDIS_URL",
+                   help="share state with other instances on this Redis (redis:// or "
+                        "rediss://; env TOKENWIRE_STATE_URL; README \"Shared state\")")
     p.add_argument("--no-retries", action="store_false", dest="retries", default=None,
                    help="send upstream failures to clients as they come (no retry budgets)")
     p.add_argument("--request-log", choices=("json", "off"), default="json",
@@ -206,8 +209,10 @@ def _server_value(args: argparse.Namespace, file_server: dict, key: str):
 
 
 def settings_from_args(args: argparse.Namespace, file_server: dict | None = None,
-                       env: dict[str, str] | None = None, named_keys: tuple = ()):
-    """ServerSettings from flags over the config file's [server] (lazy import); the file's
+                       env: dict[str, str] | None = None, state_table: dict | None = None,
+                       named_keys: tuple = ()):
+    """ServerSettings from flags over the config file's [server] (and ``[state]``: the
+    flag, then the environment, then the file name the Redis; lazy import); the file's
     ``[[keys]]`` (``named_keys``) make every client need a key unless the flag says not."""
     from tokenwire.gateway.config import auth_from_sources
     from tokenwire.gateway.settings import (
@@ -215,6 +220,7 @@ def settings_from_args(args: argparse.Namespace, file_server: dict | None = None
         ServerSettings,
         load_zstd_dict_arg,
     )
+    from tokenwire.gateway.state.config import resolve_state
 
     file_server = file_server or {}
     dicts = dict(load_zstd_dict_arg(a) for a in args.zstd_dict)
@@ -235,6 +241,8 @@ def settings_from_args(args: argparse.Namespace, file_server: dict | None = None
         public_base_url=value("public_url"),
         api_keys=keys, allowed_origins=tuple(origins), named_keys=tuple(named_keys),
         auth=auth if not named_keys or args.allow_unauthenticated_localhost else "keys",
+        state=resolve_state(state_table, flag_url=getattr(args, "state_url", None),
+                            env=os.environ if env is None else env),
         **{k: v for k in _CAPACITY_KEYS if (v := _flag_or_file(args, file_server, k)) is not None},
     )
 
@@ -322,6 +330,9 @@ def _print_common(settings, state) -> None:
     retries = "on" if settings.retries else "off"
     print(f"  capacity: {capacity_line(state.admission)}; idle timeout "
           f"{settings.idle_timeout_s:g} s; retries {retries}")
+    if settings.state is not None:
+        print(f"  shared state: redis at {settings.state.display_url} (key prefix "
+              f"{settings.state.key_prefix!r}; README \"Shared state\")")
     print(f"  {auth_banner(settings)}", flush=True)
 
 
@@ -354,7 +365,8 @@ def auth_banner(settings) -> str:
 def _run_upstreams(args: argparse.Namespace, cfg) -> int:
     from tokenwire.gateway.server import run_gateway
 
-    settings = settings_from_args(args, dict(cfg.server), named_keys=cfg.keys)
+    settings = settings_from_args(args, dict(cfg.server), state_table=dict(cfg.state),
+                                  named_keys=cfg.keys)
     _request_log(args)
 
     def banner(gw, server) -> None:

@@ -71,6 +71,7 @@ from tokenwire.errors import ConfigError, ConfigErrors, MapError
 from tokenwire.gateway.routing.breaker import BreakerPolicy
 from tokenwire.gateway.routing.fallbacks import FallbackTable
 from tokenwire.gateway.state.api_keys import ApiKey, check_api_key, parse_keys
+from tokenwire.gateway.state.config import parse_state_table
 from tokenwire.gateway.upstreams.base import (
     UPSTREAM_KINDS,
     ModelRoute,
@@ -145,7 +146,7 @@ _MODEL_KEYS: dict[str, tuple[type, ...]] = {
 }
 _TOP_KEYS: dict[str, tuple[type, ...]] = {"server": (dict,), "upstreams": (list,),
                                            "fallbacks": (dict,), "context_fallbacks": (dict,),
-                                           "keys": (list,)}
+                                           "keys": (list,), "state": (dict,)}
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,9 @@ class GatewayConfig:
     fallbacks: FallbackTable = field(default_factory=FallbackTable)
     #: ``[[keys]]``: named API keys with optional limits (``gateway/state/api_keys.py``).
     keys: tuple[ApiKey, ...] = ()
+    #: ``[state]`` as given (checked; ``gateway/state/config.py``): ``resolve_state`` merges
+    #: it with ``--state-url`` and ``TOKENWIRE_STATE_URL``.
+    state: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def default_model(self) -> str | None:
@@ -443,12 +447,15 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     if default is not None and names and default not in declared:
         problems.add(ConfigError(f"{source}: [server] default_model {default!r} is not a "
                                  "configured model; configured: " + ", ".join(names)))
+    state = doc.get("state", {}) if isinstance(doc.get("state", {}), dict) else {}
+    state = problems.check(parse_state_table, state, f"{source}: [state]") or {}
     table = problems.check(parse_fallbacks, doc, source, declared=declared
                            if all(u.models for u in upstreams) else None)
     keys = problems.check(parse_keys, doc.get("keys", []), env, source=source)
     config = GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
                            no_probe=frozenset(no_probe), source=source,
-                           fallbacks=table or FallbackTable(), keys=keys or ())
+                           fallbacks=table or FallbackTable(), keys=keys or (),
+                           state=state)
     if problems.messages:
         exc = ConfigErrors(problems.messages)
         # The upstreams that did parse, so callers can still probe them (without a

@@ -268,6 +268,7 @@ class Gateway:
 
     async def aclose(self) -> None:
         await _close_all(self.adapters)
+        await self.state.aclose_state()
 
 
 async def _close_all(adapters: tuple[Any, ...] | list[Any]) -> None:

@@ -26,6 +26,7 @@ from tokenwire.codec.versioning import VersionPolicy
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.apis.params import SUPPORTED_STREAM_FORMATS
 from tokenwire.gateway.state.api_keys import ApiKey, check_api_key
+from tokenwire.gateway.state.config import StateConfig
 from tokenwire.gateway.supervision.admission import DEFAULT_MAX_CONCURRENT, DEFAULT_QUEUE_SIZE
 from tokenwire.gateway.supervision.supervisor import (
     DEFAULT_HEARTBEAT_S,
@@ -123,6 +124,9 @@ class ServerSettings:
     ws_max_sockets_per_client: int = DEFAULT_WS_MAX_SOCKETS_PER_CLIENT
     ws_idle_timeout_s: float = DEFAULT_WS_IDLE_TIMEOUT_S
     ws_session_cap_s: float = DEFAULT_WS_SESSION_CAP_S
+    #: Shared state on Redis (``[state]``, ``--state-url``; README "Shared state"); None:
+    #: everything stays in this process, as a single instance always did.
+    state: StateConfig | None = None
     #: Write ``stop`` instead of ``eos_token``/``stop_sequence`` like the engine forks (§5.7).
     legacy_finish_reason: bool = False
     model_path: Path | None = None

@@ -138,7 +138,7 @@ def test_kill_degrades_once_skips_without_io_and_recovers(
 
     asyncio.run(main())
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == "tokenwire.state"]
-    assert [lvl for lvl, _ in lines] == ["WARNING", "INFO"], lines
+    assert [lvl for lvl, _ in lines] == ["WARNING", "WARNING"], lines
     assert "degraded" in lines[0][1] and "recovered" in lines[1][1]
 
 

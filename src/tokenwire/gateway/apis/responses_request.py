@@ -64,12 +64,13 @@ from tokenwire.gateway.ir import (
     ToolSpec,
 )
 from tokenwire.gateway.request_fields import extensions_of, refuse_unsupported
-from tokenwire.gateway.state.response_store import ResponseStore
+from tokenwire.gateway.state.response_store import ResponseNotStored, ResponseStore, StoredResponse
 
 __all__ = [
     "HOSTED_ITEMS",
     "HOSTED_TOOLS",
     "ResponsesCall",
+    "load_previous",
     "parse_responses_request",
     "previous_response_not_found",
 ]
@@ -136,11 +137,32 @@ def previous_response_not_found(response_id: str) -> PreviousResponseNotFound:
                                     status_hint=400, param="previous_response_id")
 
 
+async def load_previous(body: Any, store: ResponseStore | None) -> StoredResponse | None:
+    """The stored response ``body``'s ``previous_response_id`` names (None when it names
+    none; a malformed one is left to :func:`parse_responses_request`). Raises
+    ``PreviousResponseNotFound`` (unknown, expired, never stored or too large to store) or
+    ``StoreUnavailable`` (the store cannot be read now: never a guess at the conversation)."""
+    previous = body.get("previous_response_id") if isinstance(body, dict) else None
+    if not isinstance(previous, str) or not previous:
+        return None
+    if store is None:
+        raise previous_response_not_found(previous)
+    try:
+        stored = await store.get(previous)
+    except ResponseNotStored as exc:
+        raise PreviousResponseNotFound(str(exc), status_hint=400,
+                                       param="previous_response_id") from None
+    if stored is None:
+        raise previous_response_not_found(previous)
+    return stored
+
+
 def parse_responses_request(
-    body: Any, *, headers: Mapping[str, str], store: ResponseStore | None = None,
+    body: Any, *, headers: Mapping[str, str], previous: StoredResponse | None = None,
     raw: bytes | None = None, request_id: str = "",
 ) -> ResponsesCall:
-    """Parse ``body`` (the decoded JSON of ``raw``); raises ``RemoteProtocolError`` (400),
+    """Parse ``body`` (the decoded JSON of ``raw``); ``previous`` is what
+    :func:`load_previous` read for it. Raises ``RemoteProtocolError`` (400),
     ``CompactionRefused`` or ``PreviousResponseNotFound``."""
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {json_type(body)}",
@@ -148,13 +170,12 @@ def parse_responses_request(
     body, removed = strip_internal_fields(body)
     model = _opt_str(body, "model")
     items, n_control = remove_control_items(_input_items(body.get("input")))
-    previous = _opt_str(body, "previous_response_id")
+    previous_id = _opt_str(body, "previous_response_id")
     history: list[Any] = []
-    if previous is not None:
-        stored = store.get(previous) if store is not None else None
-        if stored is None:
-            raise previous_response_not_found(previous)
-        history = stored.conversation()
+    if previous_id is not None:
+        if previous is None or previous.id != previous_id:
+            raise previous_response_not_found(previous_id)
+        history = previous.conversation()
     conv = _Conversation()  # each item with where it came from, for errors
     for item, path in [*((h, "previous_response_id") for h in history),
                        *((it, f"input[{i}]") for i, it in enumerate(items))]:
@@ -172,7 +193,8 @@ def parse_responses_request(
         raise bad_request(f"reasoning must be an object, got {json_type(reasoning)}",
                           param="reasoning", code="invalid_type")
     reasoning = reasoning or {}
-    rewritten = removed or n_control or previous is not None or conv.rewritten or tools.rewritten
+    rewritten = (removed or n_control or previous_id is not None or conv.rewritten
+                 or tools.rewritten)
     raw_body = raw if raw is not None and not rewritten else None
     sampling = parse_sampling({k: body.get(k) for k in ("temperature", "top_p")},
                               default_max_tokens=None)
@@ -194,7 +216,7 @@ def parse_responses_request(
     return ResponsesCall(
         request=request, body=body, model=model, stream=bool(_opt_bool(body, "stream")),
         store=True if store_flag is None else store_flag,
-        reasoning_summary=_opt_str(reasoning, "summary"), previous_response_id=previous,
+        reasoning_summary=_opt_str(reasoning, "summary"), previous_response_id=previous_id,
         service_tier=_opt_str(body, "service_tier"),
         prompt_cache_key=_opt_str(body, "prompt_cache_key"), instructions=instructions,
         input_items=[*history, *items],

@@ -234,10 +234,20 @@ async def health(request: Request) -> Response:
         "name": h.name, "kind": h.kind, "state": h.state.value, "models": list(h.models),
         "detail": h.detail, **({"replicas": pools[h.name]} if h.name in pools else {})}
         for h in upstreams],
-        "running": running, "queued": queued, "features": list(FEATURES)}
+        "running": running, "queued": queued, "features": list(FEATURES),
+        "state": await _shared_state(state)}
     if state.router.default is not None:
         body["model"] = state.router.default.name
     return JSONResponse(body, status_code=503 if status == "down" else 200)
+
+
+async def _shared_state(state: GatewayState) -> dict[str, Any]:
+    """Where shared state lives: this process (``local``), or Redis, up or degraded (a
+    degraded one is re-checked here when its re-check is due: README "Shared state")."""
+    if state.redis is None:
+        return {"backend": "local"}
+    await state.redis.check()
+    return state.redis.snapshot()
 
 
 async def metrics(request: Request) -> Response:

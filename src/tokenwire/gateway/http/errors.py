@@ -20,7 +20,7 @@ from starlette.responses import Response
 
 from tokenwire.codec.versioning import VARY
 from tokenwire.errors import ProtocolError
-from tokenwire.gateway.apis.errors import code_for_status, error_body
+from tokenwire.gateway.apis.errors import code_for_status, error_body, retry_after_header
 from tokenwire.gateway.apis.messages import (
     anthropic_error_body,
     is_messages_path,
@@ -75,7 +75,10 @@ async def exception_response(request: Request, exc: Exception) -> Response:
     if isinstance(exc, HTTPException):
         return _http_exception(request, exc)
     status, message, code, param = error_parts(exc)
-    return error_response(request.url.path, status, message, code=code, param=param)
+    wait = getattr(exc, "retry_after", None)  # e.g. the store's StoreUnavailable (503)
+    headers = dict(retry_after_header(wait)) if isinstance(wait, int | float) else None
+    return error_response(request.url.path, status, message, code=code, param=param,
+                          headers=headers)
 
 
 def _http_exception(request: Request, exc: HTTPException) -> Response:

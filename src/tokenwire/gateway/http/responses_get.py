@@ -14,8 +14,14 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
+from tokenwire.gateway.apis.errors import retry_after_header
 from tokenwire.gateway.http.errors import json_error
-from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
+from tokenwire.gateway.state.response_store import (
+    ResponseNotStored,
+    ResponseStore,
+    SQLiteResponseStore,
+    StoreUnavailable,
+)
 
 __all__ = ["get_response", "response_store_of"]
 
@@ -37,9 +43,17 @@ def _json(obj: Any, status: int) -> Response:
 
 
 async def get_response(request: Request) -> Response:
-    """The stored response object, or OpenAI's 404 when absent, expired or never stored."""
+    """The stored response object, or OpenAI's 404 when absent, expired or never stored
+    (the message says so when it was too large to store); a 503 ``store_unavailable`` with
+    ``Retry-After`` while the shared store cannot be read (it may well be there)."""
     response_id = request.path_params["response_id"]
-    stored = response_store_of(request).get(response_id)
+    try:
+        stored = await response_store_of(request).get(response_id)
+    except ResponseNotStored as exc:
+        return json_error(404, str(exc), code="not_found", param="response_id")
+    except StoreUnavailable as exc:
+        return json_error(503, str(exc), code=exc.code,
+                          headers=dict(retry_after_header(exc.retry_after)))
     if stored is None:  # OpenAI's words for it
         return json_error(404, f"Response with id '{response_id}' not found.",
                           code="not_found", param="response_id")

@@ -42,7 +42,11 @@ from tokenwire.gateway.apis.responses_render import (
     failure_error_body,
     new_response_id,
 )
-from tokenwire.gateway.apis.responses_request import ResponsesCall, parse_responses_request
+from tokenwire.gateway.apis.responses_request import (
+    ResponsesCall,
+    load_previous,
+    parse_responses_request,
+)
 from tokenwire.gateway.http.generation import check_inputs, check_model_limits
 from tokenwire.gateway.http.requests import decode_json, read_body
 from tokenwire.gateway.http.responses_get import get_response, response_store_of
@@ -50,9 +54,11 @@ from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, WireRecord
 from tokenwire.gateway.ir import EventStream, Failure, FailureClass, GenerationRequest, is_terminal
 from tokenwire.gateway.routing.router import ServedModel
+from tokenwire.gateway.state.response_store import ResponseTooLarge, StoreUnavailable
 
-__all__ = ["Prepared", "create_response", "prepare_response", "refused_stream",
-           "responses_routes", "store_hook", "stream_events"]
+__all__ = ["NOT_STORED_HEADER", "Prepared", "Saver", "create_response", "final_saver",
+           "prepare_response", "refused_stream", "responses_routes", "store_hook",
+           "stream_events"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +67,14 @@ log = logging.getLogger(__name__)
 _ECHOED = ("instructions", "max_output_tokens", "parallel_tool_calls", "previous_response_id",
            "temperature", "tool_choice", "tools", "top_p", "metadata", "text")
 _SSE_HEADERS = (("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"))
+#: On a non-streamed response that was served but not stored (``store_unavailable``: the
+#: shared store's Redis is down; ``too_large``: over ``[state] store_max_bytes``;
+#: ``store_error``). A stream's head is gone by then: the log line and
+#: ``tokenwire_responses_not_stored_total`` say it instead.
+NOT_STORED_HEADER = "X-Tokenwire-Not-Stored"
+
+#: Saves a finished response; returns why it was not stored, or None when it was.
+Saver = Callable[[dict[str, Any]], Awaitable[str | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +87,19 @@ class Prepared:
     gen: GenerationRequest
 
 
-def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
-                     headers: Mapping[str, str], store: Any, rid: str,
-                     framing: str = "sse", stream: bool | None = None) -> Prepared:
-    """Parse, route and check one Responses body; its renderer frames events as ``framing``.
+async def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
+                           headers: Mapping[str, str], store: Any, rid: str,
+                           framing: str = "sse", stream: bool | None = None) -> Prepared:
+    """Read the ``previous_response_id`` from ``store`` (one read), then parse, route and
+    check one Responses body; its renderer frames events as ``framing``.
 
     ``stream`` overrides the body's ``stream`` (the WebSocket always streams). Raises what
-    the parser raises (``CompactionRefused`` included) and the router's errors."""
-    call = parse_responses_request(body, headers=headers, store=store, raw=raw,
+    the parser raises (``CompactionRefused`` included), ``StoreUnavailable`` (503) and the
+    router's errors."""
+    previous = await load_previous(body, store)
+    if previous is not None:
+        state.pin_previous(previous)  # the replica that produced it, from any instance
+    call = parse_responses_request(body, headers=headers, previous=previous, raw=raw,
                                    request_id=rid)
     streaming = call.stream if stream is None else stream
     served = state.router.route(call.model)
@@ -106,8 +125,8 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
     rid = new_response_id()
     store = response_store_of(request)
     try:
-        prep = prepare_response(state, body, raw=raw, headers=request.headers, store=store,
-                                rid=rid)
+        prep = await prepare_response(state, body, raw=raw, headers=request.headers,
+                                      store=store, rid=rid)
     except CompactionRefused as exc:
         if isinstance(body, dict) and body.get("stream") is True:
             return _refused_stream(rid, body, exc)
@@ -116,16 +135,22 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
     stream = state.supervise(request, prep.served, prep.gen, streaming=call.stream,
                              api="responses")
     headers = [("Content-Type", renderer.content_type), *_SSE_HEADERS, ("X-Request-Id", rid)]
-    on_final = store_hook(store, call)
+    save = store_hook(state, store, call)
     if call.stream:
-        return _SSEResponse(stream, renderer, headers=headers, on_final=on_final,
+        return _SSEResponse(stream, renderer, headers=headers, save=save,
                             record=stream.observer)
     from tokenwire.codec.compression import IdentityCompressor
 
-    return EventResponse(stream, _StoringRenderer(renderer, on_final, headers),
+    async def before_send() -> None:  # stored before the body goes out (any instance reads it)
+        final = renderer.final_response
+        if save is not None and final is not None and (reason := await save(final)):
+            headers.append((NOT_STORED_HEADER, reason))
+
+    return EventResponse(stream, _TurnStateRenderer(renderer, headers),
                          headers=lambda: headers + stream.served_headers(),
                          compressor=IdentityCompressor, on_failure=_failure_response,
-                         window=0.0, streaming=False, record=stream.observer)
+                         window=0.0, streaming=False, record=stream.observer,
+                         before_send=before_send)
 
 
 def _echo(call: ResponsesCall) -> dict[str, Any]:
@@ -150,7 +175,7 @@ def refused_stream(rid: str, body: dict[str, Any], exc: CompactionRefused, *,
 
 def _refused_stream(rid: str, body: dict[str, Any], exc: CompactionRefused) -> _SSEResponse:
     stream, renderer = refused_stream(rid, body, exc)
-    return _SSEResponse(stream, renderer, on_final=None,
+    return _SSEResponse(stream, renderer, save=None,
                         headers=[("Content-Type", renderer.content_type), *_SSE_HEADERS,
                                  ("X-Request-Id", rid)])
 
@@ -174,42 +199,52 @@ def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], byt
                     *retry_after_header(failure.retry_after)], body
 
 
-def store_hook(store: Any, call: ResponsesCall) -> Callable[[dict[str, Any]], None] | None:
-    """Saves a finished response when the client asked to (``store`` defaults to true)."""
+def store_hook(state: GatewayState, store: Any, call: ResponsesCall) -> Saver | None:
+    """Saves a finished response when the client asked to (``store`` defaults to true),
+    with the replica that produced it. Never raises: the answer is served either way, and a
+    response that could not be stored is logged, counted and its reason returned."""
     if store is None or not call.store:
         return None
 
-    def put(response: dict[str, Any]) -> None:
+    async def save(response: dict[str, Any]) -> str | None:
+        rid = response["id"]
         try:
-            store.put(response["id"], input_items=list(call.input_items), response=response)
-        except Exception as exc:  # the answer was delivered; a store failure must not undo it
-            log.error("could not store response %s: %s", response.get("id"), type(exc).__name__)
+            await store.put(rid, input_items=list(call.input_items), response=response,
+                            replica=state.replica_of(rid))
+            return None
+        except ResponseTooLarge as exc:
+            reason, detail = "too_large", str(exc)
+        except StoreUnavailable:
+            # Not a line per response: the connection logged the outage once (redis_conn.py)
+            # and the counter counts what it cost.
+            log.debug("response %s served but not stored: the store is unavailable", rid)
+            state.observability.not_stored("store_unavailable")
+            return "store_unavailable"
+        except Exception as exc:  # the answer is served; a store bug must not undo it
+            reason, detail = "store_error", type(exc).__name__
+        log.warning("response %s served but not stored (%s): %s", rid, reason, detail)
+        state.observability.not_stored(reason)
+        return reason
 
-    return put
+    return save
 
 
-class _StoringRenderer:
-    """The renderer, plus (non-streaming) the store call and the turn-state header once the
-    terminal was rendered.
+class _TurnStateRenderer:
+    """The renderer, plus (non-streaming) the turn-state header once the terminal was
+    rendered.
 
     ``headers`` is the very list the :class:`EventResponse` sends: a whole body is rendered
     before its head goes out, so the upstream's wrapped ``x-codex-turn-state`` is appended
     to it here (a stream carries it as ``response.metadata`` instead).
     """
 
-    def __init__(self, inner: ResponsesRenderer,
-                 on_final: Callable[[dict[str, Any]], None] | None,
-                 headers: list[tuple[str, str]]) -> None:
-        self._inner, self._on_final, self._headers = inner, on_final, headers
+    def __init__(self, inner: ResponsesRenderer, headers: list[tuple[str, str]]) -> None:
+        self._inner, self._headers = inner, headers
         self.content_type = inner.content_type
 
     def on_event(self, event: Any) -> list[bytes]:
         out = self._inner.on_event(event)
-        if not is_terminal(event):
-            return out
-        if self._on_final and self._inner.final_response is not None:
-            self._on_final(self._inner.final_response)
-        if self._inner.turn_state is not None:
+        if is_terminal(event) and self._inner.turn_state is not None:
             self._headers.append((TURN_STATE_HEADER, self._inner.turn_state))
         return out
 
@@ -225,11 +260,10 @@ class _SSEResponse:
     as they come (heartbeats included); a disconnect cancels the upstream."""
 
     def __init__(self, stream: EventStream, renderer: ResponsesRenderer, *,
-                 headers: list[tuple[str, str]],
-                 on_final: Callable[[dict[str, Any]], None] | None,
+                 headers: list[tuple[str, str]], save: Saver | None,
                  record: WireRecord | None = None) -> None:
         self._stream, self._renderer, self._headers = stream, renderer, headers
-        self._on_final, self._record = on_final, record
+        self._save, self._record = save, record
         self._finished = False
 
     async def __call__(self, scope: Any, receive: Callable[[], Any], send: Send) -> None:
@@ -243,9 +277,6 @@ class _SSEResponse:
         finally:
             if not self._finished:  # disconnect, send failure or cancellation
                 self._stream.cancel()
-        final = self._renderer.final_response
-        if self._on_final is not None and final is not None:
-            self._on_final(final)
 
     async def _watch_disconnect(self, receive: Callable[[], Any],
                                 scope: anyio.CancelScope) -> None:
@@ -261,7 +292,8 @@ class _SSEResponse:
         def finished() -> None:
             self._finished = True
 
-        await stream_events(self._stream, self._renderer, partial(self._body, send), finished)
+        await stream_events(self._stream, self._renderer, partial(self._body, send), finished,
+                            before_terminal=final_saver(self._renderer, self._save))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _body(self, send: Send, chunks: list[bytes]) -> None:
@@ -272,24 +304,47 @@ class _SSEResponse:
                 self._record.wire_bytes("identity", len(data))
 
 
+def final_saver(renderer: ResponsesRenderer, save: Saver | None
+                ) -> Callable[[], Awaitable[None]] | None:
+    """Stores the renderer's final response (once rendered): :func:`stream_events`'s
+    ``before_terminal``."""
+    if save is None:
+        return None
+
+    async def before_terminal() -> None:
+        if renderer.final_response is not None:
+            await save(renderer.final_response)
+
+    return before_terminal
+
+
 async def stream_events(stream: EventStream, renderer: ResponsesRenderer,
                         emit: Callable[[list[bytes]], Awaitable[None]],
                         finished: Callable[[], None],
-                        gone: tuple[type[BaseException], ...] = ()) -> None:
+                        gone: tuple[type[BaseException], ...] = (), *,
+                        before_terminal: Callable[[], Awaitable[None]] | None = None) -> None:
     """``response.created`` + ``response.in_progress`` at once, then every event rendered,
     until the terminal (``finished`` is called as it is seen, before it is emitted). Any
     error is reported in-stream as ``response.failed`` (never a 500): the one event loop
     of the SSE route and the WebSocket (``http/responses_ws.py``). ``gone``: exceptions
-    that mean the client left (re-raised as they are: nobody is there to tell)."""
+    that mean the client left (re-raised as they are: nobody is there to tell).
+
+    ``before_terminal`` (the store, :func:`final_saver`) runs after the terminal event is
+    rendered and before it is sent: a client that has seen ``response.completed`` can
+    continue from it on any instance at once (LiteLLM's #28587 was this the other way)."""
     await emit(renderer.created_events())
     try:
         while True:
             event = await stream.next_event()
             if is_terminal(event):
                 finished()
-            await emit(renderer.on_event(event))
+            chunks = renderer.on_event(event)
             if is_terminal(event):
+                if before_terminal is not None:
+                    await before_terminal()
+                await emit(chunks)
                 return
+            await emit(chunks)
     except gone:
         raise
     except Exception as exc:  # after the head: report in-stream (never a 500)
@@ -297,7 +352,10 @@ async def stream_events(stream: EventStream, renderer: ResponsesRenderer,
                   type(exc).__name__)
         stream.cancel()
         finished()
-        await emit(renderer.on_error(exc))
+        chunks = renderer.on_error(exc)
+        if before_terminal is not None:
+            await before_terminal()
+        await emit(chunks)
 
 
 def responses_routes() -> list[BaseRoute]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -51,6 +52,7 @@ from tokenwire.gateway.http.errors import error_parts
 from tokenwire.gateway.http.limits import end_lease, key_of, limited_message, start_lease
 from tokenwire.gateway.http.requests import decode_json
 from tokenwire.gateway.http.responses_routes import (
+    final_saver,
     prepare_response,
     refused_stream,
     store_hook,
@@ -282,10 +284,10 @@ class _Session:
             return
         try:
             try:
-                prep = prepare_response(state, create.body, raw=create.raw,
-                                        headers=self._turn_headers(create.body),
-                                        store=self.memory, rid=rid, framing="json",
-                                        stream=True)
+                prep = await prepare_response(state, create.body, raw=create.raw,
+                                              headers=self._turn_headers(create.body),
+                                              store=self.memory, rid=rid, framing="json",
+                                              stream=True)
             except CompactionRefused as exc:
                 stream, renderer = refused_stream(rid, create.body, exc, framing="json")
                 await self._pump(stream, renderer)
@@ -298,7 +300,9 @@ class _Session:
             stream = state.supervise(None, prep.served, prep.gen, streaming=True,
                                      api="responses", ticket=ticket, lease=lease)
             self.stream = stream
-            await self._pump(stream, prep.renderer, record=stream.observer)
+            save = store_hook(state, state.response_store, prep.call)
+            await self._pump(stream, prep.renderer, record=stream.observer,
+                             before_terminal=final_saver(prep.renderer, save))
             self._finished(prep.call, prep.renderer)
         finally:
             ticket.release()
@@ -308,9 +312,10 @@ class _Session:
         its id with the input it already sent); an empty, complete lifecycle, no model."""
         rid = new_response_id()
         try:
-            prep = prepare_response(self.state, create.body, raw=create.raw,
-                                    headers=self._turn_headers(create.body), store=self.memory,
-                                    rid=rid, framing="json", stream=True)
+            prep = await prepare_response(self.state, create.body, raw=create.raw,
+                                          headers=self._turn_headers(create.body),
+                                          store=self.memory, rid=rid, framing="json",
+                                          stream=True)
         except TokenwireError as exc:  # CompactionRefused included: nothing to warm up
             status, message, code, param = error_parts(exc)
             self._rejected(status, code)
@@ -318,30 +323,36 @@ class _Session:
             return
         renderer = prep.renderer
         await self._send(renderer.created_events())
-        await self._send(renderer.on_event(_WARM_UP_END))
+        end = renderer.on_event(_WARM_UP_END)
+        before_terminal = final_saver(
+            renderer, store_hook(self.state, self.state.response_store, prep.call))
+        if before_terminal is not None:
+            await before_terminal()
+        await self._send(end)
         self._finished(prep.call, renderer)
 
     def _finished(self, call: Any, renderer: ResponsesRenderer) -> None:
+        """The socket's own memory (``store: false`` too) and the turn state; the shared
+        store was written before the terminal event went out (``final_saver``)."""
         final = renderer.final_response
         if final is None:
             return
-        hook = store_hook(self.state.response_store, call)
-        if hook is not None:
-            hook(final)
         if final.get("status") == "completed":
             self.memory.remember(final["id"], list(call.input_items), final, now=time.time())
         if renderer.turn_state is not None:
             self.turn_state = renderer.turn_state
 
     async def _pump(self, stream: EventStream, renderer: ResponsesRenderer, *,
-                    record: Any = None) -> None:
+                    record: Any = None,
+                    before_terminal: Callable[[], Awaitable[None]] | None = None) -> None:
         async def emit(chunks: list[bytes]) -> None:
             await self._send(chunks)
             if record is not None and chunks:
                 record.wire_bytes("identity", sum(len(c) for c in chunks))
 
         await stream_events(stream, renderer, emit, lambda: None,
-                            gone=(WebSocketDisconnect, OSError))
+                            gone=(WebSocketDisconnect, OSError),
+                            before_terminal=before_terminal)
 
     # -- sending ---------------------------------------------------------------------------
 

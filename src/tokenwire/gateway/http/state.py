@@ -34,6 +34,7 @@ from tokenwire.gateway.routing.pool import ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.state.key_limiter import KeyLimiter, Lease
+from tokenwire.gateway.state.redis_conn import RedisConn
 from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
 from tokenwire.gateway.supervision.admission import Admission, Ticket, limits_of
 from tokenwire.gateway.supervision.retry import RetryPolicy
@@ -75,8 +76,12 @@ class GatewayState:
     clock: Callable[[], float] = time.monotonic
     router: Router = field(default=None)  # type: ignore[assignment]  # set in __post_init__
     health: HealthMonitor = field(default=None)  # type: ignore[assignment]
-    #: Stored Responses (``store``, ``previous_response_id``, ``GET /v1/responses/{id}``).
-    response_store: ResponseStore = field(default_factory=SQLiteResponseStore)
+    #: Stored Responses (``store``, ``previous_response_id``, ``GET /v1/responses/{id}``):
+    #: on Redis when ``settings.state`` names one, else in this process (SQLite).
+    response_store: ResponseStore = field(default=None)  # type: ignore[assignment]
+    #: The process's one Redis connection (``state/redis_conn.py``), built from
+    #: ``settings.state``; None without ``[state]`` (nothing is shared).
+    redis: RedisConn | None = None
     #: The capacity bound (seed, "Capacity"); built from the settings and upstream limits.
     admission: Admission = field(default=None)  # type: ignore[assignment]
     #: Prometheus metrics and the request log (``gateway/observability/records.py``).
@@ -95,6 +100,7 @@ class GatewayState:
     key_metrics: KeyMetrics = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
+        self._build_shared_state()
         if self.router is None:
             if self.upstream is None:
                 raise ConfigError("a gateway needs a router or an upstream")
@@ -122,6 +128,9 @@ class GatewayState:
         for pool in self.pools():  # a replica back or a slot freed: waiters may start
             pool.on_capacity = self.admission.regrant
         self.observability.set_pools_source(self.pools)
+        if self.redis is not None and self.limiter.shared is None:
+            # Limits shared by every instance on this Redis (``state/limits_redis.py``).
+            self.limiter = KeyLimiter(self.redis, clock=self.limiter.clock)
         if self.key_metrics is None:
             self.key_metrics = KeyMetrics(self.observability.registry)
         self.limiter.on_mode = self.key_metrics.set_local_only
@@ -129,6 +138,46 @@ class GatewayState:
             self.ws_sockets = SocketTable(
                 max_sockets=self.settings.ws_max_sockets,
                 max_per_client=self.settings.ws_max_sockets_per_client)
+
+    def _build_shared_state(self) -> None:
+        """The Redis connection and the stores on it when ``[state]`` is set; the
+        in-process ones otherwise (README "Shared state")."""
+        if self.redis is None and self.settings.state is not None:
+            self.redis = RedisConn(self.settings.state)
+        if self.redis is not None:
+            self.observability.registry.register(self.redis.collector())
+        if self.response_store is None:
+            if self.redis is not None:
+                from tokenwire.gateway.state.redis_store import RedisResponseStore
+                self.response_store = RedisResponseStore(
+                    self.redis, max_bytes=self.redis.config.store_max_bytes)
+            else:
+                self.response_store = SQLiteResponseStore()
+
+    def replica_of(self, response_id: str) -> tuple[str, str] | None:
+        """``(pool, replica)`` that produced ``response_id`` (its pool pinned it when the
+        generation finished), to store with the response; None when no pool served it."""
+        for pool in self.pools():
+            name = pool.pinned(response_id)
+            if name is not None:
+                return pool.name, name
+        return None
+
+    def pin_previous(self, stored: Any) -> None:
+        """Tell the pool that produced a stored response which replica it was, so a
+        continuation read on another instance prefers it too (``routing/pool.py``)."""
+        if stored.pool is None or stored.replica is None:
+            return
+        for pool in self.pools():
+            if pool.name == stored.pool:
+                pool.pin(stored.id, stored.replica, age_s=time.time() - stored.created)
+
+    async def aclose_state(self) -> None:
+        """Close the Redis connection (server shutdown), after the limiter's last
+        releases and its lease renewals."""
+        await self.limiter.aclose()
+        if self.redis is not None:
+            await self.redis.aclose()
 
     def timing(self, *, streaming: bool) -> Timing:
         """The request clocks; a non-streaming request has no stream to keep alive."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 import anyio
@@ -94,8 +94,12 @@ class EventResponse:
         streaming: bool = True,
         clock: Callable[[], float] = time.monotonic,
         record: WireRecord | None = None,
+        before_send: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._stream = stream
+        #: Awaited once a whole (non-streamed) body is rendered, before its head goes out:
+        #: the Responses store writes there, so the answer is readable once it is received.
+        self._before_send = before_send
         self._record = record
         self._renderer = renderer
         self._headers = headers
@@ -163,6 +167,8 @@ class EventResponse:
             return
         renderer = self._renderer
         body = b"".join(chunk for ev in events for chunk in renderer.on_event(ev))
+        if self._before_send is not None:
+            await self._before_send()
         comp = self._new_compressor()
         data = comp.compress_body(body)
         await self._send_whole(send, 200, self._head() + _usage_header(events), data)

@@ -212,10 +212,10 @@ class SocketMemory:
         self._shared, self._max = shared, max_bytes
         self.last: StoredResponse | None = None
 
-    def get(self, response_id: str) -> StoredResponse | None:
+    async def get(self, response_id: str) -> StoredResponse | None:
         if self.last is not None and self.last.id == response_id:
             return self.last
-        return self._shared.get(response_id) if self._shared is not None else None
+        return await self._shared.get(response_id) if self._shared is not None else None
 
     def remember(self, response_id: str, input_items: list[Any], response: dict[str, Any],
                  *, now: float) -> bool:

@@ -166,6 +166,10 @@ class Metrics:
         self.wire_bytes = counter(
             "tokenwire_wire_bytes_total",
             "Response bytes written to clients after content-coding.", ("api", "encoding"))
+        self.not_stored = counter(
+            "tokenwire_responses_not_stored_total",
+            "Responses served but not stored for previous_response_id, by reason "
+            "(store_unavailable, too_large, store_error).", ("reason",))
         self.errors = counter(
             "tokenwire_observability_errors_total",
             "Internal errors of the metrics and logging code (dropped, never raised).")

@@ -316,6 +316,12 @@ class Observability:
             fields["request_id"] = bounded_id(request_id)
         self.logger.info("request_rejected", extra={"event": fields})
 
+    @_never_raises
+    def not_stored(self, reason: str) -> None:
+        """A response served but not stored (``http/responses_routes.py``): a closed set of
+        reasons, so the label needs no guard beyond :func:`safe_code`."""
+        self._m.not_stored.labels(safe_code(reason) or UNSPECIFIED).inc()
+
     def metrics_response_body(self) -> tuple[bytes, str]:
         """``(body, content_type)`` for ``GET /metrics`` in the Prometheus text format."""
         return generate_latest(WithoutCreated(self.registry)), METRICS_CONTENT_TYPE

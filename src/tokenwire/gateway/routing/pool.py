@@ -255,6 +255,16 @@ class ReplicaPool:
                     found = r
         return found
 
+    def pinned(self, key: str) -> str | None:
+        """The replica pinned to ``key`` (a response id), if any."""
+        return self.pins.get(key, self._clock())
+
+    def pin(self, key: str, replica: str, *, age_s: float = 0.0) -> None:
+        """Pin ``key`` to ``replica`` (known here), as if pinned ``age_s`` ago: a pin read
+        from the shared store keeps its own age, so it expires when it would have."""
+        if replica in self._by_name:
+            self.pins.put(key, replica, self._clock() - max(0.0, age_s))
+
     def _soft_pin(self, request: GenerationRequest) -> Replica | None:
         previous = dict(request.affinity).get("previous_response_id")
         name = self.pins.get(previous, self._clock()) if previous else None

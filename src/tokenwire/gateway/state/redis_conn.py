@@ -13,7 +13,7 @@ breakers) goes through one :class:`RedisConn`, built from ``[state]``
   except for one probe call every backoff period (0.5 s doubling to 5 s). Each piece of state
   then does its documented degraded thing (local-only limits, "store unavailable").
 - **It recovers by itself**: the first probe that succeeds makes it "up" again. Transitions,
-  never requests, produce the log lines (a WARNING when degraded, an INFO when recovered) and
+  never requests, produce the log lines (one WARNING each way: degraded, recovered) and
   move ``tokenwire_state_up``.
 
 The up/degraded decisions are :class:`LinkHealth`, a sans-IO state machine that is given the
@@ -173,7 +173,15 @@ class RedisConn:
         return self.counts["ok"] + self.counts["error"]
 
     def key(self, *parts: str) -> str:
+        """``<key_prefix>part1:part2...``: every key this gateway writes goes through it."""
         return self.prefix + ":".join(parts)
+
+    def retry_in(self) -> float:
+        """Seconds until a degraded connection's next re-check (0 when up): a
+        ``Retry-After`` for answers that needed Redis."""
+        if self.up:
+            return 0.0
+        return max(0.0, self.health.next_check - self._clock())
 
     async def call(self, op: Callable[[Redis], Awaitable[T]]) -> T:
         kind = self.health.admit(self._clock())
@@ -193,8 +201,9 @@ class RedisConn:
         self.counts["ok"] += 1
         if self.health.succeeded(self._clock(), kind):
             self.transitions += 1
-            log.info("shared state recovered: redis at %s answers again; shared state "
-                     "resumes", self.config.display_url)
+            # WARNING as the degraded line is, so that whoever sees one sees the other.
+            log.warning("shared state recovered: redis at %s answers again; shared state "
+                        "resumes", self.config.display_url)
         return result
 
     def _failed(self, exc: BaseException, kind: str) -> None:

@@ -1,0 +1,111 @@
+"""The response store on a real ``redis-server`` (``state/redis_store.py``): the bounds of the
+SQLite store (TTL, row count, byte cap), one round trip per operation, and a typed error
+when Redis is gone."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from tests.redis_server import RedisServer
+from tokenwire.gateway.state.config import StateConfig
+from tokenwire.gateway.state.redis_conn import RedisConn
+from tokenwire.gateway.state.redis_store import RedisResponseStore
+from tokenwire.gateway.state.response_store import (
+    DEFAULT_TTL_S,
+    ResponseNotStored,
+    ResponseTooLarge,
+    StoreUnavailable,
+)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def response(rid: str, text: str = "hi") -> dict[str, Any]:
+    return {"id": rid, "object": "response", "status": "completed",
+            "output": [{"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text}]}]}
+
+
+def run(server: RedisServer, body: Any, **store_kw: Any) -> Any:
+    async def main() -> Any:
+        conn = RedisConn(StateConfig(url=server.url, key_prefix="t:", timeout_s=5.0))
+        try:
+            return await body(RedisResponseStore(conn, **store_kw), conn)
+        finally:
+            await conn.aclose()
+    return asyncio.run(main())
+
+
+def test_put_and_get_are_one_round_trip_each(redis_server: RedisServer) -> None:
+    async def body(store: RedisResponseStore, conn: RedisConn) -> None:
+        items = [{"type": "message", "role": "user", "content": "hello"}]
+        await store.put("resp_1", input_items=items, response=response("resp_1"),
+                        replica=("pool", "r1"))
+        assert conn.calls == 1
+        got = await store.get("resp_1")
+        assert conn.calls == 2
+        assert got is not None and got.input == tuple(items)
+        assert got.response == response("resp_1") and (got.pool, got.replica) == ("pool", "r1")
+        assert await store.get("resp_unknown") is None
+        ttl_ms = await conn.call(lambda r: r.pttl("t:resp:resp_1"))
+        assert DEFAULT_TTL_S * 1000 - 60_000 < ttl_ms <= DEFAULT_TTL_S * 1000
+    run(redis_server, body)
+
+
+def test_rows_are_bounded_and_the_oldest_go_first(redis_server: RedisServer) -> None:
+    clock = Clock()
+
+    async def body(store: RedisResponseStore, conn: RedisConn) -> None:
+        for i in range(5):
+            clock.now += 1
+            await store.put(f"resp_{i}", input_items=[], response=response(f"resp_{i}"))
+        present = [await store.get(f"resp_{i}") is not None for i in range(5)]
+        assert present == [False, False, True, True, True]
+        assert await conn.call(lambda r: r.zcard("t:resp-index")) == 3
+    run(redis_server, body, max_rows=3, clock=clock)
+
+
+def test_expired_ids_leave_the_index(redis_server: RedisServer) -> None:
+    clock = Clock()
+
+    async def body(store: RedisResponseStore, conn: RedisConn) -> None:
+        await store.put("resp_old", input_items=[], response=response("resp_old"))
+        clock.now += 120  # past the TTL (the key itself expires by Redis' own clock)
+        await store.put("resp_new", input_items=[], response=response("resp_new"))
+        assert await conn.call(lambda r: r.zrange("t:resp-index", 0, -1)) == [b"resp_new"]
+    run(redis_server, body, ttl_s=60, clock=clock)
+
+
+def test_too_large_is_a_marker_not_a_truncation(redis_server: RedisServer) -> None:
+    async def body(store: RedisResponseStore, conn: RedisConn) -> None:
+        with pytest.raises(ResponseTooLarge):
+            await store.put("resp_big", input_items=[{"content": "x" * 5000}],
+                            response=response("resp_big"))
+        with pytest.raises(ResponseNotStored, match="over the store's cap of 2048 bytes"):
+            await store.get("resp_big")
+        raw = await conn.call(lambda r: r.get("t:resp:resp_big"))
+        assert len(raw) < 200  # the marker, not a cut-down record
+    run(redis_server, body, max_bytes=2048)
+
+
+def test_a_dead_redis_is_store_unavailable_with_a_retry_after(
+        redis_server: RedisServer) -> None:
+    async def body(store: RedisResponseStore, conn: RedisConn) -> None:
+        await store.put("resp_1", input_items=[], response=response("resp_1"))
+        redis_server.kill()
+        for call in (store.get("resp_1"),
+                     store.put("resp_2", input_items=[], response=response("resp_2"))):
+            with pytest.raises(StoreUnavailable) as err:
+                await call
+            assert err.value.status_hint == 503 and err.value.code == "store_unavailable"
+            assert err.value.retry_after is not None and err.value.retry_after >= 1
+    run(redis_server, body)
