@@ -312,3 +312,38 @@ def _check_seeds_survive(gws: list[Instance], seeds: list[dict], replicas: list[
         assert _texts(seen) == [("user", f"seed {i}"),
                                 ("assistant", seed["output"][0]["content"][0]["text"]),
                                 ("user", text)]
+
+
+def test_websocket_and_http_turns_continue_each_other_across_instances(
+        redis_server: RedisServer, replicas: list[EchoUpstream], tmp_path: Path) -> None:
+    """Codex's transport: a WebSocket turn on one instance, an HTTP turn on another, a
+    WebSocket turn on a third; each reads its predecessor from the shared store."""
+    import json
+
+    from websockets.sync.client import connect
+
+    def ws_turn(gw: Instance, text: str, previous: str | None) -> dict:
+        with connect(gw.url.replace("http://", "ws://") + "/v1/responses", proxy=None,
+                     open_timeout=60) as ws:
+            extra = {"previous_response_id": previous} if previous else {}
+            ws.send(json.dumps({"type": "response.create", "model": "echo", "input": text,
+                                **extra}))
+            while True:
+                msg = json.loads(ws.recv(timeout=60))
+                assert msg["type"] not in ("error", "response.failed"), msg
+                if msg["type"] == "response.completed":
+                    return msg["response"]
+
+    with start_instances(3, replicas=replicas, state_url=redis_server.url,
+                         tmp=tmp_path) as gws:
+        first = ws_turn(gws[0], "over the socket", None)
+        second = httpx.post(gws[1].url + "/v1/responses", json={
+            "model": "echo", "input": "over http", "previous_response_id": first["id"]},
+            timeout=60).json()
+        third = ws_turn(gws[2], "socket again", second["id"])
+        seen = max((r.requests[-1] for r in replicas if r.requests), key=len)
+        answers = [r["output"][0]["content"][0]["text"] for r in (first, second)]
+        assert _texts(seen) == [("user", "over the socket"), ("assistant", answers[0]),
+                                ("user", "over http"), ("assistant", answers[1]),
+                                ("user", "socket again")]
+        assert third["output"][0]["content"][0]["text"].endswith("heard: socket again")

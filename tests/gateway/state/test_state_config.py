@@ -58,3 +58,50 @@ def test_redaction_keeps_user_host_port_and_db() -> None:
     assert redacted_url("redis://u:secret@h:1/3") == "redis://u:***@h:1/3"
     assert redacted_url("rediss://:secret@[::1]:6380") == "rediss://:***@[::1]:6380"
     assert redacted_url("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_serve_takes_the_flag_then_the_environment_then_the_file() -> None:
+    from tests.cli.test_serve_cli import _args
+    from tokenwire.cli import serve as serve_cmd
+
+    table = {"url": "redis://file:6379/0", "key_prefix": "f:"}
+    env = {ENV_STATE_URL: "redis://env:6379/0"}
+    assert serve_cmd.settings_from_args(_args(), env={}).state is None
+    from_file = serve_cmd.settings_from_args(_args(), env={}, state_table=table).state
+    assert from_file.url == "redis://file:6379/0" and from_file.key_prefix == "f:"
+    assert serve_cmd.settings_from_args(_args(), env=env, state_table=table).state.url == \
+        "redis://env:6379/0"
+    flag = serve_cmd.settings_from_args(_args("--state-url", "rediss://flag:1/0"), env=env,
+                                        state_table=table).state
+    assert flag.url == "rediss://flag:1/0" and flag.key_prefix == "f:"
+
+
+def test_a_state_section_in_the_file_is_checked_with_the_file(tmp_path) -> None:
+    from tokenwire.gateway.config import load_config_file
+
+    path = tmp_path / "gw.toml"
+    path.write_text('[state]\nurl = "http://nope"\n[[upstreams]]\nname = "u"\nkind = "openai"\n'
+                    'base_url = "http://127.0.0.1:1/v1"\n')
+    with pytest.raises(ConfigError, match=r"\[state\].*redis://"):
+        load_config_file(path, env={})
+
+
+def test_a_gateway_without_state_never_imports_redis() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[3] / "src"
+    code = ("import sys, asyncio\n"
+            "from tokenwire.gateway.server import build_gateway\n"
+            "from tokenwire.gateway.config import parse_config\n"
+            "from tokenwire.gateway.settings import ServerSettings\n"
+            "cfg = parse_config({'upstreams': [{'name': 'u', 'kind': 'openai', 'probe': False,"
+            " 'base_url': 'http://127.0.0.1:1/v1', 'models': [{'name': 'm'}]}]}, env={})\n"
+            "gw = asyncio.run(build_gateway(cfg, ServerSettings()))\n"
+            "assert gw.state.redis is None\n"
+            "print('redis' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"PYTHONPATH": str(src)}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
