@@ -204,6 +204,9 @@ def _run_check(block: Block, url: str, tmp_path: Path) -> None:
     variables.append(doc.get("state", {}).get("password_env"))
     for var in filter(None, variables):
         env[var] = "readme-test-key"
+    for key in doc.get("keys", []):  # [[keys]]: each its own secret (two may not share one)
+        if key.get("key_env"):
+            env[key["key_env"]] = f"readme-test-key-{key['name']}"
     config = tmp_path / "gateway.toml"
     config.write_text(block.text, "utf-8")
     proc = subprocess.run([sys.executable, "-m", "tokenwire.cli.main", "check", "--no-probe",

@@ -58,10 +58,12 @@ class Served:
         self.thread.join(10)
 
 
-def start_server(state: GatewayState, *, wrap: Callable[[Any], Any] | None = None) -> Served:
-    """``create_app(state)`` (wrapped in ``wrap(app)`` when given, e.g. a recorder) on
+def start_server(state: GatewayState, app: Any = None, *,
+                 wrap: Callable[[Any], Any] | None = None) -> Served:
+    """Serve ``app`` (default: ``create_app(state)``; pass ``harden(...)`` for the served
+    stack with its key checks), wrapped in ``wrap(app)`` when given (e.g. a recorder), on
     uvicorn in a thread, on a free loopback port."""
-    app = create_app(state)
+    app = app if app is not None else create_app(state)
     if wrap is not None:
         app = wrap(app)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

@@ -55,7 +55,7 @@ _UP = '[[upstreams]]\nname = "u"\nkind = "openai"\nbase_url = "http://h:1/v1"\n'
 BAD_FILES = [
     ("top-level typo", "[sever]\nport = 1\n" + _UP,
      "{f}: unknown key 'sever'; expected one of server, upstreams, fallbacks, "
-     "context_fallbacks, state"),
+     "context_fallbacks, keys, state"),
     ("server typo", "[server]\nprot = 1\n" + _UP,
      "{f}: [server]: unknown key 'prot'; expected one of host, port, coalesce_ms, queue_size, "
      "max_body_bytes, legacy_finish_reason, public_url, default_model, probe, "

@@ -209,9 +209,11 @@ def _server_value(args: argparse.Namespace, file_server: dict, key: str):
 
 
 def settings_from_args(args: argparse.Namespace, file_server: dict | None = None,
-                       env: dict[str, str] | None = None, state_table: dict | None = None):
+                       env: dict[str, str] | None = None, state_table: dict | None = None,
+                       named_keys: tuple = ()):
     """ServerSettings from flags over the config file's [server] (and ``[state]``: the
-    flag, then the environment, then the file name the Redis; lazy import)."""
+    flag, then the environment, then the file name the Redis; lazy import); the file's
+    ``[[keys]]`` (``named_keys``) make every client need a key unless the flag says not."""
     from tokenwire.gateway.config import auth_from_sources
     from tokenwire.gateway.settings import (
         DEFAULT_MAX_BODY_BYTES,
@@ -237,7 +239,8 @@ def settings_from_args(args: argparse.Namespace, file_server: dict | None = None
         legacy_finish_reason=value("legacy_finish_reason"),
         model_path=args.model, n_ctx=args.n_ctx, n_threads=args.threads,
         public_base_url=value("public_url"),
-        api_keys=keys, allowed_origins=tuple(origins), auth=auth,
+        api_keys=keys, allowed_origins=tuple(origins), named_keys=tuple(named_keys),
+        auth=auth if not named_keys or args.allow_unauthenticated_localhost else "keys",
         state=resolve_state(state_table, flag_url=getattr(args, "state_url", None),
                             env=os.environ if env is None else env),
         **{k: v for k in _CAPACITY_KEYS if (v := _flag_or_file(args, file_server, k)) is not None},
@@ -346,21 +349,24 @@ def capacity_line(admission) -> str:
 def auth_banner(settings) -> str:
     """One line saying who may call; loud when nothing but loopback stands in the way."""
     origins = ", ".join(settings.allowed_origins) or "none (any Origin header gets 403)"
-    if not settings.api_keys:
+    if not settings.api_keys and not settings.named_keys:
         who = ("auth: loopback clients need no key; remote clients are refused: no API key "
                "configured (set TOKENWIRE_API_KEYS)")
     elif settings.auth == "localhost-open":
-        who = (f"auth: {len(settings.api_keys)} API key(s); loopback clients need no key "
+        who = (f"auth: {len(settings.api_keys) + len(settings.named_keys)} API key(s); loopback "
+               "clients need no key "
                "(--allow-unauthenticated-localhost)")
     else:
-        who = f"auth: {len(settings.api_keys)} API key(s) required from every client"
+        who = (f"auth: {len(settings.api_keys) + len(settings.named_keys)} API key(s) "
+               "required from every client")
     return f"{who}\n  allowed origins: {origins}"
 
 
 def _run_upstreams(args: argparse.Namespace, cfg) -> int:
     from tokenwire.gateway.server import run_gateway
 
-    settings = settings_from_args(args, dict(cfg.server), state_table=dict(cfg.state))
+    settings = settings_from_args(args, dict(cfg.server), state_table=dict(cfg.state),
+                                  named_keys=cfg.keys)
     _request_log(args)
 
     def banner(gw, server) -> None:

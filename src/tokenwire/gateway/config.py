@@ -18,6 +18,10 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
     api_keys_env = "GW_KEYS"    # the variable holding the client keys (comma-separated)
     allowed_origins = ["https://app.example"]   # browser origins allowed to call
 
+    [[keys]]                    # named client keys with limits (gateway/state/api_keys.py)
+    name = "ci-bot"
+    key_env = "CI_BOT_KEY"      # or key_sha256 = "<hex>"; rpm, tpm, max_concurrent
+
     [[upstreams]]
     name = "local-vllm"
     kind = "openai"             # embedded | openai | codec | responses | anthropic
@@ -66,6 +70,7 @@ from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, 
 from tokenwire.errors import ConfigError, ConfigErrors, MapError
 from tokenwire.gateway.routing.breaker import BreakerPolicy
 from tokenwire.gateway.routing.fallbacks import FallbackTable
+from tokenwire.gateway.state.api_keys import ApiKey, check_api_key, parse_keys
 from tokenwire.gateway.state.config import parse_state_table
 from tokenwire.gateway.upstreams.base import (
     UPSTREAM_KINDS,
@@ -141,7 +146,7 @@ _MODEL_KEYS: dict[str, tuple[type, ...]] = {
 }
 _TOP_KEYS: dict[str, tuple[type, ...]] = {"server": (dict,), "upstreams": (list,),
                                            "fallbacks": (dict,), "context_fallbacks": (dict,),
-                                           "state": (dict,)}
+                                           "keys": (list,), "state": (dict,)}
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,8 @@ class GatewayConfig:
     #: ``[fallbacks]`` and ``[context_fallbacks]`` (README "Fallbacks"); names are checked
     #: against the served models once probing has found them all (``GatewayState``).
     fallbacks: FallbackTable = field(default_factory=FallbackTable)
+    #: ``[[keys]]``: named API keys with optional limits (``gateway/state/api_keys.py``).
+    keys: tuple[ApiKey, ...] = ()
     #: ``[state]`` as given (checked; ``gateway/state/config.py``): ``resolve_state`` merges
     #: it with ``--state-url`` and ``TOKENWIRE_STATE_URL``.
     state: Mapping[str, Any] = field(default_factory=dict)
@@ -448,9 +455,11 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     state = problems.check(parse_state_table, state, f"{source}: [state]") or {}
     table = problems.check(parse_fallbacks, doc, source, declared=declared
                            if all(u.models for u in upstreams) else None)
+    keys = problems.check(parse_keys, doc.get("keys", []), env, source=source)
     config = GatewayConfig(upstreams=tuple(upstreams), server=server, maps=maps,
                            no_probe=frozenset(no_probe), source=source,
-                           fallbacks=table or FallbackTable(), state=state)
+                           fallbacks=table or FallbackTable(), keys=keys or (),
+                           state=state)
     if problems.messages:
         exc = ConfigErrors(problems.messages)
         # The upstreams that did parse, so callers can still probe them (without a
@@ -529,8 +538,6 @@ def _check_server_auth(server: Mapping[str, Any], env: Mapping[str, str], where:
 
 def read_api_keys(var: str, env: Mapping[str, str], *, where: str) -> tuple[str, ...]:
     """The comma-separated keys in ``env[var]``. Errors name the variable, never a value."""
-    from tokenwire.gateway.settings import check_api_key
-
     if not var or var not in env:
         raise ConfigError(f"{where}: {var or 'the API key variable'} is not set")
     keys = tuple(k.strip() for k in env[var].split(",") if k.strip())

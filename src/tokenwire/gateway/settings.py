@@ -25,6 +25,7 @@ from tokenwire.codec.safety_policy import (
 from tokenwire.codec.versioning import VersionPolicy
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.apis.params import SUPPORTED_STREAM_FORMATS
+from tokenwire.gateway.state.api_keys import ApiKey, check_api_key
 from tokenwire.gateway.state.config import StateConfig
 from tokenwire.gateway.supervision.admission import DEFAULT_MAX_CONCURRENT, DEFAULT_QUEUE_SIZE
 from tokenwire.gateway.supervision.supervisor import (
@@ -136,6 +137,9 @@ class ServerSettings:
     #: Accepted API keys (``Authorization: Bearer`` or ``x-api-key``). Never in repr: a
     #: settings object is printed in tracebacks and logs.
     api_keys: tuple[str, ...] = field(default=(), repr=False)
+    #: Named keys with optional limits (``[[keys]]``, ``gateway/state/api_keys.py``); they
+    #: are accepted beside ``api_keys`` (which stay unnamed and unlimited).
+    named_keys: tuple[ApiKey, ...] = field(default=(), repr=False)
     #: Browser origins (``scheme://host[:port]``) allowed to call; any other Origin is 403.
     allowed_origins: tuple[str, ...] = ()
     #: ``"keys"`` or ``"localhost-open"`` (see :data:`AUTH_MODES`). Left empty, it follows
@@ -178,25 +182,17 @@ class ServerSettings:
 
     def _check_auth(self) -> None:
         if not self.auth:
-            derived = AUTH_KEYS if self.api_keys else AUTH_LOCALHOST_OPEN
+            derived = AUTH_KEYS if self.api_keys or self.named_keys else AUTH_LOCALHOST_OPEN
             object.__setattr__(self, "auth", derived)  # frozen: set once, before any reader
         if self.auth not in AUTH_MODES:
             raise ConfigError(f"auth must be one of {', '.join(AUTH_MODES)}, got {self.auth!r}")
-        if self.auth == AUTH_KEYS and not self.api_keys:
+        if self.auth == AUTH_KEYS and not self.api_keys and not self.named_keys:
             # Fail closed: "keys" with no key would refuse everyone, which is never meant.
             raise ConfigError("auth 'keys' needs at least one API key (set TOKENWIRE_API_KEYS)")
         for i, key in enumerate(self.api_keys):
             check_api_key(key, f"API key #{i + 1}")
         for origin in self.allowed_origins:
             check_origin(origin)
-
-
-def check_api_key(key: str, where: str) -> None:
-    """A key a client can send in a header; the message never contains the key itself."""
-    if not key:
-        raise ConfigError(f"{where} is empty")
-    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
-        raise ConfigError(f"{where} contains whitespace or non-printable/non-ASCII characters")
 
 
 def check_origin(origin: str) -> None:

@@ -55,9 +55,11 @@ def is_inference(scope: Scope) -> bool:
 
 async def send_refusal(send: Send, path: str, *, status: int, retry_after_s: int,
                        message: str, openai: tuple[str, str], anthropic_type: str,
-                       close: bool = False) -> None:
+                       close: bool = False,
+                       headers: list[tuple[bytes, bytes]] | None = None) -> None:
     """A retryable refusal sent before the body is read: ``Retry-After`` and OpenAI's error
-    shape (``openai`` = its type and code), or Anthropic's on the Messages route."""
+    shape (``openai`` = its type and code), or Anthropic's on the Messages route; ``headers``
+    are added (the per-key limits' ``x-ratelimit-*``)."""
     if path == "/v1/messages":
         body: dict[str, Any] = {"type": "error", "error": {"type": anthropic_type,
                                                            "message": message}}
@@ -65,12 +67,12 @@ async def send_refusal(send: Send, path: str, *, status: int, retry_after_s: int
         body = {"error": {"message": message, "type": openai[0], "param": None,
                           "code": openai[1]}}
     raw = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"retry-after", str(retry_after_s).encode()),
-               (b"content-length", str(len(raw)).encode())]
+    head = [(b"content-type", b"application/json"),
+            (b"retry-after", str(retry_after_s).encode()),
+            (b"content-length", str(len(raw)).encode()), *(headers or ())]
     if close:
-        headers.append((b"connection", b"close"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
+        head.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": raw})
 
 

@@ -55,6 +55,7 @@ from tokenwire.gateway.http import wellknown
 from tokenwire.gateway.http.admission import AdmissionMiddleware
 from tokenwire.gateway.http.errors import exception_response
 from tokenwire.gateway.http.generation import codec_renderer, route_model, start_generation
+from tokenwire.gateway.http.limits import KeyLimitsMiddleware
 from tokenwire.gateway.http.messages_route import count_tokens_endpoint, messages_endpoint
 from tokenwire.gateway.http.playground import playground_routes
 from tokenwire.gateway.http.requests import (
@@ -310,7 +311,10 @@ def create_app(state: GatewayState) -> Starlette:
     # One renderer for every error a route raises, in its API's shape (http/errors.py).
     # Starlette's ServerErrorMiddleware sends the Exception one (the crash barrier's body,
     # instead of its plain-text 500) before re-raising; the CrashBarrier then only logs.
+    # Per-key limits first: a key over its limit is refused before it queues (http/limits.py).
     app = Starlette(routes=routes, middleware=[
+        Middleware(KeyLimitsMiddleware, limiter=state.limiter, metrics=state.key_metrics,
+                   on_rejected=rejected),
         Middleware(AdmissionMiddleware, admission=state.admission, on_rejected=rejected)],
         exception_handlers={TokenwireError: exception_response,
                             HTTPException: exception_response,

@@ -12,8 +12,9 @@ admitted right now), each refused with a JSON body and ``Retry-After`` before th
 Each ``response.create`` is one request, exactly as a ``POST /v1/responses`` with
 ``stream: true`` (:func:`~.responses_routes.prepare_response`, the same renderer framed as
 bare JSON, :func:`~.responses_routes.stream_events`): its own admission ticket, deadlines,
-heartbeats, retries, metrics and log line, so an idle socket holds no capacity. One response
-runs at a time per socket; a second ``response.create`` meanwhile is a 409 ``error``. A
+heartbeats, retries, metrics and log line, so an idle socket holds no capacity; and its own
+per-key limits check (``http/limits.py``: a 429 ``error`` with ``rate_limit_exceeded``).
+One response runs at a time per socket; a second ``response.create`` meanwhile is a 409 ``error``. A
 failure before the response starts is ``{"type": "error", "status": N, "error": {...}}``
 with the HTTP path's status and code (Codex maps it as it maps that HTTP error); after it
 started, ``response.failed``, as on SSE. ``generate: false`` is a warm-up: validated and
@@ -62,6 +63,7 @@ from tokenwire.gateway.apis.errors import error_object
 from tokenwire.gateway.apis.responses_render import ResponsesRenderer, new_response_id
 from tokenwire.gateway.apis.sse import json_bytes
 from tokenwire.gateway.http.errors import error_parts
+from tokenwire.gateway.http.limits import end_lease, key_of, limited_message, start_lease
 from tokenwire.gateway.http.requests import decode_json
 from tokenwire.gateway.http.responses_head import open_stream
 from tokenwire.gateway.http.responses_routes import (
@@ -85,6 +87,7 @@ from tokenwire.gateway.http.ws_session import (
     parse_message,
 )
 from tokenwire.gateway.ir import EventStream, Finish, FinishKind, GenerationRequest, PromptText
+from tokenwire.gateway.state.key_limiter import Lease
 from tokenwire.gateway.supervision.admission import RETRY_AFTER_S
 
 __all__ = ["MAX_MESSAGE_HEADER", "responses_socket", "upgrade_turn_state"]
@@ -291,6 +294,20 @@ class _Session:
         return headers
 
     async def _generate(self, create: Create) -> None:
+        state = self.state
+        key = key_of(self.ws.scope)  # the upgrade's key: each response.create is limited
+        verdict, lease = await start_lease(state.limiter, state.key_metrics, key)
+        if lease is None:
+            assert verdict.refused is not None
+            self._rejected(429, f"key_{verdict.refused.value}")
+            await self._error(429, "rate_limit_exceeded", limited_message(key, verdict))
+            return
+        try:
+            await self._admitted(create, lease)
+        finally:
+            end_lease(state.limiter, state.key_metrics, lease)
+
+    async def _admitted(self, create: Create, lease: Lease) -> None:
         state, rid = self.state, new_response_id()
         ticket = state.admission.reserve(anyio.current_time())
         if ticket is None:
@@ -313,7 +330,7 @@ class _Session:
                 await self._error(status, code, message, param)
                 return
             stream = state.supervise(None, prep.served, prep.gen, streaming=True,
-                                     api="responses", ticket=ticket)
+                                     api="responses", ticket=ticket, lease=lease)
             self.stream = stream  # cancelled if the client leaves while the head waits
             stream, _facts = await open_stream(stream, prep.renderer)  # responses_head.py
             self.stream = stream

@@ -40,6 +40,7 @@ from urllib.parse import urlsplit
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.http.playground import PAGE_PATHS
 from tokenwire.gateway.http.wellknown import WELL_KNOWN_PREFIX
+from tokenwire.gateway.state.api_keys import KEY_SCOPE_KEY, ApiKey, digest, key_table
 
 if TYPE_CHECKING:
     from tokenwire.gateway.settings import ServerSettings
@@ -170,14 +171,17 @@ class SecurityMiddleware:
     def __init__(self, app: ASGIApp, *, bearer_tokens: Sequence[str] | None,
                  allowed_origins: Sequence[str] = (),
                  allow_unauthenticated_localhost: bool = False,
-                 responses_websocket: bool = False) -> None:
-        tokens = [t.encode() for t in (bearer_tokens or ()) if t]
+                 responses_websocket: bool = False,
+                 named_keys: Sequence[ApiKey] = ()) -> None:
+        tokens = key_table(named_keys, [t for t in (bearer_tokens or ()) if t])
         if not tokens and not allow_unauthenticated_localhost:
             # Fail closed: an open gateway must be asked for, never the default.
             raise ConfigError("no bearer token configured; set one or explicitly allow "
                               "unauthenticated localhost")
         self.app = app
-        self._tokens = tokens
+        #: SHA-256 of each accepted key -> the key (its name and limits), for
+        #: ``http/limits.py``: the request's scope carries the key under ``KEY_SCOPE_KEY``.
+        self._tokens = tuple(tokens.items())
         self._origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
         self._localhost_open = allow_unauthenticated_localhost
         #: Serve WebSocket upgrades of /v1/responses (``http/responses_ws.py``) instead of
@@ -185,15 +189,19 @@ class SecurityMiddleware:
         self._responses_websocket = responses_websocket
 
     def _authorized(self, scope: Scope, headers: dict[bytes, list[bytes]]) -> bool:
-        if self._localhost_open and _is_loopback(scope.get("client")):
-            return True
+        """Whether the request may pass; the key it presented (if accepted) goes into the
+        scope, so a loopback client of ``localhost-open`` that sends a key is limited too."""
         key = _presented_key(headers)
-        if key is None:
-            return False
-        ok = False
-        for token in self._tokens:  # every token, no early exit: time says nothing
-            ok |= hmac.compare_digest(key, token)
-        return ok
+        found = None
+        if key is not None:
+            presented = digest(key)
+            for sha, api_key in self._tokens:  # every key, no early exit: time says nothing
+                if hmac.compare_digest(presented, sha):
+                    found = api_key
+        if found is not None:
+            scope[KEY_SCOPE_KEY] = found
+            return True
+        return self._localhost_open and _is_loopback(scope.get("client"))
 
     def _refusal(self, scope: Scope) -> tuple[int, dict[str, Any] | None] | None:
         path = _target_path(scope)
@@ -393,4 +401,4 @@ def harden(app: ASGIApp, settings: ServerSettings) -> ASGIApp:
         CrashBarrier(app), bearer_tokens=settings.api_keys,
         allowed_origins=settings.allowed_origins,
         allow_unauthenticated_localhost=settings.auth == "localhost-open",
-        responses_websocket=settings.responses_websocket)
+        responses_websocket=settings.responses_websocket, named_keys=settings.named_keys)

@@ -23,8 +23,10 @@ from tokenwire.errors import ConfigError
 from tokenwire.gateway.affinity import affinity_hints
 from tokenwire.gateway.context_window import ContextSource
 from tokenwire.gateway.http.admission import ticket_of
+from tokenwire.gateway.http.limits import LEASE_SCOPE_KEY
 from tokenwire.gateway.http.ws_session import SocketTable
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
+from tokenwire.gateway.observability.key_metrics import KeyMetrics
 from tokenwire.gateway.observability.records import Observability
 from tokenwire.gateway.routing.breaker_sync import BreakerSync
 from tokenwire.gateway.routing.fallbacks import FallbackTable, plan_for
@@ -32,6 +34,7 @@ from tokenwire.gateway.routing.health import HealthMonitor
 from tokenwire.gateway.routing.pool import ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.state.key_limiter import KeyLimiter, Lease
 from tokenwire.gateway.state.redis_conn import RedisConn
 from tokenwire.gateway.state.response_store import ResponseStore, SQLiteResponseStore
 from tokenwire.gateway.supervision.admission import Admission, Ticket, limits_of
@@ -95,6 +98,10 @@ class GatewayState:
     #: sessions, which graceful shutdown drains (``http/responses_ws.py``).
     ws_sockets: SocketTable = field(default=None)  # type: ignore[assignment]
     ws_sessions: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    #: Per-key limits (``state/key_limiter.py``): this process's counts, or Redis's when
+    #: the gateway has a ``[state]`` connection; and their per-key-name metrics.
+    limiter: KeyLimiter = field(default_factory=KeyLimiter)
+    key_metrics: KeyMetrics = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self._build_shared_state()
@@ -129,6 +136,12 @@ class GatewayState:
             self.breaker_sync = BreakerSync(self.redis, self.pools())
             self.observability.registry.register(self.breaker_sync.collector())
             self.breaker_sync.start()  # in the server's loop; else at the first ejection
+        if self.redis is not None and self.limiter.shared is None:
+            # Limits shared by every instance on this Redis (``state/limits_redis.py``).
+            self.limiter = KeyLimiter(self.redis, clock=self.limiter.clock)
+        if self.key_metrics is None:
+            self.key_metrics = KeyMetrics(self.observability.registry)
+        self.limiter.on_mode = self.key_metrics.set_local_only
         if self.ws_sockets is None:
             self.ws_sockets = SocketTable(
                 max_sockets=self.settings.ws_max_sockets,
@@ -168,7 +181,9 @@ class GatewayState:
                 pool.pin(stored.id, stored.replica, age_s=time.time() - stored.created)
 
     async def aclose_state(self) -> None:
-        """Close the Redis connection (server shutdown)."""
+        """Close the Redis connection (server shutdown), after the limiter's last
+        releases and its lease renewals."""
+        await self.limiter.aclose()
         if self.breaker_sync is not None:
             await self.breaker_sync.aclose()
         if self.redis is not None:
@@ -181,12 +196,13 @@ class GatewayState:
                       idle_timeout_s=s.idle_timeout_s, request_cap_s=s.request_cap_s)
 
     def supervise(self, request: Request | None, served: ServedModel, gen: GenerationRequest,
-                  *, streaming: bool, api: str, ticket: Ticket | None = None
-                  ) -> SupervisedStream:
+                  *, streaming: bool, api: str, ticket: Ticket | None = None,
+                  lease: Lease | None = None) -> SupervisedStream:
         """The generation as the APIs see it: queued, retried, timed (``supervisor.py``),
         and recorded (``api`` names the surface in metrics and logs). The admission ticket
         is the request's (:func:`ticket_of`), or ``ticket`` when the caller took one itself
-        (a WebSocket ``response.create``, ``http/responses_ws.py``)."""
+        (a WebSocket ``response.create``, ``http/responses_ws.py``); likewise the per-key
+        lease (``http/limits.py``), whose tokens are this record's usage."""
         gen = _with_header_hints(gen, request)
         self.health.start()  # the active probes of replica pools (idempotent)
         record = self.observability.new_request(
@@ -194,6 +210,10 @@ class GatewayState:
             request_id=gen.request_id, stream=streaming)
         if ticket is None:
             ticket = ticket_of(request)
+        if lease is None and request is not None:
+            lease = request.scope.get(LEASE_SCOPE_KEY)
+        if lease is not None:
+            lease.usage = record
         ticket.supervised, ticket.on_release = True, record.close
         plan = plan_for(self.fallbacks, {m.name: m for m in self.router.models}, served,
                         gen) if self.fallbacks else None

@@ -511,6 +511,18 @@ class RequestRecord:
                        None if completion_tokens is None else _count(completion_tokens))
         self._usage_source = _closed(source, _USAGE_SOURCES) if source is not None else None
 
+    def charged_tokens(self) -> int:
+        """What the request cost in tokens, for per-key limits (``state/key_limiter.py``):
+        prompt + completion of the usage the client was shown, or the streamed completion
+        tokens when no usage was reported (never raises)."""
+        try:
+            if self._usage is not None:
+                prompt, completion = self._usage
+                return (prompt or 0) + (self._tokens if completion is None else completion)
+            return self._tokens
+        except Exception:
+            return 0
+
     def wire_bytes(self, encoding: str, n: int) -> None:
         """``n`` bytes written to the client socket after content-coding (once per write,
         i.e. per coalescing window, so counted straight into the shared counter)."""
