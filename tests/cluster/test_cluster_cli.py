@@ -24,6 +24,15 @@ def test_a_balancer_on_a_public_address_needs_instance_keys(monkeypatch, capsys)
     assert "without a key" in capsys.readouterr().err
 
 
+def test_a_public_balancer_refuses_instances_open_on_loopback(monkeypatch, capsys) -> None:
+    # Keys are set, but instances that admit loopback without one would admit everybody:
+    # every request reaches them from the balancer's loopback address.
+    monkeypatch.setenv("TOKENWIRE_API_KEYS", "k-0123456789abcdef")
+    assert main(["cluster", "--host", "0.0.0.0", "--", "--upstream", "http://x/v1",
+                 "--allow-unauthenticated-localhost"]) == 1
+    assert "without a key" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--instances", "0"], "1 to 16 instances"),
     (["--", "--port", "9000"], "--port is set by the launcher"),

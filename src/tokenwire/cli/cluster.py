@@ -69,7 +69,14 @@ def _check_exposure(host: str, serve_args: list[str]) -> None:
     with contextlib.suppress(ValueError):
         if ipaddress.ip_address(host).is_loopback:
             return
-    if host == "localhost" or os.environ.get("TOKENWIRE_API_KEYS") \
+    if host == "localhost":
+        return
+    if any(a.startswith("--allow-unauthenticated-localhost") for a in serve_args):
+        raise ConfigError(f"cluster: a balancer on {host} with "
+                          "--allow-unauthenticated-localhost would let every remote client "
+                          "in without a key (the instances see the balancer's loopback "
+                          "address)")
+    if os.environ.get("TOKENWIRE_API_KEYS") \
             or any(a.startswith("--api-keys-env") for a in serve_args):
         return
     raise ConfigError(f"cluster: a balancer on {host} would let remote clients in without a "

@@ -212,8 +212,9 @@ def replica_token(scope: str) -> str:
 
 def read_turn_state(wrapped: str) -> tuple[str, str | None] | None:
     """``(scope, upstream value or None)`` of a token this gateway signed, else None."""
+    # A header value is latin-1: non-ASCII would make compare_digest raise, not refuse.
     if not isinstance(wrapped, str) or not wrapped.startswith(_SCOPE_PREFIX) \
-            or len(wrapped) > MAX_TURN_STATE_CHARS + 128:
+            or len(wrapped) > MAX_TURN_STATE_CHARS + 128 or not wrapped.isascii():
         return None
     parts = wrapped[len(_SCOPE_PREFIX):].split(".", 2)
     if len(parts) < 2:

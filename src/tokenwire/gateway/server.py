@@ -256,7 +256,15 @@ def run(plan: ServingPlan, *, log_level: str = "info",
                                 timeout_graceful_shutdown=5, **uvicorn_limits(plan.state))
         server = graceful_server(config, plan.state, drain_grace_s=settings.drain_grace_s)
         offer_alpn(config, settings)
-        server.run(sockets=[sock])
+
+        async def serve_then_close_state() -> None:
+            try:
+                await server.serve(sockets=[sock])
+            finally:  # on the serving loop: the limiter's last releases, then Redis
+                await plan.state.aclose_state()
+
+        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+            runner.run(serve_then_close_state())
     finally:
         plan.engine.close()
 

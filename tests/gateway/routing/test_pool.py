@@ -486,6 +486,14 @@ def test_a_forged_or_foreign_token_is_ignored() -> None:
     assert pool._turn_pin(_turn(replica_token("q/r1"))) == (None, False)  # another pool
 
 
+def test_a_token_with_non_ascii_characters_is_ignored_not_a_crash() -> None:
+    # Header values are latin-1; compare_digest raises TypeError on non-ASCII str.
+    pool, _ = make_pool("ok", "ok", "ok", kind="responses")
+    for odd in ("tw2.AAAA.\xe9x", replica_token("p/r1")[:-2] + "\xe9\xe9"):
+        assert read_turn_state(odd) is None
+        assert pool._turn_pin(_turn(odd)) == (None, False)
+
+
 # -- panic ---------------------------------------------------------------------------------------
 
 

@@ -129,7 +129,8 @@ def test_its_own_record_and_a_half_open_breaker_are_left_alone() -> None:
 
 def test_records_that_are_not_ours_are_ignored() -> None:
     for raw, pttl in ((None, 5000), (b'{"streak":1,"by":"x"}', -2), (b"{", 5000),
-                      (b'{"by":"x"}', 5000), (b"x" * 600, 5000), (b'{"streak":1,"by":"x"}', -1)):
+                      (b'{"by":"x"}', 5000), (b"x" * 600, 5000), (b'{"streak":1,"by":"x"}', -1),
+                      (b'{"streak":Infinity,"by":"x"}', 5000)):
         assert Ejection.decode(raw, pttl) is None
     assert Ejection.decode(b'{"streak":900,"by":"x"}', 1500) == Ejection(1.5, 64, "x")
 

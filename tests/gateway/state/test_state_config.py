@@ -58,6 +58,9 @@ def test_redaction_keeps_user_host_port_and_db() -> None:
     assert redacted_url("redis://u:secret@h:1/3") == "redis://u:***@h:1/3"
     assert redacted_url("rediss://:secret@[::1]:6380") == "rediss://:***@[::1]:6380"
     assert redacted_url("redis://h:1/0") == "redis://h:1/0"
+    # redis-py's from_url reads a password from the query too
+    assert redacted_url("redis://h/0?password=secret&db=1") == "redis://h/0?password=***&db=1"
+    assert "secret" not in redacted_url("redis://:secret@h:abc")
 
 
 def test_serve_takes_the_flag_then_the_environment_then_the_file() -> None:

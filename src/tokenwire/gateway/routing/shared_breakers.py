@@ -66,7 +66,7 @@ class Ejection:
         try:
             doc = json.loads(raw)
             streak, origin = int(doc["streak"]), str(doc["by"])
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, OverflowError):  # Infinity
             return None
         return cls(cooldown_s=pttl_ms / 1000.0, streak=max(1, min(streak, 64)), origin=origin)
 

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from tokenwire.errors import ConfigError, ConfigErrors
 
@@ -96,14 +96,17 @@ class StateConfig:
 
 
 def redacted_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (the user name is kept)."""
+    """``url`` with any password replaced by ``***`` (the user name is kept), in the
+    netloc and in a ``?password=`` query parameter (redis-py's ``from_url`` reads both)."""
     parts = urlsplit(url)
+    if parts.query:
+        query = [(k, "***" if k.lower() == "password" else v)
+                 for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        parts = parts._replace(query=urlencode(query, safe="*"))
     if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+        return urlunsplit(parts)
+    host_port = parts.netloc.rpartition("@")[2]  # after the credentials: no secret in it
+    netloc = f"{parts.username or ''}:***@{host_port}"
     return urlunsplit(parts._replace(netloc=netloc))
 
 
