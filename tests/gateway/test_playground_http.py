@@ -107,3 +107,33 @@ def test_a_page_chooses_the_coding_and_can_keep_it_out_of_content_encoding(
         body = gzip.decompress(body)
     frames = list(FrameDecoder().feed(body))
     assert [i for f in frames for i in f.ids] == [9707, 28, 2**16] and frames[-1].done
+
+
+@pytest.mark.parametrize(("scheme", "origin", "reached"), [
+    ("ws", "http://127.0.0.1:8000", True),  # a same-origin browser WebSocket
+    ("wss", "https://127.0.0.1:8000", True),
+    ("ws", "http://127.0.0.1:9000", False),  # another port is another origin
+])
+def test_a_websocket_scope_compares_its_origin_as_the_browser_writes_it(
+        scheme, origin, reached) -> None:
+    seen: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        seen.append(scope["type"])
+        await send({"type": "websocket.close", "code": 1000})
+
+    scope = {"type": "websocket", "scheme": scheme, "path": "/v1/responses",
+             "raw_path": b"/v1/responses", "query_string": b"", "client": ("127.0.0.1", 5000),
+             "headers": [(b"host", b"127.0.0.1:8000"), (b"origin", origin.encode())]}
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "websocket.connect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    middleware = SecurityMiddleware(app, bearer_tokens=(), allow_unauthenticated_localhost=True,
+                                    responses_websocket=True)
+    asyncio.run(middleware(scope, receive, send))
+    assert (seen == ["websocket"]) is reached, sent

@@ -17,6 +17,7 @@ from tokenwire.gateway.state.response_store import (
     ResponseTooLarge,
     SQLiteResponseStore,
     StoredResponse,
+    decode_record,
 )
 
 
@@ -180,3 +181,9 @@ def test_the_producing_replica_is_stored_with_the_response() -> None:
     put(store, "resp_1", input_items=[], response=response("resp_1"), replica=("pool", "r2"))
     got = get(store, "resp_1")
     assert got is not None and (got.pool, got.replica) == ("pool", "r2")
+
+
+@pytest.mark.parametrize("data", [b"{", b"[1, 2]", b"7", b'{"created": 1}', b'{"input": 3}'])
+def test_a_value_that_is_not_our_record_reads_as_absent(data: bytes) -> None:
+    # Corrupt, or written under our prefix by something else: "not found", never a 500.
+    assert decode_record("resp_x", data) is None

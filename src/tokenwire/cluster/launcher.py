@@ -173,7 +173,7 @@ async def _wait_ready(inst: Instance) -> None:
     assert inst.process is not None
     loop = asyncio.get_running_loop()
     deadline = loop.time() + READY_TIMEOUT_S
-    async with httpx.AsyncClient(timeout=5.0) as client:
+    async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
         while True:
             if inst.process.returncode is not None:
                 raise ConfigError(f"cluster: instance {inst.index} (port {inst.port}) exited "

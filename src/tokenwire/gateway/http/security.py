@@ -78,6 +78,9 @@ _INVALID = "invalid_request_error"
 _BAD_TARGET = _error(400, "The request target cannot be parsed.", _INVALID, "invalid_request")
 _BAD_ORIGIN = _error(403, "Cross-origin requests are not allowed.", "permission_error",
                      "origin_not_allowed")
+#: The scheme a browser puts in ``Origin`` for each ASGI scope scheme.
+_ORIGIN_SCHEME = {"http": "http", "https": "https", "ws": "http", "wss": "https"}
+
 _BAD_KEY = _error(401, "Missing or invalid API key.", "authentication_error", "invalid_api_key")
 _NOT_FOUND = _error(404, "No upgrade is served at this path.", _INVALID, "not_found")
 _INTERNAL = _error(500, "The server had an internal error.", "server_error", "internal_error")
@@ -240,7 +243,9 @@ class SecurityMiddleware:
         if len(hosts) != 1:
             return False
         host = hosts[0].decode("latin-1").lower()
-        if origin != f"{scope.get('scheme', 'http')}://{host}":
+        # A WebSocket scope's scheme is ws/wss; the page's origin is http/https.
+        scheme = _ORIGIN_SCHEME.get(scope.get("scheme", "http"), "http")
+        if origin != f"{scheme}://{host}":
             return False
         # A valid key, whoever the peer is: the same check with the loopback exemption off.
         return _is_loopback_host(host) or self._authorized({**scope, "client": None}, headers)

@@ -139,14 +139,19 @@ def encode_record(response_id: str, *, created: float, input_items: list[Any],
                                 "cap": max_bytes}), False
 
 
-def decode_record(response_id: str, data: bytes) -> StoredResponse:
-    """The inverse of :func:`encode_record`; raises :class:`ResponseNotStored` on a marker."""
-    doc = msgspec.json.decode(data)
-    if "too_large" in doc:
-        raise ResponseNotStored(response_id, doc["too_large"], doc["cap"])
-    return StoredResponse(id=response_id, created=doc["created"], input=tuple(doc["input"]),
-                          response=doc["response"], pool=doc.get("pool"),
-                          replica=doc.get("replica"))
+def decode_record(response_id: str, data: bytes) -> StoredResponse | None:
+    """The inverse of :func:`encode_record`; raises :class:`ResponseNotStored` on a marker.
+    A value that is not a record of ours (corrupt, or written by something else under our
+    prefix) is None, "not found", rather than a 500 on every read of that id."""
+    try:
+        doc = msgspec.json.decode(data)
+        if "too_large" in doc:
+            raise ResponseNotStored(response_id, doc["too_large"], doc["cap"])
+        return StoredResponse(id=response_id, created=doc["created"],
+                              input=tuple(doc["input"]), response=doc["response"],
+                              pool=doc.get("pool"), replica=doc.get("replica"))
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return None
 
 
 class ResponseStore(Protocol):
