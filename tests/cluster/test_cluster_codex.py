@@ -21,14 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.harness import balancer_url, pool_config, running_cluster
-from tests.gateway.test_codex_cli import (
-    CODEX,
-    CODEX_TIMEOUT_S,
-    KEY_ENV,
-    CodexRun,
-    _command_call,
-    _config,
-)
+from tests.gateway.codex_cli import CODEX, CODEX_TIMEOUT_S, KEY_ENV, CodexRun, codex_config
+from tests.gateway.test_codex_cli import _command_call
 from tests.gateway.upstreams.fakes import Reply, ToolScript, chat_stream, start_fake
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CODEX.exists(), reason=(
@@ -73,7 +67,7 @@ def test_codex_two_turns_across_three_instances(redis_server, tmp_path) -> None:
             home, work = tmp_path / "codex-home", tmp_path / "work"
             home.mkdir()
             work.mkdir()
-            (home / "config.toml").write_text(_config(balancer_url(cluster), "m"))
+            (home / "config.toml").write_text(codex_config(balancer_url(cluster), "m"))
             common = ["--json", "--strict-config", "--skip-git-repo-check", "--color",
                       "never", "-C", str(work)]
             first = _codex([*common, "run echo hello"], home, work, tmp_path)

@@ -241,6 +241,12 @@ def engine_large(smollm2_map):
         yield eng
 
 
+def _model_ran_out_of_tokens(run: CodexRun) -> bool:
+    """The turn failed only because the model's answer reached max_output_tokens."""
+    failed = [e.get("error", {}).get("message", "") for e in run.of_type("turn.failed")]
+    return bool(failed) and all("max_output_tokens" in m for m in failed)
+
+
 def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
         serve, engine_large, smollm2_map, tmp_path) -> None:
     """SmolLM2 may answer in words or call a tool; either way every request of the session
@@ -251,14 +257,23 @@ def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
     # The engine says nothing while it prefills Codex's ~9k tokens: on a loaded machine
     # that passed the 600 s silence budget once; the budget is not under test here.
     gw = serve(router, idle_timeout_s=EMBEDDED_TIMEOUT_S)
-    run = codex_ws(gw.url, engine_large.model_id, "say hi", tmp_path, builtin=False,
-                    timeout_s=EMBEDDED_TIMEOUT_S)
+    # Codex sends no temperature, so SmolLM2 samples; on a ~9k-token prompt it now and then
+    # degenerates into one repeated word until max_output_tokens ends the turn (seen once in
+    # CI: "family_family_..." as a tool argument). That is the model's content, not the
+    # transport under test, so such a session gets one more try; every other failure fails.
+    for attempt in range(2):
+        first = len(gw.recording.sockets)
+        (tmp_path / f"try{attempt}").mkdir()
+        run = codex_ws(gw.url, engine_large.model_id, "say hi", tmp_path / f"try{attempt}",
+                       builtin=False, timeout_s=EMBEDDED_TIMEOUT_S)
+        if not _model_ran_out_of_tokens(run):
+            break
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.of_type("turn.completed") and not run.of_type("turn.failed"), run.stdout
     assert run.websocket_errors() == [], run.stderr
     assert "Reconnecting" not in run.stdout
-    assert len(gw.recording.sockets) == 1 and gw.recording.posts == []
-    sock = gw.recording.sockets[0]
+    assert len(gw.recording.sockets) == first + 1 and gw.recording.posts == []
+    sock = gw.recording.sockets[first]
     creates = [m for m in sock["in"] if m.get("type") == "response.create"]
     assert creates[0].get("generate") is False and len(creates) >= 2
     ids = [m["response"]["id"] for m in sock["out"] if m["type"] == "response.completed"]

@@ -123,9 +123,23 @@ def _app(state: GatewayState) -> Any:
     return create_app(state)
 
 
+#: SDK clients made by a test, closed when it ends: one left open keeps a pooled socket until
+#: the garbage collector finds it, and its ResourceWarning then fails a later test.
+_CLIENTS: list = []
+
+
+@pytest.fixture(autouse=True)
+def _close_sdk_clients():
+    yield
+    while _CLIENTS:
+        _CLIENTS.pop().close()
+
+
 def oai(served: Served, key: str = SECRET, retries: int = 0) -> openai.OpenAI:
-    return openai.OpenAI(base_url=served.url + "/v1", api_key=key, max_retries=retries,
-                         timeout=WAIT_S)
+    client = openai.OpenAI(base_url=served.url + "/v1", api_key=key, max_retries=retries,
+                           timeout=WAIT_S)
+    _CLIENTS.append(client)
+    return client
 
 
 def chat(client: openai.OpenAI, text: str = "Hello") -> Any:
@@ -197,6 +211,7 @@ def test_anthropic_sdk_gets_its_rate_limit_error(gateway) -> None:
     served = gateway(named("claude", SECRET, rpm=1))
     client = anthropic.Anthropic(base_url=served.url, api_key=SECRET, max_retries=0,
                                  timeout=WAIT_S)
+    _CLIENTS.append(client)
     client.messages.create(model="scripted", max_tokens=8,
                            messages=[{"role": "user", "content": "Hi"}])
     with pytest.raises(anthropic.RateLimitError) as info:

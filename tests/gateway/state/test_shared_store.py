@@ -78,11 +78,12 @@ def _turn(client: openai.OpenAI, text: str, previous: str | None, *, stream: boo
 
 
 def test_a_conversation_continues_on_every_instance_at_once(
-        redis_server: RedisServer, replicas: list[EchoUpstream], tmp_path: Path) -> None:
+        redis_server: RedisServer, replicas: list[EchoUpstream], tmp_path: Path,
+        closing) -> None:
     with start_instances(3, replicas=replicas, state_url=redis_server.url,
                          tmp=tmp_path) as gws:
-        clients = [openai.OpenAI(base_url=g.url + "/v1", api_key="none", max_retries=0,
-                                 timeout=60) for g in gws]
+        clients = [closing(openai.OpenAI(base_url=g.url + "/v1", api_key="none",
+                                         max_retries=0, timeout=60)) for g in gws]
         for conv in range(4):
             previous, expected, producers = None, [], []
             for turn in range(5):

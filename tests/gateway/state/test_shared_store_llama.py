@@ -57,13 +57,13 @@ chat_template = "{smollm2_gguf_path()}"
 
 
 def test_every_turn_on_another_instance_sends_the_engine_the_whole_conversation(
-        redis_server: RedisServer, llama: LlamaServer, tmp_path: Path) -> None:
+        redis_server: RedisServer, llama: LlamaServer, tmp_path: Path, closing) -> None:
     with start_instances(3, state_url=redis_server.url, tmp=tmp_path,
                          upstreams=_upstream(llama)) as gws:
         previous, history = None, []
         for i, text in enumerate(TURNS):
-            client = openai.OpenAI(base_url=gws[i % 3].url + "/v1", api_key="none",
-                                   max_retries=0, timeout=300)
+            client = closing(openai.OpenAI(base_url=gws[i % 3].url + "/v1", api_key="none",
+                                           max_retries=0, timeout=300))
             extra = {"previous_response_id": previous} if previous else {}
             _evict(llama.url, llama.model)  # each answer from an unrelated cached prefix
             r = client.responses.create(model="smollm2", input=text, temperature=0,
