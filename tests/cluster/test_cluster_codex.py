@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.harness import balancer_url, pool_config, running_cluster
-from tests.gateway.codex_cli import CODEX, CODEX_TIMEOUT_S, KEY_ENV, CodexRun, codex_config
+from tests.gateway.codex_cli import CODEX, KEY_ENV, CodexRun, codex_config, exec_codex
 from tests.gateway.test_codex_cli import _command_call
 from tests.gateway.upstreams.fakes import Reply, ToolScript, chat_stream, start_fake
 
@@ -32,19 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(not CODEX.exists(), reason=(
 def _codex(args: list[str], home: Path, work: Path, tmp: Path) -> CodexRun:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp),
            "CODEX_HOME": str(home), KEY_ENV: "tw-dummy-key", "LANG": "C.UTF-8"}
-    proc = subprocess.Popen([str(CODEX), "exec", *args], env=env, cwd=work,
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=CODEX_TIMEOUT_S)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
-    events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    return CodexRun(proc.returncode, events, out, err)
+    return exec_codex(args, env, work)
 
 
 def _respond(path: str, body: dict) -> Reply:

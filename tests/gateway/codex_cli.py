@@ -108,10 +108,16 @@ def run_codex(base_url: str, model: str, prompt: str, tmp: Path, *, builtin: boo
         env["RUST_LOG"] = rust_log
     if builtin:
         env["CODEX_API_KEY"] = key
-    cmd = [str(CODEX), "exec", "--json", "--strict-config", "--skip-git-repo-check",
-           "--ephemeral", "--color", "never", "-C", str(work), prompt]
+    return exec_codex(["--json", "--strict-config", "--skip-git-repo-check", "--ephemeral",
+                       "--color", "never", "-C", str(work), prompt], env, work, timeout_s)
+
+
+def exec_codex(args: list[str], env: dict[str, str], work: Path,
+               timeout_s: float = CODEX_TIMEOUT_S) -> CodexRun:
+    """``codex exec *args`` in ``work`` with exactly ``env``; its JSON events and exit code."""
     # Its own process group, so teardown kills Codex and whatever it spawned.
-    proc = subprocess.Popen(cmd, env=env, cwd=work, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([str(CODEX), "exec", *args], env=env, cwd=work,
+                            stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
