@@ -389,7 +389,7 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
         def __init__(self, config, state, *, drain_grace_s) -> None:
             calls.update(config=config, state=state, drain_grace_s=drain_grace_s)
 
-        def run(self, sockets=None) -> None:
+        async def serve(self, sockets=None) -> None:
             calls["served"] = True
             calls["sockets"] = sockets
 
@@ -405,6 +405,11 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
     settings = ServerSettings(api_keys=(KEY,), auth="keys", drain_grace_s=7)
     state = GatewayState(settings=settings, upstream=Scripted(SIMPLE), tmap=smollm2_map,
                          max_model_len=1024)
+
+    async def aclose_state() -> None:  # on the serving loop, after serve() returns
+        calls["state_closed"] = calls.get("served", False)
+
+    monkeypatch.setattr(state, "aclose_state", aclose_state)
     sock = server_mod.listen_socket("127.0.0.1", 0)  # bound before run(), as `serve` does
     try:
         server_mod.run(server_mod.ServingPlan(state=state, engine=Engine(),  # type: ignore[arg-type]
@@ -419,7 +424,7 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
     assert config.h11_max_incomplete_event_size == \
         server_mod.UVICORN_LIMITS["h11_max_incomplete_event_size"]
     assert calls["drain_grace_s"] == 7 and calls["state"] is state
-    assert calls["served"] and calls["started"] and calls["closed"]
+    assert calls["served"] and calls["started"] and calls["closed"] and calls["state_closed"]
 
 
 def test_uvicorn_has_no_bare_503_cap_the_connection_guard_replaces_it(smollm2_map) -> None:
