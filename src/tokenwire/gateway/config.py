@@ -45,7 +45,12 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
 An upstream without ``[[upstreams.models]]`` serves whatever its ``/v1/models`` lists
 (found by probing at start-up), with the map its HF alias names when one is bundled.
 
-Everything that can be checked without the network is checked here, at start-up, with a
+This module reads the file and assembles :class:`GatewayConfig`; each layer checks its own
+tables: ``gateway/routing/config.py`` the pools (``replicas``, ``[upstreams.breaker]``,
+probes, affinity) and ``[fallbacks]``, ``gateway/state/api_keys.py`` the ``[[keys]]`` and the
+flat key list, ``gateway/state/config.py`` the ``[state]`` section.
+
+Everything that can be checked without the network is checked at start-up, at start-up, with a
 :class:`~tokenwire.errors.ConfigError` naming the file, the table and the key: unknown keys
 (a typo must not silently fall back to a default), wrong types, unknown kinds, bad URLs,
 duplicate names, a missing key variable, unknown maps. Reachability and model lists are
@@ -67,15 +72,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
+from tokenwire.config_tables import NUM, Problems, check_http_url, check_keys
 from tokenwire.errors import ConfigError, ConfigErrors, MapError
-from tokenwire.gateway.routing.breaker import BreakerPolicy
+from tokenwire.gateway.routing.config import POOL_KEYS, parse_fallbacks, parse_pool
 from tokenwire.gateway.routing.fallbacks import FallbackTable
-from tokenwire.gateway.state.api_keys import ApiKey, check_api_key, parse_keys
+from tokenwire.gateway.state.api_keys import ApiKey, parse_keys, read_api_keys
 from tokenwire.gateway.state.config import parse_state_table
 from tokenwire.gateway.upstreams.base import (
     UPSTREAM_KINDS,
     ModelRoute,
-    ReplicaConfig,
     UpstreamConfig,
 )
 
@@ -92,9 +97,7 @@ __all__ = [
     "load_map",
     "map_for_model",
     "parse_config",
-    "parse_fallbacks",
     "parse_replica_flag",
-    "read_api_keys",
     "resolve",
     "with_fallback_flags",
 ]
@@ -104,41 +107,26 @@ ENV_UPSTREAM = "TOKENWIRE_UPSTREAM"
 #: Comma-separated API keys clients must present (when no ``api_keys_env`` names another).
 ENV_API_KEYS = "TOKENWIRE_API_KEYS"
 
-_NUM = (int, float)
 #: [server] keys and their types; values feed ``ServerSettings`` (flags override them).
 SERVER_KEYS: dict[str, tuple[type, ...]] = {
-    "host": (str,), "port": (int,), "coalesce_ms": _NUM, "queue_size": (int,),
+    "host": (str,), "port": (int,), "coalesce_ms": NUM, "queue_size": (int,),
     "max_body_bytes": (int,), "legacy_finish_reason": (bool,), "public_url": (str,),
-    "default_model": (str,), "probe": (bool,), "health_interval_s": _NUM,
+    "default_model": (str,), "probe": (bool,), "health_interval_s": NUM,
     "api_keys_env": (str,), "allowed_origins": (list,),
-    "max_concurrent": (int,), "idle_timeout_s": _NUM, "request_cap_s": _NUM,
-    "heartbeat_s": _NUM, "retries": (bool,), "drain_grace_s": _NUM,
-    "head_timeout_s": _NUM, "body_timeout_s": _NUM, "max_connections": (int,),
+    "max_concurrent": (int,), "idle_timeout_s": NUM, "request_cap_s": NUM,
+    "heartbeat_s": NUM, "retries": (bool,), "drain_grace_s": NUM,
+    "head_timeout_s": NUM, "body_timeout_s": NUM, "max_connections": (int,),
     "max_connections_per_client": (int,), "http2": (bool,), "tls_cert": (str,),
     "tls_key": (str,), "responses_websocket": (bool,),
     "ws_max_sockets": (int,), "ws_max_sockets_per_client": (int,),
-    "ws_idle_timeout_s": _NUM, "ws_session_cap_s": _NUM,
+    "ws_idle_timeout_s": NUM, "ws_session_cap_s": NUM,
 }
 _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),
-    "max_concurrent": (int,), "connect_timeout_s": _NUM, "read_timeout_s": _NUM,
+    "max_concurrent": (int,), "connect_timeout_s": NUM, "read_timeout_s": NUM,
     "probe": (bool,), "headers": (dict,), "options": (dict,), "models": (list,),
-    "context_length": (int,), "replicas": (list,), "breaker": (dict,),
-    "probe_interval_s": _NUM, "affinity_prefix_chars": (int,), "panic_threshold": (*_NUM, bool),
+    "context_length": (int,), **POOL_KEYS,
 }
-#: One replica of a pool (README "Replica pools").
-_REPLICA_KEYS: dict[str, tuple[type, ...]] = {
-    "base_url": (str,), "name": (str,), "api_key_env": (str,), "weight": _NUM,
-    "max_concurrent": (int,),
-}
-#: [upstreams.breaker]: the fields of routing.breaker.BreakerPolicy.
-_BREAKER_KEYS: dict[str, tuple[type, ...]] = {
-    "consecutive_failures": (int,), "error_rate": _NUM, "window_s": _NUM,
-    "min_requests": (int,), "base_cooldown_s": _NUM, "max_cooldown_s": _NUM,
-    "close_after": (int,),
-}
-#: Longest prompt prefix the stateless affinity hash reads: enough for a system prompt.
-MAX_AFFINITY_PREFIX_CHARS = 65_536
 _MODEL_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "upstream_model": (str,), "map": (str,), "map_path": (str,),
     "context_length": (int,),
@@ -177,56 +165,6 @@ class GatewayConfig:
         return upstream.name not in self.no_probe
 
 
-def _type_name(types: tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-             dict: "a table", list: "an array"}
-    return " or ".join(dict.fromkeys(names[t] for t in types))
-
-
-class _Problems:
-    """Every problem of one configuration, gathered so that one start reports them all
-    (issue 10: four starts to get through keys, map and probe)."""
-
-    def __init__(self) -> None:
-        self.messages: list[str] = []
-
-    def add(self, exc: ConfigError) -> None:
-        self.messages.extend(getattr(exc, "problems", None) or [str(exc)])
-
-    def check(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args)``, or None with its ConfigError(s) recorded."""
-        try:
-            return fn(*args, **kwargs)
-        except ConfigError as exc:
-            self.add(exc)
-            return None
-
-
-def _check_keys(table: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]],
-                where: str) -> None:
-    """Unknown keys and wrong types are errors: a typo must not become a silent default.
-    Every bad key of the table is reported, not only the first."""
-    problems = []
-    for key, value in table.items():
-        if key not in schema:
-            problems.append(f"{where}: unknown key {key!r}; expected one of "
-                            + ", ".join(schema))
-            continue
-        types = schema[key]
-        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            problems.append(f"{where}: {key} must be {_type_name(types)}, got {value!r}")
-    if problems:
-        raise ConfigErrors(problems)
-
-
-def _check_url(url: str, where: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}: base_url {url!r} is not an http:// or https:// URL "
-                          "with a host")
-    return url.rstrip("/")
-
-
 def load_map(ref: str, *, path: bool, where: str) -> TokenizerMap:
     """A map by bundled id / HF alias, or by file path, as a ConfigError on failure."""
     try:
@@ -249,8 +187,8 @@ def map_for_model(upstream_model: str) -> TokenizerMap | None:
 
 
 def _parse_model(doc: Mapping[str, Any], where: str) -> tuple[ModelRoute, TokenizerMap | None]:
-    problems = _Problems()
-    problems.check(_check_keys, doc, _MODEL_KEYS, where)
+    problems = Problems()
+    problems.check(check_keys, doc, _MODEL_KEYS, where)
     if "name" not in doc or not doc["name"] or not isinstance(doc["name"], str):
         raise ConfigErrors([*problems.messages, f"{where}: name is required"])
     where = f"{where} ({doc['name']!r})"
@@ -297,8 +235,8 @@ def _parse_upstream(
     where = f"{source}: [[upstreams]] #{i + 1}"
     if not isinstance(doc, dict):
         raise ConfigError(f"{where}: must be a table")
-    problems = _Problems()
-    problems.check(_check_keys, doc, _UPSTREAM_KEYS, where)
+    problems = Problems()
+    problems.check(check_keys, doc, _UPSTREAM_KEYS, where)
     for key in ("name", "kind"):
         if not doc.get(key) or not isinstance(doc[key], str):
             problems.add(ConfigError(f"{where}: {key} is required"))
@@ -310,7 +248,7 @@ def _parse_upstream(
         problems.add(ConfigError(f"{where}: unknown kind {kind!r}; expected one of "
                                  + ", ".join(UPSTREAM_KINDS)))
     base_url = doc.get("base_url", "")
-    replicas = problems.check(_parse_pool, doc, env, where) if "replicas" in doc else ()
+    replicas = problems.check(parse_pool, doc, env, where) if "replicas" in doc else ()
     if kind == "embedded":
         if base_url:
             problems.add(ConfigError(f"{where}: an embedded upstream has no base_url"))
@@ -320,7 +258,7 @@ def _parse_upstream(
         if base_url:
             problems.add(ConfigError(f"{where}: give base_url or replicas, not both"))
     elif kind in UPSTREAM_KINDS and isinstance(base_url, str):  # unknown kind: needs unknown
-        base_url = problems.check(_check_url, base_url, where) or ""
+        base_url = problems.check(check_http_url, base_url, where) or ""
     key_env = doc.get("api_key_env")
     if isinstance(key_env, str) and key_env not in env:
         # Name the variable, never a value: the message is printed and logged.
@@ -351,83 +289,18 @@ def _parse_upstream(
         **{k: float(doc[k]) for k in ("connect_timeout_s", "read_timeout_s") if k in doc},
         headers=tuple(headers.items()), options=dict(doc.get("options", {})),
         context_length=doc.get("context_length"), replicas=replicas or (),
-        pool={k: doc[k] for k in ("breaker", "probe_interval_s", "affinity_prefix_chars",
-                                  "panic_threshold") if k in doc})
+        pool={k: doc[k] for k in POOL_KEYS if k in doc and k != "replicas"})
     return config, maps
-
-
-def _parse_pool(doc: Mapping[str, Any], env: Mapping[str, str],
-                where: str) -> tuple[ReplicaConfig, ...]:
-    """``replicas``, ``breaker``, ``probe_interval_s`` and ``affinity_prefix_chars`` of a
-    pooled upstream; every problem reported."""
-    problems = _Problems()
-    docs = doc.get("replicas")
-    if not isinstance(docs, list) or not docs:
-        raise ConfigError(f"{where}: replicas must be a non-empty array of tables")
-    out: list[ReplicaConfig] = []
-    for i, rdoc in enumerate(docs):
-        parsed = problems.check(_parse_replica, rdoc, env, f"{where} replica #{i + 1}")
-        if parsed is not None:
-            out.append(parsed)
-    names = [r.name or str(i + 1) for i, r in enumerate(out)]
-    if len(set(names)) != len(names):
-        problems.add(ConfigError(f"{where}: two replicas have the same name"))
-    breaker = doc.get("breaker", {})
-    if isinstance(breaker, dict):
-        problems.check(_check_keys, breaker, _BREAKER_KEYS, f"{where} [breaker]")
-        if not problems.messages:
-            problems.check(_breaker_policy, breaker, where)
-    interval = doc.get("probe_interval_s", 1)
-    if isinstance(interval, _NUM) and interval <= 0:
-        problems.add(ConfigError(f"{where}: probe_interval_s must be a positive number"))
-    if "panic_threshold" in doc:
-        from tokenwire.gateway.routing.pool import parse_panic_threshold
-
-        problems.check(parse_panic_threshold, doc["panic_threshold"], where)
-    prefix = doc.get("affinity_prefix_chars", 0)
-    if isinstance(prefix, int) and not 0 <= prefix <= MAX_AFFINITY_PREFIX_CHARS:
-        problems.add(ConfigError(f"{where}: affinity_prefix_chars must be between 0 (off) "
-                                 f"and {MAX_AFFINITY_PREFIX_CHARS}"))
-    if problems.messages:
-        raise ConfigErrors(problems.messages)
-    return tuple(out)
-
-
-def _parse_replica(doc: Any, env: Mapping[str, str], where: str) -> ReplicaConfig:
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{where}: must be a table")
-    _check_keys(doc, _REPLICA_KEYS, where)
-    if not isinstance(doc.get("base_url"), str):
-        raise ConfigError(f"{where}: base_url is required")
-    url = _check_url(doc["base_url"], where)
-    key_env = doc.get("api_key_env")
-    if key_env is not None and key_env not in env:
-        raise ConfigError(f"{where}: api_key_env names {key_env}, which is not set")
-    weight = doc.get("weight", 1.0)
-    if weight <= 0:
-        raise ConfigError(f"{where}: weight must be a positive number")
-    limit = doc.get("max_concurrent")
-    if limit is not None and limit < 1:
-        raise ConfigError(f"{where}: max_concurrent must be at least 1")
-    return ReplicaConfig(base_url=url, name=doc.get("name", ""), api_key_env=key_env,
-                         weight=float(weight), max_concurrent=limit)
-
-
-def _breaker_policy(doc: Mapping[str, Any], where: str) -> BreakerPolicy:
-    try:
-        return BreakerPolicy(**doc)
-    except ConfigError as exc:
-        raise ConfigError(f"{where} [breaker]: {exc}") from None
 
 
 def parse_config(doc: Mapping[str, Any], *, source: str = "config",
                  env: Mapping[str, str] | None = None) -> GatewayConfig:
     """Validate a decoded config document (see the module docstring)."""
     env = os.environ if env is None else env
-    problems = _Problems()
-    problems.check(_check_keys, doc, _TOP_KEYS, source)
+    problems = Problems()
+    problems.check(check_keys, doc, _TOP_KEYS, source)
     server = dict(doc.get("server", {})) if isinstance(doc.get("server", {}), dict) else {}
-    problems.check(_check_keys, server, SERVER_KEYS, f"{source}: [server]")
+    problems.check(check_keys, server, SERVER_KEYS, f"{source}: [server]")
     problems.check(_check_server_auth, server, env, f"{source}: [server]")
     ups = doc.get("upstreams", [])
     if not ups:
@@ -470,32 +343,6 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     return config
 
 
-def parse_fallbacks(doc: Mapping[str, Any], source: str, *,
-                    declared: Sequence[object] | None = None) -> FallbackTable:
-    """``[fallbacks]`` / ``[context_fallbacks]``: ``model = ["other", ...]`` each. Names are
-    checked against ``declared`` when every upstream declares its models (else probing finds
-    some, and the gateway checks them once it has)."""
-    lists: dict[str, dict[str, tuple[str, ...]]] = {}
-    problems: list[str] = []
-    for key in ("fallbacks", "context_fallbacks"):
-        table = doc.get(key, {})
-        lists[key] = {}
-        if not isinstance(table, dict):
-            continue  # _check_keys reported the type
-        for model, targets in table.items():
-            if not isinstance(targets, list) or not all(isinstance(t, str) and t
-                                                        for t in targets):
-                problems.append(f"{source}: [{key}] {model} must be an array of model names")
-                continue
-            lists[key][model] = tuple(targets)
-    fallbacks = FallbackTable(general=lists["fallbacks"], context=lists["context_fallbacks"])
-    names = [n for n in declared or () if isinstance(n, str)] if declared is not None else None
-    problems += [f"{source}: {p}" for p in fallbacks.problems(names)]
-    if problems:
-        raise ConfigErrors(problems)
-    return fallbacks
-
-
 def with_fallback_flags(cfg: GatewayConfig | None, general: Sequence[str],
                         context: Sequence[str]) -> GatewayConfig | None:
     """``--fallback MODEL=A,B`` and ``--context-fallback MODEL=C`` (repeatable) over the
@@ -534,19 +381,6 @@ def _check_server_auth(server: Mapping[str, Any], env: Mapping[str, str], where:
     var = server.get("api_keys_env")
     if var is not None:
         read_api_keys(var, env, where=f"{where} api_keys_env")
-
-
-def read_api_keys(var: str, env: Mapping[str, str], *, where: str) -> tuple[str, ...]:
-    """The comma-separated keys in ``env[var]``. Errors name the variable, never a value."""
-    if not var or var not in env:
-        raise ConfigError(f"{where}: {var or 'the API key variable'} is not set")
-    keys = tuple(k.strip() for k in env[var].split(",") if k.strip())
-    if not keys:
-        # Set but empty is a mistake (an unexported secret), not a wish to run open.
-        raise ConfigError(f"{where}: {var} is set but holds no API key")
-    for i, key in enumerate(keys):
-        check_api_key(key, f"{where}: {var} key #{i + 1}")
-    return keys
 
 
 def auth_from_sources(

@@ -36,15 +36,10 @@ from tokenwire.gateway.http.shutdown import graceful_server
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.ws_session import BACKSTOP_SLACK_BYTES
 from tokenwire.gateway.ir import IdsSource
-from tokenwire.gateway.routing.breaker import Breaker, BreakerPolicy
+from tokenwire.gateway.routing.breaker import Breaker
+from tokenwire.gateway.routing.config import pool_settings
 from tokenwire.gateway.routing.health import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor
-from tokenwire.gateway.routing.pool import (
-    DEFAULT_PANIC_THRESHOLD,
-    DEFAULT_PROBE_INTERVAL_S,
-    Replica,
-    ReplicaPool,
-    parse_panic_threshold,
-)
+from tokenwire.gateway.routing.pool import Replica, ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings, build_policy
 from tokenwire.gateway.upstreams import adapter_for
@@ -413,18 +408,13 @@ async def _discover_models(configs: list[UpstreamConfig], cls: type, cfg: Gatewa
 
 def _pool_of(up: UpstreamConfig, configs: list[UpstreamConfig],
              adapters: list[Any]) -> ReplicaPool:
-    options = up.pool
-    policy = BreakerPolicy(**dict(options.get("breaker", {})))  # type: ignore[arg-type]
+    settings = pool_settings(up.pool)
     replicas = [Replica(name=c.name, adapter=a, weight=spec.weight, limit=c.max_concurrent,
-                        url=c.base_url, breaker=Breaker(policy))
+                        url=c.base_url, breaker=Breaker(settings.breaker))
                 for c, a, spec in zip(configs, adapters, up.replicas, strict=True)]
-    return ReplicaPool(
-        up.name, up.kind, replicas,
-        probe_interval_s=float(options.get("probe_interval_s",  # type: ignore[arg-type]
-                                           DEFAULT_PROBE_INTERVAL_S)),
-        prefix_chars=int(options.get("affinity_prefix_chars", 0)),  # type: ignore[arg-type]
-        panic_threshold=parse_panic_threshold(options.get("panic_threshold",
-                                                          DEFAULT_PANIC_THRESHOLD)))
+    return ReplicaPool(up.name, up.kind, replicas, probe_interval_s=settings.probe_interval_s,
+                       prefix_chars=settings.prefix_chars,
+                       panic_threshold=settings.panic_threshold)
 
 
 def _served(built: _Built) -> list[ServedModel]:

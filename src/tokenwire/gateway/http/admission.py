@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
+from tokenwire.gateway.http.asgi import ASGIApp, Message, Receive, Scope, Send
 from tokenwire.gateway.supervision.admission import RETRY_AFTER_S, Admission, Ticket
 
 __all__ = [
@@ -34,12 +35,6 @@ INFERENCE_PATHS = frozenset({
     "/v1/messages",
 })
 
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _BUSY_MESSAGE = "The gateway is at capacity; retry shortly."
 #: Metric/log reasons for a route's refusals, by status (the body says the details).

@@ -23,10 +23,10 @@ its record reported. The WebSocket transport does the same per ``response.create
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Callable
 
 from tokenwire.gateway.http.admission import is_inference, send_refusal
+from tokenwire.gateway.http.asgi import ASGIApp, Message, Receive, Scope, Send
 from tokenwire.gateway.observability.key_metrics import KeyMetrics
 from tokenwire.gateway.state.api_keys import ANONYMOUS_KEY, KEY_SCOPE_KEY, ApiKey
 from tokenwire.gateway.state.key_limiter import KeyLimiter, Lease
@@ -42,11 +42,6 @@ __all__ = [
     "start_lease",
 ]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: Where the middleware leaves the request's :class:`Lease` (``http/state.py`` points it at
 #: the request's record, whose usage is charged at release).

@@ -33,11 +33,12 @@ import hmac
 import ipaddress
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.http.asgi import ASGIApp, Message, Receive, Scope, Send
 from tokenwire.gateway.http.playground import PAGE_PATHS
 from tokenwire.gateway.http.wellknown import WELL_KNOWN_PREFIX
 from tokenwire.gateway.state.api_keys import KEY_SCOPE_KEY, ApiKey, digest, key_table
@@ -50,11 +51,6 @@ __all__ = [
     "harden", "internal_error", "internal_error_response", "redact_access_log",
 ]
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 RESPONSES_PATH = "/v1/responses"
 #: The one route whose errors use Anthropic's shape.

@@ -32,14 +32,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import uvicorn
 from uvicorn.protocols.websockets.wsproto_impl import WSProtocol
 
 from tokenwire.gateway.http.admission import is_inference, send_refusal
+from tokenwire.gateway.http.asgi import ASGIApp, Receive, Scope, Send
 from tokenwire.gateway.ir import Failure, FailureClass
 
 if TYPE_CHECKING:
@@ -60,11 +61,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: Time in-flight streams get to finish on their own. Long enough for most answers of a
 #: local model to complete, short enough for a process manager's stop timeout (systemd's

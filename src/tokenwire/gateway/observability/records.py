@@ -58,6 +58,7 @@ from tokenwire.gateway.observability.metrics import (
     ReplicaCollector,
     WithoutCreated,
 )
+from tokenwire.gateway.state.limits import charged_tokens
 
 __all__ = [
     "APIS", "API_BY_PATH", "BUDGETS", "DURATION_BUCKETS_S", "ENCODINGS", "FAILURE_CLASSES",
@@ -512,14 +513,11 @@ class RequestRecord:
         self._usage_source = _closed(source, _USAGE_SOURCES) if source is not None else None
 
     def charged_tokens(self) -> int:
-        """What the request cost in tokens, for per-key limits (``state/key_limiter.py``):
-        prompt + completion of the usage the client was shown, or the streamed completion
-        tokens when no usage was reported (never raises)."""
+        """What the request cost in tokens, for per-key limits (``state/key_limiter.py``
+        reads it at release; the rule is ``state/limits.py``'s); never raises."""
         try:
-            if self._usage is not None:
-                prompt, completion = self._usage
-                return (prompt or 0) + (self._tokens if completion is None else completion)
-            return self._tokens
+            prompt, completion = self._usage if self._usage is not None else (None, None)
+            return charged_tokens(prompt, completion, self._tokens)
         except Exception:
             return 0
 

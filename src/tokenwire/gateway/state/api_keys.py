@@ -28,7 +28,7 @@ from tokenwire.gateway.state.limits import KeyLimits
 
 __all__ = [
     "ANONYMOUS", "ANONYMOUS_KEY", "KEY_FIELDS", "KEY_SCOPE_KEY", "UNNAMED", "ApiKey",
-    "check_api_key", "digest", "key_table", "parse_keys",
+    "check_api_key", "digest", "key_table", "parse_keys", "read_api_keys",
 ]
 
 #: The metric/log name of a key from the flat list, and of a loopback client with no key.
@@ -53,6 +53,21 @@ def check_api_key(key: str, where: str) -> None:
         raise ConfigError(f"{where} is empty")
     if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
         raise ConfigError(f"{where} contains whitespace or non-printable/non-ASCII characters")
+
+
+def read_api_keys(var: str, env: Mapping[str, str], *, where: str) -> tuple[str, ...]:
+    """The flat list: the comma-separated keys in ``env[var]`` (``TOKENWIRE_API_KEYS`` or the
+    variable ``api_keys_env`` / ``--api-keys-env`` names). Errors name the variable, never a
+    value."""
+    if not var or var not in env:
+        raise ConfigError(f"{where}: {var or 'the API key variable'} is not set")
+    keys = tuple(k.strip() for k in env[var].split(",") if k.strip())
+    if not keys:
+        # Set but empty is a mistake (an unexported secret), not a wish to run open.
+        raise ConfigError(f"{where}: {var} is set but holds no API key")
+    for i, key in enumerate(keys):
+        check_api_key(key, f"{where}: {var} key #{i + 1}")
+    return keys
 
 
 def digest(key: str | bytes) -> bytes:

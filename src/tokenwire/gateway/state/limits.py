@@ -43,6 +43,7 @@ __all__ = [
     "LocalLimiter",
     "Verdict",
     "WindowCounts",
+    "charged_tokens",
     "decide",
     "estimate",
     "retry_after_s",
@@ -52,6 +53,13 @@ __all__ = [
 
 #: The limits are per minute: one window is 60 s.
 WINDOW_S = 60.0
+
+
+def charged_tokens(prompt: int | None, completion: int | None, streamed: int) -> int:
+    """What a request costs against ``tpm``: prompt + completion of the usage the client was
+    shown, with the completion tokens streamed standing in for a completion count the usage
+    lacks (``None`` is "not known", never 0)."""
+    return (prompt or 0) + (streamed if completion is None else completion)
 
 
 class Limit(enum.Enum):
