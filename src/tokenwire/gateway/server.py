@@ -495,16 +495,20 @@ async def build_gateway(
                                                          DEFAULT_HEALTH_INTERVAL_S)))
     if len(probes) + len(pooled) == len(built):
         health.seed(probes)
-    if pooled:
+    try:
+        primary = router.primary
+        pair = build_policy(settings, primary.tmap.id) if primary.tmap is not None else None
+        if pair is None and settings.version_policy.safety_policy_id is not None:
+            raise ConfigError("a safety policy needs a model with a tokenizer map")
+        policy, descriptor = pair if pair is not None else (None, None)
+        extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
+        state = GatewayState(settings=settings, router=router, health=health, policy=policy,
+                             descriptor=descriptor, fallbacks=cfg.fallbacks, **extra)
+    except BaseException:
+        await _close_all([b.adapter for b in built])
+        raise
+    if pooled:  # after the last check: an error above leaves no loop behind
         health.start()  # the one active-probe loop: it feeds the replicas' breakers
-    primary = router.primary
-    pair = build_policy(settings, primary.tmap.id) if primary.tmap is not None else None
-    if pair is None and settings.version_policy.safety_policy_id is not None:
-        raise ConfigError("a safety policy needs a model with a tokenizer map")
-    policy, descriptor = pair if pair is not None else (None, None)
-    extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
-    state = GatewayState(settings=settings, router=router, health=health, policy=policy,
-                         descriptor=descriptor, fallbacks=cfg.fallbacks, **extra)
     return Gateway(state=state, adapters=tuple(b.adapter for b in built), probes=probes)
 
 

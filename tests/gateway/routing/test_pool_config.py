@@ -197,3 +197,22 @@ def test_replica_flags_do_not_combine_with_upstream_or_config() -> None:
     with pytest.raises(ConfigError, match="--replica cannot be combined"):
         resolve(replicas=["http://a:1/v1"], upstream_urls=["http://b:1/v1"], env={})
     assert parse_replica_flag("http://a:1/v1") == {"base_url": "http://a:1/v1"}
+
+
+def test_a_config_error_after_probing_leaves_no_task_and_closes_every_adapter() -> None:
+    """A check that fails after the pool is built (a safety policy without a tokenizer
+    map) must not leave the health loop running nor the replicas' adapters open."""
+    from tokenwire.codec.versioning import VersionPolicy
+
+    DOWN.clear()
+    FakeAdapter.built.clear()
+    cfg = parse_config({"upstreams": [_pool_doc(models=[{"name": "m"}])]}, source="t.toml")
+    settings = ServerSettings(version_policy=VersionPolicy(safety_policy_id="tw-strict"))
+
+    async def main() -> set[asyncio.Task]:
+        with pytest.raises(ConfigError, match="a safety policy needs a model with a tokenizer"):
+            await build_gateway(cfg, settings, adapters={"openai": FakeAdapter})
+        return asyncio.all_tasks() - {asyncio.current_task()}
+
+    assert asyncio.run(main()) == set()
+    assert FakeAdapter.built and all(a.closed for a in FakeAdapter.built)

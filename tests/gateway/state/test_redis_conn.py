@@ -4,6 +4,7 @@ fake clock, then the real connection against a real ``redis-server`` killed and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 
 import pytest
@@ -206,4 +207,128 @@ def test_a_hung_redis_costs_one_deadline_then_nothing(redis_server: RedisServer)
         finally:
             os.kill(redis_server.process.pid, signal.SIGCONT)
         await conn.aclose()
+    asyncio.run(main())
+
+
+# -- the retry: only where it cannot count twice ---------------------------------------------
+
+
+class CuttingProxy:
+    """A TCP proxy in front of a real Redis that can cut a connection at a chosen moment:
+    ``cut_after_write`` lets Redis receive and run the next command, then closes the client
+    side instead of passing the reply on (a reply lost in a network fault); ``reset_idle``
+    resets every open client connection with an RST (a pooled socket gone stale)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.cut_after_write = False
+        self.clients: list[asyncio.StreamWriter] = []
+        self.handlers: set[asyncio.Task] = set()
+        self.server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for writer in self.clients:
+            writer.close()
+        await asyncio.gather(*self.handlers, return_exceptions=True)
+        await self.server.wait_closed()
+
+    def reset_idle(self) -> None:
+        import socket
+        import struct
+        for writer in self.clients:
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        self.clients.clear()
+
+    async def _serve(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter):
+        self.clients.append(cwriter)
+        self.handlers.add(asyncio.current_task())  # type: ignore[arg-type]
+        sreader, swriter = await asyncio.open_connection("127.0.0.1", self.target_port)
+
+        async def up() -> None:
+            while data := await creader.read(65536):
+                swriter.write(data)
+                await swriter.drain()
+
+        async def down() -> None:
+            while data := await sreader.read(65536):
+                if self.cut_after_write:  # Redis ran it and answered: the answer is lost
+                    self.cut_after_write = False
+                    cwriter.close()
+                    return
+                cwriter.write(data)
+                await cwriter.drain()
+
+        tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for writer in (swriter, cwriter):
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+
+
+async def _counter(server: RedisServer) -> int:
+    import redis.asyncio as aioredis
+    direct = aioredis.Redis.from_url(server.url)
+    try:
+        return int(await direct.get("n") or 0)
+    finally:
+        await direct.aclose()
+
+
+def test_a_lost_reply_is_not_resent_so_incr_counts_once(redis_server: RedisServer) -> None:
+    """The reviewer's case: INCR reached Redis and ran, its reply was lost. Resending it on a
+    fresh connection (redis-py's retry did) would count 2."""
+    async def main() -> None:
+        proxy = CuttingProxy(redis_server.port)
+        async with proxy as url:
+            conn = RedisConn(StateConfig(url=url, timeout_s=5.0), clock=Clock())
+            assert await conn.check()
+            proxy.cut_after_write = True
+            with pytest.raises(StateUnavailable):
+                await conn.call(lambda r: r.incr("n"))
+            assert await _counter(redis_server) == 1
+            await conn.aclose()
+    asyncio.run(main())
+
+
+def test_a_lost_reply_of_an_idempotent_call_is_resent(redis_server: RedisServer) -> None:
+    async def main() -> None:
+        proxy = CuttingProxy(redis_server.port)
+        async with proxy as url:
+            conn = RedisConn(StateConfig(url=url, timeout_s=5.0), clock=Clock())
+            await conn.call(lambda r: r.set("n", 7))
+            proxy.cut_after_write = True
+            assert await conn.call(lambda r: r.get("n"), idempotent=True) == b"7"
+            assert conn.up and conn.counts["error"] == 0
+            await conn.aclose()
+    asyncio.run(main())
+
+
+def test_a_reset_pooled_socket_is_retried_on_a_fresh_one(redis_server: RedisServer) -> None:
+    """The reason the retry exists: a pooled socket that died while idle (reset) fails the
+    send before any byte goes; the call goes once more on a new connection, counted once."""
+    async def main() -> None:
+        proxy = CuttingProxy(redis_server.port)
+        async with proxy as url:
+            conn = RedisConn(StateConfig(url=url, timeout_s=5.0), clock=Clock())
+            assert await conn.check()
+            proxy.reset_idle()  # on loopback the RST is in the client's socket at once
+            assert await conn.call(lambda r: r.incr("n")) == 1
+            assert conn.up and conn.counts["error"] == 0
+            assert await _counter(redis_server) == 1
+            await conn.aclose()
     asyncio.run(main())

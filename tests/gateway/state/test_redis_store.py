@@ -74,15 +74,49 @@ def test_rows_are_bounded_and_the_oldest_go_first(redis_server: RedisServer) -> 
     run(redis_server, body, max_rows=3, clock=clock)
 
 
-def test_expired_ids_leave_the_index(redis_server: RedisServer) -> None:
-    clock = Clock()
+async def _redis_time(conn: RedisConn) -> float:
+    seconds, micros = await conn.call(lambda r: r.time())
+    return seconds + micros / 1e6
 
+
+def test_expired_ids_leave_the_index(redis_server: RedisServer) -> None:
     async def body(store: RedisResponseStore, conn: RedisConn) -> None:
+        start = await _redis_time(conn)
         await store.put("resp_old", input_items=[], response=response("resp_old"))
-        clock.now += 120  # past the TTL (the key itself expires by Redis' own clock)
+        while await _redis_time(conn) < start + 2 * store.ttl_s:  # past the TTL, by Redis
+            await asyncio.sleep(store.ttl_s)
         await store.put("resp_new", input_items=[], response=response("resp_new"))
         assert await conn.call(lambda r: r.zrange("t:resp-index", 0, -1)) == [b"resp_new"]
-    run(redis_server, body, ttl_s=60, clock=clock)
+    run(redis_server, body, ttl_s=0.05)
+
+
+def test_a_skewed_instance_clock_never_evicts_what_it_just_wrote(
+        redis_server: RedisServer) -> None:
+    """Two instances on one Redis at the row bound, one clock an hour behind, one a day
+    ahead (skew, not a real TTL): the id each writes is kept, the oldest write goes, and no
+    id leaves the index as "expired" because another instance's clock runs ahead."""
+    behind, ahead = Clock(), Clock()
+    behind.now -= 3600
+    ahead.now += 86_400
+
+    async def main() -> None:
+        conn = RedisConn(StateConfig(url=redis_server.url, key_prefix="t:", timeout_s=5.0))
+        ok = RedisResponseStore(conn, max_rows=2, ttl_s=3600)
+        late = RedisResponseStore(conn, max_rows=2, ttl_s=3600, clock=behind)
+        early = RedisResponseStore(conn, max_rows=2, ttl_s=3600, clock=ahead)
+        try:
+            await ok.put("resp_a", input_items=[], response=response("resp_a"))
+            await ok.put("resp_b", input_items=[], response=response("resp_b"))
+            await late.put("resp_c", input_items=[], response=response("resp_c"))
+            assert await late.get("resp_c") is not None
+            assert [await ok.get(f"resp_{x}") is not None for x in "abc"] == [
+                False, True, True]
+            await early.put("resp_d", input_items=[], response=response("resp_d"))
+            assert await conn.call(lambda r: r.zrange("t:resp-index", 0, -1)) == [
+                b"resp_c", b"resp_d"]
+        finally:
+            await conn.aclose()
+    asyncio.run(main())
 
 
 def test_too_large_is_a_marker_not_a_truncation(redis_server: RedisServer) -> None:

@@ -98,8 +98,8 @@ class BreakerSync:
                 pipe.set(k, e.encode(), px=e.ttl_ms)
             return await pipe.execute()
 
-        try:
-            await self.conn.call(op)
+        try:  # SET of the same values: running it twice is running it once
+            await self.conn.call(op, idempotent=True)
         except StateUnavailable:
             return  # kept pending; the next sync retries
         self.round_trips += 1
@@ -125,7 +125,7 @@ class BreakerSync:
             return await pipe.execute()
 
         try:
-            answers = await self.conn.call(op)
+            answers = await self.conn.call(op, idempotent=True)  # reads
         except StateUnavailable:
             return 0  # local-only until Redis answers again
         self.round_trips += 1

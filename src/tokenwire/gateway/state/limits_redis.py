@@ -220,7 +220,7 @@ class RedisLimiter:
                 pipe.expire(key, _WINDOW_TTL_S)
             return await pipe.execute()
 
-        await self.conn.call(op)
+        await self.conn.call(op, idempotent=True)  # ZADD XX / EXPIRE to fixed times
         self.renewals += 1
 
     async def aclose(self) -> None:

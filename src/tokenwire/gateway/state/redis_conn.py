@@ -8,6 +8,16 @@ breakers) goes through one :class:`RedisConn`, built from ``[state]``
   :data:`~tokenwire.gateway.state.config.DEFAULT_TIMEOUT_MS` says why), enforced around the
   whole call (connect, send, reply), and redis-py's own retries are off: a retry belongs to
   the caller, which knows whether the request can wait.
+- **One immediate retry, only where it cannot count twice**: a call whose command never
+  left this process (the pooled socket was already reset, or the connect failed: redis-py
+  raises ``ConnectionError`` from ``send_packed_command``, which :func:`_marking_sends`
+  marks) is sent once more on a fresh connection, inside the same deadline; so is any call
+  its caller declares ``idempotent`` (a GET, a SET of the same value). A call that failed
+  after its command was written (the reply was lost: the connection closed, a read timed
+  out) is not retried unless idempotent: Redis may have run it, and an ``INCR`` or the
+  limiter's charging script run twice counts twice. redis-py itself says which case happened
+  only in the message text ("while writing to socket" / "while reading from"), so the
+  distinction is made where it is certain, at the send.
 - **A failing Redis makes the connection "degraded"** and requests stop waiting on it: while
   degraded, :meth:`RedisConn.call` raises :class:`StateUnavailable` at once, without I/O,
   except for one probe call every backoff period (0.5 s doubling to 5 s). Each piece of state
@@ -47,12 +57,16 @@ __all__ = [
     "INITIAL_BACKOFF_S",
     "MAX_BACKOFF_S",
     "MAX_CONNECTIONS",
+    "NEVER_SENT",
     "LinkHealth",
     "RedisConn",
     "StateUnavailable",
 ]
 
 T = TypeVar("T")
+
+#: The attribute :func:`_marking_sends` sets on an error raised before the command was sent.
+NEVER_SENT: Final = "tokenwire_never_sent"
 
 log = logging.getLogger("tokenwire.state")
 
@@ -183,14 +197,18 @@ class RedisConn:
             return 0.0
         return max(0.0, self.health.next_check - self._clock())
 
-    async def call(self, op: Callable[[Redis], Awaitable[T]]) -> T:
+    async def call(self, op: Callable[[Redis], Awaitable[T]], *,
+                   idempotent: bool = False) -> T:
+        """``op(client)``, one round trip, within the deadline. ``idempotent``: running it
+        twice has the effect of running it once, so it may be retried even when the failed
+        attempt's command may have reached Redis (see the module docstring)."""
         kind = self.health.admit(self._clock())
         if kind is None:
             self.counts["skipped"] += 1
             raise StateUnavailable("redis is degraded; re-check pending", skipped=True)
         try:
             async with asyncio.timeout(self.config.timeout_s):
-                result = await op(self._client)
+                result = await self._once_more_if_safe(op, idempotent)
         except asyncio.CancelledError:
             self.health.abandoned(kind)
             raise
@@ -206,6 +224,16 @@ class RedisConn:
                         "resumes", self.config.display_url)
         return result
 
+    async def _once_more_if_safe(self, op: Callable[[Redis], Awaitable[T]],
+                                 idempotent: bool) -> T:
+        try:
+            return await op(self._client)
+        except self._errors as exc:
+            if not (idempotent or getattr(exc, NEVER_SENT, False)):
+                raise
+        # redis-py has dropped the failed connection: the pool hands out a fresh one.
+        return await op(self._client)
+
     def _failed(self, exc: BaseException, kind: str) -> None:
         self.last_error = _describe(exc)
         if self.health.failed(self._clock(), kind):
@@ -219,7 +247,7 @@ class RedisConn:
         """One PING when Redis is up or a re-check is due (``/health``, start-up); whether
         Redis is up afterwards. Never raises."""
         try:
-            await self.call(lambda r: r.ping())
+            await self.call(lambda r: r.ping(), idempotent=True)
         except StateUnavailable:
             pass
         return self.up
@@ -264,12 +292,33 @@ def _build_client(config: StateConfig) -> Redis:
     pool = aioredis.BlockingConnectionPool.from_url(
         config.url, max_connections=MAX_CONNECTIONS, timeout=None,
         socket_timeout=config.timeout_s, socket_connect_timeout=config.timeout_s,
-        # One immediate retry on a fresh connection: after a Redis restart every pooled
-        # socket is dead, and the first call on each must not fail a request (and flip the
-        # state to degraded) for it. Still inside the call's one deadline.
-        retry=Retry(NoBackoff(), 1), **extra)
+        # No retry inside redis-py: it would resend a command whose reply was lost (and
+        # redis-py's default is 3 retries with backoff). RedisConn.call retries what is safe.
+        retry=Retry(NoBackoff(), 0), **extra)
+    # After from_url, which picks Connection or SSLConnection from the scheme.
+    pool.connection_class = _marking_sends(pool.connection_class)
     # from_pool: the client owns the pool, so aclose() also closes every pooled socket.
     return aioredis.Redis.from_pool(pool)
+
+
+def _marking_sends(base: type) -> type:
+    """``base`` (a redis-py connection class) whose ``ConnectionError`` raised while
+    connecting or sending carries :data:`NEVER_SENT`: the command did not leave this
+    process (a socket the peer had already reset fails the write before any byte goes;
+    a partly written command is never run by Redis). A write *timeout* is not marked: the
+    transport may still flush the command after it."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    class MarkingSends(base):  # type: ignore[misc, valid-type]
+        async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+            try:
+                await super().send_packed_command(command, check_health)
+            except RedisConnectionError as exc:
+                setattr(exc, NEVER_SENT, True)
+                raise
+
+    MarkingSends.__name__ = MarkingSends.__qualname__ = f"MarkingSends{base.__name__}"
+    return MarkingSends
 
 
 class _StateCollector(Collector):

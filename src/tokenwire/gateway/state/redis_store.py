@@ -7,8 +7,9 @@ encoded record (:func:`~.response_store.encode_record`, so the byte cap means th
 
 - ``<prefix>resp:<id>``: one stored response (a string, ``PX`` = the TTL), or the "too
   large" marker in its place;
-- ``<prefix>resp-index``: a sorted set of ids by creation time, so the count bound can evict
-  the oldest (expired ids are trimmed from it on every write).
+- ``<prefix>resp-index``: a sorted set of ids by the time Redis stored them (its clock, one
+  for every instance), so the count bound can evict the oldest (expired ids are trimmed
+  from it on every write).
 
 **One round trip per operation**: ``put`` is one ``EVALSHA`` of :data:`_PUT_SCRIPT` (set,
 index, trim, evict: atomic, so two instances writing at once cannot leave the index and the
@@ -45,18 +46,25 @@ from tokenwire.gateway.state.response_store import (
 
 __all__ = ["RedisResponseStore"]
 
-#: KEYS[1] the response's key, KEYS[2] the index; ARGV: the record, the TTL (ms), now (s),
-#: the id, the row bound, the key prefix of responses, the oldest creation time still
-#: within the TTL (older ids' keys have expired: they leave the index). Returns how many
-#: were evicted by the row bound.
+#: KEYS[1] the response's key, KEYS[2] the index; ARGV: the record, the TTL (ms), the id, the
+#: row bound, the key prefix of responses. Returns how many were evicted by the row bound.
+#: The index is scored by Redis's own clock (``TIME``; Redis 7 replicates a script's effects,
+#: so a non-deterministic command before writes is allowed), never an instance's: with
+#: instances' clocks apart, a write scored by a clock behind the others would be the "oldest"
+#: at once and the row bound would evict the id just written, and a clock ahead would trim
+#: every other instance's ids from the index as expired. The score is exact to the
+#: microsecond (built as a string: a Lua number would print with 14 digits).
 _PUT_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. ARGV[7])
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[5])
+redis.call('ZADD', KEYS[2], string.format('%d.%06d', t[1], t[2]), ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf',
+           '(' .. string.format('%.6f', now - tonumber(ARGV[2]) / 1000))
+local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
 if over > 0 then
   local old = redis.call('ZPOPMIN', KEYS[2], over)
-  for i = 1, #old, 2 do redis.call('DEL', ARGV[6] .. old[i]) end
+  for i = 1, #old, 2 do redis.call('DEL', ARGV[5] .. old[i]) end
 else
   over = 0
 end
@@ -88,8 +96,8 @@ class RedisResponseStore:
         data, stored = encode_record(response_id, created=now, input_items=input_items,
                                      response=response, replica=replica,
                                      max_bytes=self.max_bytes)
-        args = [data, int(self.ttl_s * 1000), now, response_id, self.max_rows,
-                self.conn.key("resp", ""), now - self.ttl_s]
+        args = [data, int(self.ttl_s * 1000), response_id, self.max_rows,
+                self.conn.key("resp", "")]
 
         async def op(client: Any) -> Any:
             if self._script is None:
@@ -97,18 +105,19 @@ class RedisResponseStore:
             return await self._script(keys=[self._key(response_id), self._index], args=args,
                                       client=client)
 
-        await self._call(op)
+        # Idempotent: run twice, the same key and value, the id re-scored a moment later.
+        await self._call(op, idempotent=True)
         if not stored:
             raise ResponseTooLarge(response_id, _marker_size(data), self.max_bytes)
 
     async def get(self, response_id: str) -> StoredResponse | None:
         key = self._key(response_id)
-        data = await self._call(lambda client: client.get(key))
+        data = await self._call(lambda client: client.get(key), idempotent=True)
         return None if data is None else decode_record(response_id, data)
 
-    async def _call(self, op: Callable[[Any], Any]) -> Any:
+    async def _call(self, op: Callable[[Any], Any], *, idempotent: bool) -> Any:
         try:
-            return await self.conn.call(op)
+            return await self.conn.call(op, idempotent=idempotent)
         except StateUnavailable as exc:
             raise StoreUnavailable(
                 "The response store is unavailable (its Redis does not answer); the "
