@@ -65,11 +65,21 @@ class _App:
             raise RuntimeError("scripted crash mid-body")  # uvicorn drops the connection
         elif path == "/hold":
             await send({"type": "http.response.body", "body": b"one,", "more_body": True})
+            beats = asyncio.create_task(self._heartbeats(send))
             while (await receive())["type"] != "http.disconnect":
                 pass
+            beats.cancel()
             self.disconnected.set()
         else:
             await send({"type": "http.response.body", "body": self.name.encode()})
+
+    @staticmethod
+    async def _heartbeats(send) -> None:
+        """What a gateway's stream writes while it waits (``heartbeat_s``): a client that
+        left is found by a write (the balancer cannot tell it from a half-close before)."""
+        while True:
+            await asyncio.sleep(0.05)  # pacing, not a measurement
+            await send({"type": "http.response.body", "body": b":", "more_body": True})
 
     async def _ws(self, receive, send) -> None:
         await receive()  # websocket.connect
@@ -169,6 +179,31 @@ def test_a_client_that_goes_away_closes_the_backend_connection() -> None:
                 client.stream("GET", "/hold") as r:
             assert await anext(r.aiter_raw()) == b"one,"
         await apps[0].disconnected.wait()  # the safety timeout fails the test otherwise
+        await _close(servers, balancer)
+
+    _run(main())
+
+
+def test_a_client_that_half_closes_after_its_request_gets_the_whole_response() -> None:
+    """``shutdown(SHUT_WR)`` once the request is sent (netcat -N, some scripts) says "no
+    more requests", not "gone": the response, streamed or not, still comes whole."""
+    async def main() -> None:
+        apps, servers, balancer, url = await _cluster(1)
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello")
+        writer.write_eof()  # shutdown(SHUT_WR)
+        answer = await reader.read()  # until the balancer closes
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"5\r\nhello\r\n0\r\n\r\n")
+        writer.close()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /stream HTTP/1.1\r\nhost: x\r\n\r\n")
+        writer.write_eof()
+        head = await reader.readuntil(b"one,\r\n")  # the first chunk, then release the rest
+        apps[0].gate.set()
+        answer = head + await reader.read()
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"two\r\n0\r\n\r\n")
+        writer.close()
         await _close(servers, balancer)
 
     _run(main())

@@ -14,7 +14,11 @@ clients can see:
 * **a cut stays a cut**: when an instance's connection ends before its response does (a
   crash, a SIGKILL), the client's connection is aborted, so a client sees a broken stream,
   never a short body presented as complete; when the client goes away, the instance's
-  connection is closed, so the gateway cancels the generation;
+  connection is closed, so the gateway cancels the generation: at once when the request
+  was not complete yet, else at the first write that fails (a client that shuts down its
+  write side once its request is sent, a half-close, still gets the whole response, as
+  HAProxy's default does; TCP cannot tell it from a client that left until a write is
+  answered with a reset, and the gateway's streams write heartbeats);
 * **WebSocket pass-through**: an ``Upgrade`` request is forwarded, and after the
   instance's ``101`` the two sockets are spliced byte for byte (the Responses API's
   WebSocket transport);
@@ -195,10 +199,16 @@ class Balancer:
         try:
             done, _ = await asyncio.wait({upload, download},
                                          return_when=asyncio.FIRST_COMPLETED)
-            if download not in done:  # the client went away, or its upload broke
+            if download not in done:
                 upload.result()  # re-raise an upload error; a clean EOF returns
-                return False
-            result = download.result()
+                if conn.their_state is not h11.DONE:
+                    return False  # the client went away before its request was complete
+                # EOF after a whole request: a half-close, or a client that left; only a
+                # write can tell them apart, so the response goes on (a gone client fails
+                # the next write, the gateway's heartbeats included).
+                result = await download
+            else:
+                result = download.result()
         except (_Cut, h11.RemoteProtocolError, OSError):
             if conn.our_state is h11.SEND_RESPONSE:  # nothing sent yet: say so
                 await _send_error(conn, writer, 502, "instance_failed",
@@ -229,8 +239,8 @@ async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> obj
 
 async def _upload(conn: h11.Connection, reader: asyncio.StreamReader, b_conn: h11.Connection,
                   b_writer: asyncio.StreamWriter) -> None:
-    """Forward the request body; then watch the client: returns when it goes away (any
-    bytes it sends meanwhile are the next pipelined request, kept in ``conn``)."""
+    """Forward the request body; then watch the client: returns at its EOF (any bytes it
+    sends meanwhile are the next pipelined request, kept in ``conn``)."""
     while True:
         event = await _next_event(conn, reader)
         if isinstance(event, h11.Data):
@@ -244,9 +254,9 @@ async def _upload(conn: h11.Connection, reader: asyncio.StreamReader, b_conn: h1
             return
     while True:
         data = await reader.read(READ_SIZE)
+        conn.receive_data(data)  # b"": no next request on this connection
         if not data:
             return
-        conn.receive_data(data)
 
 
 async def _download(conn: h11.Connection, writer: asyncio.StreamWriter, b_conn: h11.Connection,
