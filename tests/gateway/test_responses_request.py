@@ -320,6 +320,19 @@ def test_an_unknown_previous_response_id_is_openai_s_400(with_store: bool) -> No
         "previous_response_not_found", "previous_response_id")
 
 
+def test_an_overlong_previous_response_id_is_refused_without_a_lookup_or_an_echo() -> None:
+    class Store:
+        async def get(self, response_id: str) -> None:
+            raise AssertionError("looked up")
+
+    with pytest.raises(RemoteProtocolError) as err:
+        parse({"input": "x", "previous_response_id": "r" * 100_000}, store=Store())
+    exc = err.value
+    assert (exc.status_hint, exc.code, exc.param) == (
+        400, "string_above_max_length", "previous_response_id")
+    assert len(str(exc)) < 200
+
+
 def test_an_expired_previous_response_id_is_not_found() -> None:
     now = [0.0]
     store = SQLiteResponseStore(ttl_s=10, clock=lambda: now[0])

@@ -69,11 +69,17 @@ from tokenwire.gateway.state.response_store import ResponseNotStored, ResponseSt
 __all__ = [
     "HOSTED_ITEMS",
     "HOSTED_TOOLS",
+    "MAX_RESPONSE_ID_CHARS",
     "ResponsesCall",
     "load_previous",
     "parse_responses_request",
     "previous_response_not_found",
 ]
+
+#: The longest ``previous_response_id`` looked up. Ours are ``resp_`` + 32 hex (37), OpenAI's
+#: about 55; a longer one names no response, and is refused before it becomes a store key
+#: or is repeated back in an error message.
+MAX_RESPONSE_ID_CHARS = 256
 
 #: Tools the provider runs itself: no IR upstream can, so they are dropped and counted.
 #: ``tool_search`` is Codex's deferred-tool lookup (sent for models it knows, even with
@@ -145,6 +151,10 @@ async def load_previous(body: Any, store: ResponseStore | None) -> StoredRespons
     previous = body.get("previous_response_id") if isinstance(body, dict) else None
     if not isinstance(previous, str) or not previous:
         return None
+    if len(previous) > MAX_RESPONSE_ID_CHARS:
+        raise bad_request(f"previous_response_id is {len(previous)} characters long; a "
+                          f"response id has at most {MAX_RESPONSE_ID_CHARS}",
+                          param="previous_response_id", code="string_above_max_length")
     if store is None:
         raise previous_response_not_found(previous)
     try:
