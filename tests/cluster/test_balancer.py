@@ -209,6 +209,23 @@ def test_a_client_that_half_closes_after_its_request_gets_the_whole_response() -
     _run(main())
 
 
+def test_a_request_body_cut_short_by_the_client_is_its_400_not_the_instance_s_502() -> None:
+    async def main() -> None:
+        _apps, servers, balancer, url = await _cluster(1)
+        port = int(url.rsplit(":", 1)[1])
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"POST /echo HTTP/1.1\r\nhost: x\r\ncontent-length: 10\r\n\r\nhello")
+        writer.write_eof()  # 5 of the 10 bytes it announced
+        answer = await reader.read()
+        assert answer.startswith(b"HTTP/1.1 400"), answer
+        assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == (
+            "incomplete_request")
+        writer.close()
+        await _close(servers, balancer)
+
+    _run(main())
+
+
 def test_a_refused_backend_is_skipped_and_none_left_is_a_502() -> None:
     async def main() -> None:
         _apps, servers, balancer, url = await _cluster(1, dead_first=True)

@@ -200,7 +200,8 @@ class Balancer:
             done, _ = await asyncio.wait({upload, download},
                                          return_when=asyncio.FIRST_COMPLETED)
             if download not in done:
-                upload.result()  # re-raise an upload error; a clean EOF returns
+                if await _client_broke_off(conn, writer, upload):
+                    return False
                 if conn.their_state is not h11.DONE:
                     return False  # the client went away before its request was complete
                 # EOF after a whole request: a half-close, or a client that left; only a
@@ -224,6 +225,22 @@ class Balancer:
             await _splice(conn, reader, writer, b_conn, b_reader, b_writer, result.response)
             return False
         return _reusable(conn)
+
+
+async def _client_broke_off(conn: h11.Connection, writer: asyncio.StreamWriter,
+                            upload: asyncio.Task[None]) -> bool:
+    """Whether the upload ended on the client's fault (its body shorter than it said, or
+    not HTTP): then it has its 400 (or, mid-response, a cut) and the exchange is over.
+    Errors of the instance's side are re-raised."""
+    try:
+        upload.result()
+    except h11.RemoteProtocolError as exc:  # ``conn`` is the client's side
+        if conn.our_state is h11.SEND_RESPONSE:
+            await _send_error(conn, writer, 400, "incomplete_request", f"bad request: {exc}")
+        else:
+            writer.transport.abort()
+        return True
+    return False
 
 
 # -- the two directions of one exchange ----------------------------------------------------
