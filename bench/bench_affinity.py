@@ -2,28 +2,41 @@
 three real llama.cpp replicas, routed by affinity, round-robin and at random, in one run.
 
 * Replicas: three ``python -m llama_cpp.server`` (``.venv-peers``), SmolLM2-135M, one thread
-  each, ``--cache True`` with a RAM prompt cache of ``CACHE_BYTES`` (room for about three
-  conversations' states: llama-cpp-python reloads the longest cached prefix of a prompt and
-  prefills only the rest) and ``--interrupt_requests False`` (requests queue at a replica
-  instead of cutting each other off).
-* Workload: ``CONVERSATIONS`` conversations of ``TURNS`` turns, all open at once, each turn
-  after the previous answer, with at most ``CONCURRENCY`` requests in flight (default: one
-  per replica). Every conversation opens with its own long document (about ``DOC_TOKENS``
-  tokens), so a turn is cheap only on a replica that still holds that conversation's
-  prefix. Each mode gets fresh documents, so no mode reuses another's cache.
+  each, configured as a user chasing prefix-cache hits would, the same for every mode
+  (:data:`REPLICA_FLAGS`): the server keeps one context and reuses the longest common
+  prefix of the last prompt it evaluated (``Llama.generate``: "prefix-match hit"); with
+  several conversations per replica that prefix is usually another conversation's, so
+  ``--cache True --cache_type ram --cache_size`` :data:`CACHE_BYTES` keeps every saved
+  prompt state in RAM (``LlamaRAMCache``: after each completion the state of prompt +
+  completion is saved; a new prompt reloads the saved state with the longest common prefix
+  when it beats the context's own) — room for every conversation of a mode, so no mode
+  loses a state to eviction. ``--logits_all False``: the server's default ``True`` computes
+  a logit row for every prompt token and the cache copies those rows (196 KB a token,
+  uncounted by ``cache_size``) with every saved state; nothing here asks for logprobs.
+  ``--interrupt_requests False``: requests queue at a replica instead of cutting each other
+  off. **Every mode starts three fresh replicas** (empty caches), so no mode inherits
+  another's states, and each replica answers one short request first (the first request
+  a replica serves pages the model in: 30 s in a trial run under load).
+* Workload (the issue's): ``CONVERSATIONS`` (8) conversations of ``TURNS`` (6) turns, all
+  open at once, each turn after the previous answer, with at most ``CONCURRENCY`` requests
+  in flight (default: one per replica). Every conversation opens with its own long document
+  (about ``DOC_TOKENS`` tokens, the prefix every later turn shares), so a turn is cheap only
+  on a replica that holds that conversation's state.
 * Why the cap: each replica generates one request at a time, so with every conversation in
   flight at once (8 on 3 replicas) the time to first token is mostly the wait in a
   replica's own queue, and the prefill the cache saves is lost in it (the first runs in
-  BENCHMARKS.md: 1.03x). The issue's aim is about the prefix cache; the cap keeps the
-  replicas' queues short so the figure measures it. ``BENCH_AFFINITY_CONCURRENCY=0``
-  restores the uncapped run.
+  BENCHMARKS.md: 1.03x). ``BENCH_AFFINITY_CONCURRENCY=0`` restores the uncapped run.
 * Modes: ``affinity``: one ``tokenwire serve`` pool over the three, each conversation sending
-  its ``session-id`` (rendezvous hashing keeps it on one replica); ``least-loaded``: the same
-  gateway without a key (power of two choices); ``round-robin`` and ``random``: the client
-  spreads turns over the replicas' URLs directly (what a gateway without affinity does).
+  its ``session-id`` (rendezvous hashing with bounded loads, the default
+  ``affinity_load_factor``); ``affinity-unbounded``: the same with
+  ``affinity_load_factor = false`` (plain rendezvous); ``least-loaded``: the pool without
+  a key (power of two choices); ``round-robin`` and ``random``: the client spreads turns
+  over the replicas' URLs directly (what a gateway without affinity does).
 * TTFT: request sent -> first content chunk, streamed Chat, at the client (from when the
   request left the client's cap, not while it waited for it); p50/p90 over every turn, and
-  over turns 2..N (the first turn is cold in every mode).
+  over turns 2..N (the first turn is cold in every mode). Beside them, from the replicas'
+  own logs (``llama_perf_context_print``), the prompt tokens each mode had to evaluate
+  (prefilled, not reloaded from a cached state) and the turns each replica served.
 
 The machine is small and shared: note the load beside the numbers (BENCHMARKS.md).
 """
@@ -34,6 +47,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -53,15 +67,23 @@ DOC_TOKENS = int(os.environ.get("BENCH_AFFINITY_DOC_TOKENS", "400"))
 CONCURRENCY = int(os.environ.get("BENCH_AFFINITY_CONCURRENCY", "3"))
 MAX_TOKENS = 8
 N_CTX = 1024
-#: About three conversations' prompt states at ~23 KB per token (SmolLM2's KV cache).
-CACHE_BYTES = 3 * (DOC_TOKENS + TURNS * 40) * 24 * 1024
+#: Counted by LlamaRAMCache as the llama.cpp state only (~23 KB of KV per token for
+#: SmolLM2-135M): one saved state per turn, every turn of every conversation of a mode, on
+#: one replica if need be (8 x 6 x ~600 tokens x 23 KB = 660 MB), so nothing is evicted.
+CACHE_BYTES = 1 << 30
+REPLICA_FLAGS = ("--n_threads", "1", "--cache", "True", "--cache_type", "ram",
+                 "--cache_size", str(CACHE_BYTES), "--logits_all", "False",
+                 "--interrupt_requests", "False")
 START_TIMEOUT_S = 300.0
 REPLICA_LIMIT = 3
 MODES = tuple(os.environ.get("BENCH_AFFINITY_MODES",
-                           "affinity,least-loaded,round-robin,random").split(","))
+                           "affinity,affinity-unbounded,round-robin,random").split(","))
+#: The pool's ``affinity_load_factor`` per gateway mode (None: the default).
+_LOAD_FACTOR = {"affinity": None, "affinity-unbounded": "false", "least-loaded": None}
 
 _WORDS = ("river stone lantern orchard copper meadow harbor violet summit thunder ember "
           "willow canyon marble falcon glacier").split()
+_PERF = re.compile(r"prompt eval time =\s*([\d.]+) ms /\s*(\d+) tokens")
 
 
 def _free_port() -> int:
@@ -87,8 +109,7 @@ def _start_replica(tmp: Path, i: int) -> tuple[subprocess.Popen[bytes], str]:
         proc = subprocess.Popen(
             [str(PEERS_PY), "-m", "llama_cpp.server", "--host", "127.0.0.1", "--port",
              str(port), "--model", str(smollm2_gguf_path()), "--n_ctx", str(N_CTX),
-             "--n_threads", "1", "--cache", "True", "--cache_size", str(CACHE_BYTES),
-             "--interrupt_requests", "False"], stdout=log, stderr=log)
+             *REPLICA_FLAGS], stdout=log, stderr=log)
     return proc, f"http://127.0.0.1:{port}/v1"
 
 
@@ -105,10 +126,18 @@ def _wait(url: str, proc: subprocess.Popen[bytes]) -> str:
             time.sleep(0.3)
 
 
-def _start_gateway(tmp: Path, urls: list[str], model: str) -> tuple[subprocess.Popen[bytes],
-                                                                    str]:
+def _warm(url: str, model: str) -> None:
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 1}
+    httpx.post(url + "/chat/completions", json=body, timeout=START_TIMEOUT_S
+               ).raise_for_status()
+
+
+def _start_gateway(tmp: Path, urls: list[str], model: str, factor: str | None
+                   ) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     rows = ",\n".join(f'  {{ base_url = "{u}" }}' for u in urls)
+    bound = f"affinity_load_factor = {factor}\n" if factor is not None else ""
     cfg = tmp / "pool.toml"
     cfg.write_text(f"""[server]
 port = {port}
@@ -116,7 +145,7 @@ port = {port}
 name = "llama"
 kind = "openai"
 max_concurrent = {REPLICA_LIMIT}
-replicas = [
+{bound}replicas = [
 {rows}
 ]
 [[upstreams.models]]
@@ -172,13 +201,15 @@ async def _mode(mode: str, gateway: str, replicas: list[str], model: str) -> lis
     cap = asyncio.Semaphore(CONCURRENCY or CONVERSATIONS)
 
     async def conversation(c: int, client: httpx.AsyncClient) -> None:
-        messages = [{"role": "system", "content": _document(f"{mode}-{c}")}]
+        # The same documents and keys in every mode (fresh replicas each time): the modes
+        # differ only in where each turn goes.
+        messages = [{"role": "system", "content": _document(f"conv-{c}")}]
         for turn in range(1, TURNS + 1):
             messages.append({"role": "user", "content": f"Question {turn}: name a word "
                                                         f"from the document."})
-            if mode in ("affinity", "least-loaded"):
+            if mode in _LOAD_FACTOR:
                 url = gateway
-                headers = {"session-id": f"conv-{mode}-{c}"} if mode == "affinity" else {}
+                headers = {} if mode == "least-loaded" else {"session-id": f"conv-{c}"}
                 name = "smollm2"
             else:
                 i = next(counter) % 3 if mode == "round-robin" else rng.randrange(3)
@@ -198,51 +229,88 @@ def _pct(values: list[float], q: float) -> float:
         if len(values) > 1 else values[0]
 
 
-def run() -> list[dict]:
-    tmp = Path(tempfile.mkdtemp(prefix="bench-affinity-"))
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def _prefill(logs: list[Path]) -> dict[str, object]:
+    """What the replicas' logs say about a mode: prompt tokens evaluated (not reloaded from
+    a saved state) per request, and the requests each replica served."""
+    per_replica, tokens, ms = [], [], 0.0
+    for log in logs:
+        found = _PERF.findall(log.read_text(errors="replace"))[1:]  # not the warm-up
+        per_replica.append(len(found))
+        tokens += [int(n) for _, n in found]
+        ms += sum(float(t) for t, _ in found)
+    return {"requests per replica": "/".join(map(str, per_replica)),
+            "prefilled tokens / turn": round(statistics.mean(tokens)) if tokens else 0,
+            "prefill s / turn": round(ms / 1000 / max(1, len(tokens)), 2)}
+
+
+def _one_mode(tmp: Path, mode: str) -> dict[str, object]:
+    """Fresh replicas (and a gateway when the mode routes through one), the mode's turns,
+    its row."""
+    where = tmp / mode
+    where.mkdir()
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        started = [_start_replica(tmp, i) for i in range(3)]
+        started = [_start_replica(where, i) for i in range(3)]
         procs += [p for p, _ in started]
         urls = [u for _, u in started]
         models = [_wait(u, p) for p, u in started]  # every replica ready
         model = models[0]
-        gw, gateway = _start_gateway(tmp, urls, model)
-        procs.append(gw)
-        rows = []
-        for mode in MODES:
-            load = os.getloadavg()[0]
-            samples = asyncio.run(_mode(mode, gateway, urls, model))
-            every = [t for _, t in samples]
-            warm = [t for turn, t in samples if turn > 1]
-            rows.append({"routing": mode, "turns": len(every),
-                         "p50 TTFT s": _pct(every, 50), "p90 TTFT s": _pct(every, 90),
-                         "p50 turns 2+ s": _pct(warm, 50), "p90 turns 2+ s": _pct(warm, 90),
-                         "load (1 min)": round(load, 1)})
-        base = next((r for r in rows if r["routing"] == "round-robin"), None)
-        for r in rows if base is not None else ():
-            r["p50 vs round-robin"] = f"{base['p50 TTFT s'] / r['p50 TTFT s']:.2f}x lower"
-            r["p50 turns 2+ vs round-robin"] = (
-                f"{base['p50 turns 2+ s'] / r['p50 turns 2+ s']:.2f}x lower")
-        return rows
+        for u in urls:  # a replica's first request pays for paging the model in (30 s
+            _warm(u, model)  # under load in a trial run): not what any mode measures
+        gateway = ""
+        if mode in _LOAD_FACTOR:
+            gw, gateway = _start_gateway(where, urls, model, _LOAD_FACTOR[mode])
+            procs.append(gw)
+        load = os.getloadavg()[0]
+        t0 = time.monotonic()
+        samples = asyncio.run(_mode(mode, gateway, urls, model))
+        wall = time.monotonic() - t0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        _stop(procs)
+    every = [t for _, t in samples]
+    warm = [t for turn, t in samples if turn > 1]
+    return {"routing": mode, "turns": len(every),
+            "p50 TTFT s": _pct(every, 50), "p90 TTFT s": _pct(every, 90),
+            "p50 turns 2+ s": _pct(warm, 50), "p90 turns 2+ s": _pct(warm, 90),
+            **_prefill([where / f"replica{i}.log" for i in range(3)]),
+            "wall s": round(wall), "load (1 min) at start / end":
+                f"{load:.1f} / {os.getloadavg()[0]:.1f}"}
+
+
+def run() -> list[dict]:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-affinity-"))
+    print(f"logs in {tmp}", file=sys.stderr)
+    rows = []
+    for mode in MODES:
+        rows.append(_one_mode(tmp, mode))
+        print(rows[-1], file=sys.stderr, flush=True)
+    base = next((r for r in rows if r["routing"] == "round-robin"), None)
+    for r in rows if base is not None else ():
+        r["p50 vs round-robin"] = f"{base['p50 TTFT s'] / r['p50 TTFT s']:.2f}x lower"
+        r["p50 turns 2+ vs round-robin"] = (
+            f"{base['p50 turns 2+ s'] / r['p50 turns 2+ s']:.2f}x lower")
+    return rows
 
 
 NOTES = f"""
 {CONVERSATIONS} conversations x {TURNS} turns, at most {CONCURRENCY or CONVERSATIONS} requests
 in flight, each opening with its own ~{DOC_TOKENS}-token document, against three
-`python -m llama_cpp.server` replicas (SmolLM2-135M, one thread, RAM prompt cache for about
-three conversations). `affinity`: tokenwire pool with a `session-id` per conversation;
-`least-loaded`: the same pool without a key; `round-robin` / `random`: the client spreads
-turns over the replicas directly.
+`python -m llama_cpp.server` replicas (SmolLM2-135M, one thread, RAM prompt cache for
+every state). `affinity`: tokenwire pool with a `session-id` per conversation (bounded
+loads); `affinity-unbounded`: plain rendezvous; `least-loaded`: the same pool without a key;
+`round-robin` / `random`: the client spreads turns over the replicas directly. Fresh
+replicas for every mode.
 """
 
 if __name__ == "__main__":

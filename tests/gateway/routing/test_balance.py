@@ -5,12 +5,14 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenwire.gateway.routing.balance import (
     Candidate,
+    affinity_choice,
     least_loaded_of_two,
+    load_bound,
     rendezvous_order,
 )
 
@@ -88,3 +90,72 @@ def test_rendezvous_is_stable_and_weighted() -> None:
     # the same answer in another process: the hash is BLAKE2b, not Python's salted hash()
     assert [rendezvous_order("conversation-1", cands)[0] for _ in range(3)] == [0, 0, 0] or \
         len({rendezvous_order("conversation-1", cands)[0] for _ in range(3)}) == 1
+
+
+# -- bounded loads (affinity_choice) ----------------------------------------------------------
+
+_FACTORS = st.one_of(st.floats(1.0, 3.0), st.sampled_from([1.0, 1.25, 1.5, 2.0]))
+
+
+@given(_CANDS, _FACTORS, st.text(max_size=8))
+def test_the_bound_is_never_exceeded_while_a_replica_within_it_has_a_slot(cands, c, key
+                                                                          ) -> None:
+    i = affinity_choice(key, cands, c)
+    if i is None:
+        assert not any(x.free for x in cands)
+        return
+    assert cands[i].free
+    if cands[i].in_flight >= load_bound(cands, i, c):  # over its bound: only when forced
+        assert not any(x.free and x.in_flight < load_bound(cands, j, c)
+                       for j, x in enumerate(cands))
+
+
+@settings(max_examples=40)  # each example places up to 120 requests
+@given(_NAMES, _FACTORS, st.integers(1, 120), st.data())
+def test_filling_by_bounded_affinity_keeps_every_replica_within_its_bound(names, c, n, data
+                                                                          ) -> None:
+    """Unlimited slots: every placement lands within ceil(c x average), whatever the keys
+    (all the same key included: the hot-conversation case)."""
+    hot = data.draw(st.booleans())
+    weights = {m: data.draw(st.floats(0.5, 4)) for m in names}
+    load = dict.fromkeys(names, 0)
+    for r in range(n):
+        cands = [Candidate(m, weights[m], load[m], 10**6) for m in names]
+        i = affinity_choice("hot" if hot else f"k{r}", cands, c)
+        assert i is not None
+        assert load[names[i]] + 1 <= load_bound(cands, i, c)
+        load[names[i]] += 1
+
+
+@settings(max_examples=40)  # each example routes 60 keys four ways
+@given(_NAMES, _FACTORS, st.integers(0, 5), st.data())
+def test_with_balanced_loads_a_removed_replica_moves_only_its_own_keys(names, c, level, data
+                                                                       ) -> None:
+    gone = data.draw(st.sampled_from(names))
+    full = [Candidate(m, 1.0, level, 100) for m in names]
+    rest = [x for x in full if x.name != gone]
+    ejected = [Candidate(x.name, 1.0, level, 100, eligible=x.name != gone) for x in full]
+    for k in range(60):
+        key = f"conv-{k}"
+        before = full[affinity_choice(key, full, c)].name
+        assert before == full[rendezvous_order(key, full)[0]].name  # plain rendezvous
+        after = rest[affinity_choice(key, rest, c)].name
+        if before != gone:
+            assert after == before
+        assert ejected[affinity_choice(key, ejected, c)].name == after
+
+
+def test_a_conversation_passes_over_a_replica_holding_more_than_its_share() -> None:
+    names = ["r1", "r2", "r3"]
+    key = "session-id:conv-7"
+    order = rendezvous_order(key, [Candidate(m, 1.0, 0, 8) for m in names])
+    home, second = names[order[0]], names[order[1]]
+    # two in flight at home, none elsewhere: the average with this one is 1, the bound
+    # ceil(1.25) = 2, home is at it, so the key goes to its second replica ...
+    busy = [Candidate(m, 1.0, 2 if m == home else 0, 8) for m in names]
+    assert names[affinity_choice(key, busy, 1.25)] == second
+    # ... plain rendezvous (no bound) keeps it home, as does a looser factor
+    assert names[affinity_choice(key, busy, None)] == home
+    assert names[affinity_choice(key, busy, 3.0)] == home
+    # and the choice is a function of the snapshot: the same on every instance
+    assert {affinity_choice(key, list(busy), 1.25) for _ in range(5)} == {order[1]}

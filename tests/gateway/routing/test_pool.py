@@ -37,6 +37,7 @@ from tokenwire.gateway.routing.pool import (
     Replica,
     ReplicaPool,
     affinity_key,
+    parse_load_factor,
     parse_panic_threshold,
 )
 from tokenwire.gateway.routing.router import ServedModel
@@ -375,6 +376,32 @@ def test_a_full_replica_passes_the_key_to_its_next_in_order() -> None:
     first.in_flight = 1
     second = pool.choose(req).replica
     assert second is not None and second is not first
+
+
+def test_a_busy_home_replica_passes_new_turns_on_within_the_load_bound() -> None:
+    """Bounded loads: three turns of conversations that all hash to one replica, in flight
+    at once, do not queue three deep there while the others sit idle (the bench's 4 / 2 / 0
+    run); with ``load_factor=None`` (plain rendezvous) they do."""
+    for factor, deepest in ((1.25, 2), (None, 3)):
+        pool, _ = make_pool("ok", "ok", "ok")
+        pool.load_factor = factor
+        home = pool.choose(request(affinity=(("session-id", "conv-1"),))).replica
+        assert home is not None
+        keys = [k for k in (f"conv-{i}" for i in range(200))
+                if pool.choose(request(affinity=(("session-id", k),))).replica is home][:3]
+        for k in keys:  # each takes a slot, as an attempt in flight would
+            picked = pool.choose(request(affinity=(("session-id", k),))).replica
+            assert picked is not None
+            picked.in_flight += 1
+        assert home.in_flight == deepest
+        assert sum(r.in_flight for r in pool.replicas) == 3
+
+
+@pytest.mark.parametrize("value", [0.5, 0, 101, "1.5", True])
+def test_a_bad_load_factor_is_a_config_error(value: object) -> None:
+    with pytest.raises(ConfigError, match="affinity_load_factor"):
+        parse_load_factor(value)
+    assert parse_load_factor(False) is None and parse_load_factor(2) == 2.0
 
 
 def test_the_prefix_hash_is_a_stateless_choice() -> None:

@@ -9,6 +9,17 @@
   rendezvous hashing (highest random weight): each replica scores the key, the best score
   wins. Removing a replica moves only the keys it won; adding one takes only keys it now
   wins. Scores hash with BLAKE2b, so every gateway instance (and every restart) agrees.
+* :func:`affinity_choice` is the affinity choice with bounded loads (Mirrokni, Thorup and
+  Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2017): walk the key's rendezvous
+  order and take the first replica whose in-flight work stays within
+  ``ceil(load_factor x average)`` (:func:`load_bound`; the average over the eligible
+  replicas, counting the request being placed, per unit of weight). A key whose replica
+  already holds more than its share passes to its next replica, so a few conversations
+  hashed onto one replica cannot queue there while another sits idle. With
+  ``load_factor >= 1`` some eligible replica is always within its bound; when loads are
+  equal every replica is within it, so the choice is plain rendezvous hashing (a removed
+  replica moves only its own keys). It reads only the snapshot: every gateway instance
+  that sees the same healthy set and loads makes the same choice.
 """
 
 from __future__ import annotations
@@ -19,7 +30,24 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Candidate", "least_loaded_of_two", "rendezvous_order", "rendezvous_score"]
+__all__ = [
+    "DEFAULT_LOAD_FACTOR",
+    "Candidate",
+    "affinity_choice",
+    "least_loaded_of_two",
+    "load_bound",
+    "rendezvous_order",
+    "rendezvous_score",
+]
+
+#: No replica takes more than 1.25x its share of the in-flight work while another is within
+#: its share: the factor of the paper's analysis (epsilon = 0.25), Vimeo's HAProxy patch and
+#: brpc's ``c_murmurhash_bl``. Lower spreads more evenly and moves more conversations off
+#: their replica (a prefix-cache miss); higher keeps them home and lets queues grow
+#: (README "Replica pools" says how to choose; BENCHMARKS.md measures it).
+DEFAULT_LOAD_FACTOR = 1.25
+#: ``ceil`` of a product of floats: 1.25 x 4 x 0.2 is 1.0000000000000002, not 1.
+_CEIL_SLACK = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +96,29 @@ def rendezvous_order(key: str, candidates: Sequence[Candidate]) -> list[int]:
     scored = [(rendezvous_score(key, c.name, c.weight), i)
               for i, c in enumerate(candidates) if c.eligible]
     return [i for _, i in sorted(scored, reverse=True)]
+
+
+def load_bound(candidates: Sequence[Candidate], index: int, load_factor: float) -> int:
+    """The most in-flight requests ``candidates[index]`` may hold once this one is placed:
+    ``ceil(load_factor x (total in flight + 1) x weight / total weight)`` over the eligible
+    replicas (an ineligible one is out of the set, like a removed one)."""
+    live = [c for c in candidates if c.eligible]
+    total = sum(c.in_flight for c in live) + 1
+    weight = sum(c.weight for c in live)
+    share = load_factor * total * candidates[index].weight / weight
+    return max(1, math.ceil(share - _CEIL_SLACK))
+
+
+def affinity_choice(key: str, candidates: Sequence[Candidate],
+                    load_factor: float | None = DEFAULT_LOAD_FACTOR) -> int | None:
+    """The replica for ``key``: the first in its rendezvous order with a free slot and (when
+    ``load_factor`` is not None) within :func:`load_bound`; when every replica within its
+    bound is full, the first with a free slot (the limit is hard, the bound is not); None
+    when no eligible replica has a free slot."""
+    free = [i for i in rendezvous_order(key, candidates) if candidates[i].free]
+    if load_factor is None or not free:
+        return free[0] if free else None
+    for i in free:
+        if candidates[i].in_flight < load_bound(candidates, i, load_factor):
+            return i
+    return free[0]

@@ -23,7 +23,9 @@ replica (:meth:`ReplicaPool.choose`), in this order:
 4. **Affinity keys** (:func:`affinity_key`): an explicit ``x-tokenwire-affinity`` header,
    ``prompt_cache_key``, ``session-id`` / ``x-session-id`` / ``thread-id``, or (opt-in) a
    hash of the prompt's first characters, choose by rendezvous hashing over the replicas
-   the breakers admit; a full replica passes the key to the next one in its order.
+   the breakers admit, with bounded loads (``balance.affinity_choice``): a replica that is
+   full, or would hold more than ``affinity_load_factor`` times its share of the pool's
+   in-flight work, passes the key to the next one in its order.
 5. Otherwise the less loaded of two random replicas (``balance.py``).
 
 Replicas an earlier attempt of the same request failed on (``avoid``) are skipped while
@@ -64,7 +66,12 @@ from tokenwire.gateway.ir import (
     ResponseMeta,
     is_terminal,
 )
-from tokenwire.gateway.routing.balance import Candidate, least_loaded_of_two, rendezvous_order
+from tokenwire.gateway.routing.balance import (
+    DEFAULT_LOAD_FACTOR,
+    Candidate,
+    affinity_choice,
+    least_loaded_of_two,
+)
 from tokenwire.gateway.routing.breaker import Breaker, BreakerState, counts_against_replica
 from tokenwire.gateway.state.pins import PinStore
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
@@ -78,6 +85,7 @@ __all__ = [
     "Replica",
     "ReplicaPool",
     "affinity_key",
+    "parse_load_factor",
     "parse_panic_threshold",
 ]
 
@@ -107,6 +115,9 @@ FAILOVER_CLASSES = frozenset({FailureClass.CONNECTION, FailureClass.UPSTREAM,
 #: back (gateway/affinity.py, responses_upstream.py, anthropic_upstream.py): only there is
 #: such state a hard pin. Other kinds never send it anywhere.
 PINNED_STATE_KINDS = frozenset({"responses", "anthropic"})
+#: Above this the bound never binds in practice (a replica would hold 100x its share):
+#: say ``false`` instead, so that a typo like 125 (a percentage) is refused, not obeyed.
+_MAX_LOAD_FACTOR = 100.0
 
 
 def parse_panic_threshold(value: object, where: str = "pool") -> float | None:
@@ -117,6 +128,18 @@ def parse_panic_threshold(value: object, where: str = "pool") -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 1:
         return float(value)
     raise ConfigError(f"{where}: panic_threshold must be a share in [0, 1) or false")
+
+
+def parse_load_factor(value: object, where: str = "pool") -> float | None:
+    """An ``affinity_load_factor`` setting: a number >= 1 (a replica's bound is that many
+    times its share of the in-flight work), or ``false`` for plain rendezvous hashing."""
+    if value is False:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool) \
+            and 1 <= value <= _MAX_LOAD_FACTOR:
+        return float(value)
+    raise ConfigError(f"{where}: affinity_load_factor must be a number from 1 to "
+                      f"{_MAX_LOAD_FACTOR:g}, or false (no load bound)")
 
 
 def affinity_key(request: GenerationRequest, *, prefix_chars: int = 0) -> str | None:
@@ -188,12 +211,15 @@ class ReplicaPool:
     def __init__(self, name: str, kind: str, replicas: Sequence[Replica], *,
                  pins: PinStore | None = None, probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
                  prefix_chars: int = 0, panic_threshold: float | None = DEFAULT_PANIC_THRESHOLD,
+                 load_factor: float | None = DEFAULT_LOAD_FACTOR,
                  clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         if not replicas:
             raise ValueError("a pool needs at least one replica")
         if panic_threshold is not None and not 0.0 <= panic_threshold < 1.0:
             raise ValueError("panic_threshold must be in [0, 1), or None for no panic")
+        if load_factor is not None and load_factor < 1.0:
+            raise ValueError("load_factor must be at least 1, or None for no load bound")
         self.name, self.kind = name, kind
         self.replicas = tuple(replicas)
         self.pins = pins or PinStore()
@@ -201,6 +227,8 @@ class ReplicaPool:
         self.probe_interval_s = probe_interval_s
         self.prefix_chars = prefix_chars
         self.panic_threshold = panic_threshold
+        #: Bounded-load affinity (``balance.affinity_choice``); None: plain rendezvous.
+        self.load_factor = load_factor
         self._clock = clock
         self._rng = rng or random.Random()
         self._by_name = {r.name: r for r in self.replicas}
@@ -278,9 +306,9 @@ class ReplicaPool:
                              "request now; re-routed", pinned.name, self.name)
         key = affinity_key(request, prefix_chars=self.prefix_chars)
         if key is not None:
-            for i in rendezvous_order(key, cands):
-                if cands[i].free:
-                    return _Choice(self.replicas[i])
+            index = affinity_choice(key, cands, self.load_factor)
+            if index is not None:
+                return _Choice(self.replicas[index])
         index = least_loaded_of_two(cands, self._rng)
         if index is not None:
             return _Choice(self.replicas[index])
