@@ -10,6 +10,7 @@ upstreams inject the fault; the clients are the real SDKs (no mock stands in for
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -18,6 +19,7 @@ import openai
 import pytest
 
 from tokenwire.gateway.observability.records import LOGGER_NAME
+from tokenwire.gateway.settings import ServerSettings
 
 from .faults.harness import FALLBACK, FALLBACK_PROMPT_TOKENS, MODEL, environment, run_in_looptime
 from .faults.runner import _maps
@@ -215,4 +217,72 @@ def test_a_responses_stream_names_the_fallback_from_response_created_on(stream: 
                 assert "".join(e.delta for e in events
                                if e.type == "response.output_text.delta") == FALLBACK_TEXT
                 assert [e.sequence_number for e in events] == list(range(len(events)))
+    _with_records(go)
+
+
+#: A short heartbeat (injected): one fires while the primary's retry waits and while the
+#: fallback's first token is slow, so the stream opens before the fallback answers.
+_QUICK_HEARTBEAT = ServerSettings(heartbeat_s=0.5)
+_SLOW_FALLBACK = [Fault.ok(FALLBACK_TEXT, delay_s=3.0)]
+
+
+def test_a_messages_stream_opened_by_a_heartbeat_names_the_fallback_model() -> None:
+    """A heartbeat before any output is a ``ping``, and ``message_start`` waits for the
+    first real event: the model it names (which the ``anthropic`` SDK keeps, message_delta
+    cannot change it) is the fallback that served. Before, the first heartbeat opened
+    ``message_start`` with the requested model."""
+    async def go(records: _Records) -> None:
+        async with environment(PRIMARY_DOWN, fallback=_SLOW_FALLBACK, maps=_maps("same"),
+                               settings=_QUICK_HEARTBEAT) as env:
+            async with anthropic.AsyncAnthropic(base_url=env.url, api_key="unused",
+                                                max_retries=0) as client:
+                async with client.messages.stream(
+                        model=MODEL, max_tokens=16,
+                        messages=[{"role": "user", "content": "Hi"}]) as events:
+                    message = await events.get_final_message()
+                assert message.model == FALLBACK
+                assert "".join(b.text for b in message.content if b.type == "text") == \
+                    FALLBACK_TEXT
+            logged = await _logged(records, 1)
+            assert logged[0]["heartbeats"] >= 2 and logged[0]["served_model"] == FALLBACK
+            # on the wire: pings first, then one message_start naming the fallback
+            async with env.client.stream("POST", env.url + "/v1/messages", json={
+                    "model": MODEL, "max_tokens": 16, "stream": True,
+                    "messages": [{"role": "user", "content": "Hi"}]}) as resp:
+                lines = [line async for line in resp.aiter_lines()]
+            names = [line[7:] for line in lines if line.startswith("event: ")]
+            start = names.index("message_start")
+            assert start >= 2 and set(names[:start]) == {"ping"}
+            assert names.count("message_start") == 1
+            data = json.loads(lines[lines.index("event: message_start") + 1][6:])
+            assert data["message"]["model"] == FALLBACK
+    _with_records(go)
+
+
+def test_a_responses_stream_opened_by_a_heartbeat_ends_naming_the_fallback_model() -> None:
+    """A heartbeat opens a Responses stream (``response.created`` and an in-progress event:
+    Codex's idle timer needs data events) before the fallback is known. Every event from
+    the fallback on, ``response.completed`` included (the ``openai`` SDK's final response),
+    names the model that served; the head's ``Tokenwire-Served-Model`` cannot (it went
+    out first), which README "Fallbacks" says."""
+    async def go(records: _Records) -> None:
+        async with environment(PRIMARY_DOWN, fallback=_SLOW_FALLBACK, maps=_maps("same"),
+                               settings=_QUICK_HEARTBEAT) as env:
+            async with openai.AsyncOpenAI(base_url=env.url + "/v1", api_key="unused",
+                                          max_retries=0) as client:
+                async with client.responses.stream(model=MODEL, input="Hi") as stream:
+                    events = [e async for e in stream]
+                    final = await stream.get_final_response()
+            assert (final.model, final.output_text) == (FALLBACK, FALLBACK_TEXT)
+            models = [e.response.model for e in events if getattr(e, "response", None)]
+            assert models[0] == MODEL  # opened by a heartbeat, before the fallback
+            assert models[-1] == FALLBACK and events[-1].type == "response.completed"
+            first_text = next(i for i, e in enumerate(events)
+                              if e.type == "response.output_text.delta")
+            assert {getattr(e, "response", None) and e.response.model
+                    for e in events[first_text:]} <= {None, FALLBACK}
+            logged = await _logged(records, 1)
+            assert logged[0]["heartbeats"] >= 2 and logged[0]["served_model"] == FALLBACK
+            stored = await env.client.get(f"{env.url}/v1/responses/{final.id}")
+            assert stored.json()["model"] == FALLBACK
     _with_records(go)

@@ -436,7 +436,24 @@ def test_a_heartbeat_is_anthropics_ping_event_and_nothing_when_not_streaming() -
     from tokenwire.gateway.ir import Heartbeat
 
     events = render([Heartbeat(), TokenDelta(text="Hi"), Heartbeat(), *END])
-    assert names(events)[:2] == ["message_start", "ping"]
+    # before any output a ping does not open the message (message_start waits for output)
+    assert names(events)[:3] == ["ping", "message_start", "content_block_start"]
     assert names(events).count("ping") == 2 and names(events)[-1] == "message_stop"
     assert render([Heartbeat(), TokenDelta(text="Hi"), *END], stream=False)[0][1]["content"] \
         == [{"type": "text", "text": "Hi"}]
+
+
+def test_message_start_after_heartbeats_names_the_model_that_serves() -> None:
+    """A fallback taken after heartbeats opened the stream (its ResponseMeta comes just
+    before the first output): message_start, sent with the first output, names it."""
+    from tokenwire.gateway.ir import Heartbeat, ResponseMeta
+
+    events = render([Heartbeat(), Usage(prompt_tokens=9, completion_tokens=None), Heartbeat(),
+                     ResponseMeta(model="backup"), TokenDelta(text="Hi"), *END])
+    assert names(events)[:3] == ["ping", "ping", "message_start"]
+    assert events[2][1]["message"]["model"] == "backup"
+    assert names(events).count("message_start") == 1
+    # a failure before any output still opens the message first, then the error
+    failed = render([Heartbeat(), Failure(failure_class=FailureClass.UPSTREAM, status=502,
+                                          message="down")])
+    assert names(failed) == ["ping", "message_start", "error"]

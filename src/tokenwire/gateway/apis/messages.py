@@ -6,7 +6,13 @@ upstream, the only kind that can verify a signature).
 
 Stream (what the ``anthropic`` SDK's accumulator expects): ``message_start``, then per block
 ``content_block_start`` / ``content_block_delta`` / ``content_block_stop`` with rising
-``index``, ``message_delta`` (``stop_reason``, usage) and ``message_stop``. A failure after
+``index``, ``message_delta`` (``stop_reason``, usage) and ``message_stop``. A heartbeat
+(the gateway's keep-alive while queued, retrying or waiting for a slow first token) is a
+``ping``; before the first output it does not open ``message_start``, which waits for the
+first real event: the model it names is the one that serves (a fallback taken before any
+output, README "Fallbacks"), and ``message_start`` is the only place the ``anthropic`` SDK
+reads it from (``message_delta`` has no model). The SDK skips ``ping`` events wherever they
+come. A failure after
 the headers is one ``error`` event; before them, an HTTP error in Anthropic's shape
 ``{"type": "error", "error": {"type", "message"}}`` with Anthropic's statuses (529 for
 overloaded). Every error of this route uses that shape, never OpenAI's. Anthropic's shape
@@ -150,6 +156,12 @@ class _Tool:
         return raw
 
 
+def _opens_message(event: Event) -> bool:
+    """Output or the terminal: what ``message_start`` waits for (module docstring). Facts
+    (usage, the serving model) are kept for it; a heartbeat is only a ``ping``."""
+    return not isinstance(event, Heartbeat | Usage | ResponseMeta)
+
+
 class MessagesRenderer:
     """IR -> Messages SSE events, or one ``message`` JSON body when not streaming.
 
@@ -181,7 +193,7 @@ class MessagesRenderer:
             self._usage = event
         if isinstance(event, ResponseMeta) and event.model:  # a fallback model serves it
             self._model = event.model
-        out = self._start() if not self._started else []
+        out = self._start() if not self._started and _opens_message(event) else []
         match event:
             case TokenDelta(text=text) if text:
                 out += self._text(text)
