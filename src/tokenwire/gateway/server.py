@@ -414,7 +414,8 @@ def _pool_of(up: UpstreamConfig, configs: list[UpstreamConfig],
                 for c, a, spec in zip(configs, adapters, up.replicas, strict=True)]
     return ReplicaPool(up.name, up.kind, replicas, probe_interval_s=settings.probe_interval_s,
                        prefix_chars=settings.prefix_chars,
-                       panic_threshold=settings.panic_threshold)
+                       panic_threshold=settings.panic_threshold,
+                       load_factor=settings.load_factor)
 
 
 def _served(built: _Built) -> list[ServedModel]:

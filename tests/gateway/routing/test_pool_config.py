@@ -73,8 +73,18 @@ def test_a_pool_serves_each_model_once_with_every_replica_behind_it() -> None:
         ("llama/1", "http://a:1/v1", 2.0, 3), ("llama/bee", "http://b:1/v1", 1.0, 1),
         ("llama/3", "http://c:1/v1", 1.0, 3)]
     assert pool.max_concurrent == 7  # the admission limit is the sum
+    assert pool.load_factor == 1.25  # bounded-load affinity unless the file says otherwise
     assert [a.config.base_url for a in FakeAdapter.built[-3:]] == [
         "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"]
+    asyncio.run(gw.aclose())
+
+
+@pytest.mark.parametrize(("value", "factor"), [(2, 2.0), (1.5, 1.5), (False, None)])
+def test_the_affinity_load_factor_reaches_the_pool(value: object, factor: float | None
+                                                   ) -> None:
+    DOWN.clear()
+    gw = _build(_pool_doc(models=[{"name": "m"}], affinity_load_factor=value))
+    assert gw.state.router.models[0].upstream.load_factor == factor
     asyncio.run(gw.aclose())
 
 
@@ -154,6 +164,8 @@ BAD = [
     ("breaker value", _pool_doc(breaker={"error_rate": 2.0}), "error_rate must be in (0, 1]"),
     ("probe", _pool_doc(probe_interval_s=0), "probe_interval_s must be a positive number"),
     ("prefix", _pool_doc(affinity_prefix_chars=-1), "affinity_prefix_chars must be between"),
+    ("load factor", _pool_doc(affinity_load_factor=0.9), "affinity_load_factor must be a"),
+    ("load factor %", _pool_doc(affinity_load_factor=125), "affinity_load_factor must be a"),
     ("embedded", {"name": "e", "kind": "embedded", "replicas": [{"base_url": "http://a:1"}]},
      "an embedded upstream has no replicas"),
 ]
