@@ -15,8 +15,7 @@ three real llama.cpp replicas, routed by affinity, round-robin and at random, in
   uncounted by ``cache_size``) with every saved state; nothing here asks for logprobs.
   ``--interrupt_requests False``: requests queue at a replica instead of cutting each other
   off. **Every mode starts three fresh replicas** (empty caches), so no mode inherits
-  another's states, and each replica answers one short request first (the first request
-  a replica serves pages the model in: 30 s in a trial run under load).
+  another's states, and each replica answers one throwaway request first (:func:`_warm`).
 * Workload (the issue's): ``CONVERSATIONS`` (8) conversations of ``TURNS`` (6) turns, all
   open at once, each turn after the previous answer, with at most ``CONCURRENCY`` requests
   in flight (default: one per replica). Every conversation opens with its own long document
@@ -127,8 +126,11 @@ def _wait(url: str, proc: subprocess.Popen[bytes]) -> str:
 
 
 def _warm(url: str, model: str) -> None:
-    body = {"model": model, "messages": [{"role": "user", "content": "Hello"}],
-            "max_tokens": 1}
+    """One throwaway request of ~150 prompt tokens: a replica's first prompt batch of more
+    than a few dozen tokens costs 20-30 s more than later ones in trial runs (llama.cpp's
+    batched kernels' first use), which would fall on whichever mode's first turn met it."""
+    body = {"model": model, "max_tokens": 1, "messages": [
+        {"role": "user", "content": "Warm up: " + " ".join(_WORDS * 7)}]}
     httpx.post(url + "/chat/completions", json=body, timeout=START_TIMEOUT_S
                ).raise_for_status()
 
@@ -266,8 +268,8 @@ def _one_mode(tmp: Path, mode: str) -> dict[str, object]:
         urls = [u for _, u in started]
         models = [_wait(u, p) for p, u in started]  # every replica ready
         model = models[0]
-        for u in urls:  # a replica's first request pays for paging the model in (30 s
-            _warm(u, model)  # under load in a trial run): not what any mode measures
+        for u in urls:  # not what any mode measures
+            _warm(u, model)
         gateway = ""
         if mode in _LOAD_FACTOR:
             gw, gateway = _start_gateway(where, urls, model, _LOAD_FACTOR[mode])
