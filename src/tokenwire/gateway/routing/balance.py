@@ -41,10 +41,10 @@ __all__ = [
 ]
 
 #: No replica takes more than 1.25x its share of the in-flight work while another is within
-#: its share: the factor of the paper's analysis (epsilon = 0.25), Vimeo's HAProxy patch and
-#: brpc's ``c_murmurhash_bl``. Lower spreads more evenly and moves more conversations off
-#: their replica (a prefix-cache miss); higher keeps them home and lets queues grow
-#: (README "Replica pools" says how to choose; BENCHMARKS.md measures it).
+#: its share: the default of brpc's ``c_murmurhash_bl`` and liblb's bounded balancer
+#: (HAProxy's ``hash-balance-factor`` is the same bound in percent). Lower spreads more
+#: evenly and moves more conversations off their replica (a prefix-cache miss); higher keeps
+#: them home and lets queues grow (README "Replica pools"; BENCHMARKS.md measures it).
 DEFAULT_LOAD_FACTOR = 1.25
 #: ``ceil`` of a product of floats: 1.25 x 4 x 0.2 is 1.0000000000000002, not 1.
 _CEIL_SLACK = 1e-9
