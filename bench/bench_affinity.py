@@ -219,6 +219,9 @@ async def _mode(mode: str, gateway: str, replicas: list[str], model: str) -> lis
             async with cap:
                 ttft, text = await _ttft(client, url, name, messages, headers)
             out.append((turn, ttft))
+            # one line per turn as it ends: a run stopped early still has its samples
+            print(json.dumps({"mode": mode, "conversation": c, "turn": turn,
+                              "ttft_s": round(ttft, 3)}), file=sys.stderr, flush=True)
             messages.append({"role": "assistant", "content": text})
 
     async with httpx.AsyncClient(timeout=600) as client:
