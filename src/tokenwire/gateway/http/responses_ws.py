@@ -36,8 +36,10 @@ Limits and close codes: :mod:`.ws_session`. On shutdown every session drains lik
 stream: an idle one closes (1001) at once, a busy one after its response (which the grace
 period may end with ``server_shutting_down``).
 
-Not built: holding one upstream WebSocket per client socket in front of a Responses upstream
-that offers one; every turn is translated to the upstream's HTTP API, as ``POST`` does.
+Upstreams: every turn is translated to the routed upstream's own API, as ``POST`` does; a
+Responses upstream with ``websocket = true`` instead gets one upstream WebSocket held for this
+socket (``upstreams/responses_socket.py``), reached through the request's
+:class:`~tokenwire.gateway.ir.ClientConnection`, which closes with this socket.
 """
 
 from __future__ import annotations
@@ -86,7 +88,14 @@ from tokenwire.gateway.http.ws_session import (
     SocketMemory,
     parse_message,
 )
-from tokenwire.gateway.ir import EventStream, Finish, FinishKind, GenerationRequest, PromptText
+from tokenwire.gateway.ir import (
+    ClientConnection,
+    EventStream,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    PromptText,
+)
 from tokenwire.gateway.state.key_limiter import Lease
 from tokenwire.gateway.supervision.admission import RETRY_AFTER_S
 
@@ -172,6 +181,8 @@ class _Session:
         self.stream: EventStream | None = None
         self._wait: anyio.CancelScope | None = None
         self.session_id = new_response_id().replace("resp_", "ws_", 1)
+        #: What upstreams keep for this socket (an upstream WebSocket): closed with it.
+        self.connection = ClientConnection(note=state.observability.upstream_socket)
 
     async def run(self) -> None:
         headers = [(b"x-request-id", self.session_id.encode()),
@@ -192,6 +203,8 @@ class _Session:
             pass  # the peer went away while we were sending: nothing more to tell it
         finally:
             self.state.ws_sessions.discard(self)
+            with anyio.CancelScope(shield=True):  # bounded: CLOSE_TIMEOUT_S per socket
+                await self.connection.aclose()  # the upstream sockets held for this one
 
     def drain(self) -> None:
         """Graceful shutdown: take no new response; close once the running one ended."""
@@ -319,7 +332,7 @@ class _Session:
                 prep = await prepare_response(state, create.body, raw=create.raw,
                                               headers=self._turn_headers(create.body),
                                               store=self.memory, rid=rid, framing="json",
-                                              stream=True)
+                                              stream=True, connection=self.connection)
             except CompactionRefused as exc:
                 stream, renderer = refused_stream(rid, create.body, exc, framing="json")
                 await self._pump(stream, renderer)
