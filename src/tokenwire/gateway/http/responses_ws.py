@@ -28,9 +28,12 @@ there, ``responses_websocket.rs``, and replays it when it reconnects within the 
 one the client sent, when this gateway signed it, else, when the default model is served
 by a replica pool, a token naming the replica chosen for the socket now
 (:func:`upgrade_turn_state`), so every turn of the socket goes there while it is up.
-Codex's other upgrade headers (``openai-model``, ``x-models-etag``,
-``x-reasoning-included``) are not sent: the model is only known per ``response.create``,
-and the gateway has no models etag nor reasoning-inclusion rule to announce.
+Codex's other upgrade headers are not sent: Codex replays them at the start of every response
+on the socket (``codex-rs/core``), as the model that served it (``openai-model``: a mismatch
+with the requested model is a "rerouted" warning), its catalog version (``x-models-etag``:
+a new one refetches a catalog we do not serve) and "usage counts the reasoning items"
+(``x-reasoning-included``); none is known when the socket opens, since each
+``response.create`` may reach another model and upstream.
 
 Limits and close codes: :mod:`.ws_session`. On shutdown every session drains like an HTTP
 stream: an idle one closes (1001) at once, a busy one after its response (which the grace

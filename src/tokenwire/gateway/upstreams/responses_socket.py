@@ -24,7 +24,8 @@ whole request on the same socket.
 Failures, each on the HTTP path's terms:
 
 * the upgrade refused (426, or any status but 101): this client socket uses the upstream's
-  HTTP API from then on; logged once per socket, counted (``refused``);
+  HTTP API from then on; logged once per upstream (:class:`RefusalLog`), counted
+  (``refused``);
 * the held socket found closed (the upstream closes idle sockets) or closing as the request
   is sent, before any answer: reopened once, silently, for this request;
 * a socket that breaks before any event of a response: ``CONNECTION`` / ``connection_reset``
@@ -62,10 +63,14 @@ __all__ = [
     "BETA_VALUE",
     "CLOSE_TIMEOUT_S",
     "MAX_MESSAGE_BYTES",
+    "RefusalLog",
+    "Remembered",
     "SocketStream",
     "UpstreamSocket",
     "continuation",
+    "remembered",
     "socket_url",
+    "upgrade_headers",
 ]
 
 log = logging.getLogger(__name__)
@@ -183,17 +188,34 @@ class _Refused(Exception):
     """The upstream answered the upgrade with something other than 101."""
 
 
+class RefusalLog:
+    """One warning per upstream for refused upgrades (every client socket of an upstream
+    without the transport would repeat it); later ones at debug level, all counted."""
+
+    def __init__(self) -> None:
+        self.logged = False
+
+    def refused(self, upstream: str, status: int) -> None:
+        level = logging.DEBUG if self.logged else logging.WARNING
+        self.logged = True
+        log.log(level, "upstream %r refused the Responses WebSocket upgrade (HTTP %s): its "
+                "client sockets use its HTTP API (counted in "
+                "tokenwire_upstream_websockets_total{outcome=\"refused\"})", upstream, status)
+
+
 class UpstreamSocket:
     """One upstream WebSocket held for one client connection: opened lazily, reopened when
     found closed, never used after the upstream refused the upgrade (:attr:`refused`)."""
 
     def __init__(self, *, upstream: str, url: str, headers: Mapping[str, str],
                  open_timeout_s: float, note: Callable[[str, str], None],
+                 refusals: RefusalLog | None = None,
                  on_close: Callable[[UpstreamSocket], None] = lambda s: None) -> None:
         self.upstream, self.url = upstream, url
         self._headers = {**headers, BETA_HEADER: BETA_VALUE}
         self._open_timeout = open_timeout_s
         self._note, self._on_close = note, on_close
+        self._refusals = refusals or RefusalLog()
         self._conn: ClientConnection | None = None
         self.refused = False
         self.last: Remembered | None = None
@@ -217,9 +239,7 @@ class UpstreamSocket:
         except InvalidStatus as exc:
             self.refused = True
             self._note(self.upstream, "refused")
-            log.warning("upstream %r refused the Responses WebSocket upgrade (HTTP %s): "
-                        "this client socket uses its HTTP API", self.upstream,
-                        exc.response.status_code)
+            self._refusals.refused(self.upstream, exc.response.status_code)
             raise _Refused from exc
         self._conn = conn
         self.opened += 1
@@ -328,12 +348,9 @@ class SocketStream(SSEUpstreamStream):
         sent = continuation(sock.last, body)
         finished = False
         try:
-            try:
-                await conn.send(_encode({"type": "response.create", **(sent or body)}).decode())
-            except ConnectionClosed:
-                if reused:
-                    raise _Stale from None
-                raise
+            if not await self._send(conn, sent or body, reused=reused):
+                finished = True  # a failure was queued for the broken socket
+                return
             first = True
             while True:
                 message = await self._receive(conn, started=not first, reused=reused)
@@ -344,7 +361,9 @@ class SocketStream(SSEUpstreamStream):
                     first = False
                     if sent is not None and _not_found(message):  # it forgot: send it whole
                         sock.last, sent, first = None, None, True
-                        await conn.send(_encode({"type": "response.create", **body}).decode())
+                        if not await self._send(conn, body, reused=False):
+                            finished = True
+                            return
                         continue
                     if await self._put_all(parser.on_head(sock.head)):
                         break
@@ -358,6 +377,21 @@ class SocketStream(SSEUpstreamStream):
         finally:
             if not finished:  # cancelled, a stop sequence, or a broken event: stop it upstream
                 sock.discard()
+
+    async def _send(self, conn: ClientConnection, body: dict[str, Any], *,
+                    reused: bool) -> bool:
+        """Send one ``response.create``; False once a failure was queued for a socket that
+        closed under it (a reused one raises :class:`_Stale` instead: a new socket)."""
+        try:
+            await conn.send(_encode({"type": "response.create", **body}).decode())
+            return True
+        except ConnectionClosed as exc:
+            if reused:
+                raise _Stale from None
+            self._socket.discard(lost=True)
+            self._end(_failure(FailureClass.CONNECTION, "closed its WebSocket as the request "
+                               f"was sent ({_close_reason(exc)})", "connection_reset"))
+            return False
 
     async def _receive(self, conn: ClientConnection, *, started: bool,
                        reused: bool) -> str | None:

@@ -34,7 +34,9 @@ upstream response.
 
 The HTTP side (one request, SSE in, events out, cancellation, transport failures, status
 classification) is :mod:`.sse_http`, shared with the Anthropic adapter; failures are classified
-by :mod:`.failures`, shared with every HTTP adapter.
+by :mod:`.failures`, shared with every HTTP adapter. With ``[upstreams.options] websocket =
+true``, requests from a client's Responses WebSocket go over one upstream WebSocket held for
+it (:mod:`.responses_socket`), each message fed to the same parser as an SSE event's data.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ from tokenwire.gateway.stops import StopMatcher
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
 from tokenwire.gateway.upstreams.logprobs_wire import entry_logprobs
 from tokenwire.gateway.upstreams.responses_socket import (
+    RefusalLog,
     SocketStream,
     UpstreamSocket,
     socket_url,
@@ -538,6 +541,7 @@ class ResponsesUpstream(TextUpstream):
         super().__init__(*args, **kwargs)
         self.websocket = parse_options(self.name, self.config.options)["websocket"]
         self._sockets: set[UpstreamSocket] = set()  # held for client sockets: closed at exit
+        self._refusals = RefusalLog()
 
     @staticmethod
     def auth_headers(key: str | None) -> dict[str, str]:
@@ -572,7 +576,7 @@ class ResponsesUpstream(TextUpstream):
         sock = UpstreamSocket(upstream=self.name, url=socket_url(self.api_base),
                               headers=upgrade_headers(self._client.headers),
                               open_timeout_s=self.config.connect_timeout_s, note=held.note,
-                              on_close=self._sockets.discard)
+                              refusals=self._refusals, on_close=self._sockets.discard)
         self._sockets.add(sock)
         return sock
 
