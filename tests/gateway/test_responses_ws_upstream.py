@@ -373,3 +373,24 @@ def test_an_oversized_upstream_message_is_a_typed_error(fake, monkeypatch) -> No
     assert "over 4096 bytes" in failed["response"]["error"]["message"]
     assert len(srv.sockets) == 1  # final: the same bytes would come again
     _wait(lambda: srv.disconnected.is_set())  # the socket was closed (1009)
+
+
+def test_the_upstream_websocket_flag_sets_the_option_on_responses_upstreams() -> None:
+    import argparse
+
+    from tokenwire.cli import serve as serve_cmd
+
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+
+    def config(*argv: str) -> Any:
+        args = parser.parse_args(["serve", *argv])
+        return serve_cmd.gateway_config_from_args(args, env={})
+
+    on = config("--upstream", "http://a:1/v1", "--upstream-kind", "responses",
+                "--upstream-websocket")
+    assert [u.options for u in on.upstreams] == [{"websocket": True}]
+    off = config("--upstream", "http://a:1/v1", "--upstream-kind", "responses")
+    assert [u.options for u in off.upstreams] == [{}]
+    with pytest.raises(ConfigError, match="--upstream-websocket applies to Responses"):
+        config("--upstream", "http://a:1/v1", "--upstream-websocket")

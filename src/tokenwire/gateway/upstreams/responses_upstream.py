@@ -41,8 +41,9 @@ it (:mod:`.responses_socket`), each message fed to the same parser as an SSE eve
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -74,6 +75,7 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
 )
 from tokenwire.gateway.stops import StopMatcher
+from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
 from tokenwire.gateway.upstreams.logprobs_wire import entry_logprobs
 from tokenwire.gateway.upstreams.responses_socket import (
@@ -98,6 +100,7 @@ __all__ = [
     "ResponsesUpstream",
     "build_responses_body",
     "parse_options",
+    "with_websocket",
 ]
 
 #: What the upstream is told we accept; some proxies answer JSON without it.
@@ -526,6 +529,16 @@ def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any
         if not isinstance(value, OPTIONS[key]):
             raise ConfigError(f"upstream {upstream!r}: {key} must be true or false")
     return {"websocket": bool(options.get("websocket", False))}
+
+
+def with_websocket(upstreams: Sequence[UpstreamConfig]) -> tuple[UpstreamConfig, ...]:
+    """``--upstream-websocket``: ``websocket = true`` on every Responses upstream given; a
+    :class:`ConfigError` when none is one (the flag would do nothing)."""
+    if not any(u.kind == "responses" for u in upstreams):
+        raise ConfigError("--upstream-websocket applies to Responses upstreams: add "
+                          "--upstream-kind responses (or kind = \"responses\" in the file)")
+    return tuple(dataclasses.replace(u, options={**u.options, "websocket": True})
+                 if u.kind == "responses" else u for u in upstreams)
 
 
 class ResponsesUpstream(TextUpstream):
