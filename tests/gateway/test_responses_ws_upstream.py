@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 from tests.gateway.test_codex_cli_ws import Recording
@@ -394,3 +395,25 @@ def test_the_upstream_websocket_flag_sets_the_option_on_responses_upstreams() ->
     assert [u.options for u in off.upstreams] == [{}]
     with pytest.raises(ConfigError, match="--upstream-websocket applies to Responses"):
         config("--upstream", "http://a:1/v1", "--upstream-websocket")
+
+
+def test_shutdown_closes_the_client_socket_and_then_the_upstream_one(scripted) -> None:
+    _, srv = scripted
+    srv.sockets.clear()
+    srv.disconnected.clear()
+    srv.socket_scripts.append(SocketScript(turns=[Turn(_answer("resp_s", "bye"))]))
+    running: list[tuple[Any, threading.Thread]] = []
+    patch = pytest.MonkeyPatch()
+    gateway = serve_stack(patch, running, ServerSettings(api_keys=(KEY,), auth="keys"),
+                          router=_responses_router(srv.url + "/v1", "g", "gpt-test"))
+    try:
+        with _open(gateway.url) as ws:
+            ws.send(_create("g", input="one"))
+            assert _until_terminal(ws)[-1]["type"] == "response.completed"
+            gateway.server.should_exit = True  # an idle client socket: closed at once (1001)
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=WAIT_S)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1001
+        _wait(srv.disconnected.is_set)  # ...and the upstream socket held for it
+    finally:
+        stop_stacks(patch, running)
