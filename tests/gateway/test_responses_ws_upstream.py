@@ -361,6 +361,19 @@ def test_a_socket_cut_after_output_is_the_http_stream_cut_error(fake) -> None:
     assert "closed mid-response" in failed["response"]["error"]["message"]
 
 
+def test_a_client_leaving_mid_response_closes_the_upstream_socket(fake) -> None:
+    gateway, srv = fake
+    partial = _answer("resp_l", "still ", "going")[:5]  # the response never ends upstream
+    srv.socket_scripts.append(SocketScript(turns=[Turn(partial)]))
+    with _open(gateway.url) as ws:
+        ws.send(_create("g", input="one"))
+        while json.loads(ws.recv(timeout=WAIT_S))["type"] != "response.output_text.delta":
+            pass
+    # Its generation must stop: the upstream socket goes, as an HTTP response would.
+    _wait(srv.disconnected.is_set)
+    _wait(lambda: gateway.state.admission.counts() == (0, 0))
+
+
 def test_an_oversized_upstream_message_is_a_typed_error(fake, monkeypatch) -> None:
     monkeypatch.setattr(responses_socket, "MAX_MESSAGE_BYTES", 4096)
     gateway, srv = fake
