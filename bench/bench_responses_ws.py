@@ -19,15 +19,26 @@ Time to first token is from the turn's request leaving the client to its first
 and server (everything: request heads, frames, compression), both directions, per turn.
 Turn 1 includes the connection set-up; turns 2..N are what the socket is for. Figures, not
 pass/fail: read them side by side (the machine is shared).
+
+    PYTHONPATH=src .venv/bin/python -m bench.bench_responses_ws --hop
+
+The hop to a Responses upstream (``upstreams/responses_socket.py``): the same conversation,
+always on the client's WebSocket, through a gateway whose ``responses`` upstream is another
+``tokenwire serve`` (over the same instant model), once with ``websocket = true`` (one upstream
+socket for the client socket, continued by id) and once without (each turn translated to the
+upstream's HTTP API, the whole input every turn), alternating. TTFT is at the client; bytes
+are counted by a relay on the hop between the two gateways.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import socket
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,9 +52,14 @@ from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import Event, Finish, FinishKind, IdsSource, TokenDelta, Usage
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
+from tokenwire.gateway.upstreams.responses_upstream import ResponsesUpstream
 
 TURNS = 10
 REPEATS = 5
+#: The hop's TTFT difference is a few ms on loopback, inside a loaded machine's noise: more
+#: alternating repeats for its medians.
+HOP_REPEATS = 15
 KEY = "tw-bench-ws-key-0123456789"
 _WORDS = ("the file command output test build error line function return value path run "
           "agent tool patch diff check module import class config shell exit code user "
@@ -129,10 +145,10 @@ class Relay:
         return out
 
 
-def _serve() -> tuple[int, Any]:
+def _serve(router: Router | None = None) -> tuple[int, Any]:
     settings = ServerSettings(api_keys=(KEY,), auth="keys")
-    router = Router([ServedModel(name="bench", upstream=_Instant(), ids_source=IdsSource.NONE,
-                                 upstream_name="bench")])  # type: ignore[arg-type]
+    router = router or Router([ServedModel(name="bench", upstream=_Instant(),  # type: ignore[arg-type]
+                                           ids_source=IdsSource.NONE, upstream_name="bench")])
     state = GatewayState(settings=settings, router=router)
 
     async def fake_build(cfg: Any, settings: ServerSettings) -> server_mod.Gateway:
@@ -179,13 +195,15 @@ async def _http_turns(relay: Relay) -> list[tuple[float, int, int]]:
     return out
 
 
-async def _ws_turns(relay: Relay) -> list[tuple[float, int, int]]:
+async def _ws_turns(relay: Relay, port: int | None = None) -> list[tuple[float, int, int]]:
+    """The conversation on one client socket to ``port`` (default: through ``relay``);
+    ``relay`` counts each turn's bytes wherever it sits."""
     out = []
     previous: str | None = None
     first = True
     relay.reset()
     start = time.perf_counter()
-    async with connect(f"ws://127.0.0.1:{relay.port}/v1/responses", proxy=None,
+    async with connect(f"ws://127.0.0.1:{port or relay.port}/v1/responses", proxy=None,
                        additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         for turn in range(TURNS):
             new = [_message("user", _text(1_000, turn + 1))]
@@ -241,10 +259,65 @@ def run() -> list[dict]:
     return rows
 
 
+def _hop_gateway(relay_port: int, *, websocket: bool) -> tuple[int, Any]:
+    """A gateway whose one model is a ``responses`` upstream behind ``relay_port``."""
+    os.environ[_HOP_KEY_ENV] = KEY
+    cfg = UpstreamConfig(name="hop", kind="responses", base_url=f"http://127.0.0.1:"
+                         f"{relay_port}/v1", api_key_env=_HOP_KEY_ENV,
+                         options={"websocket": websocket}, models=(ModelRoute(name="bench"),))
+    up = ResponsesUpstream.from_config(cfg)
+    return _serve(Router([ServedModel(name="bench", upstream=up, ids_source=IdsSource.NONE,
+                                      upstream_name="hop")]))
+
+
+_HOP_KEY_ENV = "TW_BENCH_HOP_KEY"
+
+
+def run_hop() -> list[dict]:
+    upstream_port, upstream = _serve()
+    servers = [upstream]
+
+    async def measure() -> dict[str, list[list[tuple[float, int, int]]]]:
+        relay = Relay(target=upstream_port)
+        await relay.start()
+        ports = {}
+        for name, on in (("socket", True), ("http", False)):
+            port, server = await asyncio.to_thread(_hop_gateway, relay.port, websocket=on)
+            ports[name] = port
+            servers.append(server)
+        runs: dict[str, list[list[tuple[float, int, int]]]] = {"socket": [], "http": []}
+        for _ in range(HOP_REPEATS):  # alternate, so load changes hit both alike
+            for name in ("socket", "http"):
+                runs[name].append(await _ws_turns(relay, ports[name]))
+        return runs
+
+    try:
+        runs = asyncio.run(measure())
+    finally:
+        for server in servers:
+            server.should_exit = True
+    rows = []
+    for turn in range(TURNS):
+        row: dict[str, Any] = {"turn": turn + 1}
+        for name in ("socket", "http"):
+            row[f"hop {name}: TTFT ms (median)"] = statistics.median(
+                r[turn][0] * 1000 for r in runs[name])
+            row[f"hop {name}: bytes up"] = runs[name][0][turn][1]
+            row[f"hop {name}: bytes down"] = runs[name][0][turn][2]
+        rows.append(row)
+    later = rows[1:]
+    summary = {k: statistics.median(r[k] for r in later) for k in later[0] if k != "turn"}
+    rows.append({"turn": "2..N median", **summary})
+    rows.append({"turn": "2..N http / socket", **{
+        k.replace("socket", "ratio"): summary[k.replace("socket", "http")] / summary[k]
+        for k in summary if "socket" in k}})
+    return rows
+
+
 def main() -> None:
     from bench.run import table
 
-    print(table(run()))
+    print(table(run_hop() if "--hop" in sys.argv[1:] else run()))
 
 
 if __name__ == "__main__":

@@ -183,12 +183,36 @@ def _check_tool_session(run: CodexRun, gw: Served, srv: ScriptedServer) -> None:
     assert "hello" in output["output"]
 
 
-def test_codex_with_supports_websockets_runs_a_tool_turn_on_one_socket(
-        serve, upstream, tmp_path) -> None:
+def test_codex_with_supports_websockets_runs_a_tool_turn_on_one_socket_through_two_gateways(
+        serve, upstream, tmp_path, monkeypatch) -> None:
+    """Codex -> tokenwire -> (one upstream WebSocket, ``websocket = true``) -> tokenwire ->
+    the scripted upstream: each hop one socket and no POST, the same contents."""
     tool_round_trip(upstream)
-    gw = serve(responses_router(upstream, "m"))
+    inner = serve(responses_router(upstream, "m"))
+    monkeypatch.setenv("TW_CODEX_WS_INNER_KEY", KEY)
+    cfg = UpstreamConfig(name="inner", kind="responses", base_url=inner.url + "/v1",
+                         api_key_env="TW_CODEX_WS_INNER_KEY", options={"websocket": True},
+                         models=(ModelRoute(name="m"),))
+    gw = serve(Router([ServedModel(name="m", upstream=ResponsesUpstream.from_config(cfg),
+                                   ids_source=IdsSource.NONE, upstream_name="inner")],
+                      default="m"))
     run = codex_ws(gw.url, "m", "run echo hello", tmp_path, builtin=False)
     _check_tool_session(run, gw, upstream)
+    # The hop between the gateways: one socket, no POST, the warm-up answered by the first,
+    # the second request continued by the inner gateway's own id with only the tool output.
+    assert len(inner.recording.sockets) == 1 and inner.recording.posts == []
+    hop = inner.recording.sockets[0]
+    assert hop["headers"]["openai-beta"] == "responses_websockets=2026-02-06"
+    done = [m["response"] for m in hop["out"] if m["type"] == "response.completed"]
+    assert [m.get("previous_response_id") for m in hop["in"]] == [None, done[0]["id"]]
+    assert [i["type"] for i in hop["in"][1]["input"]] == ["function_call_output"]
+    # What Codex's socket carried is what the inner gateway sent: call id, arguments, usage.
+    outer = [m["response"] for m in gw.recording.sockets[0]["out"]
+             if m["type"] == "response.completed"][1:]  # after the warm-up
+    assert [o["usage"] for o in outer] == [d["usage"] for d in done]
+    calls = [[(i["call_id"], i["arguments"]) for i in r["output"] if i["type"] == "function_call"]
+             for r in (outer[0], done[0])]
+    assert calls[0] == calls[1] == [("call_ws1", json.dumps({"cmd": "echo hello"}))]
 
 
 def test_codex_built_in_provider_runs_a_tool_turn_on_one_socket(

@@ -18,6 +18,7 @@ ones are refused, and the banner says so; with keys every client needs one unles
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
@@ -63,6 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--upstream-context-length", type=int, metavar="TOKENS",
                    help="context window of the --upstream models (default: what the "
                         "upstream reports, if it does)")
+    p.add_argument("--upstream-websocket", action="store_true",
+                   help="hold one upstream WebSocket per client Responses WebSocket for the "
+                        "Responses upstreams (websocket = true; README \"Responses over "
+                        "WebSocket\")")
     p.add_argument("--fallback", action="append", default=[], metavar="MODEL=OTHER[,OTHER]",
                    help="models MODEL's requests move to, in order, when it fails before any "
                         "output (README 'Fallbacks'); repeatable")
@@ -197,6 +202,10 @@ def gateway_config_from_args(args: argparse.Namespace, env: dict[str, str] | Non
                   context_length=args.upstream_context_length,
                   replicas=getattr(args, "replica", []),
                   env=os.environ if env is None else env)
+    if getattr(args, "upstream_websocket", False):
+        from tokenwire.gateway.upstreams.responses_upstream import with_websocket
+
+        cfg = dataclasses.replace(cfg, upstreams=with_websocket(cfg.upstreams if cfg else ()))
     return with_fallback_flags(cfg, getattr(args, "fallback", []),
                                getattr(args, "context_fallback", []))
 

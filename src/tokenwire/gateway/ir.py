@@ -16,6 +16,7 @@ be logged, recorded and replayed as msgpack or JSON without a hand-written schem
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
@@ -24,6 +25,7 @@ __all__ = [
     "GATEWAY_FAILURE_CODES",
     "ChatMessage",
     "ChatPrompt",
+    "ClientConnection",
     "ContentPart",
     "Event",
     "EventStream",
@@ -463,6 +465,36 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: same API, unchanged, as ``(name, value)`` (``gateway/request_fields.py`` lists them;
     #: any other upstream kind refuses the request with a 400 naming the field).
     extensions: tuple[tuple[str, Any], ...] = ()
+    #: The long-lived client connection the request came on (a Responses WebSocket), or
+    #: None: an upstream may keep per-connection state there (:class:`ClientConnection`).
+    connection: ClientConnection | None = None
+
+
+class ClientConnection:
+    """What one long-lived client connection (a Responses WebSocket) lends the upstreams its
+    requests reach: a place for state that lives exactly as long as the connection, such as
+    an upstream WebSocket held for it (``upstreams/responses_socket.py``). The transport
+    that owns the connection calls :meth:`aclose` when it ends; ``note(upstream, outcome)``
+    counts what happened to held state (the gateway's metrics)."""
+
+    def __init__(self, note: Callable[[str, str], None] | None = None) -> None:
+        self._held: dict[str, Any] = {}
+        self.note: Callable[[str, str], None] = note or (lambda upstream, outcome: None)
+        self.closed = False
+
+    def held(self, key: str, make: Callable[[], Any]) -> Any:
+        """The state kept under ``key``, made by ``make()`` on first use. Each value has an
+        ``async aclose()``."""
+        if key not in self._held:
+            self._held[key] = make()
+        return self._held[key]
+
+    async def aclose(self) -> None:
+        """End every held value (each ``aclose`` is the holder's own: it must not raise)."""
+        self.closed = True
+        held, self._held = list(self._held.values()), {}
+        for value in held:
+            await value.aclose()
 
 
 # -- the upstream interface ------------------------------------------------------------------

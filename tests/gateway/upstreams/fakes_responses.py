@@ -7,6 +7,11 @@ prism-php and vercel/ai fixtures, the ``openai`` SDK's event types): every event
 :class:`ScriptedServer` is shared with the Anthropic fake: each request gets the next
 :class:`Script` (SSE events, or an HTTP error), and the server records what it was sent and
 whether the client went away before the script ended.
+
+With ``websocket=True`` the server also answers ``GET`` + WebSocket upgrade on the stream path
+(a Responses upstream that offers the socket transport): each upgrade gets the next
+:class:`SocketScript` (refuse with a status, or per ``response.create`` the next
+:class:`Turn`: JSON text messages, then keep the socket, close it, or break it).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
-__all__ = ["ResponsesStream", "Script", "ScriptedServer", "sse"]
+__all__ = ["RecordedSocket", "ResponsesStream", "Script", "ScriptedServer", "SocketScript",
+           "Turn", "sse", "ws_messages"]
 
 
 def sse(event: str, data: Any) -> bytes:
@@ -50,6 +57,42 @@ class Script:
     delay: float = 0.0
 
 
+def ws_messages(chunks: list[bytes]) -> list[str]:
+    """The JSON data of SSE ``chunks``, one WebSocket text message each (no ``[DONE]``)."""
+    out = []
+    for chunk in chunks:
+        for line in chunk.decode().splitlines():
+            if line.startswith("data: ") and line[6:] != "[DONE]":
+                out.append(line[6:])
+    return out
+
+
+@dataclass
+class Turn:
+    """The answer to one ``response.create``: ``messages``, then ``then``: ``keep`` the
+    socket, ``close`` it cleanly (1000: an upstream closing an idle socket), or ``break`` it
+    (the app fails: the server closes with 1011, a cut)."""
+
+    messages: list[str] = field(default_factory=list)
+    then: str = "keep"
+
+
+@dataclass
+class SocketScript:
+    """One upgrade: ``refuse`` with that HTTP status, or accept and play ``turns``."""
+
+    refuse: int | None = None
+    turns: list[Turn] = field(default_factory=list)
+
+
+@dataclass
+class RecordedSocket:
+    headers: dict[str, str]
+    received: list[Any] = field(default_factory=list)
+    accepted: bool = False
+    closed: threading.Event = field(default_factory=threading.Event)  # by the server
+
+
 @dataclass
 class Recorded:
     path: str
@@ -61,14 +104,19 @@ class ScriptedServer:
     """Starlette + uvicorn in a thread on 127.0.0.1 (a real socket: streaming is real)."""
 
     def __init__(self, *, stream_path: str, models_path: str,
-                 models: tuple[str, ...] = ("gpt-test",)) -> None:
+                 models: tuple[str, ...] = ("gpt-test",), websocket: bool = False) -> None:
         self.scripts: list[Script] = []
         self.requests: list[Recorded] = []
+        self.socket_scripts: list[SocketScript] = []
+        self.sockets: list[RecordedSocket] = []
         self.models = list(models)
         self.models_status = 200
         self.disconnected = threading.Event()
-        app = Starlette(routes=[Route(stream_path, self._stream, methods=["POST"]),
-                                Route(models_path, self._models, methods=["GET"])])
+        routes = [Route(stream_path, self._stream, methods=["POST"]),
+                  Route(models_path, self._models, methods=["GET"])]
+        if websocket:
+            routes.append(WebSocketRoute(stream_path, self._socket))
+        app = Starlette(routes=routes)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
@@ -91,6 +139,33 @@ class ScriptedServer:
 
     def push(self, *scripts: Script) -> None:
         self.scripts.extend(scripts)
+
+    async def _socket(self, ws: WebSocket) -> None:
+        record = RecordedSocket(headers={k.lower(): v for k, v in ws.headers.items()})
+        self.sockets.append(record)
+        script = self.socket_scripts.pop(0)
+        if script.refuse is not None:
+            await ws.send_denial_response(JSONResponse(
+                {"error": {"message": "no sockets here", "type": "invalid_request_error"}},
+                status_code=script.refuse))
+            return
+        await ws.accept()
+        record.accepted = True
+        try:
+            for turn in script.turns:
+                record.received.append(json.loads(await ws.receive_text()))
+                for message in turn.messages:
+                    await ws.send_text(message)
+                if turn.then == "close":
+                    await ws.close(1000)
+                    record.closed.set()
+                    return
+                if turn.then == "break":
+                    raise RuntimeError("scripted cut")
+            while True:  # no more turns: wait for the client to leave
+                record.received.append(json.loads(await ws.receive_text()))
+        except WebSocketDisconnect:
+            self.disconnected.set()
 
     async def _models(self, request: Request) -> Response:
         self.requests.append(Recorded(request.url.path, dict(request.headers), None))

@@ -54,6 +54,7 @@ from tokenwire.gateway.http.responses_head import open_stream, turn_state_of
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, WireRecord
 from tokenwire.gateway.ir import (
+    ClientConnection,
     EventStream,
     Failure,
     FailureClass,
@@ -97,11 +98,13 @@ class Prepared:
 
 async def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
                            headers: Mapping[str, str], store: Any, rid: str,
-                           framing: str = "sse", stream: bool | None = None) -> Prepared:
+                           framing: str = "sse", stream: bool | None = None,
+                           connection: ClientConnection | None = None) -> Prepared:
     """Read the ``previous_response_id`` from ``store`` (one read), then parse, route and
     check one Responses body; its renderer frames events as ``framing``.
 
-    ``stream`` overrides the body's ``stream`` (the WebSocket always streams). Raises what
+    ``stream`` overrides the body's ``stream`` (the WebSocket always streams);
+    ``connection`` is the client socket the request came on (``ir.ClientConnection``). Raises what
     the parser raises (``CompactionRefused`` included), ``StoreUnavailable`` (503) and the
     router's errors."""
     previous = await load_previous(body, store)
@@ -121,7 +124,7 @@ async def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
                             collaboration_tools=call.collaboration_tools),
         framing=framing)
     gen = msgspec.structs.replace(call.request, model=served.name, request_id=rid,
-                                  want_ids=False, want_text=True)
+                                  want_ids=False, want_text=True, connection=connection)
     return Prepared(call=call, served=served, renderer=renderer,
                     gen=check_model_limits(served, gen))
 

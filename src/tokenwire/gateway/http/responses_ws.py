@@ -28,16 +28,21 @@ there, ``responses_websocket.rs``, and replays it when it reconnects within the 
 one the client sent, when this gateway signed it, else, when the default model is served
 by a replica pool, a token naming the replica chosen for the socket now
 (:func:`upgrade_turn_state`), so every turn of the socket goes there while it is up.
-Codex's other upgrade headers (``openai-model``, ``x-models-etag``,
-``x-reasoning-included``) are not sent: the model is only known per ``response.create``,
-and the gateway has no models etag nor reasoning-inclusion rule to announce.
+Codex's other upgrade headers are not sent: Codex replays them at the start of every response
+on the socket (``codex-rs/core``), as the model that served it (``openai-model``: a mismatch
+with the requested model is a "rerouted" warning), its catalog version (``x-models-etag``:
+a new one refetches a catalog we do not serve) and "usage counts the reasoning items"
+(``x-reasoning-included``); none is known when the socket opens, since each
+``response.create`` may reach another model and upstream.
 
 Limits and close codes: :mod:`.ws_session`. On shutdown every session drains like an HTTP
 stream: an idle one closes (1001) at once, a busy one after its response (which the grace
 period may end with ``server_shutting_down``).
 
-Not built: holding one upstream WebSocket per client socket in front of a Responses upstream
-that offers one; every turn is translated to the upstream's HTTP API, as ``POST`` does.
+Upstreams: every turn is translated to the routed upstream's own API, as ``POST`` does; a
+Responses upstream with ``websocket = true`` instead gets one upstream WebSocket held for this
+socket (``upstreams/responses_socket.py``), reached through the request's
+:class:`~tokenwire.gateway.ir.ClientConnection`, which closes with this socket.
 """
 
 from __future__ import annotations
@@ -86,7 +91,14 @@ from tokenwire.gateway.http.ws_session import (
     SocketMemory,
     parse_message,
 )
-from tokenwire.gateway.ir import EventStream, Finish, FinishKind, GenerationRequest, PromptText
+from tokenwire.gateway.ir import (
+    ClientConnection,
+    EventStream,
+    Finish,
+    FinishKind,
+    GenerationRequest,
+    PromptText,
+)
 from tokenwire.gateway.state.key_limiter import Lease
 from tokenwire.gateway.supervision.admission import RETRY_AFTER_S
 
@@ -172,6 +184,8 @@ class _Session:
         self.stream: EventStream | None = None
         self._wait: anyio.CancelScope | None = None
         self.session_id = new_response_id().replace("resp_", "ws_", 1)
+        #: What upstreams keep for this socket (an upstream WebSocket): closed with it.
+        self.connection = ClientConnection(note=state.observability.upstream_socket)
 
     async def run(self) -> None:
         headers = [(b"x-request-id", self.session_id.encode()),
@@ -192,6 +206,8 @@ class _Session:
             pass  # the peer went away while we were sending: nothing more to tell it
         finally:
             self.state.ws_sessions.discard(self)
+            with anyio.CancelScope(shield=True):  # bounded: CLOSE_TIMEOUT_S per socket
+                await self.connection.aclose()  # the upstream sockets held for this one
 
     def drain(self) -> None:
         """Graceful shutdown: take no new response; close once the running one ended."""
@@ -319,7 +335,7 @@ class _Session:
                 prep = await prepare_response(state, create.body, raw=create.raw,
                                               headers=self._turn_headers(create.body),
                                               store=self.memory, rid=rid, framing="json",
-                                              stream=True)
+                                              stream=True, connection=self.connection)
             except CompactionRefused as exc:
                 stream, renderer = refused_stream(rid, create.body, exc, framing="json")
                 await self._pump(stream, renderer)

@@ -170,6 +170,11 @@ class Metrics:
             "tokenwire_responses_not_stored_total",
             "Responses served but not stored for previous_response_id, by reason "
             "(store_unavailable, too_large, store_error).", ("reason",))
+        self.upstream_sockets = counter(
+            "tokenwire_upstream_websockets_total",
+            "Upstream Responses WebSockets held for client sockets, by outcome: opened, "
+            "refused (the upgrade was refused: that client socket uses HTTP), lost (closed "
+            "by the upstream or the network during a response).", ("upstream", "outcome"))
         self.errors = counter(
             "tokenwire_observability_errors_total",
             "Internal errors of the metrics and logging code (dropped, never raised).")

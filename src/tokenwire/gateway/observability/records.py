@@ -323,6 +323,13 @@ class Observability:
         reasons, so the label needs no guard beyond :func:`safe_code`."""
         self._m.not_stored.labels(safe_code(reason) or UNSPECIFIED).inc()
 
+    @_never_raises
+    def upstream_socket(self, upstream: str, outcome: str) -> None:
+        """An upstream Responses WebSocket event (``upstreams/responses_socket.py``): a closed
+        set of outcomes, the upstream label bounded as everywhere."""
+        self._m.upstream_sockets.labels(self._upstream(upstream),
+                                        safe_code(outcome) or UNSPECIFIED).inc()
+
     def metrics_response_body(self) -> tuple[bytes, str]:
         """``(body, content_type)`` for ``GET /metrics`` in the Prometheus text format."""
         return generate_latest(WithoutCreated(self.registry)), METRICS_CONTENT_TYPE

@@ -34,17 +34,21 @@ upstream response.
 
 The HTTP side (one request, SSE in, events out, cancellation, transport failures, status
 classification) is :mod:`.sse_http`, shared with the Anthropic adapter; failures are classified
-by :mod:`.failures`, shared with every HTTP adapter.
+by :mod:`.failures`, shared with every HTTP adapter. With ``[upstreams.options] websocket =
+true``, requests from a client's Responses WebSocket go over one upstream WebSocket held for
+it (:mod:`.responses_socket`), each message fed to the same parser as an SSE event's data.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
+from tokenwire.errors import ConfigError
 from tokenwire.gateway.affinity import (
     TURN_STATE_HEADER,
     affinity_body,
@@ -71,8 +75,16 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
 )
 from tokenwire.gateway.stops import StopMatcher
+from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
 from tokenwire.gateway.upstreams.logprobs_wire import entry_logprobs
+from tokenwire.gateway.upstreams.responses_socket import (
+    RefusalLog,
+    SocketStream,
+    UpstreamSocket,
+    socket_url,
+    upgrade_headers,
+)
 from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
@@ -82,10 +94,13 @@ from tokenwire.gateway.upstreams.sse_http import (
 from tokenwire.gateway.upstreams.usage_wire import responses_usage
 
 __all__ = [
+    "OPTIONS",
     "PUBLIC_SERVICE_TIERS",
     "ResponsesStreamParser",
     "ResponsesUpstream",
     "build_responses_body",
+    "parse_options",
+    "with_websocket",
 ]
 
 #: What the upstream is told we accept; some proxies answer JSON without it.
@@ -254,6 +269,11 @@ class ResponsesStreamParser:
         self._stops = StopMatcher(stop)
         self.unknown: Counter[str] = Counter()
         self.done = False
+        #: The upstream's own terminal event type once it arrived (the upstream's response is
+        #: over; a stop sequence ends ``done`` earlier), and a completed response's snapshot:
+        #: what an upstream WebSocket continues from (``responses_socket.py``).
+        self.terminal: str | None = None
+        self.completed: dict[str, Any] | None = None
 
     def on_sse(self, sse: SSEEvent) -> list[Event]:
         if self.done or sse.data.strip() == "[DONE]":
@@ -413,6 +433,7 @@ class ResponsesStreamParser:
 
     def _completed(self, data: dict[str, Any]) -> list[Event]:
         response = data.get("response") or {}
+        self.terminal, self.completed = "response.completed", response
         out: list[Event] = []
         for oi, item in enumerate(response.get("output") or ()):
             if isinstance(item, dict) and not self.done:
@@ -433,6 +454,7 @@ class ResponsesStreamParser:
 
     def _incomplete(self, data: dict[str, Any]) -> list[Event]:
         response = data.get("response") or {}
+        self.terminal = "response.incomplete"
         reason = str((response.get("incomplete_details") or {}).get("reason") or "")
         out = self._flush(response)
         if reason in _INCOMPLETE_FINISH:
@@ -442,13 +464,18 @@ class ResponsesStreamParser:
             code=reason or None))
 
     def _failed(self, data: dict[str, Any]) -> list[Event]:
+        self.terminal = "response.failed"
         err = (data.get("response") or {}).get("error") or {}
         return self._end(classify_error(err if isinstance(err, dict) else {}, status=None))
 
     def _error(self, data: dict[str, Any]) -> list[Event]:
+        self.terminal = "error"
         nested = data.get("error")  # the newer shape nests the fields under "error" (§5.6)
+        # Over WebSocket the error message carries the HTTP status it stands for.
+        status = data.get("status")
+        status = status if isinstance(status, int) and not isinstance(status, bool) else None
         return self._end(classify_error(nested if isinstance(nested, dict) else data,
-                                        status=None))
+                                        status=status))
 
 
 def _completion_meta(response: dict[str, Any]) -> list[Event]:
@@ -488,10 +515,46 @@ _HANDLERS: dict[str, Callable[[ResponsesStreamParser, dict[str, Any]], list[Even
 
 
 # -- the adapter -----------------------------------------------------------------------------
+#: ``[upstreams.options]`` of a Responses upstream, and what each must be.
+OPTIONS: dict[str, type] = {"websocket": bool}
+
+
+def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any]:
+    """Check a Responses upstream's options (README "The Responses API over WebSocket");
+    an unknown key or a wrong type is a :class:`ConfigError`."""
+    for key, value in options.items():
+        if key not in OPTIONS:
+            raise ConfigError(f"upstream {upstream!r}: unknown responses option {key!r}; "
+                              f"known: {sorted(OPTIONS)}")
+        if not isinstance(value, OPTIONS[key]):
+            raise ConfigError(f"upstream {upstream!r}: {key} must be true or false")
+    return {"websocket": bool(options.get("websocket", False))}
+
+
+def with_websocket(upstreams: Sequence[UpstreamConfig]) -> tuple[UpstreamConfig, ...]:
+    """``--upstream-websocket``: ``websocket = true`` on every Responses upstream given; a
+    :class:`ConfigError` when none is one (the flag would do nothing)."""
+    if not any(u.kind == "responses" for u in upstreams):
+        raise ConfigError("--upstream-websocket applies to Responses upstreams: add "
+                          "--upstream-kind responses (or kind = \"responses\" in the file)")
+    return tuple(dataclasses.replace(u, options={**u.options, "websocket": True})
+                 if u.kind == "responses" else u for u in upstreams)
+
+
 class ResponsesUpstream(TextUpstream):
-    """Every model of one Responses API upstream (implements ``ir.Upstream``)."""
+    """Every model of one Responses API upstream (implements ``ir.Upstream``).
+
+    With ``websocket = true``, a request from a client's Responses WebSocket goes over one
+    upstream WebSocket held for that client socket (:mod:`.responses_socket`); every other
+    request, and every request once the upstream refused the upgrade, goes over HTTP."""
 
     kind = "responses"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.websocket = parse_options(self.name, self.config.options)["websocket"]
+        self._sockets: set[UpstreamSocket] = set()  # held for client sockets: closed at exit
+        self._refusals = RefusalLog()
 
     @staticmethod
     def auth_headers(key: str | None) -> dict[str, str]:
@@ -512,10 +575,28 @@ class ResponsesUpstream(TextUpstream):
             return FailedStream(Failure(failure_class=FailureClass.INVALID_REQUEST,
                                         message=str(exc), status=400))
         self._admit()
-        return SSEUpstreamStream(
+        http: dict[str, Any] = dict(
             client=self._client, url=f"{self.api_base}/responses", body=body, parser=parser,
             classify_http=failure_from_response, on_done=lambda: self._release(parser),
             headers=affinity_headers(self.kind, self.name, request.affinity))
+        held = request.connection
+        if self.websocket and held is not None and not held.closed:
+            sock = held.held(f"responses-socket:{self.name}", lambda: self._socket_for(held))
+            return SocketStream(socket=sock, read_timeout_s=self.config.read_timeout_s, **http)
+        return SSEUpstreamStream(**http)
+
+    def _socket_for(self, held: Any) -> UpstreamSocket:
+        sock = UpstreamSocket(upstream=self.name, url=socket_url(self.api_base),
+                              headers=upgrade_headers(self._client.headers),
+                              open_timeout_s=self.config.connect_timeout_s, note=held.note,
+                              refusals=self._refusals, on_close=self._sockets.discard)
+        self._sockets.add(sock)
+        return sock
+
+    async def aclose(self) -> None:
+        for sock in list(self._sockets):  # client sockets drained first (http/shutdown.py)
+            await sock.aclose()
+        await super().aclose()
 
 
 class _PassthroughHead(msgspec.Struct):
