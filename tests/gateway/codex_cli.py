@@ -115,18 +115,29 @@ def run_codex(base_url: str, model: str, prompt: str, tmp: Path, *, builtin: boo
 def exec_codex(args: list[str], env: dict[str, str], work: Path,
                timeout_s: float = CODEX_TIMEOUT_S) -> CodexRun:
     """``codex exec *args`` in ``work`` with exactly ``env``; its JSON events and exit code."""
-    # Its own process group, so teardown kills Codex and whatever it spawned.
-    proc = subprocess.Popen([str(CODEX), "exec", *args], env=env, cwd=work,
-                            stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    finally:
+    # Its own process group, so teardown kills Codex and whatever it spawned. The `with`
+    # closes the pipes however the run ends: a timed-out run's pipes, left to the collector,
+    # once failed an unrelated module's teardown with a ResourceWarning.
+    with subprocess.Popen([str(CODEX), "exec", *args], env=env, cwd=work,
+                          stdin=subprocess.DEVNULL,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
+            out, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            out, err = proc.communicate(timeout=10)  # what it printed before the kill
+            raise AssertionError(f"codex exec ran past its {timeout_s:.0f} s safety net; "
+                                 f"stdout: {out[-3000:]!r} stderr: {err[-2000:]!r}") from None
+        finally:
+            _kill_group(proc)
     events = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     return CodexRun(proc.returncode, events, out, err)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(10)
