@@ -127,6 +127,102 @@ def test_a_response_closed_before_its_end_closes_its_connection() -> None:
     _run(main)
 
 
+def test_a_reader_stopping_at_its_last_event_keeps_a_complete_connection() -> None:
+    """An SSE reader stops at its terminal event; the body's last chunk came in the same
+    write, so the answer is complete and the next request reuses the connection."""
+    async def handler(reader, writer):
+        for _ in range(2):
+            await _read_request(reader)
+            writer.write(CHUNKED_HEAD + _chunk(b"data: a\n\n") + _chunk(b"data: [DONE]\n\n")
+                         + b"0\r\n\r\n")
+            await writer.drain()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        async with _client() as client:
+            for _ in range(2):
+                async with client.stream("POST", url, json={}) as resp:
+                    async for chunk in resp.aiter_bytes():
+                        if chunk == b"data: [DONE]\n\n":
+                            break  # the terminal: the reader stops here
+        await server.stop()
+        assert server.accepts == 1
+
+    _run(main)
+
+
+def test_a_reader_stopping_before_the_last_chunk_arrived_closes_without_waiting() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + _chunk(b"data: [DONE]\n\n"))
+        await writer.drain()
+        assert await reader.read(1) == b""  # the gateway hung up instead of waiting
+        server.closed.set()
+
+    async def main():
+        nonlocal server
+        server = Server(handler)
+        url = await server.start()
+        async with _client() as client:
+            async with client.stream("POST", url, json={}) as resp:
+                async for _ in resp.aiter_bytes():
+                    break
+            await server.closed.wait()
+        await server.stop()
+        assert server.accepts == 1
+
+    server: Server
+    _run(main)
+
+
+def test_an_idle_pooled_connection_is_closed_once_it_expires() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + _chunk(b"data: a\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        assert await reader.read(1) == b""  # the idle connection was closed by the pool
+        server.closed.set()
+
+    async def main():
+        nonlocal server
+        server = Server(handler)
+        url = await server.start()
+        transport = LeanTransport(max_connections=2, keepalive_expiry=0.05)
+        async with httpx.AsyncClient(transport=transport) as client:
+            async with client.stream("POST", url, json={}) as resp:
+                assert [c async for c in resp.aiter_bytes()] == [b"data: a\n\n"]
+            await server.closed.wait()  # while the client is still open
+        await server.stop()
+
+    server: Server
+    _run(main)
+
+
+def test_a_loop_ending_without_closing_the_client_leaves_no_pooled_socket_open() -> None:
+    """asyncio.run cancels what still runs at its end: the pool's reaper then closes the
+    idle connections (a loop closing over an open socket warns, and uvloop's fails)."""
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + _chunk(b"data: a\n\n") + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read(1)
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        client = _client()
+        async with client.stream("POST", url, json={}) as resp:
+            await resp.aread()
+        idle = [c for conns in client._transport._idle.values() for c in conns]
+        assert len(idle) == 1  # pooled, and the client is never closed
+        await server.stop()
+        return idle[0]
+
+    conn = asyncio.run(main())
+    assert conn.closed and conn.transport.is_closing()
+
+
 def test_a_cancelled_read_closes_the_connection() -> None:
     async def handler(reader, writer):
         await _read_request(reader)

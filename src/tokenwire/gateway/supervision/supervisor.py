@@ -63,6 +63,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     ToolCallDelta,
     Usage,
+    is_terminal,
     replica_of,
 )
 from tokenwire.gateway.routing.fallbacks import FallbackPlan
@@ -465,7 +466,7 @@ class SupervisedStream:
                     await self._on_timer(queued=False)
                     continue
                 self._idle_deadline = loop.time() + self._timing.idle_timeout_s
-                if isinstance(event, Finish | Failure):
+                if is_terminal(event):
                     if isinstance(event, Finish) or self._published:
                         await self._flush_held()
                     elif (replica := replica_of(stream)) is not None:
