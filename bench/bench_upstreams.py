@@ -49,12 +49,6 @@ LITELLM_VENV = ROOT / ".bench-venv-litellm"
 PEERS_DIR = ROOT / ".bench-peers"
 #: Pinned so a rerun measures the same gateway (the latest release when this was written).
 PORTKEY_VERSION = "1.15.2"
-#: Portkey declares ``@hono/node-server`` ``^1.3.3``, and npm picks the newest 1.x (1.19.19),
-#: whose lightweight ``Response`` hands back a fetched response's immutable ``Headers``: every
-#: streamed chat then fails with HTTP 500 (``TypeError: immutable`` in Portkey's
-#: ``updateHeaders``; Portkey-AI/gateway issue #1389, "greater than 1.14.2"). An npm
-#: ``overrides`` entry installs 1.14.2, inside Portkey's own range; Portkey is not patched.
-PORTKEY_HONO_NODE_SERVER = "1.14.2"
 MODEL = "HuggingFaceTB/SmolLM2-135M"  # an HF alias, so tokenwire finds the bundled map
 TOKENS = 64
 PACE_S = 0.005
@@ -203,12 +197,9 @@ def ensure_portkey() -> Path:
     """Portkey's ``start-server.js``, installed with npm into ``.bench-peers/portkey``."""
     prefix = PEERS_DIR / "portkey"
     script = prefix / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
-    stamp = prefix / f".installed-{PORTKEY_VERSION}-hono-{PORTKEY_HONO_NODE_SERVER}"
+    stamp = prefix / f".installed-{PORTKEY_VERSION}"
     if not (script.exists() and stamp.exists()):
         prefix.mkdir(parents=True, exist_ok=True)
-        (prefix / "package.json").write_text(json.dumps({
-            "private": True,
-            "overrides": {"@hono/node-server": PORTKEY_HONO_NODE_SERVER}}))
         subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
                         "--loglevel=error", f"@portkey-ai/gateway@{PORTKEY_VERSION}"],
                        check=True)

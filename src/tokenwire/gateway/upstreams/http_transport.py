@@ -31,6 +31,7 @@ proxy. HTTP/2 to upstreams is not offered by either (httpx's ``http2`` is off he
 from __future__ import annotations
 
 import asyncio
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
@@ -258,29 +259,6 @@ class _ChunkedBody(_Body):
                                                 "complete message body: incomplete chunked "
                                                 "read", request=request)
 
-    async def aclose(self) -> None:
-        # An SSE reader stops at its terminal event, before the body's last chunk: when
-        # that chunk has already arrived, the answer is complete and the connection goes
-        # back to the pool instead of a new connect per stream (6 % of busy samples at 64
-        # streams, BENCHMARKS.md). Only what already arrived counts: this never waits.
-        if not self._done and self._ended_already():
-            self._finish(self._keep_alive and not self._decoder.extra)
-            return
-        await super().aclose()
-
-    def _ended_already(self) -> bool:
-        """Whether the body's end is among the bytes received, with no unread body before
-        it (unread body means the reader stopped early: the connection must close)."""
-        decoder, conn = self._decoder, self._conn
-        if not decoder.done and not conn.closed:
-            data, self._start = self._start + conn.take_buffered(), b""
-            try:
-                if decoder.feed(data):
-                    return False
-            except ChunkedError:
-                return False
-        return decoder.done
-
 
 def _chunked(request: httpx.Request, response: h11.Response) -> bool:
     """Whether h11 would read this response's body as chunked (RFC 9112 §6.3)."""
@@ -333,7 +311,6 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._slots: asyncio.Semaphore | None = None  # made on the loop that uses it
         self._ssl: Any = None
         self._closed = False
-        self._reaper: asyncio.Task[None] | None = None  # while connections are pooled
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._closed:
@@ -361,7 +338,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             raise
 
     def _reuse(self, key: _Key) -> _Connection | None:
-        idle, now = self._idle.get(key), asyncio.get_running_loop().time()
+        idle, now = self._idle.get(key), time.monotonic()
         while idle:
             conn = idle.pop()
             if conn.reusable and now - conn.idle_since < self._expiry:
@@ -441,43 +418,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
             conn.close()
             self._open.discard(conn)
             return
-        loop = asyncio.get_running_loop()
-        conn.idle_since = loop.time()
+        conn.idle_since = time.monotonic()
         self._idle.setdefault(key, []).append(conn)
-        if self._reaper is None or self._reaper.done():
-            self._reaper = loop.create_task(self._reap())
-
-    async def _reap(self) -> None:
-        """Close idle connections as they expire while any are pooled; all of them when
-        cancelled. A loop that ends without this client being closed (``asyncio.run``
-        cancels what still runs) then finds no pooled socket open at its close."""
-        loop = asyncio.get_running_loop()
-        try:
-            while (oldest := min((c.idle_since for conns in self._idle.values()
-                                  for c in conns), default=None)) is not None:
-                await asyncio.sleep(max(0.0, oldest + self._expiry - loop.time()))
-                now = loop.time()
-                for conns in self._idle.values():
-                    for conn in [c for c in conns if now - c.idle_since >= self._expiry]:
-                        conns.remove(conn)
-                        conn.close()
-                        self._open.discard(conn)
-        except asyncio.CancelledError:
-            self._close_idle()
-            raise
-
-    def _close_idle(self) -> None:
-        for conns in self._idle.values():
-            for conn in conns:
-                conn.close()
-                self._open.discard(conn)
-        self._idle.clear()
 
     async def aclose(self) -> None:
         # Like httpcore's pool: every connection, those still streaming a body too.
         self._closed = True
-        if self._reaper is not None:
-            self._reaper.cancel()
         for conn in self._open:
             conn.close()
         self._open.clear()
