@@ -24,6 +24,7 @@ Other rules kept here:
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -41,6 +42,7 @@ from tokenwire.gateway.ir import (
     Usage,
     is_terminal,
 )
+from tokenwire.gateway.wakeups import EXPIRED, DeadlineWaits
 
 __all__ = ["USAGE_SOURCE_HEADER", "ErrorFactory", "EventResponse", "Renderer", "WireRecord"]
 
@@ -113,6 +115,9 @@ class EventResponse:
         self._encoding = "identity"  # of the streamed body, once it started
         self._terminal_seen = False
         self.disconnected = False
+        # The open window's deadline (``clock``) and the same instant in the loop's time.
+        self._window_deadline: float | None = None
+        self._window_until = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -190,6 +195,7 @@ class EventResponse:
         comp = self._new_compressor()
         coalescer = Coalescer(comp, window=self._window)
         self._encoding = comp.encoding
+        waits = DeadlineWaits()
         try:
             while True:
                 chunks = [c for ev in held for c in self._renderer.on_event(ev)]
@@ -200,13 +206,15 @@ class EventResponse:
                     return
                 if out:
                     await self._body(send, out, more=True)
-                event = await self._next_in_window(coalescer, send)
+                event = await self._next_in_window(coalescer, send, waits)
         except Exception as exc:  # after the headers: report in-stream (never a 500)
             log.error("generation stream failed after the response started: %s",
                       type(exc).__name__)
             self._stream.cancel()
             out = self._feed(coalescer, self._renderer.on_error(exc))
             await self._body(send, out + coalescer.close(self._clock()), more=False)
+        finally:
+            waits.close()
 
     def _feed(self, coalescer: Coalescer, chunks: list[bytes]) -> bytes:
         # The chunks of one event go in as one unit: the Chat renderer opens with a role-only
@@ -214,16 +222,26 @@ class EventResponse:
         # fed one by one, the first real content would wait a whole window.
         return coalescer.add(b"".join(chunks), self._clock()) if chunks else b""
 
-    async def _next_in_window(self, coalescer: Coalescer, send: Send) -> Event:
-        """The next event, flushing the open window at its deadline while waiting."""
+    async def _next_in_window(self, coalescer: Coalescer, send: Send,
+                              waits: DeadlineWaits) -> Event:
+        """The next event, flushing the open window at its deadline while waiting. The
+        window's deadline is in ``clock``'s time, converted to the loop's once per window,
+        so the waits of one window share one timer (:mod:`~tokenwire.gateway.wakeups`)."""
         while True:
             deadline = coalescer.deadline
             if deadline is None:
                 return await self._next()
-            wait = deadline - self._clock()
-            if wait > 0:
-                with anyio.move_on_after(wait):
-                    return await self._next()
+            now = self._clock()
+            if deadline > now:
+                if deadline != self._window_deadline:
+                    self._window_deadline = deadline
+                    self._window_until = asyncio.get_running_loop().time() + (deadline - now)
+                event = await waits.wait(self._next, self._window_until)
+                if event is not EXPIRED:
+                    return event  # type: ignore[return-value]
+                # Re-derived if ``clock`` says the window is still open (the two clocks
+                # differ by their resolution): the next wait is then a real one, never a spin.
+                self._window_deadline = None
             out = coalescer.poll(self._clock())
             if out:
                 await self._body(send, out, more=True)

@@ -63,11 +63,13 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     ToolCallDelta,
     Usage,
+    is_terminal,
     replica_of,
 )
 from tokenwire.gateway.routing.fallbacks import FallbackPlan
 from tokenwire.gateway.supervision.admission import Ticket
 from tokenwire.gateway.supervision.retry import GiveUp, RetryPolicy, RetryState
+from tokenwire.gateway.wakeups import EXPIRED, DeadlineWaits
 
 __all__ = [
     "DEFAULT_HEARTBEAT_S",
@@ -454,17 +456,17 @@ class SupervisedStream:
             return Failure(failure_class=FailureClass.CAPACITY, message=str(exc), status=503,
                            code="upstream_busy")
         self._upstream_stream = stream
+        # One timer for the attempt, re-armed when a heartbeat or deadline is due, not one
+        # per event: the wake only moves later with each event (gateway/wakeups.py).
+        waits = DeadlineWaits()
         try:
             while True:
-                wake = self._next_wake()
-                try:
-                    async with asyncio.timeout_at(wake):
-                        event = await stream.next_event()
-                except TimeoutError:
+                event = await waits.wait(stream.next_event, self._next_wake())
+                if event is EXPIRED:
                     await self._on_timer(queued=False)
                     continue
                 self._idle_deadline = loop.time() + self._timing.idle_timeout_s
-                if isinstance(event, Finish | Failure):
+                if is_terminal(event):
                     if isinstance(event, Finish) or self._published:
                         await self._flush_held()
                     elif (replica := replica_of(stream)) is not None:
@@ -484,6 +486,7 @@ class SupervisedStream:
                            message="the upstream adapter failed", status=502,
                            code="adapter_error")
         finally:
+            waits.close()
             self._upstream_stream = None
 
     def _fails_over(self, failure: Failure) -> bool:
