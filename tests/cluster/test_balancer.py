@@ -14,6 +14,7 @@ import json
 import httpx
 import pytest
 import websockets
+from starlette.requests import Request
 
 from tests.gateway.faults.scripted_upstream import closed_port, serve_app
 from tokenwire.cluster.balancer import INSTANCE_HEADER, Backend, Balancer
@@ -37,12 +38,7 @@ class _App:
             return
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await Request(scope, receive).body()
         self.bodies.append(body)
         path = scope["path"]
         head = [(b"content-type", b"text/plain"), (b"x-backend", self.name.encode())]

@@ -229,12 +229,7 @@ class _Generate:
         self.up, self.api = up, api
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raw = b""
-        while True:
-            msg = await receive()
-            raw += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        raw = await Request(scope, receive).body()
         body = json.loads(raw or b"{}")
         fault = self.up.next_fault()
         loop = asyncio.get_running_loop()

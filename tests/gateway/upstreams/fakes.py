@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
+from starlette.requests import Request
 
 __all__ = ["FakeServer", "Reply", "ToolScript", "chat_stream", "completion_stream",
            "error_reply", "sse", "start_fake"]
@@ -60,12 +61,7 @@ class FakeServer:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await Request(scope, receive).body()
         path = scope["path"]
         if scope["method"] == "GET" and path.endswith("/models"):
             data = [{"id": m, "object": "model", "owned_by": self.owned_by} for m in self.models]

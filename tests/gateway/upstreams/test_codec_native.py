@@ -20,6 +20,7 @@ import pytest
 import uvicorn
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from starlette.requests import Request
 
 from tests.gateway.conftest import ScriptedUpstream, make_state, start_server
 from tests.gateway.upstreams.streams import collect
@@ -166,12 +167,7 @@ class RawServer:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await Request(scope, receive).body()
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.seen.append((scope["path"], headers, body))
         reply = self.routes.get(scope["path"], Reply(404, chunks=[b'{"error":"no route"}']))
