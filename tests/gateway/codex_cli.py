@@ -13,6 +13,8 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,19 @@ WS_ERROR_MARKERS = ("responses_websocket", "Falling back from WebSockets", "fall
 #: Features that reach the network (plugins, apps, updates) or run the user's shell.
 OFF_FEATURES = ("plugins", "remote_plugin", "plugin_sharing", "apps", "in_app_updates",
                 "shell_snapshot")
+#: A short stand-in for Codex's base instructions (its first ``developer`` message, ~4.6k
+#: SmolLM2 tokens): for the tests on the embedded engine, where every request is a CPU
+#: prefill and what is under test is the transport or the tools, not Codex's prose.
+SHORT_INSTRUCTIONS = "You are a coding agent. Run shell commands with the exec_command tool."
+#: The embedded engine's bound on an answer whose request sets none (Codex sends none), in
+#: the tests that run Codex on it (:func:`bounded_answers`): sampled at Codex's default
+#: temperature, SmolLM2 now and then repeats one word until the bound (seen in CI), and the
+#: product's 4096 tokens are minutes of decoding on this CPU; its real answers to these
+#: prompts are tens of tokens. Reaching it ends the turn as ``max_output_tokens``.
+CODEX_ANSWER_BOUND = 512
+#: The features whose tools Codex declares besides ``request_user_input`` (which it always
+#: sends): off with ``tools=False``, with ``web_search = "disabled"`` for the hosted one.
+TOOL_FEATURES = ("shell_tool", "multi_agent", "goals", "view_image")
 
 # In CI the CLI must be there (./dev installs it): a skipped interop test would hide that.
 if not CODEX.exists() and os.environ.get("CI") == "true":
@@ -47,15 +62,26 @@ CODEX_MARKS = [
 
 
 def codex_config(base_url: str, model: str, *, builtin: bool = False,
-                 websockets: bool = False) -> str:
+                 websockets: bool = False, instructions: Path | None = None,
+                 tools: bool = True) -> str:
     """``config.toml``: the built-in ``openai`` provider pointed at ``base_url``
     (``builtin``), else one custom provider ``[model_providers.tw]`` with Codex's default
     retry budget (a reconnect caused by the gateway must show); ``websockets`` sets its
-    ``supports_websockets``."""
+    ``supports_websockets``.
+
+    ``instructions``: a file whose text replaces Codex's base instructions
+    (``model_instructions_file``), and the skills catalogue (~600 tokens, its second
+    ``developer`` message) left out; ``tools=False``: only ``request_user_input`` declared.
+    (Codex 0.171.0's keys; what each removes was read in its recorded request.)
+    """
+    lean = [f'model_instructions_file = "{instructions}"'] if instructions else []
+    off = OFF_FEATURES if tools else (*OFF_FEATURES, *TOOL_FEATURES)
     common = [f'model = "{model}"', 'approval_policy = "never"',
-              'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false", "",
+              'sandbox_mode = "danger-full-access"', "check_for_update_on_startup = false",
+              *lean, *([] if tools else ['web_search = "disabled"']), "",
+              *(["[skills]", "include_instructions = false", ""] if instructions else []),
               "[analytics]", "enabled = false", "", "[feedback]", "enabled = false", "",
-              "[features]", *(f"{f} = false" for f in OFF_FEATURES), ""]
+              "[features]", *(f"{f} = false" for f in off), ""]
     if builtin:
         return "\n".join([f'openai_base_url = "{base_url}/v1"', *common])
     return "\n".join([
@@ -65,6 +91,17 @@ def codex_config(base_url: str, model: str, *, builtin: bool = False,
         *(["supports_websockets = true"] if websockets else []),
         f"stream_max_retries = {STREAM_MAX_RETRIES}", "request_max_retries = 4",
         "stream_idle_timeout_ms = 300000", ""])
+
+
+@contextmanager
+def bounded_answers() -> Iterator[None]:
+    """While open, the embedded engine stops an unbounded answer at
+    :data:`CODEX_ANSWER_BOUND` tokens instead of its default."""
+    from tokenwire.gateway.upstreams import embedded
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(embedded, "DEFAULT_MAX_TOKENS", CODEX_ANSWER_BOUND)
+        yield
 
 
 @dataclass
@@ -95,13 +132,21 @@ class CodexRun:
 
 def run_codex(base_url: str, model: str, prompt: str, tmp: Path, *, builtin: bool = False,
               websockets: bool = False, key: str = DUMMY_KEY,
-              timeout_s: float = CODEX_TIMEOUT_S, rust_log: str | None = None) -> CodexRun:
-    """One ``codex exec --json`` turn; its JSON events, output and exit code."""
+              timeout_s: float = CODEX_TIMEOUT_S, rust_log: str | None = None,
+              instructions: str | None = None, tools: bool = True) -> CodexRun:
+    """One ``codex exec --json`` turn; its JSON events, output and exit code.
+    ``instructions`` (e.g. :data:`SHORT_INSTRUCTIONS`) replace Codex's own, and ``tools``
+    off leaves only ``request_user_input`` (:func:`codex_config`)."""
     home, work = tmp / "codex-home", tmp / "work"
     home.mkdir()
     work.mkdir()
-    (home / "config.toml").write_text(codex_config(base_url, model, builtin=builtin,
-                                                   websockets=websockets))
+    instructions_file = None
+    if instructions is not None:
+        instructions_file = home / "instructions.md"
+        instructions_file.write_text(instructions + "\n")
+    (home / "config.toml").write_text(codex_config(
+        base_url, model, builtin=builtin, websockets=websockets,
+        instructions=instructions_file, tools=tools))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp),
            "CODEX_HOME": str(home), KEY_ENV: key, "LANG": "C.UTF-8"}
     if rust_log is not None:

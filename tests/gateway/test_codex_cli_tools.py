@@ -2,8 +2,12 @@
 ``tool_choice: auto``), on a context large enough for its prompt.
 
 Codex's first request is ~4.6k SmolLM2 tokens without tools; the fallback tool block (every
-Codex function's signature as JSON) brings it to 9147 (measured), so the engine here runs with
-``n_ctx`` :data:`CODEX_N_CTX` (``tokenwire serve --n-ctx 16384`` for the same by hand).
+Codex function's signature as JSON) brings it to 9147 (measured; ``tokenwire serve --n-ctx
+16384`` runs it by hand). What is under test here is Codex's own tools, so they are all
+declared, but its base instructions (~4.3k tokens of prose, prefilled on a CPU at every
+request of the turn) are replaced with one line (``codex_cli.SHORT_INSTRUCTIONS``) and its
+skills catalogue is left out: 4889 tokens a request, on an engine with ``n_ctx``
+:data:`CODEX_N_CTX`.
 SmolLM2-135M may call a tool or answer in prose; either is fine. What must hold: the turn
 completes without a reconnect, and every call tokenwire sent is a declared Codex tool whose
 arguments match that tool's parameters (a malformed call would reach Codex as an error
@@ -19,14 +23,16 @@ import pytest
 
 from tokenwire.codec.maps import TokenizerMap
 
-from .codex_cli import CODEX_MARKS, run_codex
+from .codex_cli import CODEX_MARKS, SHORT_INSTRUCTIONS, bounded_answers, run_codex
 from .conftest import running_engine
 from .test_codex_cli import Gateway, serve_embedded
 
-#: Codex's prompt with its tools in the fallback block, and room for an answer.
-CODEX_N_CTX = 16384
-#: Two ~8k-token prompts (the turn, and the turn after a call) on one thread of a shared
-#: 2-core machine, plus answers Codex does not bound: a generous safety net, not a target.
+#: This prompt (4889 tokens, measured), the call and its output on the turn after a call,
+#: and room for the answers. (Codex's full prompt, 9147 tokens, needs 16384.)
+CODEX_N_CTX = 8192
+#: Two ~5k-token prompts (the turn, and the turn after a call) on a shared 2-core machine,
+#: plus answers Codex does not bound (the engine does: ``CODEX_ANSWER_BOUND``): a generous
+#: safety net, not a target.
 CODEX_TURN_TIMEOUT_S = 1800
 
 pytestmark = CODEX_MARKS
@@ -34,9 +40,10 @@ pytestmark = CODEX_MARKS
 
 @pytest.fixture(scope="module")
 def engine_large(smollm2_map: TokenizerMap):
-    # Two threads: the ~9.2k-token prefill is most of this test's time (222 s on one thread
-    # of a busy machine, measured).
-    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2) as eng:
+    # Two threads: the prefill is most of this test's time (222 s for Codex's full ~9.2k
+    # tokens on one thread of a busy machine, measured).
+    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2) as eng, \
+            bounded_answers():
         yield eng
 
 
@@ -74,12 +81,15 @@ def test_a_codex_turn_on_the_embedded_engine_never_sees_a_malformed_call(
         engine_large, gateway, tmp_path) -> None:
     run = run_codex(gateway.url, engine_large.model_id,
                     "Run `echo hello` in the shell and tell me what it printed.", tmp_path,
-                    timeout_s=CODEX_TURN_TIMEOUT_S)
+                    timeout_s=CODEX_TURN_TIMEOUT_S, instructions=SHORT_INSTRUCTIONS)
     assert "Reconnecting" not in run.stdout
     assert run.of_type("turn.completed"), (run.stdout[-3000:], run.stderr[-2000:])
     first = gateway.recording.bodies[0]
     assert first["tool_choice"] == "auto" and first["tools"]
+    # Codex's own tools, with the short instructions in place of its own.
+    assert first["input"][0]["content"][0]["text"].strip() == SHORT_INSTRUCTIONS
     declared = _functions(first["tools"])
+    assert "exec_command" in declared
     calls = [e["item"] for n in range(len(gateway.recording.answers))
              for e in gateway.recording.events(n)
              if e["type"] == "response.output_item.done"

@@ -12,8 +12,10 @@ recorder inside the hardening that counts WebSocket sessions and HTTP POSTs to
 Most runs are in front of a scripted Responses upstream (``fakes_responses.ScriptedServer``,
 our ``responses`` adapter over HTTP): one turn is a tool-call round trip (the scripted
 ``exec_command`` runs ``echo hello``), so Codex sends two ``response.create`` messages on
-one socket. One run is on the embedded SmolLM2 (a real model, slow prefill of Codex's
-instructions on this CPU): it checks the same transport facts, not the model's words.
+one socket. One run is on the embedded SmolLM2 (a real model): it checks the same transport
+facts, not the model's words, so Codex runs it with a one-line stand-in for its ~4.6k-token
+instructions and only the tool it always declares (``codex_cli.codex_config``): a ~600-token
+prompt to prefill instead of ~9.2k.
 """
 
 from __future__ import annotations
@@ -28,7 +30,14 @@ from typing import Any
 
 import pytest
 
-from tests.gateway.codex_cli import CODEX_MARKS, CODEX_TIMEOUT_S, CodexRun, run_codex
+from tests.gateway.codex_cli import (
+    CODEX_MARKS,
+    CODEX_TIMEOUT_S,
+    SHORT_INSTRUCTIONS,
+    CodexRun,
+    bounded_answers,
+    run_codex,
+)
 from tests.gateway.conftest import running_engine
 from tests.gateway.test_hardening import serve_stack, stop_stacks
 from tests.gateway.upstreams.fakes_responses import ResponsesStream, Script, ScriptedServer
@@ -39,8 +48,8 @@ from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.responses_upstream import ResponsesUpstream
 
-#: The embedded run prefills ~9k tokens per request on a shared 2-core machine (minutes
-#: under load): a safety net, not a target.
+#: The embedded run on a shared 2-core machine (a prefill and a sampled answer per request,
+#: minutes under load): a safety net, not a target.
 EMBEDDED_TIMEOUT_S = 1800
 KEY = "tw-codex-ws-key-0123456789"
 UPSTREAM_KEY_ENV = "TW_CODEX_WS_UPSTREAM_KEY"
@@ -118,11 +127,12 @@ def serve() -> Iterator[Callable[..., Served]]:
 
 
 def codex_ws(base_url: str, model: str, prompt: str, tmp: Path, *, builtin: bool,
-             timeout_s: float = CODEX_TIMEOUT_S) -> CodexRun:
+             timeout_s: float = CODEX_TIMEOUT_S, **lean: Any) -> CodexRun:
     """A Codex turn on its WebSocket transport (``builtin``: the built-in provider, which
-    always tries it first; else a custom provider with ``supports_websockets``)."""
+    always tries it first; else a custom provider with ``supports_websockets``); ``lean``:
+    ``run_codex``'s ``instructions`` and ``tools``."""
     return run_codex(base_url, model, prompt, tmp, builtin=builtin, websockets=True, key=KEY,
-                     timeout_s=timeout_s, rust_log=RUST_LOG)
+                     timeout_s=timeout_s, rust_log=RUST_LOG, **lean)
 
 
 # -- a scripted Responses upstream -------------------------------------------------------------
@@ -254,14 +264,15 @@ def test_with_the_setting_off_codex_falls_back_to_http_after_one_426(
 
 # -- the embedded engine ---------------------------------------------------------------------
 
-#: Codex's prompt with its tools in the engine's fallback block is ~9.2k SmolLM2 tokens
-#: (``test_codex_cli_tools.py``); room for an answer.
-CODEX_N_CTX = 16384
+#: Codex's lean prompt (short instructions, one tool) is ~600 SmolLM2 tokens; room for an
+#: answer. (Its full prompt, ~9.2k with the tool block, is ``test_codex_cli_tools.py``'s.)
+CODEX_N_CTX = 4096
 
 
 @pytest.fixture(scope="module")
 def engine_large(smollm2_map):
-    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2) as eng:
+    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2) as eng, \
+            bounded_answers():
         yield eng
 
 
@@ -278,20 +289,24 @@ def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
     router = Router([ServedModel(name=engine_large.model_id, upstream=engine_large,
                                  tmap=smollm2_map, max_model_len=engine_large.n_ctx,
                                  ids_source=IdsSource.ENGINE, upstream_name="embedded")])
-    # The engine says nothing while it prefills Codex's ~9k tokens: on a loaded machine
-    # that passed the 600 s silence budget once; the budget is not under test here.
+    # The engine says nothing while it prefills: on a loaded machine Codex's full ~9k
+    # tokens once passed the 600 s silence budget; the budget is not under test here.
     gw = serve(router, idle_timeout_s=EMBEDDED_TIMEOUT_S)
-    # Codex sends no temperature, so SmolLM2 samples; on a ~9k-token prompt it now and then
-    # degenerates into one repeated word until max_output_tokens ends the turn (seen once in
-    # CI: "family_family_..." as a tool argument). That is the model's content, not the
-    # transport under test, so such a session gets one more try; every other failure fails.
+    # Codex sends no temperature, so SmolLM2 samples, and now and then degenerates into one
+    # repeated word until max_output_tokens ends the turn (seen once in CI: "family_family_
+    # ..." as a tool argument). That is the model's content, not the transport under test,
+    # so such a session gets one more try; every other failure fails.
     for attempt in range(2):
         first = len(gw.recording.sockets)
         (tmp_path / f"try{attempt}").mkdir()
         run = codex_ws(gw.url, engine_large.model_id, "say hi", tmp_path / f"try{attempt}",
-                       builtin=False, timeout_s=EMBEDDED_TIMEOUT_S)
+                       builtin=False, timeout_s=EMBEDDED_TIMEOUT_S,
+                       instructions=SHORT_INSTRUCTIONS, tools=False)
         if not _model_ran_out_of_tokens(run):
             break
+    for rec in engine_large.records():
+        print(f"engine: prompt {rec.prompt_tokens} tokens, answer {len(rec.ids)} tokens, "
+              f"{rec.reason}, {rec.ended_at - rec.started_at:.0f} s")
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.of_type("turn.completed") and not run.of_type("turn.failed"), run.stdout
     assert run.websocket_errors() == [], run.stderr
