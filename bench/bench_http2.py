@@ -38,6 +38,8 @@ from bench.bench_upstreams import (
     _free_port,
     _one_stream,
     _wait_http,
+    start_upstream,
+    stop_all,
 )
 
 #: Below uvicorn's ``timeout_keep_alive`` (5 s), so the client never reuses a connection
@@ -129,7 +131,6 @@ def _hypercorn_gateway(cfg, settings, *, log_level: str = "warning", on_ready=No
 
 def run() -> list[dict]:
     procs: list[subprocess.Popen] = []
-    up_port = _free_port()
     rows: list[dict] = []
     variants = [("http/1.1", "product", False), ("h2c", "product", True)]
     if find_spec("httptools") is not None:
@@ -138,10 +139,7 @@ def run() -> list[dict]:
         variants += [("hypercorn http/1.1 (unguarded)", "hypercorn", False),
                      ("hypercorn h2c (unguarded)", "hypercorn", True)]
     try:
-        up = subprocess.Popen([sys.executable, "-m", "bench.bench_upstreams",
-                               "--serve-upstream", str(up_port)])
-        procs.append(up)
-        _wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 30)
+        _, up_port = start_upstream(procs)
         for target, variant, http2 in variants:
             port = _free_port()
             gw = _start(up_port, port, variant)
@@ -154,14 +152,7 @@ def run() -> list[dict]:
             gw.wait(15)
         return rows
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
 
 
 if __name__ == "__main__":

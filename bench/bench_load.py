@@ -57,7 +57,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.bench_upstreams import _free_port, _wait_http
+from bench.bench_upstreams import _free_port, _wait_http, stop_all
 
 #: How to read the tables (printed under them in BENCHMARKS.md by ``bench/run.py``).
 NOTES = """
@@ -700,14 +700,7 @@ def run(*, clients: int = CLIENTS, waves: int = WAVES, over: int = OVER_CLIENTS)
             shutdown = [_shutdown_row(w, gw.returncode, exited, log, late)]
             return settings + checks + timings + shutdown
         finally:
-            for p in reversed(procs):
-                if p.poll() is None:
-                    p.terminate()
-            for p in procs:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)
 
 
 def _shutdown_row(w: Wave, code: int | None, exited: list[float], log: Path,

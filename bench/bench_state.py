@@ -39,7 +39,15 @@ from pathlib import Path
 
 import httpx
 
-from bench.bench_upstreams import MODEL, TOKENS, _cpu_seconds, _free_port, _wait_http
+from bench.bench_upstreams import (
+    MODEL,
+    TOKENS,
+    _cpu_seconds,
+    _free_port,
+    _wait_http,
+    start_upstream,
+    stop_all,
+)
 
 ROUNDS = 40
 WORKLOADS = ("chat", "responses+store", "continuation")
@@ -145,11 +153,7 @@ def run(rounds: int = ROUNDS) -> list[dict]:
     procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            up_port = _free_port()
-            up = subprocess.Popen([sys.executable, "-m", "bench.bench_upstreams",
-                                   "--serve-upstream", str(up_port)])
-            procs.append(up)
-            _wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 30)
+            _, up_port = start_upstream(procs)
             redis_proc, redis_port = _start_redis(Path(tmp))
             procs.append(redis_proc)
             gateways = {}
@@ -160,13 +164,7 @@ def run(rounds: int = ROUNDS) -> list[dict]:
                 gateways[label] = (proc, base)
             return _measure(gateways, redis_port, rounds)
         finally:
-            for p in reversed(procs):
-                p.terminate()
-            for p in procs:
-                try:
-                    p.wait(15)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+            stop_all(procs)
 
 
 def _measure(gateways: dict, redis_port: int, rounds: int) -> list[dict]:

@@ -141,6 +141,29 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, headers=None) -
     raise RuntimeError(f"{url} did not come up in {timeout:.0f} s")
 
 
+def start_upstream(procs: list[subprocess.Popen]) -> tuple[subprocess.Popen, int]:
+    """This module's scripted upstream in its own process on a free port (appended to
+    ``procs``), once it answers ``/v1/models``: the process and its port."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port)])
+    procs.append(proc)
+    _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 30)
+    return proc, port
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """Stop what a bench started: SIGTERM to each still running, newest first, then SIGKILL
+    to any that has not exited 15 s later."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def _cpu_seconds(pid: int) -> float:
     """utime + stime of ``pid`` and its descendants (threads are counted in the process)."""
     stats: dict[int, tuple[int, float]] = {}
@@ -316,11 +339,9 @@ def _added(rows: list[dict]) -> None:
 def run(*, with_litellm: bool = True, with_portkey: bool = True) -> list[dict]:
     """Start the upstream, tokenwire, LiteLLM and Portkey; measure each; stop them all."""
     procs: list[subprocess.Popen] = []
-    up_port, tw_port = _free_port(), _free_port()
+    tw_port = _free_port()
     try:
-        up = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(up_port)])
-        procs.append(up)
-        _wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 30)
+        up, up_port = start_upstream(procs)
         rows = _measure("direct", f"http://127.0.0.1:{up_port}", None, None, {}, up.pid)
         for label, window_ms in (("", None), (", --coalesce-ms 0", 0)):
             tw = _start_tokenwire(up_port, tw_port, window_ms)
@@ -339,13 +360,7 @@ def run(*, with_litellm: bool = True, with_portkey: bool = True) -> list[dict]:
         _added(rows)
         return rows
     finally:
-        for p in reversed(procs):
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
 
 
 def _start_tokenwire(up_port: int, port: int, window_ms: float | None) -> subprocess.Popen:

@@ -285,16 +285,12 @@ def _upstream_prompt_tokens(peer: LlamaServer, kind: str, words: int) -> int | N
     return int(m[1])
 
 
-def _we_refuse(kind: str, words: int) -> bool:
-    from tokenwire.codec.maps import bundled_map_path, load_map_file
+def _we_refuse(served: Any, kind: str, words: int) -> bool:
     from tokenwire.gateway.ir import ChatMessage, ChatPrompt, GenerationRequest, PromptText
-    from tokenwire.gateway.routing.router import ServedModel
 
-    tmap = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
     text = "word " * words
     prompt = (ChatPrompt(messages=(ChatMessage(role="user", content=text),))
               if kind == "chat" else PromptText(text=text))
-    served = ServedModel(name=MODEL, upstream=object(), tmap=tmap, max_model_len=N_CTX)
     return served.preflight(GenerationRequest(prompt=prompt, max_tokens=8)) is not None
 
 
@@ -304,11 +300,14 @@ MAX_MARGIN_TOKENS = {"chat": 40, "completions": 4}
 
 
 @pytest.mark.parametrize("kind", ["chat", "completions"])
-def test_the_refusal_threshold_is_at_or_past_the_upstreams_own(peer, kind) -> None:
+def test_the_refusal_threshold_is_at_or_past_the_upstreams_own(peer, kind, smollm2_map) -> None:
     """The longest prompt llama_cpp.server serves must be sent, and the gateway must refuse
     soon after, not never. Each "word " is one more token, so two refusals (cheap: the
     server stops at tokenizing) give its count as a line, hence its exact limit, which one
     served request and one more refusal then confirm."""
+    from tokenwire.gateway.routing.router import ServedModel
+
+    served = ServedModel(name=MODEL, upstream=object(), tmap=smollm2_map, max_model_len=N_CTX)
     p700, p800 = (_upstream_prompt_tokens(peer, kind, w) for w in (700, 800))
     assert p700 is not None and p800 is not None
     per_word = (p800 - p700) // 100
@@ -316,8 +315,8 @@ def test_the_refusal_threshold_is_at_or_past_the_upstreams_own(peer, kind) -> No
     limit = 700 - (p700 - N_CTX)  # the first length the server refuses (P >= n_ctx)
     assert _upstream_prompt_tokens(peer, kind, limit) == N_CTX
     assert _upstream_prompt_tokens(peer, kind, limit - 1) is None  # served
-    assert not _we_refuse(kind, limit - 1), f"refused {limit - 1} words, which it serves"
-    ours = next(w for w in range(limit, 800) if _we_refuse(kind, w))
+    assert not _we_refuse(served, kind, limit - 1), f"refused {limit - 1} words, which it serves"
+    ours = next(w for w in range(limit, 800) if _we_refuse(served, kind, w))
     print(f"{kind}: llama_cpp.server refuses from {limit} words, tokenwire before sending "
           f"from {ours}")
     assert ours - limit <= MAX_MARGIN_TOKENS[kind]
