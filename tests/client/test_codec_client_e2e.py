@@ -72,7 +72,9 @@ def deployment(tmp_path_factory) -> Iterator[Deployment]:
     from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
 
     bundled = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
-    engine = EmbeddedEngine.load(bundled, n_ctx=1024, n_threads=2, queue_size=4)
+    # One thread: beside the suite's other worker, llama.cpp's two threads wait on each
+    # other (tests/gateway/test_codex_cli_tools.py has the measurement).
+    engine = EmbeddedEngine.load(bundled, n_ctx=1024, n_threads=1, queue_size=4)
     engine.start()
     work = tmp_path_factory.mktemp("e2e")
     try:

@@ -30,9 +30,9 @@ from .test_codex_cli import Gateway, serve_embedded
 #: This prompt (4889 tokens, measured), the call and its output on the turn after a call,
 #: and room for the answers. (Codex's full prompt, 9147 tokens, needs 16384.)
 CODEX_N_CTX = 8192
-#: Two ~5k-token prompts (the turn, and the turn after a call) on a shared 2-core machine,
-#: plus answers Codex does not bound (the engine does: ``CODEX_ANSWER_BOUND``): a generous
-#: safety net, not a target.
+#: Two ~5k-token prompts (the turn, and the turn after a call) on one thread of a shared
+#: 2-core machine, plus answers Codex does not bound (the engine does:
+#: ``CODEX_ANSWER_BOUND``): a generous safety net, not a target.
 CODEX_TURN_TIMEOUT_S = 1800
 
 pytestmark = CODEX_MARKS
@@ -40,10 +40,11 @@ pytestmark = CODEX_MARKS
 
 @pytest.fixture(scope="module")
 def engine_large(smollm2_map: TokenizerMap):
-    # Two threads: the prefill is most of this test's time (222 s for Codex's full ~9.2k
-    # tokens on one thread of a busy machine, measured).
-    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2) as eng, \
-            bounded_answers():
+    # One thread (the default): the suite runs two workers on two cores, and llama.cpp's
+    # two threads wait on each other at every operation (OpenMP), so when the other core is
+    # busy they take longer than one and burn twice its CPU (a 600-token prefill at a load
+    # average of 34: 72-81 s and 6-7 s of CPU on one thread, 130 s and 16-17 s on two).
+    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX) as eng, bounded_answers():
         yield eng
 
 

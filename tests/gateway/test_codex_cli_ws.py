@@ -271,8 +271,8 @@ CODEX_N_CTX = 4096
 
 @pytest.fixture(scope="module")
 def engine_large(smollm2_map):
-    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX, n_threads=2) as eng, \
-            bounded_answers():
+    # One thread, as in test_codex_cli_tools.py (which says why).
+    with running_engine(smollm2_map, n_ctx=CODEX_N_CTX) as eng, bounded_answers():
         yield eng
 
 
