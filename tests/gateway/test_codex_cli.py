@@ -244,12 +244,13 @@ def engine_4096(smollm2_map: TokenizerMap):
         yield eng
 
 
-def serve_embedded(engine, tmap: TokenizerMap) -> Gateway:
-    """A gateway serving ``engine`` (an embedded engine) as its one model."""
+def serve_embedded(engine, tmap: TokenizerMap, **settings) -> Gateway:
+    """A gateway serving ``engine`` (an embedded engine) as its one model, with
+    ``settings`` (``ServerSettings`` fields)."""
     router = Router([ServedModel(name=engine.model_id, upstream=engine, tmap=tmap,
                                  max_model_len=engine.n_ctx, ids_source=IdsSource.ENGINE,
                                  upstream_name="embedded")])
-    return serve_gateway(GatewayState(settings=ServerSettings(), router=router))
+    return serve_gateway(GatewayState(settings=ServerSettings(**settings), router=router))
 
 
 @pytest.fixture
