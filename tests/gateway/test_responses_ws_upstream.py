@@ -18,12 +18,14 @@ The pure rule for continuing on the socket (:func:`continuation`) is tested on i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+import looptime
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
@@ -55,7 +57,9 @@ from tokenwire.gateway.supervision.retry import RetryPolicy
 from tokenwire.gateway.upstreams import responses_socket
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.responses_socket import (
+    CLOSE_TIMEOUT_S,
     Remembered,
+    UpstreamSocket,
     continuation,
     remembered,
     socket_url,
@@ -312,6 +316,39 @@ def test_a_refused_upgrade_falls_back_to_http_for_the_session(fake) -> None:
     assert _metric(gateway.state, "refused") == refused + 1
 
 
+def test_a_busy_upgrade_answer_is_a_connection_failure_not_a_refusal(fake,
+                                                                    monkeypatch) -> None:
+    """A 503 on the upgrade says the upstream is busy now, not that it has no sockets: the
+    retry opens a socket, and the session does not switch to HTTP."""
+    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, n, rng: 0.0)  # no real wait
+    gateway, srv = fake
+    refused = _metric(gateway.state, "refused")
+    srv.socket_scripts += [SocketScript(refuse=503),
+                           SocketScript(turns=[Turn(_answer("resp_s", "socket"))])]
+    with _open(gateway.url) as ws:
+        ws.send(_create("g", input="one"))
+        last = _until_terminal(ws)[-1]
+    assert last["type"] == "response.completed", last["response"].get("error")
+    assert last["response"]["output"][0]["content"][0]["text"] == "socket"
+    assert [s.accepted for s in srv.sockets] == [False, True] and srv.requests == []
+    assert _metric(gateway.state, "refused") == refused
+
+
+def test_an_upstream_closing_with_1009_is_the_clients_413_not_a_502(fake) -> None:
+    """The upstream closed first with 1009 (our request over its message limit): the
+    client's request is too large; before, the echoed close read as the upstream's fault."""
+    gateway, srv = fake
+    srv.socket_scripts.append(SocketScript(turns=[Turn(then="too_big")]))
+    with _open(gateway.url) as ws:
+        ws.send(_create("g", input="one"))
+        last = _until_terminal(ws)[-1]
+    # response.created went out before the upstream answered: the end is response.failed,
+    # with the Responses API's own code for a request that cannot succeed as sent.
+    assert last["type"] == "response.failed", last
+    error = last["response"]["error"]
+    assert error["code"] == "invalid_prompt" and "message limit" in error["message"], error
+
+
 def test_a_socket_the_upstream_closed_while_idle_is_reopened(fake) -> None:
     gateway, srv = fake
     srv.socket_scripts += [SocketScript(turns=[Turn(_answer("resp_a", "first"), then="close")]),
@@ -430,3 +467,50 @@ def test_shutdown_closes_the_client_socket_and_then_the_upstream_one(scripted) -
         _wait(srv.disconnected.is_set)  # ...and the upstream socket held for it
     finally:
         stop_stacks(patch, running)
+
+
+class _StuckConnection:
+    """An upstream socket whose close handshake never ends (a peer that stopped reading:
+    websockets' close() first drains the send buffer, with no deadline of its own)."""
+
+    def __init__(self) -> None:
+        self.aborted = self.close_started = False
+        self.transport = self
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    async def close(self) -> None:
+        self.close_started = True
+        await asyncio.Event().wait()
+
+
+def _stuck_socket() -> tuple[UpstreamSocket, _StuckConnection]:
+    sock = UpstreamSocket(upstream="up", url="ws://127.0.0.1:9/v1/responses", headers={},
+                          open_timeout_s=5.0, note=lambda upstream, outcome: None)
+    conn = _StuckConnection()
+    sock._conn = conn  # type: ignore[assignment]  # the fault under test
+    return sock, conn
+
+
+def test_closing_a_stuck_upstream_socket_is_bounded_then_aborted() -> None:
+    async def main() -> tuple[float, _StuckConnection]:
+        sock, conn = _stuck_socket()
+        loop = asyncio.get_running_loop()
+        await sock.aclose()
+        return loop.time(), conn
+
+    with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
+        at, conn = runner.run(main())
+    assert conn.close_started and conn.aborted and at == CLOSE_TIMEOUT_S
+
+
+def test_closing_while_a_response_runs_aborts_without_a_handshake() -> None:
+    async def main() -> _StuckConnection:
+        sock, conn = _stuck_socket()
+        async with sock.lock:  # a response still reading from the socket
+            await sock.aclose()
+        return conn
+
+    conn = asyncio.run(main())
+    assert conn.aborted and not conn.close_started

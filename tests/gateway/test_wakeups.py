@@ -176,3 +176,27 @@ def test_close_drops_the_timer() -> None:
         return timer is not None and timer.cancelled() and waits._timer is None
 
     assert run(main())
+
+
+def test_a_call_that_absorbs_the_timer_then_fails_leaves_no_cancellation_counted() -> None:
+    """The awaited call swallowed the timer's cancel and raised something else: the error
+    comes through, and the task's cancel count is back to 0 (a later ``asyncio.timeout`` in
+    the task would otherwise raise CancelledError instead of TimeoutError)."""
+
+    async def absorbs_then_fails() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            pass
+        raise ValueError("after the cancel")
+
+    async def main() -> tuple[str, int]:
+        try:
+            await DeadlineWaits().wait(absorbs_then_fails, 2.0)
+        except ValueError as exc:
+            task = asyncio.current_task()
+            assert task is not None
+            return str(exc), task.cancelling()
+        return "no error", -1
+
+    assert run(main()) == ("after the cancel", 0)

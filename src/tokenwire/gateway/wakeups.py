@@ -70,6 +70,11 @@ class DeadlineWaits:
             if task.uncancel() > 0:  # cancelled by someone else as well: theirs wins
                 raise
             return EXPIRED
+        except BaseException:
+            if self._fired:  # the call absorbed our cancellation, then failed: undo its count
+                self._fired = False
+                task.uncancel()
+            raise
         finally:
             self._task = None
         if self._fired:  # the awaited call absorbed our cancellation: undo its count

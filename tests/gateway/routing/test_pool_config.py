@@ -151,6 +151,9 @@ BAD = [
     ("bad url", {**_pool_doc(), "replicas": [{"base_url": "ftp://x"}]}, "is not an http://"),
     ("weight", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "weight": 0}]},
      "weight must be a positive number"),
+    ("weight inf", {**_pool_doc(), "replicas": [{"base_url": "http://a:1",
+                                                 "weight": float("inf")}]},
+     "weight must be a positive number"),  # inf/inf shares: NaN in the balancer, a 500
     ("limit", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "max_concurrent": 0}]},
      "max_concurrent must be at least 1"),
     ("typo", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "wieght": 2}]},

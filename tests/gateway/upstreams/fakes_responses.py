@@ -70,8 +70,9 @@ def ws_messages(chunks: list[bytes]) -> list[str]:
 @dataclass
 class Turn:
     """The answer to one ``response.create``: ``messages``, then ``then``: ``keep`` the
-    socket, ``close`` it cleanly (1000: an upstream closing an idle socket), or ``break`` it
-    (the app fails: the server closes with 1011, a cut)."""
+    socket, ``close`` it cleanly (1000: an upstream closing an idle socket), ``break`` it
+    (the app fails: the server closes with 1011, a cut), or close it as ``too_big`` (1009:
+    the request was over the upstream's message limit)."""
 
     messages: list[str] = field(default_factory=list)
     then: str = "keep"
@@ -158,6 +159,10 @@ class ScriptedServer:
                     await ws.send_text(message)
                 if turn.then == "close":
                     await ws.close(1000)
+                    record.closed.set()
+                    return
+                if turn.then == "too_big":
+                    await ws.close(1009)
                     record.closed.set()
                     return
                 if turn.then == "break":

@@ -25,6 +25,7 @@ reported at once, each naming its table and key.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -145,7 +146,7 @@ def _parse_replica(doc: Any, env: Mapping[str, str], where: str) -> ReplicaConfi
     if key_env is not None and key_env not in env:
         raise ConfigError(f"{where}: api_key_env names {key_env}, which is not set")
     weight = doc.get("weight", 1.0)
-    if weight <= 0:
+    if not math.isfinite(weight) or weight <= 0:  # inf/inf shares are NaN in the balancer
         raise ConfigError(f"{where}: weight must be a positive number")
     limit = doc.get("max_concurrent")
     if limit is not None and limit < 1:

@@ -54,7 +54,11 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from websockets.protocol import State
 
 from tokenwire.gateway.ir import Failure, FailureClass
-from tokenwire.gateway.upstreams.failures import MALFORMED, connection_fault
+from tokenwire.gateway.upstreams.failures import (
+    MALFORMED,
+    connection_fault,
+    failure_from_response,
+)
 from tokenwire.gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent
 from tokenwire.gateway.upstreams.sse_http import SSEUpstreamStream
 
@@ -84,6 +88,9 @@ MAX_MESSAGE_BYTES = DEFAULT_MAX_EVENT_BYTES
 MAX_QUEUED_MESSAGES = 16
 #: Waiting for the upstream's close handshake when we close: shutdown must not hang on it.
 CLOSE_TIMEOUT_S = 2.0
+#: Upgrade answers that mean "no WebSocket here" (the session switches to HTTP for good);
+#: any other non-101 (429, 5xx) says the upstream is busy or failing right now.
+NO_WEBSOCKET_STATUSES = frozenset({400, 404, 405, 426, 501})
 #: HTTP headers of the adapter's client that mean nothing on an upgrade.
 _HTTP_ONLY = frozenset({"accept", "accept-encoding", "connection", "content-type",
                         "content-length", "user-agent", "host"})
@@ -237,6 +244,8 @@ class UpstreamSocket:
                                  open_timeout=self._open_timeout,
                                  close_timeout=CLOSE_TIMEOUT_S)
         except InvalidStatus as exc:
+            if exc.response.status_code not in NO_WEBSOCKET_STATUSES:
+                raise  # busy or failing (429, 5xx): a connection failure, try again later
             self.refused = True
             self._note(self.upstream, "refused")
             self._refusals.refused(self.upstream, exc.response.status_code)
@@ -264,11 +273,19 @@ class UpstreamSocket:
     async def aclose(self) -> None:
         conn, self._conn, self.last = self._conn, None, None
         self._on_close(self)
-        if conn is not None:
-            try:
-                await conn.close()  # bounded by CLOSE_TIMEOUT_S
-            except Exception:  # closing a broken socket: nothing left to tell it
-                conn.transport.abort()
+        if conn is None:
+            return
+        if self.lock.locked():  # a response still running must stop upstream anyway
+            conn.transport.abort()
+            return
+        try:
+            # websockets' close() first drains the send buffer with no deadline of its own
+            # (a peer that stopped reading would hold this shielded close for as long as TCP
+            # takes to give up): the whole handshake gets the bound.
+            async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                await conn.close()
+        except Exception:  # broken, or too slow to close: nothing left to tell it
+            conn.transport.abort()
 
 
 # -- one response over it ---------------------------------------------------------------------
@@ -328,6 +345,11 @@ class SocketStream(SSEUpstreamStream):
         for _ in range(2):  # a reused socket found closed gets one new socket
             try:
                 conn, reused = await sock.connection(self._headers)
+            except InvalidStatus as exc:  # busy or failing now (429, 5xx): as over HTTP
+                answer = exc.response
+                self._end(failure_from_response(answer.status_code, answer.headers,
+                                                answer.body or b""))
+                return
             except (OSError, TimeoutError, InvalidHandshake) as exc:
                 code = "connect_timeout" if isinstance(exc, TimeoutError) \
                     else connection_fault(exc)
@@ -403,7 +425,13 @@ class SocketStream(SSEUpstreamStream):
             self._end(_failure(FailureClass.TIMEOUT, "timed out: no WebSocket message in "
                                f"{self._read_timeout:g} s", "read_timeout"))
         except ConnectionClosed as exc:
-            if exc.sent is not None and exc.sent.code == 1009:
+            if exc.rcvd is not None and exc.rcvd.code == 1009 and exc.rcvd_then_sent:
+                # The upstream closed first, saying our request was over its message limit.
+                self._end(Failure(failure_class=FailureClass.INVALID_REQUEST, status=413,
+                                  code="request_too_large",
+                                  message="the request is over the upstream's WebSocket "
+                                          "message limit"))
+            elif exc.sent is not None and exc.sent.code == 1009:
                 self._end(_failure(FailureClass.UPSTREAM, "sent a WebSocket message over "
                                    f"{MAX_MESSAGE_BYTES} bytes", MALFORMED))
             elif not started and reused:
