@@ -50,7 +50,7 @@ tables: ``gateway/routing/config.py`` the pools (``replicas``, ``[upstreams.brea
 probes, affinity) and ``[fallbacks]``, ``gateway/state/api_keys.py`` the ``[[keys]]`` and the
 flat key list, ``gateway/state/config.py`` the ``[state]`` section.
 
-Everything that can be checked without the network is checked at start-up, at start-up, with a
+Everything that can be checked without the network is checked at start-up, with a
 :class:`~tokenwire.errors.ConfigError` naming the file, the table and the key: unknown keys
 (a typo must not silently fall back to a default), wrong types, unknown kinds, bad URLs,
 duplicate names, a missing key variable, unknown maps. Reachability and model lists are

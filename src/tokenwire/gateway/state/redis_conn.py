@@ -8,16 +8,16 @@ breakers) goes through one :class:`RedisConn`, built from ``[state]``
   :data:`~tokenwire.gateway.state.config.DEFAULT_TIMEOUT_MS` says why), enforced around the
   whole call (connect, send, reply), and redis-py's own retries are off: a retry belongs to
   the caller, which knows whether the request can wait.
-- **One immediate retry, only where it cannot count twice**: a call whose command never
-  left this process (the pooled socket was already reset, or the connect failed: redis-py
-  raises ``ConnectionError`` from ``send_packed_command``, which :func:`_marking_sends`
-  marks) is sent once more on a fresh connection, inside the same deadline; so is any call
-  its caller declares ``idempotent`` (a GET, a SET of the same value). A call that failed
-  after its command was written (the reply was lost: the connection closed, a read timed
-  out) is not retried unless idempotent: Redis may have run it, and an ``INCR`` or the
-  limiter's charging script run twice counts twice. redis-py itself says which case happened
-  only in the message text ("while writing to socket" / "while reading from"), so the
-  distinction is made where it is certain, at the send.
+- **One immediate retry, only where it cannot count twice**: a call whose command never left this
+  process (the pooled socket was already reset: redis-py raises ``ConnectionError`` from
+  ``send_packed_command``, which :func:`_marking_sends` marks; a refused connect happens in the
+  pool, before that, and is not retried) is sent once more on a fresh connection, inside the same
+  deadline; so is any call its caller declares ``idempotent`` (a GET, a SET of the same value). A
+  call that failed after its command was written (the reply was lost: the connection closed, a read
+  timed out) is not retried unless idempotent: Redis may have run it, and an ``INCR`` or the
+  limiter's charging script run twice counts twice. redis-py itself says which case happened only in
+  the message text ("while writing to socket" / "while reading from"), so the distinction is made
+  where it is certain, at the send.
 - **A failing Redis makes the connection "degraded"** and requests stop waiting on it: while
   degraded, :meth:`RedisConn.call` raises :class:`StateUnavailable` at once, without I/O,
   except for one probe call every backoff period (0.5 s doubling to 5 s). Each piece of state
