@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import h11
 import httpx
 import pytest
 import websockets
@@ -262,3 +263,36 @@ def test_websocket_is_spliced_through_after_the_101() -> None:
         await _close(servers, balancer)
 
     _run(main())
+
+
+def test_bytes_a_client_sends_during_a_response_are_kept_only_up_to_a_head() -> None:
+    """A client that keeps sending after its request while the response streams back: the
+    balancer keeps at most one head's worth for a next request and leaves the rest in the
+    socket (back-pressure), instead of buffering all of it."""
+    from tokenwire.cluster import balancer as bal
+
+    async def main() -> tuple[int, int]:
+        conn = h11.Connection(h11.SERVER, max_incomplete_event_size=bal.MAX_HEAD_BYTES)
+        b_conn = h11.Connection(h11.CLIENT)
+        b_conn.send(h11.Request(method="POST", target="/", headers=[
+            ("host", "x"), ("content-length", "2")]))
+        reader = asyncio.StreamReader(limit=bal.MAX_HEAD_BYTES)
+        reader.feed_data(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\nhi")
+        flood = 4 * 1024 * 1024
+        reader.feed_data(b"x" * flood)  # never EOF: the client keeps its side open
+        sent = bytearray()
+
+        class Writer:
+            def write(self, data: bytes) -> None:
+                sent.extend(data)
+
+            async def drain(self) -> None:
+                return None
+
+        await asyncio.wait_for(bal._upload(conn, reader, b_conn, Writer()), 10)  # type: ignore[arg-type]
+        kept = len(conn.trailing_data[0])
+        return kept, flood - kept
+
+    kept, left = asyncio.run(main())
+    assert kept <= 2 * 64 * 1024  # one head's worth (plus the last read)
+    assert left > 0  # the rest is still in the socket's buffer, unread

@@ -257,7 +257,9 @@ async def _next_event(conn: h11.Connection, reader: asyncio.StreamReader) -> obj
 async def _upload(conn: h11.Connection, reader: asyncio.StreamReader, b_conn: h11.Connection,
                   b_writer: asyncio.StreamWriter) -> None:
     """Forward the request body; then watch the client: returns at its EOF (any bytes it
-    sends meanwhile are the next pipelined request, kept in ``conn``)."""
+    sends meanwhile are the next pipelined request, kept in ``conn``), or once a head's
+    worth is kept: the rest waits in the socket (TCP back-pressure) until the response is
+    done, so a client sending while a long stream comes back cannot grow our memory."""
     while True:
         event = await _next_event(conn, reader)
         if isinstance(event, h11.Data):
@@ -269,11 +271,13 @@ async def _upload(conn: h11.Connection, reader: asyncio.StreamReader, b_conn: h1
             break
         elif isinstance(event, h11.ConnectionClosed):
             return
-    while True:
+    kept = 0
+    while kept < MAX_HEAD_BYTES:
         data = await reader.read(READ_SIZE)
         conn.receive_data(data)  # b"": no next request on this connection
         if not data:
             return
+        kept += len(data)
 
 
 async def _download(conn: h11.Connection, writer: asyncio.StreamWriter, b_conn: h11.Connection,
