@@ -486,17 +486,13 @@ async def build_gateway(
             raise ConfigErrors(problems)
         router = Router([m for b in built for m in _served(b)], default=cfg.default_model)
         cfg.fallbacks.validate(router.names)  # now that probing found every model
-    except BaseException:
-        await _close_all([b.adapter for b in built])
-        raise
-    probes = tuple(b.health for b in built if b.health is not None)
-    pooled = [b for b in built if isinstance(b.adapter, ReplicaPool)]
-    health = HealthMonitor(tuple((b.config.name, b.adapter) for b in built),
-                           interval=float(cfg.server.get("health_interval_s",
-                                                         DEFAULT_HEALTH_INTERVAL_S)))
-    if len(probes) + len(pooled) == len(built):
-        health.seed(probes)
-    try:
+        probes = tuple(b.health for b in built if b.health is not None)
+        pooled = [b for b in built if isinstance(b.adapter, ReplicaPool)]
+        health = HealthMonitor(tuple((b.config.name, b.adapter) for b in built),
+                               interval=float(cfg.server.get("health_interval_s",
+                                                             DEFAULT_HEALTH_INTERVAL_S)))
+        if len(probes) + len(pooled) == len(built):
+            health.seed(probes)
         primary = router.primary
         pair = build_policy(settings, primary.tmap.id) if primary.tmap is not None else None
         if pair is None and settings.version_policy.safety_policy_id is not None:
@@ -505,7 +501,7 @@ async def build_gateway(
         extra: dict[str, Any] = {"clock": clock} if clock is not None else {}
         state = GatewayState(settings=settings, router=router, health=health, policy=policy,
                              descriptor=descriptor, fallbacks=cfg.fallbacks, **extra)
-    except BaseException:
+    except BaseException:  # the adapters built so far (and their clients) close
         await _close_all([b.adapter for b in built])
         raise
     if pooled:  # after the last check: an error above leaves no loop behind
