@@ -48,11 +48,10 @@ def main() -> int:
     parser.add_argument("--b", required=True, help="the 'after' tree")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    up_port = bu._free_port()
-    up = subprocess.Popen([sys.executable, bu.__file__, "--serve-upstream", str(up_port)])
+    procs: list[subprocess.Popen] = []
     ratios: dict[tuple[str, str, int], list[float]] = {}
     try:
-        bu._wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 30)
+        up, up_port = bu.start_upstream(procs)
         for rnd in range(args.rounds):
             for name, tree in (("A", args.a), ("B", args.b)):
                 port = bu._free_port()
@@ -73,11 +72,9 @@ def main() -> int:
                             key = (name, label, row["concurrency"])
                             ratios.setdefault(key, []).append(row["cpu_x_upstream"])
                 finally:
-                    tw.terminate()
-                    tw.wait(15)
+                    bu.stop_all([tw])
     finally:
-        up.terminate()
-        up.wait(15)
+        bu.stop_all(procs)
     for (name, label, conc), values in sorted(ratios.items()):
         print(f"{name} {label:14} {conc:3} streams: cpu_x_upstream median "
               f"{statistics.median(values):.2f} of {values}")

@@ -67,34 +67,30 @@ def main() -> int:
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or "py-spy"
     fmt = None if args.format == "chat" else "msgpack"
     headers = {"Codec-Client-Version": "0.5"} if fmt else {}
-    up_port, port = bu._free_port(), bu._free_port()
-    up = subprocess.Popen([sys.executable, bu.__file__, "--serve-upstream", str(up_port)])
+    procs: list[subprocess.Popen] = []
     try:
-        bu._wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 30)
+        up, up_port = bu.start_upstream(procs)
+        port = bu._free_port()
         tw = ab._start(args.tree, up_port, port)
+        procs.append(tw)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        try:
-            asyncio.run(bu._phase(url, fmt, headers, 1, 3))  # warm-up
-            for concurrency, rounds in PHASES:
-                raw = Path(f"{args.out}-{concurrency}.txt")
-                rec = subprocess.Popen([spy, "record", "-r", "200", "-f", "raw", "-o", str(raw),
-                                        "-p", str(tw.pid), "--nonblocking"],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                time.sleep(1.0)  # py-spy attached
-                cpu0, up0 = bu._cpu_seconds(tw.pid), bu._cpu_seconds(up.pid)
-                asyncio.run(bu._phase(url, fmt, headers, concurrency, rounds))
-                ratio = (bu._cpu_seconds(tw.pid) - cpu0) / (bu._cpu_seconds(up.pid) - up0)
-                rec.send_signal(2)
-                rec.wait(30)
-                print(f"== {concurrency} streams: cpu_x_upstream {ratio:.2f}, load average "
-                      f"{os.getloadavg()[0]:.1f}; {raw}")
-                print(summarize(raw))
-        finally:
-            tw.terminate()
-            tw.wait(15)
+        asyncio.run(bu._phase(url, fmt, headers, 1, 3))  # warm-up
+        for concurrency, rounds in PHASES:
+            raw = Path(f"{args.out}-{concurrency}.txt")
+            rec = subprocess.Popen([spy, "record", "-r", "200", "-f", "raw", "-o", str(raw),
+                                    "-p", str(tw.pid), "--nonblocking"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)  # py-spy attached
+            cpu0, up0 = bu._cpu_seconds(tw.pid), bu._cpu_seconds(up.pid)
+            asyncio.run(bu._phase(url, fmt, headers, concurrency, rounds))
+            ratio = (bu._cpu_seconds(tw.pid) - cpu0) / (bu._cpu_seconds(up.pid) - up0)
+            rec.send_signal(2)
+            rec.wait(30)
+            print(f"== {concurrency} streams: cpu_x_upstream {ratio:.2f}, load average "
+                  f"{os.getloadavg()[0]:.1f}; {raw}")
+            print(summarize(raw))
     finally:
-        up.terminate()
-        up.wait(15)
+        bu.stop_all(procs)
     return 0
 
 
