@@ -118,6 +118,21 @@ class CodexRun:
         return [e["item"] for e in self.of_type("item.completed") if e["item"]["type"] == type_]
 
     @property
+    def ran_out_of_tokens(self) -> bool:
+        """The turn failed only because the model's answer reached ``max_output_tokens``
+        (:data:`CODEX_ANSWER_BOUND` on the embedded engine): the model's content, not what
+        a test of the gateway is about."""
+        failed = [e.get("error", {}).get("message", "") for e in self.of_type("turn.failed")]
+        return bool(failed) and all("max_output_tokens" in m for m in failed)
+
+    def failure(self) -> str:
+        """Why the turn did not complete, short enough to survive pytest's truncation: the
+        exit code, Codex's error events and the end of its stderr."""
+        errors = [json.dumps(e) for e in self.events if e.get("type") in ("turn.failed", "error")]
+        return (f"codex exit {self.returncode}; events: {' | '.join(errors) or 'none'};"
+                f" stderr: {self.stderr[-600:]}")
+
+    @property
     def reconnected(self) -> bool:
         """A top-level ``error`` event is what Codex prints for each retry ("Reconnecting")."""
         return "Reconnecting" in self.stdout or bool(self.of_type("error"))

@@ -82,30 +82,41 @@ def _matches(args: dict, schema: dict) -> bool:
 
 def test_a_codex_turn_on_the_embedded_engine_never_sees_a_malformed_call(
         engine_large, gateway, tmp_path) -> None:
-    run = run_codex(gateway.url, engine_large.model_id,
-                    "Run `echo hello` in the shell and tell me what it printed.", tmp_path,
-                    timeout_s=CODEX_TURN_TIMEOUT_S, instructions=SHORT_INSTRUCTIONS)
+    # Codex sends no temperature, so SmolLM2 samples, and now and then repeats one word
+    # until CODEX_ANSWER_BOUND ends the turn as max_output_tokens, which Codex reports as a
+    # failed turn (seen in CI). That is the model's content, not the tools under test, so
+    # such a turn gets one more try, as in test_codex_cli_ws.py; every other failure fails.
+    for attempt in range(2):
+        first = len(gateway.recording.bodies)
+        (tmp_path / f"try{attempt}").mkdir()
+        run = run_codex(gateway.url, engine_large.model_id,
+                        "Run `echo hello` in the shell and tell me what it printed.",
+                        tmp_path / f"try{attempt}", timeout_s=CODEX_TURN_TIMEOUT_S,
+                        instructions=SHORT_INSTRUCTIONS)
+        if not run.ran_out_of_tokens:
+            break
+    records = [f"engine: prompt {rec.prompt_tokens} tokens, answer {len(rec.ids)} tokens, "
+               f"{rec.reason}, {rec.ended_at - rec.started_at:.0f} s"
+               for rec in engine_large.records()]
+    print("\n".join(records))
     assert "Reconnecting" not in run.stdout
-    assert run.of_type("turn.completed"), (run.stdout[-3000:], run.stderr[-2000:])
-    first = gateway.recording.bodies[0]
-    assert first["tool_choice"] == "auto" and first["tools"]
+    assert run.of_type("turn.completed"), "\n".join([run.failure(), *records])
+    first_body = gateway.recording.bodies[first]
+    assert first_body["tool_choice"] == "auto" and first_body["tools"]
     # Codex's own tools, with the short instructions in place of its own.
-    assert first["input"][0]["content"][0]["text"].strip() == SHORT_INSTRUCTIONS
-    declared = _functions(first["tools"])
+    assert first_body["input"][0]["content"][0]["text"].strip() == SHORT_INSTRUCTIONS
+    declared = _functions(first_body["tools"])
     assert "exec_command" in declared
-    calls = [e["item"] for n in range(len(gateway.recording.answers))
+    calls = [e["item"] for n in range(first, len(gateway.recording.answers))
              for e in gateway.recording.events(n)
              if e["type"] == "response.output_item.done"
              and e["item"]["type"] == "function_call"]
     for call in calls:
         assert call["name"] in declared, call
         assert _matches(json.loads(call["arguments"]), declared[call["name"]]), call
-    for rec in engine_large.records():
-        print(f"engine: prompt {rec.prompt_tokens} tokens, answer {len(rec.ids)} tokens, "
-              f"{rec.reason}, {rec.ended_at - rec.started_at:.0f} s")
     executed = run.items("command_execution")
     answered = run.items("agent_message")
-    print(f"codex: {len(gateway.recording.bodies)} requests, {len(calls)} calls, "
+    print(f"codex: {len(gateway.recording.bodies) - first} requests, {len(calls)} calls, "
           f"{len(executed)} executed, {len(answered)} answers")
     assert calls or answered  # a call Codex ran, or a plain answer
     assert len(executed) == len(calls)  # every call was a real one Codex executed

@@ -276,12 +276,6 @@ def engine_large(smollm2_map):
         yield eng
 
 
-def _model_ran_out_of_tokens(run: CodexRun) -> bool:
-    """The turn failed only because the model's answer reached max_output_tokens."""
-    failed = [e.get("error", {}).get("message", "") for e in run.of_type("turn.failed")]
-    return bool(failed) and all("max_output_tokens" in m for m in failed)
-
-
 def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
         serve, engine_large, smollm2_map, tmp_path) -> None:
     """SmolLM2 may answer in words or call a tool; either way every request of the session
@@ -302,7 +296,7 @@ def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
         run = codex_ws(gw.url, engine_large.model_id, "say hi", tmp_path / f"try{attempt}",
                        builtin=False, timeout_s=EMBEDDED_TIMEOUT_S,
                        instructions=SHORT_INSTRUCTIONS, tools=False)
-        if not _model_ran_out_of_tokens(run):
+        if not run.ran_out_of_tokens:
             break
     for rec in engine_large.records():
         print(f"engine: prompt {rec.prompt_tokens} tokens, answer {len(rec.ids)} tokens, "
