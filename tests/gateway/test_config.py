@@ -26,7 +26,7 @@ from tokenwire.gateway.config import (
 from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.server import build_gateway
 from tokenwire.gateway.settings import ServerSettings
-from tokenwire.gateway.upstreams import ADAPTERS
+from tokenwire.gateway.upstreams import ADAPTERS, openai_compat, sse_http
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 
 FIXTURE_MAP = Path(__file__).parent.parent / "fixtures" / "maps" / "openai" / "r50k_base.json"
@@ -118,6 +118,21 @@ BAD_FILES = [
     ("default not configured", "[server]\ndefault_model = \"z\"\n" + _UP
      + "[[upstreams.models]]\nname = \"m\"\n",
      "{f}: [server] default_model 'z' is not a configured model; configured: m"),
+    # [upstreams.options] are the kind's adapter's, checked when the file is read (not when
+    # the adapter is built, after its HTTP client).
+    ("responses option type", _UP.replace('"openai"', '"responses"')
+     + "[upstreams.options]\nwebsocket = \"yes\"\n",
+     "{f}: upstream 'u': options.websocket must be true or false"),
+    ("responses option typo", _UP.replace('"openai"', '"responses"')
+     + "[upstreams.options]\nweb_socket = true\n",
+     "{f}: upstream 'u': unknown responses option 'web_socket' in [upstreams.options]; "
+     "known: ['websocket']"),
+    ("openai option value", _UP + "[upstreams.options]\nids = \"vlm\"\n",
+     "{f}: upstream 'u': options.ids must be one of ('auto', 'vllm', 'llama.cpp', 'none'), "
+     "not 'vlm'"),
+    ("codec option value", _UP.replace('"openai"', '"codec"')
+     + "[upstreams.options]\nstream_format = \"json\"\n",
+     "{f}: upstream 'u': stream_format must be 'msgpack' or 'protobuf', got 'json'"),
     ("not toml", "[[upstreams]\n", "{f}: not valid TOML: Expected ']]' at the end of an array "
      "declaration (at line 1, column 12)"),
 ]
@@ -131,6 +146,22 @@ def test_bad_config_files_fail_at_startup_with_their_message(tmp_path, case, tex
     with pytest.raises(ConfigError) as info:
         load_config_file(f, env=ENV)
     assert str(info.value) == message.format(f=f)
+
+
+@pytest.mark.parametrize(("kind", "module", "options"), [
+    ("responses", sse_http, {"websocket": "yes"}),
+    ("openai", openai_compat, {"json_schema": "strict"}),
+])
+def test_bad_options_fail_before_the_adapter_builds_its_http_client(
+        monkeypatch, kind, module, options) -> None:
+    """An adapter built from a config that did not go through the file (tests, the flags)
+    still checks its options first: a client built before the check would be left open."""
+    clients: list[object] = []
+    monkeypatch.setattr(module, "http_client", lambda *a, **kw: clients.append(a) or a)
+    cfg = UpstreamConfig(name="u", kind=kind, base_url="http://h:1/v1", options=options)
+    with pytest.raises(ConfigError, match=r"upstream 'u': options\."):
+        ADAPTERS[kind].from_config(cfg)
+    assert clients == []
 
 
 def test_missing_config_file_names_the_path(tmp_path) -> None:

@@ -78,6 +78,7 @@ from tokenwire.gateway.routing.config import POOL_KEYS, parse_fallbacks, parse_p
 from tokenwire.gateway.routing.fallbacks import FallbackTable
 from tokenwire.gateway.state.api_keys import ApiKey, parse_keys, read_api_keys
 from tokenwire.gateway.state.config import parse_state_table
+from tokenwire.gateway.upstreams import check_options
 from tokenwire.gateway.upstreams.base import (
     UPSTREAM_KINDS,
     ModelRoute,
@@ -264,6 +265,8 @@ def _parse_upstream(
         # Name the variable, never a value: the message is printed and logged.
         problems.add(ConfigError(f"{where}: api_key_env names {key_env}, which is not set"))
     problems.check(_check_numbers, doc, where)
+    if kind in UPSTREAM_KINDS and isinstance(doc.get("options", {}), dict):
+        problems.check(_check_options, kind, doc, source)
     headers = doc.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         problems.add(ConfigError(f"{where}: header values must be strings"))
@@ -291,6 +294,14 @@ def _parse_upstream(
         context_length=doc.get("context_length"), replicas=replicas or (),
         pool={k: doc[k] for k in POOL_KEYS if k in doc and k != "replicas"})
     return config, maps
+
+
+def _check_options(kind: str, doc: Mapping[str, Any], source: str) -> None:
+    """``[upstreams.options]`` by the kind's adapter, now rather than when it is built."""
+    try:
+        check_options(kind, doc["name"], doc.get("options", {}))
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def parse_config(doc: Mapping[str, Any], *, source: str = "config",

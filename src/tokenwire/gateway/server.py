@@ -362,10 +362,12 @@ async def _build_pool(up: UpstreamConfig, cfg: GatewayConfig, cls: type,
                               "list them under [[upstreams.models]]")
         routes = await _discover_models(configs, cls, cfg, transports)
         maps.update({r.name: t for r in routes if (t := map_for_model(r.name)) is not None})
-    adapters = [cls.from_config(dataclasses.replace(c, models=routes),
-                                transport=transports.get(c.name), maps=maps) for c in configs]
+    adapters: list[Any] = []
     down, problems = [], []
     try:
+        for c in configs:  # one that fails to build closes those built before it
+            adapters.append(cls.from_config(dataclasses.replace(c, models=routes),
+                                            transport=transports.get(c.name), maps=maps))
         for c, adapter in zip(configs, adapters, strict=True):
             if not probe:
                 continue

@@ -231,3 +231,21 @@ def test_a_config_error_after_probing_leaves_no_task_and_closes_every_adapter() 
 
     assert asyncio.run(main()) == set()
     assert FakeAdapter.built and all(a.closed for a in FakeAdapter.built)
+
+
+class _ThirdFails(FakeAdapter):
+    """Builds every replica but the third, as a from_config that raises would."""
+
+    @classmethod
+    def from_config(cls, config, *, transport=None, maps=None) -> FakeAdapter:
+        if config.base_url == "http://c:1/v1":
+            raise ConfigError(f"upstream {config.name!r}: cannot be built")
+        return super().from_config(config, transport=transport, maps=maps)
+
+
+def test_a_replica_that_fails_to_build_closes_the_replicas_built_before_it() -> None:
+    FakeAdapter.built.clear()
+    cfg = parse_config({"upstreams": [_pool_doc(models=[{"name": "m"}])]}, source="t.toml")
+    with pytest.raises(ConfigError, match="cannot be built"):
+        asyncio.run(build_gateway(cfg, ServerSettings(), adapters={"openai": _ThirdFails}))
+    assert len(FakeAdapter.built) == 2 and all(a.closed for a in FakeAdapter.built)

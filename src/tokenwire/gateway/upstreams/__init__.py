@@ -25,7 +25,7 @@ from tokenwire.errors import ConfigError
 from tokenwire.gateway.ir import EventStream, GenerationRequest, IdsSource
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 
-__all__ = ["ADAPTERS", "ADAPTER_ERRORS", "EmbeddedUpstream", "adapter_for"]
+__all__ = ["ADAPTERS", "ADAPTER_ERRORS", "EmbeddedUpstream", "adapter_for", "check_options"]
 
 log = logging.getLogger(__name__)
 
@@ -152,3 +152,12 @@ def adapter_for(kind: str, adapters: Mapping[str, type] | None = None) -> type:
     if kind in ADAPTER_ERRORS:
         raise ConfigError(f"upstream kind {kind!r} is unavailable: {ADAPTER_ERRORS[kind]}")
     raise ConfigError(f"upstream kind {kind!r} is not available in this installation")
+
+
+def check_options(kind: str, upstream: str, options: Mapping[str, object]) -> None:
+    """A kind's ``[upstreams.options]``, checked by its adapter's ``parse_options`` (a
+    :class:`ConfigError` naming the key) when the config is read, not when the adapter is
+    built; a kind without that method, or not available, checks nothing here."""
+    parse = getattr(ADAPTERS.get(kind), "parse_options", None)
+    if parse is not None:
+        parse(upstream, options)

@@ -272,6 +272,11 @@ class CodecNativeUpstream:
                 map_id=route.map_id, cache=self._cache)
         self.model_id = config.models[0].name if config.models else ""
 
+    @staticmethod
+    def parse_options(upstream: str, options: Mapping[str, object]) -> CodecOptions:
+        """``[upstreams.options]`` checked when the config is read (and in from_config)."""
+        return CodecOptions.parse(upstream, options)
+
     @classmethod
     def from_config(cls, config: UpstreamConfig, *,
                     transport: httpx.AsyncBaseTransport | None = None,

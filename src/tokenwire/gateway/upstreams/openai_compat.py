@@ -117,12 +117,16 @@ from tokenwire.gateway.upstreams.sse_http import (
 )
 from tokenwire.gateway.upstreams.usage_wire import openai_usage
 
-__all__ = ["IDS_MODES", "JSON_SCHEMA_MODES", "ChunkParser", "OpenAICompatUpstream"]
+__all__ = ["IDS_MODES", "JSON_SCHEMA_MODES", "TRUNCATION_MODES", "ChunkParser",
+           "OpenAICompatUpstream", "parse_options"]
 
 log = logging.getLogger(__name__)
 
 IDS_MODES = ("auto", "vllm", "llama.cpp", "none")
 _APIS = ("auto", "chat", "completions")
+#: Option ``truncation``: ``fail`` turns a prompt the server cut into an error; ``ignore``
+#: trusts the server.
+TRUNCATION_MODES = ("fail", "ignore")
 #: Option ``json_schema``: how a ``json_schema`` response format is sent. ``native`` is
 #: OpenAI's ``{"type": "json_schema", "json_schema": {...}}``; ``json_object`` is
 #: ``{"type": "json_object", "schema": ...}`` (``python -m llama_cpp.server``); ``auto``
@@ -142,6 +146,34 @@ _FINISH = {"stop": FinishKind.EOS, "length": FinishKind.LENGTH,
 _json = msgspec.json.Decoder()
 
 
+#: The ``[upstreams.options]`` of an OpenAI-compatible upstream that take one of a few
+#: words, each with its choices (the first is the default).
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "ids": IDS_MODES, "api": _APIS, "truncation": TRUNCATION_MODES,
+    "empty_stream": EMPTY_STREAM_MODES, "json_schema": JSON_SCHEMA_MODES,
+}
+
+
+def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any]:
+    """The word-valued options checked (a :class:`ConfigError` naming the key), with their
+    defaults; when the config is read, and by ``from_config`` before any client exists.
+    ``max_tokens_field`` must be a string and ``developer_role`` true or false. Other keys
+    are left alone (test adapters of this kind carry their own)."""
+    out: dict[str, Any] = {}
+    for key, choices in _CHOICES.items():
+        value = options.get(key, choices[0])
+        if value not in choices:
+            raise ConfigError(f"upstream {upstream!r}: options.{key} must be one of "
+                              f"{choices}, not {value!r}")
+        out[key] = value
+    if not isinstance(options.get("max_tokens_field", ""), str):
+        raise ConfigError(f"upstream {upstream!r}: options.max_tokens_field must be a string")
+    if not isinstance(options.get("developer_role", False), bool):
+        raise ConfigError(f"upstream {upstream!r}: options.developer_role must be true or "
+                          "false")
+    return out
+
+
 class OpenAICompatUpstream:
     """Every model of one OpenAI-compatible server (implements ``ir.Upstream``)."""
 
@@ -149,28 +181,17 @@ class OpenAICompatUpstream:
 
     def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient,
                  maps: Mapping[str, TokenizerMap]) -> None:
-        opts = config.options
+        # Checked already (the config, then from_config before the client): cannot raise.
+        opts = parse_options(config.name, config.options)
         self.name = config.name
         self.config = config
-        self.ids_mode = str(opts.get("ids", "auto"))
-        self.api = str(opts.get("api", "auto"))
-        self.truncation = str(opts.get("truncation", "fail"))
-        self.empty_stream = str(opts.get("empty_stream", "auto"))
-        if self.empty_stream not in EMPTY_STREAM_MODES:
-            raise ConfigError(f"upstream {config.name!r}: empty_stream must be one of "
-                              f"{EMPTY_STREAM_MODES}")
-        if self.ids_mode not in IDS_MODES:
-            raise ConfigError(f"upstream {config.name!r}: ids must be one of {IDS_MODES}")
-        if self.api not in _APIS:
-            raise ConfigError(f"upstream {config.name!r}: api must be one of {_APIS}")
+        self.ids_mode, self.api = opts["ids"], opts["api"]
+        self.truncation, self.empty_stream = opts["truncation"], opts["empty_stream"]
+        self.json_schema = opts["json_schema"]
         self._detected: str | None = None  # what probe() found for ids="auto"
         self._server: str | None = None  # which server owned_by names, when known
         self._reported: dict[str, int] = {}  # upstream model id -> its reported window
         self._props_probed = False
-        self.json_schema = str(opts.get("json_schema", "auto"))
-        if self.json_schema not in JSON_SCHEMA_MODES:
-            raise ConfigError(f"upstream {config.name!r}: json_schema must be one of "
-                              f"{JSON_SCHEMA_MODES}")
         self._client = client
         self._base = config.base_url.rstrip("/")
         self._routes = {r.name: r for r in config.models}
@@ -181,9 +202,12 @@ class OpenAICompatUpstream:
     def from_config(cls, config: UpstreamConfig, *,
                     transport: httpx.AsyncBaseTransport | None = None,
                     maps: Mapping[str, TokenizerMap] | None = None) -> OpenAICompatUpstream:
+        parse_options(config.name, config.options)  # before the client: nothing to leak
         key = api_key_from_env(config)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         return cls(config, http_client(config, headers, transport), maps or {})
+
+    parse_options = staticmethod(parse_options)
 
     def __repr__(self) -> str:  # never the headers: they hold the key
         return f"OpenAICompatUpstream(name={self.name!r}, base_url={self.config.base_url!r})"

@@ -521,13 +521,15 @@ OPTIONS: dict[str, type] = {"websocket": bool}
 
 def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any]:
     """Check a Responses upstream's options (README "The Responses API over WebSocket");
-    an unknown key or a wrong type is a :class:`ConfigError`."""
+    an unknown key or a wrong type is a :class:`ConfigError` naming the key. Called when
+    the config is read (``gateway/config.py``) and by ``from_config`` before any client
+    exists, so a bad option never gets as far as building the adapter."""
     for key, value in options.items():
         if key not in OPTIONS:
-            raise ConfigError(f"upstream {upstream!r}: unknown responses option {key!r}; "
-                              f"known: {sorted(OPTIONS)}")
+            raise ConfigError(f"upstream {upstream!r}: unknown responses option {key!r} "
+                              f"in [upstreams.options]; known: {sorted(OPTIONS)}")
         if not isinstance(value, OPTIONS[key]):
-            raise ConfigError(f"upstream {upstream!r}: {key} must be true or false")
+            raise ConfigError(f"upstream {upstream!r}: options.{key} must be true or false")
     return {"websocket": bool(options.get("websocket", False))}
 
 
@@ -549,9 +551,11 @@ class ResponsesUpstream(TextUpstream):
     request, and every request once the upstream refused the upgrade, goes over HTTP."""
 
     kind = "responses"
+    parse_options = staticmethod(parse_options)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Checked already (the config, then from_config before the client): cannot raise.
         self.websocket = parse_options(self.name, self.config.options)["websocket"]
         self._sockets: set[UpstreamSocket] = set()  # held for client sockets: closed at exit
         self._refusals = RefusalLog()

@@ -296,10 +296,19 @@ class TextUpstream:
     def auth_headers(key: str | None) -> dict[str, str]:
         raise NotImplementedError
 
+    @staticmethod
+    def parse_options(upstream: str, options: Mapping[str, object]) -> Mapping[str, Any]:
+        """``[upstreams.options]`` checked (a :class:`ConfigError` naming the key), before
+        any client is built; a kind with options overrides this."""
+        return options
+
     @classmethod
     def from_config(cls, config: UpstreamConfig, *,
                     transport: httpx.AsyncBaseTransport | None = None,
                     maps: Mapping[str, TokenizerMap] | None = None) -> Self:
+        # Everything that can fail is checked before the client exists: a client built
+        # first would be left open (its pool and transport) by a constructor that raised.
+        cls.parse_options(config.name, config.options)
         headers = cls.auth_headers(api_key_from_env(config))
         return cls(config, http_client(config, headers, transport), maps)
 
