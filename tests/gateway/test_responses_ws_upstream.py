@@ -382,6 +382,56 @@ def test_a_socket_cut_before_output_is_retried_on_a_new_socket(fake, monkeypatch
     assert srv.sockets[0].received[0]["input"] == srv.sockets[1].received[0]["input"]
 
 
+def _retries(state: Any) -> float:
+    value = state.observability.registry.get_sample_value(
+        "tokenwire_retries_total", {"upstream": "up", "budget": "connection"})
+    return value or 0.0
+
+
+def test_a_reused_socket_cut_after_the_request_was_written_is_a_budgeted_retry(
+        fake, monkeypatch) -> None:
+    """The upstream read turn 2 on the reused socket, then broke: it may have started it, so
+    the gateway must not resend it on its own as if the socket had been found closed. It is
+    the HTTP path's "connection lost before any byte came back": a CONNECTION failure the
+    supervisor retries on its connection budget (before output only), on a new socket."""
+    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, n, rng: 0.0)  # no real wait
+    gateway, srv = fake
+    retries, lost = _retries(gateway.state), _metric(gateway.state, "lost")
+    srv.socket_scripts += [SocketScript(turns=[Turn(_answer("resp_1", "first")),
+                                               Turn([], then="break")]),
+                           SocketScript(turns=[Turn(_answer("resp_2", "second"))])]
+    with _open(gateway.url) as ws:
+        ws.send(_create("g", input="one"))
+        assert _until_terminal(ws)[-1]["type"] == "response.completed"
+        ws.send(_create("g", input="two"))
+        last = _until_terminal(ws)[-1]
+    assert last["type"] == "response.completed", last["response"].get("error")
+    assert last["response"]["output"][0]["content"][0]["text"] == "second"
+    # The upstream saw turn 2 on the first socket; the resend was the budget's one retry.
+    assert [len(s.received) for s in srv.sockets] == [2, 1]
+    assert _retries(gateway.state) == retries + 1
+    assert _metric(gateway.state, "lost") == lost + 1
+
+
+def test_a_reused_socket_cut_after_the_write_is_an_error_when_the_budget_refuses(
+        fake, monkeypatch) -> None:
+    """The same cut when the budget refuses the retry (its wait would pass the budget's
+    window): the client gets the connection error, and the request reached the upstream
+    exactly once."""
+    monkeypatch.setattr(RetryPolicy, "backoff", lambda self, n, rng: 1e9)  # over the window
+    gateway, srv = fake
+    srv.socket_scripts += [SocketScript(turns=[Turn(_answer("resp_3", "first")),
+                                               Turn([], then="break")])]
+    with _open(gateway.url) as ws:
+        ws.send(_create("g", input="one"))
+        assert _until_terminal(ws)[-1]["type"] == "response.completed"
+        ws.send(_create("g", input="two"))
+        last = _until_terminal(ws)[-1]
+    assert last["type"] == "response.failed", last
+    assert "before answering" in last["response"]["error"]["message"]
+    assert len(srv.sockets) == 1 and len(srv.sockets[0].received) == 2
+
+
 def test_a_socket_cut_after_output_is_the_http_stream_cut_error(fake) -> None:
     gateway, srv = fake
     partial = _answer("resp_c", "half ", "way")[:5]  # created..the first delta

@@ -26,11 +26,15 @@ Failures, each on the HTTP path's terms:
 * the upgrade refused (426, or any status but 101): this client socket uses the upstream's
   HTTP API from then on; logged once per upstream (:class:`RefusalLog`), counted
   (``refused``);
-* the held socket found closed (the upstream closes idle sockets) or closing as the request
-  is sent, before any answer: reopened once, silently, for this request;
-* a socket that breaks before any event of a response: ``CONNECTION`` / ``connection_reset``
-  (after events but before output: ``UPSTREAM``), which the supervisor retries on its budget,
-  on a new socket; after output, the same ``UPSTREAM`` failure an HTTP stream cut gives;
+* the held socket found closed (the upstream closes idle sockets) before a byte of the
+  request was written: reopened once, silently, for this request (the upstream cannot have
+  seen it);
+* a socket that breaks once the request may have been written (the write itself failing,
+  or no answer after it), even a reused one: never resent here, since the upstream may
+  have read and started it. It is ``CONNECTION`` / ``connection_reset`` before any event
+  (after events but before output: ``UPSTREAM``), as a POST whose connection is lost before
+  any byte came back, which the supervisor retries on its budget, before output only, on a
+  new socket; after output, the same ``UPSTREAM`` failure an HTTP stream cut gives;
 * a message over :data:`MAX_MESSAGE_BYTES` (the socket closes with 1009), or a binary one:
   ``UPSTREAM`` / ``malformed_stream``, final;
 * a response cut short on our side (the client left, a stop sequence matched, a deadline):
@@ -292,7 +296,8 @@ class UpstreamSocket:
 
 
 class _Stale(Exception):
-    """A reused socket closed before the request reached the upstream: open a new one."""
+    """A reused socket was found closed before a byte of the request was written: open a
+    new one (safe: the upstream cannot have seen the request)."""
 
 
 def _not_found(message: str) -> bool:
@@ -375,7 +380,7 @@ class SocketStream(SSEUpstreamStream):
                 return
             first = True
             while True:
-                message = await self._receive(conn, started=not first, reused=reused)
+                message = await self._receive(conn, started=not first)
                 if message is None:
                     finished = True  # a failure was queued and the socket dropped
                     return
@@ -403,20 +408,23 @@ class SocketStream(SSEUpstreamStream):
     async def _send(self, conn: ClientConnection, body: dict[str, Any], *,
                     reused: bool) -> bool:
         """Send one ``response.create``; False once a failure was queued for a socket that
-        closed under it (a reused one raises :class:`_Stale` instead: a new socket)."""
+        closed under it. A reused socket found closed before the write raises
+        :class:`_Stale` instead (a new socket): ``send`` checks the state before writing
+        and nothing is awaited between this check and that one, so "not open here" means
+        not a byte went; a failure once it was open may come after the frame was written."""
+        message = _encode({"type": "response.create", **body}).decode()
+        if reused and conn.state is not State.OPEN:
+            raise _Stale
         try:
-            await conn.send(_encode({"type": "response.create", **body}).decode())
+            await conn.send(message)
             return True
         except ConnectionClosed as exc:
-            if reused:
-                raise _Stale from None
             self._socket.discard(lost=True)
             self._end(_failure(FailureClass.CONNECTION, "closed its WebSocket as the request "
                                f"was sent ({_close_reason(exc)})", "connection_reset"))
             return False
 
-    async def _receive(self, conn: ClientConnection, *, started: bool,
-                       reused: bool) -> str | None:
+    async def _receive(self, conn: ClientConnection, *, started: bool) -> str | None:
         """The next text message; None once a failure was queued for a broken socket."""
         try:
             async with asyncio.timeout(self._read_timeout):
@@ -434,9 +442,7 @@ class SocketStream(SSEUpstreamStream):
             elif exc.sent is not None and exc.sent.code == 1009:
                 self._end(_failure(FailureClass.UPSTREAM, "sent a WebSocket message over "
                                    f"{MAX_MESSAGE_BYTES} bytes", MALFORMED))
-            elif not started and reused:
-                raise _Stale from None  # closed while idle, nothing of the request read
-            elif not started:
+            elif not started:  # reused or not: the request was written, it may have run
                 self._socket.discard(lost=True)
                 self._end(_failure(FailureClass.CONNECTION, "closed its WebSocket before "
                                    f"answering ({_close_reason(exc)})", "connection_reset"))
