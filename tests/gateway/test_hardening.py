@@ -262,16 +262,13 @@ def test_localhost_open_serves_a_loopback_client_without_a_key(stacks) -> None:
 
 
 def _raw(port: int, head: bytes) -> bytes:
-    """Send a request head; read until the server closes (a 2 s timeout fails the test)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+    """Send a request head; read until the server closes. What is waited for is the close
+    itself; ``read_until_closed``'s generous net only fails a server that never closes."""
+    from .raw_sockets import CLOSE_WAIT_S, read_until_closed  # it imports this module
+
+    with socket.create_connection(("127.0.0.1", port), timeout=CLOSE_WAIT_S) as conn:
         conn.sendall(head)
-        data = b""
-        try:
-            while chunk := conn.recv(4096):
-                data += chunk
-        except TimeoutError:
-            pytest.fail(f"the server kept the socket open past 2 s; got {data!r}")
-    return data
+        return read_until_closed(conn)
 
 
 def test_an_unparsable_request_target_is_400(keyed) -> None:
