@@ -248,3 +248,82 @@ def test_messages_refusals_use_anthropics_shape(stack, headers, status, kind) ->
     assert resp.status_code == status
     assert resp.json() == {"type": "error", "error": {"type": kind,
                                                       "message": resp.json()["error"]["message"]}}
+
+
+# -- sizes and counts a caller controls (gateway/apis/limits.py) ------------------------------
+
+_META_17 = {f"k{i}": "v" for i in range(17)}
+_FN = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+_RTOOL = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+_MTOOL = {"name": "f", "input_schema": {"type": "object"}}
+MESSAGES = {"model": "scripted", "max_tokens": 5, "messages": USER}
+OPENAI_LIMITS = [
+    ("/v1/chat/completions", {"metadata": _META_17}, "metadata"),
+    ("/v1/chat/completions", {"metadata": {"k" * 65: "v"}}, "metadata"),
+    ("/v1/chat/completions", {"metadata": {"k": "v" * 513}}, "metadata.k"),
+    ("/v1/chat/completions", {"metadata": {"k": 1}}, "metadata.k"),
+    ("/v1/chat/completions", {"user": 42}, "user"),
+    ("/v1/chat/completions", {"user": "u" * 129}, "user"),
+    ("/v1/chat/completions", {"safety_identifier": "u" * 129}, "safety_identifier"),
+    ("/v1/chat/completions", {"tools": [_FN] * 129}, "tools"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "f" * 65}}]},
+     "tools[0].function.name"),
+    ("/v1/chat/completions", {"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias"),
+    ("/v1/chat/completions", {"logit_bias": {"42": 101}}, "logit_bias.42"),
+    ("/v1/chat/completions", {"logit_bias": {"hello": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "Hi", "user": ["u"]}, "user"),
+    ("/v1/completions", {"prompt": "Hi", "logit_bias": {"42": -101}}, "logit_bias.42"),
+    ("/v1/responses", {"input": "Hi", "metadata": _META_17}, "metadata"),
+    ("/v1/responses", {"input": "Hi", "metadata": {"k": "v" * 513}}, "metadata.k"),
+    ("/v1/responses", {"input": "Hi", "user": {"id": 1}}, "user"),
+    ("/v1/responses", {"input": "Hi", "tools": [_RTOOL] * 129}, "tools"),
+    ("/v1/responses", {"input": "Hi", "tools": [{"type": "namespace", "name": "ns",
+                                                  "tools": [_RTOOL] * 129}]}, "tools"),
+    ("/v1/responses", {"input": "Hi", "tools": [{**_RTOOL, "name": "f" * 65}]}, "tools"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), OPENAI_LIMITS,
+                         ids=[f"{c[0].removeprefix('/v1/').replace('/', '_')}-{c[2]}-{i}"
+                              for i, c in enumerate(OPENAI_LIMITS)])
+def test_openai_sizes_and_counts_past_the_apis_limits_are_400s(stack, path, body,
+                                                               param) -> None:
+    messages = {"messages": USER} if path.endswith("chat/completions") else {}
+    err = _openai_error(_post(stack, path, {"model": "scripted", **messages, **body}))
+    assert err["type"] == "invalid_request_error" and err["param"] == param, err
+    # The limit answered, not the refusal of a field this upstream cannot take (logit_bias).
+    assert "passed only to an upstream" not in err["message"], err
+
+
+def test_openai_sizes_at_the_limits_are_served(stack) -> None:
+    body = {"model": "scripted", "messages": USER, "max_tokens": 2,
+            "metadata": {f"{i:0>64}": "v" * 512 for i in range(16)}, "user": "u" * 128,
+            "tools": [{"type": "function", "function": {"name": f"{i:f>64}"}}
+                      for i in range(128)]}
+    resp = _post(stack, "/v1/chat/completions", body)
+    assert resp.status_code == 200, resp.text
+    # logit_bias is the upstream's own (its token ids): a scripted upstream refuses any, so
+    # the largest one allowed gets that refusal, not the limit's.
+    bias = {str(i): (-100, 100)[i % 2] for i in range(1024)}
+    err = _openai_error(_post(stack, "/v1/chat/completions", {**body, "logit_bias": bias}))
+    assert err["param"] == "logit_bias" and "limit" not in err["message"], err
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"metadata": {"user_id": "u" * 257}}, "metadata.user_id"),
+    ({"metadata": {"user_id": 7}}, "metadata.user_id"),
+    ({"metadata": {"user_id": "u", "other": "x"}}, "metadata.other"),
+    ({"tools": [{**_MTOOL, "name": "f" * 129}]}, "tools.0.name"),
+    ({"tools": [_MTOOL] * 513}, "tools"),
+])
+def test_messages_sizes_past_anthropics_limits_are_anthropics_400(stack, body, param) -> None:
+    resp = _post(stack, "/v1/messages", {**MESSAGES, **body})
+    assert resp.status_code == 400, resp.text
+    out = resp.json()
+    assert out["type"] == "error" and out["error"]["type"] == "invalid_request_error"
+    assert out["error"]["message"].startswith(param + ":"), out
+
+
+def test_messages_metadata_at_the_limit_is_served(stack) -> None:
+    resp = _post(stack, "/v1/messages", {**MESSAGES, "metadata": {"user_id": "u" * 256}})
+    assert resp.status_code == 200, resp.text

@@ -17,6 +17,15 @@ from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
 from tokenwire.gateway.affinity import affinity_hints
+from tokenwire.gateway.apis.limits import (
+    MAX_OPENAI_TOOL_NAME_CHARS,
+    MAX_OPENAI_TOOLS,
+    check_logit_bias,
+    check_openai_attribution,
+    check_openai_metadata,
+    check_tool_count,
+    check_tool_name,
+)
 from tokenwire.gateway.apis.logprobs import chat_entries
 from tokenwire.gateway.apis.params import (
     bad_request,
@@ -87,6 +96,9 @@ def parse_chat_request(body: Any, *, request_id: str = "") -> ChatCall:
     refuse_unsupported("chat", body)  # fields no upstream can take here (request_fields.py)
     logprobs, top_logprobs = parse_logprobs(body, chat=True)
     refuse_binary_logprobs(fmt, logprobs)
+    check_openai_metadata(body.get("metadata"))  # forwarded as hints: bounded here
+    check_openai_attribution(body)
+    check_logit_bias(body.get("logit_bias"))
     request = GenerationRequest(
         prompt=ChatPrompt(messages=_messages(body.get("messages"))),
         model=model or "", **sampling.request_fields(),
@@ -191,6 +203,7 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
         return ()
     if not isinstance(value, list):
         raise bad_request("tools must be an array", param="tools", code="invalid_type")
+    check_tool_count(value, MAX_OPENAI_TOOLS)
     specs = []
     for j, tool in enumerate(value):
         fn = tool.get("function") if isinstance(tool, dict) else None
@@ -198,6 +211,7 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
                 or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise bad_request(f"tools[{j}] must be {{type: function, function: {{name, ...}}}}",
                               param=f"tools[{j}]")
+        check_tool_name(fn["name"], f"tools[{j}].function.name", MAX_OPENAI_TOOL_NAME_CHARS)
         params = fn.get("parameters")
         specs.append(ToolSpec(
             name=fn["name"], description=str(fn.get("description") or ""),

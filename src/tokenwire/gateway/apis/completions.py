@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from tokenwire.codec.frames import StreamFormat
+from tokenwire.gateway.apis.limits import check_logit_bias, check_openai_attribution
 from tokenwire.gateway.apis.logprobs import CompletionsLogprobs
 from tokenwire.gateway.apis.params import (
     bad_request,
@@ -78,6 +79,8 @@ def parse_completions_request(body: Any, *, request_id: str = "") -> Completions
     refuse_unsupported("completions", body)  # fields no upstream can take here
     logprobs, top_logprobs = parse_logprobs(body, chat=False)
     refuse_binary_logprobs(fmt, logprobs)
+    check_openai_attribution(body)  # forwarded as hints: bounded here
+    check_logit_bias(body.get("logit_bias"))
     request = GenerationRequest(
         prompt=_prompt(body.get("prompt")), **sampling.request_fields(),
         logprobs=logprobs, top_logprobs=top_logprobs, api="completions",

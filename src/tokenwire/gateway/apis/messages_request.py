@@ -16,6 +16,13 @@ from typing import Any
 
 import msgspec
 
+from tokenwire.gateway.apis.limits import (
+    MAX_ANTHROPIC_TOOL_NAME_CHARS,
+    MAX_MESSAGES_TOOLS,
+    check_anthropic_metadata,
+    check_tool_count,
+    check_tool_name,
+)
 from tokenwire.gateway.apis.params import (
     MAX_MAX_TOKENS,
     MAX_TOP_K,
@@ -93,8 +100,7 @@ def parse_messages_request(body: Any, *, request_id: str = "",
         reasoning_effort=_effort(body.get("thinking"), output),
         response_format=_output_format(output),
         api="messages", extensions=extensions_of("messages", body))
-    if body.get("metadata") is not None and not isinstance(body["metadata"], dict):
-        raise bad_request("metadata: must be an object", param="metadata")
+    check_anthropic_metadata(body.get("metadata"))
     return MessagesCall(request, model=model, stream=bool(body.get("stream", False)),
                         notes=tuple(notes))
 
@@ -307,12 +313,14 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
         return ()
     if not isinstance(value, list):
         raise bad_request("tools: must be a list", param="tools")
+    check_tool_count(value, MAX_MESSAGES_TOOLS)
     specs = []
     for j, tool in enumerate(value):
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) \
                 or tool.get("type", "custom") != "custom":
             raise bad_request(f"tools.{j}: needs a name; server tools are not supported",
                               param=f"tools.{j}")
+        check_tool_name(tool["name"], f"tools.{j}.name", MAX_ANTHROPIC_TOOL_NAME_CHARS)
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise bad_request(f"tools.{j}.input_schema: Field required",

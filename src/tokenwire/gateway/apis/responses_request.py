@@ -36,6 +36,14 @@ import msgspec
 
 from tokenwire.errors import PreviousResponseNotFound
 from tokenwire.gateway.affinity import affinity_hints
+from tokenwire.gateway.apis.limits import (
+    MAX_OPENAI_TOOL_NAME_CHARS,
+    MAX_OPENAI_TOOLS,
+    check_openai_attribution,
+    check_openai_metadata,
+    check_tool_count,
+    check_tool_name,
+)
 from tokenwire.gateway.apis.params import (
     MAX_MAX_TOKENS,
     bad_request,
@@ -198,6 +206,8 @@ def parse_responses_request(
         raise bad_request("input is empty: send at least one message", param="input",
                           code="empty_array")
     tools = _Tools(body.get("tools"))
+    check_openai_metadata(body.get("metadata"))  # forwarded as hints: bounded here
+    check_openai_attribution(body)
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise bad_request(f"reasoning must be an object, got {json_type(reasoning)}",
@@ -491,6 +501,7 @@ class _Tools:
             return
         if not isinstance(raw, list):
             raise bad_request("tools must be an array", param="tools", code="invalid_type")
+        check_tool_count(raw, MAX_OPENAI_TOOLS)  # early: before a huge array is walked
         specs: list[ToolSpec] = []
         collab: set[str] = set()
         for tool in raw:
@@ -500,6 +511,8 @@ class _Tools:
                     specs.append(spec)
                     if ns == COLLABORATION_NAMESPACE and spec.name in COLLABORATION_TOOLS:
                         collab.add(spec.name)
+        # Counted as OpenAI counts them, hosted tools too (a namespace's members one each).
+        check_tool_count(range(len(specs) + self.hosted), MAX_OPENAI_TOOLS)
         self.specs, self.collaboration = tuple(specs), frozenset(collab)
 
     def _one(self, tool: dict[str, Any], ns: str | None) -> ToolSpec | None:
@@ -514,6 +527,7 @@ class _Tools:
         if not isinstance(name, str) or not name:
             raise bad_request(f"a {kind} tool needs a name", param="tools",
                               code="missing_required_parameter")
+        check_tool_name(name, "tools", MAX_OPENAI_TOOL_NAME_CHARS)
         description = tool.get("description") or ""
         if kind == "custom":
             fmt = tool.get("format")

@@ -1,0 +1,160 @@
+"""Bounds on the request fields a caller sizes freely: metadata, attribution ids, tools,
+``logit_bias``. Each is the real API's documented limit where it documents one (cited on the
+constant), else a bound of ours with its reason. A value past a bound is a 400 naming the
+field (:func:`~tokenwire.gateway.apis.params.bad_request`), which each API answers in its own
+error shape; nothing is truncated or dropped in silence.
+
+These fields are forwarded unchanged to an upstream that speaks the same API
+(``request_fields.py``: ``metadata``, ``user`` and ``safety_identifier`` are hints,
+``logit_bias`` is passed), so an unbounded one would be sent on as it came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sized
+from typing import Any
+
+from tokenwire.gateway.apis.params import bad_request, json_type
+
+__all__ = [
+    "MAX_ANTHROPIC_TOOL_NAME_CHARS",
+    "MAX_ANTHROPIC_USER_ID_CHARS",
+    "MAX_LOGIT_BIAS",
+    "MAX_LOGIT_BIAS_ENTRIES",
+    "MAX_MESSAGES_TOOLS",
+    "MAX_METADATA_KEYS",
+    "MAX_METADATA_KEY_CHARS",
+    "MAX_METADATA_VALUE_CHARS",
+    "MAX_OPENAI_TOOLS",
+    "MAX_OPENAI_TOOL_NAME_CHARS",
+    "MAX_SAFETY_IDENTIFIER_CHARS",
+    "MAX_USER_CHARS",
+    "check_anthropic_metadata",
+    "check_logit_bias",
+    "check_openai_attribution",
+    "check_openai_metadata",
+    "check_tool_count",
+    "check_tool_name",
+]
+
+#: OpenAI's ``metadata`` (Chat, Responses; the ``openai`` SDK's ``Metadata`` docstring):
+#: "Set of 16 key-value pairs ... Keys are strings with a maximum length of 64 characters.
+#: Values are strings with a maximum length of 512 characters."
+MAX_METADATA_KEYS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+#: OpenAI's ``safety_identifier``: "a maximum length of 128 characters" (SDK docstring).
+MAX_SAFETY_IDENTIFIER_CHARS = 128
+#: ``user``, which ``safety_identifier`` replaces: OpenAI documents no length of its own, so
+#: it gets its successor's.
+MAX_USER_CHARS = MAX_SAFETY_IDENTIFIER_CHARS
+#: Anthropic's ``metadata.user_id``: at most 256 characters (the Messages API reference); it
+#: is the only key Anthropic's ``metadata`` has.
+MAX_ANTHROPIC_USER_ID_CHARS = 256
+#: OpenAI's bound on ``tools`` (its 400: "array too long. Expected an array with maximum
+#: length 128", code ``array_above_max_length``), for Chat and Responses (namespaced tools
+#: count one each).
+MAX_OPENAI_TOOLS = 128
+#: OpenAI's function name: "a maximum length of 64" (SDK ``FunctionDefinition.name``).
+MAX_OPENAI_TOOL_NAME_CHARS = 64
+#: Anthropic's tool name pattern ``^[a-zA-Z0-9_-]{1,128}$`` (its 400 for a longer name).
+MAX_ANTHROPIC_TOOL_NAME_CHARS = 128
+#: Anthropic documents no count of tools; ours, far above any client's tool set, bounds the
+#: tool prompt every request renders.
+MAX_MESSAGES_TOOLS = 512
+#: OpenAI's ``logit_bias`` values: "from -100 to 100" (SDK docstring).
+MAX_LOGIT_BIAS = 100
+#: OpenAI documents no count of ``logit_bias`` entries; ours bounds the per-token work an
+#: upstream does for them (a bias on every token of a 200k vocabulary otherwise).
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def _string(value: Any, where: str, most: int) -> None:
+    if not isinstance(value, str):
+        raise bad_request(f"{where} must be a string, got {json_type(value)}", param=where,
+                          code="invalid_type")
+    if len(value) > most:
+        raise bad_request(f"{where} is longer than {most} characters ({len(value)})",
+                          param=where, code="string_above_max_length")
+
+
+def check_openai_metadata(value: Any) -> None:
+    """``metadata``: at most 16 string keys of up to 64 characters, string values of up to
+    512 (OpenAI's limits); ``null`` is no metadata."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise bad_request(f"metadata must be an object, got {json_type(value)}",
+                          param="metadata", code="invalid_type")
+    if len(value) > MAX_METADATA_KEYS:
+        raise bad_request(f"metadata has {len(value)} keys; at most {MAX_METADATA_KEYS} are "
+                          "allowed", param="metadata", code="object_above_max_properties")
+    for key, item in value.items():
+        if len(key) > MAX_METADATA_KEY_CHARS:
+            raise bad_request(f"metadata key {key[:MAX_METADATA_KEY_CHARS]!r}... is longer "
+                              f"than {MAX_METADATA_KEY_CHARS} characters", param="metadata",
+                              code="string_above_max_length")
+        _string(item, f"metadata.{key}", MAX_METADATA_VALUE_CHARS)
+
+
+def check_openai_attribution(body: Mapping[str, Any]) -> None:
+    """``user`` and ``safety_identifier``: strings of up to 128 characters when sent."""
+    for key, most in (("user", MAX_USER_CHARS),
+                      ("safety_identifier", MAX_SAFETY_IDENTIFIER_CHARS)):
+        if body.get(key) is not None:
+            _string(body[key], key, most)
+
+
+def check_anthropic_metadata(value: Any) -> None:
+    """Messages' ``metadata``: an object whose one key, ``user_id``, is a string of up to
+    256 characters or null; any other key is refused, as Anthropic's API does."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise bad_request("metadata: must be an object", param="metadata")
+    for key in value:
+        if key != "user_id":
+            raise bad_request(f"metadata.{key}: Extra inputs are not permitted",
+                              param=f"metadata.{key}")
+    user = value.get("user_id")
+    if user is not None and (not isinstance(user, str)
+                             or len(user) > MAX_ANTHROPIC_USER_ID_CHARS):
+        raise bad_request(f"metadata.user_id: must be a string of at most "
+                          f"{MAX_ANTHROPIC_USER_ID_CHARS} characters",
+                          param="metadata.user_id")
+
+
+def check_tool_count(tools: Sized, most: int) -> None:
+    if len(tools) > most:
+        raise bad_request(f"tools: {len(tools)} tools; at most {most} are allowed",
+                          param="tools", code="array_above_max_length")
+
+
+def check_tool_name(name: str, param: str, most: int) -> None:
+    if len(name) > most:
+        raise bad_request(f"{param}: the tool name {name[:24]!r}... is longer than {most} "
+                          f"characters ({len(name)})", param=param,
+                          code="string_above_max_length")
+
+
+def check_logit_bias(value: Any) -> None:
+    """``logit_bias``: an object of token ids (decimal strings) to numbers in -100..100,
+    with at most :data:`MAX_LOGIT_BIAS_ENTRIES` entries."""
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        raise bad_request(f"logit_bias must be an object, got {json_type(value)}",
+                          param="logit_bias", code="invalid_type")
+    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise bad_request(f"logit_bias has {len(value)} entries; at most "
+                          f"{MAX_LOGIT_BIAS_ENTRIES} are allowed", param="logit_bias",
+                          code="object_above_max_properties")
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise bad_request(f"logit_bias key {key[:32]!r} is not a token id",
+                              param="logit_bias")
+        if not isinstance(bias, int | float) or isinstance(bias, bool) \
+                or not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+            raise bad_request(f"logit_bias.{key} must be a number between "
+                              f"-{MAX_LOGIT_BIAS} and {MAX_LOGIT_BIAS}",
+                              param=f"logit_bias.{key}")
