@@ -33,22 +33,24 @@ from starlette.routing import Route
 
 from tokenwire.gateway.ir import FailureClass
 from tokenwire.gateway.observability import records as obs_mod
-from tokenwire.gateway.observability.records import (
+from tokenwire.gateway.observability.bounds import (
     API_BY_PATH,
     APIS,
-    DURATION_BUCKETS_S,
-    LOGGER_NAME,
     MAX_ID_CHARS,
     MAX_LABEL_CHARS,
     MAX_LABEL_VALUES,
+    api_for_path,
+    bounded_id,
+    safe_code,
+)
+from tokenwire.gateway.observability.records import (
+    DURATION_BUCKETS_S,
+    LOGGER_NAME,
     MAX_NOTES,
     METRICS_CONTENT_TYPE,
     TOKEN_FLUSH_EVERY,
     Observability,
     RequestRecord,
-    api_for_path,
-    bounded_id,
-    safe_code,
 )
 from tokenwire.gateway.observability.request_log import JsonLineFormatter, configure_request_logging
 

@@ -74,7 +74,7 @@ from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.http.streaming import EventResponse, Renderer
 from tokenwire.gateway.http.tokenize_routes import detokenize, tokenize
 from tokenwire.gateway.ir import GenerationRequest, PromptIds
-from tokenwire.gateway.observability.records import api_for_path
+from tokenwire.gateway.observability.bounds import api_for_path
 from tokenwire.gateway.routing.health import overall_status
 from tokenwire.gateway.routing.router import ServedModel
 from tokenwire.gateway.stops import validate_stops

@@ -40,7 +40,7 @@ from tokenwire.gateway.ir import (
     PromptIds,
     kind_of,
 )
-from tokenwire.gateway.observability.records import api_for_path
+from tokenwire.gateway.observability.bounds import api_for_path
 from tokenwire.gateway.request_fields import refusal
 from tokenwire.gateway.routing.router import ServedModel
 

@@ -30,6 +30,8 @@ to 64 characters and at most 64 distinct values per label are kept, later ones b
 ``"other"``: model names come from clients, who must not be able to grow the registry
 without bound. Request ids are never labels.
 
+The bounds, vocabularies and sanitisers themselves are :mod:`.bounds`.
+
 Cost: label children are resolved once per record; streamed tokens reach the shared counter
 in batches (:data:`TOKEN_FLUSH_EVERY`). No method of a record raises: observability must
 never fail a request, so an internal error is counted in
@@ -42,7 +44,6 @@ import functools
 import logging
 import math
 import re
-import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
@@ -50,7 +51,25 @@ from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
-from tokenwire.gateway.ir import FailureClass
+from tokenwire.gateway.observability.bounds import (
+    APIS,
+    BUDGETS,
+    ENCODINGS,
+    FAILOVER,
+    FAILURE_CLASSES,
+    MAX_COUNT,
+    OTHER,
+    OUTCOMES,
+    UNSPECIFIED,
+    USAGE_SOURCES,
+    LabelGuard,
+    bounded_count,
+    bounded_id,
+    bounded_seconds,
+    closed_value,
+    safe_code,
+    to_ms,
+)
 from tokenwire.gateway.observability.metrics import (
     DURATION_BUCKETS_S,
     CapacityCollector,
@@ -61,55 +80,16 @@ from tokenwire.gateway.observability.metrics import (
 from tokenwire.gateway.state.limits import charged_tokens
 
 __all__ = [
-    "APIS", "API_BY_PATH", "BUDGETS", "DURATION_BUCKETS_S", "ENCODINGS", "FAILURE_CLASSES",
-    "LOGGER_NAME", "MAX_ID_CHARS", "MAX_LABEL_CHARS", "MAX_LABEL_VALUES", "MAX_LINE_CHARS",
-    "MAX_NOTES", "METRICS_CONTENT_TYPE", "OUTCOMES", "TOKEN_FLUSH_EVERY", "Observability",
-    "RequestRecord", "api_for_path", "bounded_id", "safe_code",
+    "DURATION_BUCKETS_S", "LOGGER_NAME", "MAX_LINE_CHARS", "MAX_NOTES", "METRICS_CONTENT_TYPE",
+    "TOKEN_FLUSH_EVERY", "Observability", "RequestRecord",
 ]
 
 # -- limits and vocabularies -----------------------------------------------------------------
 
 #: The logger every request record goes to; the CLI attaches the JSON handler to it.
 LOGGER_NAME: Final = "tokenwire.requests"
-#: Seed: "bounded request/provider/model identifiers". 128 keeps a UUID, a ``resp_`` id and
-#: any realistic model path whole while capping what a client-chosen string can cost.
-MAX_ID_CHARS: Final = 128
-#: Prometheus label values: shorter than log identifiers, because every value is a series.
-MAX_LABEL_CHARS: Final = 64
-#: Distinct values kept per open label before new ones fold into ``"other"``. Configured
-#: models and upstreams are far fewer; the cap only bites on client-invented names.
-MAX_LABEL_VALUES: Final = 64
 #: Defence in depth for the formatter: no line is longer, whatever a caller puts in a record.
 MAX_LINE_CHARS: Final = 4096
-#: Codes are kept in logs only in this shape (upstream codes such as ``rate_limit_exceeded``,
-#: ``exceed_context_size_error``): a sentence, a key or a token does not fit it.
-_CODE_RE: Final = re.compile(r"[a-z0-9_.-]{1,64}")
-OTHER: Final = "other"
-UNSPECIFIED: Final = "unspecified"
-
-#: The APIs tokenwire serves, as ``api`` label values. ``codec`` is any Codec binary stream
-#: (``/v1/completions`` with a binary ``stream_format`` and ``/v1/completions/codec``).
-APIS: Final = frozenset({"responses", "messages", "chat_completions", "completions", "codec"})
-#: The ``api`` of a request refused before its route ran (middleware rejections); a route
-#: that knows better (``/v1/completions`` with a binary ``stream_format``) passes ``codec``.
-API_BY_PATH: Final = {
-    "/v1/responses": "responses", "/v1/messages": "messages",
-    "/v1/chat/completions": "chat_completions", "/v1/completions": "completions",
-    "/v1/completions/codec": "codec",
-}
-#: Content codings of the bytes written to the client.
-ENCODINGS: Final = frozenset({"identity", "gzip", "br", "zstd"})
-#: The retry budgets of :mod:`tokenwire.gateway.supervision.retry` that can schedule a retry.
-BUDGETS: Final = frozenset({"single", "connection", "throttle"})
-#: A pool's failover to another replica before output (``routing/pool.py``): a retry that
-#: spends no budget. Counted with the budgets, and in the log line only when it happened.
-FAILOVER: Final = "failover"
-#: How a request ended. ``cancelled`` means the client went away (see :meth:`finished`).
-OUTCOMES: Final = frozenset({"completed", "failed", "cancelled"})
-#: Failure classes: the IR's, plus ``cancelled`` for client disconnects and ``unspecified``
-#: when a caller reports a failure without a class.
-FAILURE_CLASSES: Final = frozenset({c.value for c in FailureClass} | {"cancelled", UNSPECIFIED})
-
 #: The classic text format, pinned rather than the library's version-dependent default
 #: (``version=1.0.0`` in 0.26): our names are legacy-valid, so the body is 0.0.4 either way.
 METRICS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
@@ -122,108 +102,13 @@ _RESERVED_NOTE_KEYS: Final = frozenset((  # the standard fields of a request rec
     "queue_wait_ms ttft_ms attempts retries retry_wait_ms heartbeats completion_tokens "
     "usage_prompt_tokens usage_completion_tokens usage_source wire_bytes encoding "
     "retried_failure_class retried_code served_model fallbacks fallback_reason").split())
-#: Who counted a request's usage (``ir.UsageSource``), as the request log names it.
-_USAGE_SOURCES: Final = frozenset({"engine", "upstream", "gateway"})
 #: Streamed tokens are added to the shared counter in batches of this many (see ``tokens``).
 TOKEN_FLUSH_EVERY: Final = 32
-_MAX_COUNT: Final = 2**53  # exact in a JSON double; no real count gets near it
 _CANCEL_CODE: Final = "client_disconnected"
 
 _internal_log = logging.getLogger("tokenwire.observability")
 # A library does not print by default: the CLI decides where request records go.
 logging.getLogger(LOGGER_NAME).addHandler(logging.NullHandler())
-
-
-# -- sanitising ------------------------------------------------------------------------------
-
-# Printable ASCII is kept; everything else (controls, newlines, non-ASCII) becomes "?", so an
-# identifier can neither break a line nor smuggle look-alike characters into a log search.
-_NON_PRINTABLE_RE: Final = re.compile(r"[^\x20-\x7e]")
-
-
-def api_for_path(path: object) -> str:
-    """The ``api`` label for a request path (``"other"`` for anything not an inference API)."""
-    return API_BY_PATH.get(path, OTHER) if isinstance(path, str) else OTHER
-
-
-def bounded_id(value: object, limit: int = MAX_ID_CHARS) -> str:
-    """``value`` cut to ``limit`` characters of printable ASCII; non-strings become ``""``.
-
-    Non-strings are not ``str()``-ed: the ``repr`` of an arbitrary object is exactly the kind
-    of text (headers, bodies) that must not reach a log.
-    """
-    if not isinstance(value, str):
-        return ""
-    cut = value[:limit]
-    if cut.isascii() and cut.isprintable():
-        return cut
-    return _NON_PRINTABLE_RE.sub("?", cut)
-
-
-def safe_code(value: object) -> str | None:
-    """An error code as logged: kept when it is code-shaped, else ``"other"``; None stays."""
-    if value is None:
-        return None
-    if isinstance(value, str) and _CODE_RE.fullmatch(value):
-        return str.__str__(value)  # a plain str, even from a StrEnum member
-    return OTHER
-
-
-def _closed(value: object, vocabulary: frozenset[str]) -> str:
-    """A value from a closed vocabulary (as a plain str, even from a StrEnum), or ``"other"``."""
-    return str.__str__(value) if isinstance(value, str) and value in vocabulary else OTHER
-
-
-def _count(n: object) -> int:
-    """A count as recorded: an int in ``[0, 2**53]`` (a bool is 0 or 1); anything else is 0."""
-    if isinstance(n, int):
-        return 0 if n < 0 else min(n, _MAX_COUNT)
-    if isinstance(n, float) and math.isfinite(n) and n > 0:
-        return min(int(n), _MAX_COUNT)
-    return 0
-
-
-def _seconds(s: object) -> float:
-    """A duration as recorded: finite and non-negative, else 0 (JSON has no NaN)."""
-    if isinstance(s, int | float) and math.isfinite(s) and s > 0:
-        return float(min(s, 1e9))
-    return 0.0
-
-
-def _ms(s: float) -> float:
-    return round(s * 1000.0, 1)
-
-
-class _LabelGuard:
-    """Bounds one open label: values cut to 64 characters, at most 64 distinct kept.
-
-    Raw strings are cached only for admitted labels, and the cache itself is capped, so a
-    flood of random names costs a string cut each and no memory.
-    """
-
-    def __init__(self, max_values: int = MAX_LABEL_VALUES, max_chars: int = MAX_LABEL_CHARS):
-        self._max_values = max_values
-        self._max_chars = max_chars
-        self._labels: set[str] = set()
-        self._cache: dict[str, str] = {}
-        self._lock = threading.Lock()  # scrapes and requests may run on different threads
-
-    def __call__(self, value: object) -> str:
-        if isinstance(value, str):
-            hit = self._cache.get(value)
-            if hit is not None:
-                return hit
-        bounded = bounded_id(value, self._max_chars) or "unknown"
-        if bounded == OTHER:
-            return OTHER
-        with self._lock:
-            if bounded not in self._labels:
-                if len(self._labels) >= self._max_values:
-                    return OTHER
-                self._labels.add(bounded)
-            if isinstance(value, str) and len(self._cache) < 4 * self._max_values:
-                self._cache[value] = bounded
-        return bounded
 
 
 # -- the "never raise" rule ------------------------------------------------------------------
@@ -280,9 +165,9 @@ class Observability:
         if own_registry and process_metrics:
             # Resident memory and open fds per app registry (the load test watches memory).
             ProcessCollector(registry=self.registry)
-        self._model = _LabelGuard()
-        self._upstream = _LabelGuard()
-        self._reason = _LabelGuard()
+        self._model = LabelGuard()
+        self._upstream = LabelGuard()
+        self._reason = LabelGuard()
 
     def new_request(
         self, *, api: str, model: str, upstream: str, request_id: str, stream: bool
@@ -308,7 +193,7 @@ class Observability:
         ``reason`` is a code (``queue_full``, ``invalid_api_key``...): kept when code-shaped,
         bounded in cardinality like a model name.
         """
-        api_l = _closed(api, APIS)
+        api_l = closed_value(api, APIS)
         reason_l = self._reason(safe_code(reason) or UNSPECIFIED)
         self._m.rejected.labels(api_l, reason_l).inc()
         fields: dict[str, Any] = {"event": "request_rejected", "api": api_l,
@@ -377,7 +262,7 @@ class RequestRecord:
         self._done = False
         self._outcome: tuple[str, int, str | None, str | None] | None = None
         self._started = _safe_clock(obs)
-        self._api = _closed(api, APIS)
+        self._api = closed_value(api, APIS)
         # Labels are bounded for series (64/64); log identifiers keep more (128 chars).
         self._model_l = obs._model(model)
         self._upstream_l = obs._upstream(upstream)
@@ -418,7 +303,7 @@ class RequestRecord:
         """Left the capacity queue after ``waited_s`` (0 when a slot was free); once."""
         if self._done or self._queue_wait_s is not None:
             return
-        self._queue_wait_s = _seconds(waited_s)
+        self._queue_wait_s = bounded_seconds(waited_s)
         self._obs._m.queue_wait.observe(self._queue_wait_s)
 
     @_never_raises
@@ -426,7 +311,7 @@ class RequestRecord:
         """Upstream attempt number ``attempt`` (1, 2, ...) is starting."""
         if self._done:
             return
-        self._attempts = max(self._attempts + 1, min(_count(attempt), 1_000_000))
+        self._attempts = max(self._attempts + 1, min(bounded_count(attempt), 1_000_000))
         self._obs._m.attempts.labels(self._upstream_l).inc()
 
     @_never_raises
@@ -436,12 +321,12 @@ class RequestRecord:
         """A retry from ``budget`` after ``delay_s``, for a failure of ``failure_class``."""
         if self._done:
             return
-        budget_l = _closed(budget, BUDGETS | {FAILOVER})
-        delay = _seconds(delay_s)
+        budget_l = closed_value(budget, BUDGETS | {FAILOVER})
+        delay = bounded_seconds(delay_s)
         if budget_l in self._retries or budget_l == FAILOVER:
             self._retries[budget_l] = self._retries.get(budget_l, 0) + 1
         self._retry_wait_s += delay
-        self._retry_class = _closed(failure_class, FAILURE_CLASSES)
+        self._retry_class = closed_value(failure_class, FAILURE_CLASSES)
         self._retry_code = safe_code(code)
         m = self._obs._m
         m.retries.labels(self._upstream_l, budget_l).inc()
@@ -453,7 +338,7 @@ class RequestRecord:
         ``upstream``) for a failure of class ``reason``: later attempts count for it."""
         if self._done:
             return
-        reason_l = _closed(reason, FAILURE_CLASSES)
+        reason_l = closed_value(reason, FAILURE_CLASSES)
         self._fallbacks += 1
         self._fallback_reason = reason_l
         self._served_model = bounded_id(to_model)
@@ -491,8 +376,8 @@ class RequestRecord:
         try:
             if self._done:
                 return
-            if type(n) is not int or not 0 < n < _MAX_COUNT:
-                n = _count(n)
+            if type(n) is not int or not 0 < n < MAX_COUNT:
+                n = bounded_count(n)
                 if not n:
                     return
             self._tokens += n
@@ -515,9 +400,9 @@ class RequestRecord:
         :meth:`finished`. ``None`` is "not known" and stays ``None`` (never a 0)."""
         if self._done:
             return
-        self._usage = (None if prompt_tokens is None else _count(prompt_tokens),
-                       None if completion_tokens is None else _count(completion_tokens))
-        self._usage_source = _closed(source, _USAGE_SOURCES) if source is not None else None
+        self._usage = (None if prompt_tokens is None else bounded_count(prompt_tokens),
+                       None if completion_tokens is None else bounded_count(completion_tokens))
+        self._usage_source = closed_value(source, USAGE_SOURCES) if source is not None else None
 
     def charged_tokens(self) -> int:
         """What the request cost in tokens, for per-key limits (``state/key_limiter.py``
@@ -534,8 +419,8 @@ class RequestRecord:
         try:
             if self._done:
                 return
-            if type(n) is not int or not 0 < n < _MAX_COUNT:
-                n = _count(n)
+            if type(n) is not int or not 0 < n < MAX_COUNT:
+                n = bounded_count(n)
                 if not n:
                     return
             enc = encoding if isinstance(encoding, str) and encoding in ENCODINGS else OTHER
@@ -567,7 +452,7 @@ class RequestRecord:
         if value is None or isinstance(value, bool):
             notes[key] = value
         elif isinstance(value, int):
-            notes[key] = max(-_MAX_COUNT, min(value, _MAX_COUNT))
+            notes[key] = max(-MAX_COUNT, min(value, MAX_COUNT))
         else:
             notes[key] = safe_code(value)
         self._notes = notes
@@ -617,7 +502,7 @@ class RequestRecord:
         fclass: str | None = None
         fcode: str | None = None
         if outcome_l == "failed":
-            fclass = _closed(failure_class, FAILURE_CLASSES) if failure_class else UNSPECIFIED
+            fclass = closed_value(failure_class, FAILURE_CLASSES) if failure_class else UNSPECIFIED
             fcode = safe_code(code)
             m.failures.labels(self._api, self._model_l, fclass).inc()
         elif outcome_l == "cancelled":
@@ -648,12 +533,12 @@ class RequestRecord:
             fields["failure_class"] = fclass
             fields["code"] = fcode
         fields.update({
-            "elapsed_ms": _ms(elapsed),
-            "queue_wait_ms": None if self._queue_wait_s is None else _ms(self._queue_wait_s),
-            "ttft_ms": None if self._first_output_s is None else _ms(self._first_output_s),
+            "elapsed_ms": to_ms(elapsed),
+            "queue_wait_ms": None if self._queue_wait_s is None else to_ms(self._queue_wait_s),
+            "ttft_ms": None if self._first_output_s is None else to_ms(self._first_output_s),
             "attempts": self._attempts,
             "retries": dict(self._retries),
-            "retry_wait_ms": _ms(self._retry_wait_s),
+            "retry_wait_ms": to_ms(self._retry_wait_s),
             "heartbeats": self._heartbeats,
             "completion_tokens": self._tokens,
             "usage_prompt_tokens": None if self._usage is None else self._usage[0],

@@ -13,7 +13,8 @@ import sys
 from datetime import UTC, datetime
 from typing import IO, Any, Final
 
-from tokenwire.gateway.observability.records import LOGGER_NAME, MAX_LINE_CHARS, bounded_id
+from tokenwire.gateway.observability.bounds import bounded_id
+from tokenwire.gateway.observability.records import LOGGER_NAME, MAX_LINE_CHARS
 
 __all__ = ["JsonLineFormatter", "configure_request_logging"]
 
