@@ -45,11 +45,8 @@ from tokenwire.codec.maps import bundled_map_path, load_map_file
 from tokenwire.gateway.apis.codec_stream import CodecStreamRenderer
 from tokenwire.gateway.apis.completions import CompletionsRenderer
 from tokenwire.gateway.ir import Event, GenerationRequest, PromptText, TokenDelta, is_terminal
-from tokenwire.gateway.upstreams.embedded import (
-    EmbeddedEngine,
-    default_model_path,
-    default_threads,
-)
+from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+from tokenwire.gateway.upstreams.embedded_model import default_model_path, default_threads
 
 LENGTHS = (256, 2048)
 FORMATS = (StreamFormat.MSGPACK, StreamFormat.PROTOBUF, StreamFormat.MSGPACK_DELTA)

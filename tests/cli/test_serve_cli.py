@@ -130,7 +130,7 @@ def test_llama_cpp_warnings_stay_off_stderr_and_its_errors_do_not(capfd) -> None
 
     import llama_cpp
 
-    from tokenwire.gateway.upstreams.embedded import silence_llama_logs
+    from tokenwire.gateway.upstreams.embedded_model import silence_llama_logs
     from tokenwire.gguf_tokenizer import smollm2_gguf_path
 
     silence_llama_logs()
@@ -144,9 +144,9 @@ def test_llama_cpp_warnings_stay_off_stderr_and_its_errors_do_not(capfd) -> None
     handler.emit = records.append  # type: ignore[method-assign]
     logging.getLogger("tokenwire.llama_cpp").addHandler(handler)
     try:
-        from tokenwire.gateway.upstreams import embedded
+        from tokenwire.gateway.upstreams import embedded_model
 
-        embedded._log_callback(4, b"something real broke\n", ctypes.c_void_p(0))
+        embedded_model._log_callback(4, b"something real broke\n", ctypes.c_void_p(0))
     finally:
         logging.getLogger("tokenwire.llama_cpp").removeHandler(handler)
     assert [r.getMessage() for r in records] == ["llama.cpp: something real broke"]

