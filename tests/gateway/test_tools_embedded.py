@@ -183,7 +183,9 @@ def test_messages_tool_choice_any_gives_tool_use_blocks(live) -> None:
         for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
             msg = client.messages.create(
                 model="smollm2", max_tokens=200, tools=[tool], tool_choice=choice,
-                temperature=0,  # greedy: a sampled draw could reach max_tokens
+                # Greedy: a sampled draw could reach max_tokens. (This SDK release takes no
+                # ``temperature`` argument; the Messages API does.)
+                extra_body={"temperature": 0},
                 messages=[{"role": "user", "content": "Weather in Oslo?"}])
             uses = [b for b in msg.content if b.type == "tool_use"]
             assert msg.stop_reason == "tool_use" and uses
