@@ -85,3 +85,15 @@ def read_all_until_closed(conns: list[socket.socket], wait: float = CLOSE_WAIT_S
             open_.discard(conn)  # type: ignore[arg-type]
     sel.close()
     return data, open_
+
+
+def wait_busy(stack: Stack, count: int, wait: float = CLOSE_WAIT_S) -> None:
+    """Wait until ``count`` of the server's connections have a request in flight (its
+    connection table: none evictable). A sleep would be a guess: on a loaded machine the
+    server can accept the next connection before it has read the earlier heads, and then
+    it evicts one of them instead of refusing the newcomer."""
+    table = stack.server.config.http.keywords["table"]  # guarded_protocol's partial
+    deadline = time.monotonic() + wait
+    while not (len(table) == count and not table._waiting):
+        assert time.monotonic() < deadline, f"{len(table)} connections, not {count} busy"
+        time.sleep(0.01)

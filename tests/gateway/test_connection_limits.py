@@ -27,6 +27,7 @@ from .raw_sockets import (
     keyed_stacks,
     read_all_until_closed,
     read_until_closed,
+    wait_busy,
 )
 from .test_hardening import KEY, Stack
 
@@ -155,7 +156,7 @@ def test_when_every_connection_is_busy_a_new_one_gets_503_with_retry_after(guard
     try:
         for conn in busy:
             conn.sendall(head)  # a body in progress: never evicted
-        time.sleep(0.2)  # lets the server read both heads (a safety margin, not measured)
+        wait_busy(stack, 2)
         refused = _request(stack.port, AUTHED)
         assert _status(refused) == 503 and b"retry-after: 1" in refused.lower()
     finally:

@@ -32,7 +32,13 @@ from hyperframe.frame import (
 
 from tokenwire.gateway.http.http2 import FLOOD_BUDGET, H2_PREFACE, MAX_HEADER_LIST_SIZE
 
-from .raw_sockets import connect_from, keyed_stacks, read_all_until_closed, read_until_closed
+from .raw_sockets import (
+    connect_from,
+    keyed_stacks,
+    read_all_until_closed,
+    read_until_closed,
+    wait_busy,
+)
 from .test_hardening import KEY
 from .test_http2 import RawH2
 
@@ -216,7 +222,7 @@ def test_when_every_connection_is_busy_an_h2_client_gets_503_with_retry_after(gu
             client.request("POST", "/tokenize", b"{", end=False,
                            headers={"content-type": "application/json",
                                     "content-length": "100"})
-        time.sleep(0.2)  # lets the server read both heads (a margin, not measured)
+        wait_busy(stack, 2)
         with httpx.Client(http1=False, http2=True, timeout=WAIT_S) as client:
             resp = client.get(f"http://127.0.0.1:{stack.port}/v1/models")
         assert resp.status_code == 503 and resp.headers["retry-after"] == "1"

@@ -320,7 +320,7 @@ def test_a_refused_websocket_upgrade_logs_no_library_advice(stacks) -> None:  # 
         head = (f"GET /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
                 "Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
                 "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n").encode()
-        with socket.create_connection(("127.0.0.1", keyed.port), timeout=5) as conn:
+        with socket.create_connection(("127.0.0.1", keyed.port), timeout=60) as conn:
             conn.sendall(head)
             data = b""
             while chunk := conn.recv(4096):

@@ -24,6 +24,7 @@ What must hold:
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import shutil
 import socket
@@ -296,6 +297,13 @@ def server_text(url: str, headers: dict[str, str] | None = None) -> str:
     return resp.json()["choices"][0]["message"]["content"]
 
 
+@functools.cache
+def live_text(url: str) -> str:
+    """:func:`server_text` of the module's server, asked once: greedy with a fixed seed, the
+    server's answer to this request is one text (each wire's test compares with it)."""
+    return server_text(url)
+
+
 # -- tests -----------------------------------------------------------------------------------
 
 
@@ -324,7 +332,7 @@ def test_every_wire_streams_the_servers_text_and_counts_the_servers_bytes(
     run = chat(browser, wire, coding, compare=True)
     assert run.state == "done", run.error
     chats = live.recorder.chats()[before:]
-    expected = server_text(live.url)
+    expected = live_text(live.url)
     assert run.text == expected
     assert run.tokens > 0
     main = chats[0]

@@ -29,6 +29,9 @@ from tokenwire.gateway.http.security import SecurityMiddleware
 GOOD = "tw-test-secret-0123456789"
 OTHER = "tw-other-secret-abcdef"
 ALLOWED = "https://app.example"
+#: How long a raw-socket test waits for the server to close: a safety net for a loaded
+#: machine (a server that never closes still fails), never a measured bound.
+CLOSE_WAIT_S = 60
 
 
 async def inner_app(scope, receive, send) -> None:
@@ -66,15 +69,16 @@ def server() -> Iterator[int]:
 
 
 def exchange(port: int, head: str) -> tuple[int, dict[str, str], bytes]:
-    """Send one request head; read until the server closes (at most 2 s, the seed's bound)."""
-    with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+    """Send one request head; read until the server closes (:data:`CLOSE_WAIT_S`: a safety
+    net; 2 s, the seed's bound, was a timing a loaded machine could miss)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=CLOSE_WAIT_S) as conn:
         conn.sendall(head.encode("latin-1"))
         data = b""
         try:
             while chunk := conn.recv(4096):
                 data += chunk
         except TimeoutError:
-            pytest.fail(f"server kept the socket open past 2 s; got {data!r}")
+            pytest.fail(f"server kept the socket open past {CLOSE_WAIT_S} s; got {data!r}")
     head_bytes, _, body = data.partition(b"\r\n\r\n")
     status_line, *lines = head_bytes.decode("latin-1").split("\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
@@ -138,7 +142,7 @@ def test_seed_check_order_on_a_real_server(server, target, origin, key, upgrade,
 
 
 def test_upgrade_refusal_closes_the_socket_even_if_the_client_keeps_its_side_open(server):
-    with socket.create_connection(("127.0.0.1", server), timeout=2) as conn:
+    with socket.create_connection(("127.0.0.1", server), timeout=CLOSE_WAIT_S) as conn:
         conn.sendall(request_head("/v1/responses", origin=None, key=GOOD,
                                   upgrade=True).encode())
         data = b""

@@ -140,9 +140,11 @@ def test_a_grammar_answer_still_streams_token_by_token(oai) -> None:
                                                  "function": {"name": "get_weather"}}])
 def test_a_forced_call_is_a_real_call_with_arguments_matching_the_parameters(
         oai, choice) -> None:
-    for city in ("Paris", "Lima", "Tokyo"):
+    for seed, city in enumerate(("Paris", "Lima", "Tokyo")):
+        # Sampled (the grammar must hold for any draw), with a fixed seed: an unlucky draw
+        # of long strings and many parallel calls could reach max_tokens ("length").
         done = oai.chat.completions.create(
-            model="smollm2", tools=[WEATHER], tool_choice=choice, max_tokens=200,
+            model="smollm2", tools=[WEATHER], tool_choice=choice, max_tokens=200, seed=seed,
             messages=[{"role": "user", "content": f"How warm is it in {city}?"}])
         choice0 = done.choices[0]
         assert choice0.finish_reason == "tool_calls"
@@ -154,7 +156,7 @@ def test_a_forced_call_is_a_real_call_with_arguments_matching_the_parameters(
 
 def test_forced_calls_stream_as_tool_call_deltas(oai) -> None:
     with oai.chat.completions.stream(
-            model="smollm2", tools=[WEATHER], tool_choice="required", max_tokens=200,
+            model="smollm2", tools=[WEATHER], tool_choice="required", max_tokens=200, seed=0,
             messages=[{"role": "user", "content": "Weather in Rome?"}]) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_completion()
@@ -166,7 +168,8 @@ def test_forced_calls_stream_as_tool_call_deltas(oai) -> None:
 def test_responses_required_gives_function_call_items(oai) -> None:
     tool = {"type": "function", **WEATHER["function"]}
     done = oai.responses.create(model="smollm2", input="Weather in Oslo?", tools=[tool],
-                                tool_choice="required", max_output_tokens=200)
+                                tool_choice="required", max_output_tokens=200,
+                                temperature=0)  # greedy: a sampled draw could hit the bound
     calls = [item for item in done.output if item.type == "function_call"]
     assert calls and calls[0].name == "get_weather"
     WeatherArgs.model_validate_json(calls[0].arguments)
@@ -180,6 +183,9 @@ def test_messages_tool_choice_any_gives_tool_use_blocks(live) -> None:
         for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
             msg = client.messages.create(
                 model="smollm2", max_tokens=200, tools=[tool], tool_choice=choice,
+                # Greedy: a sampled draw could reach max_tokens. (This SDK release takes no
+                # ``temperature`` argument; the Messages API does.)
+                extra_body={"temperature": 0},
                 messages=[{"role": "user", "content": "Weather in Oslo?"}])
             uses = [b for b in msg.content if b.type == "tool_use"]
             assert msg.stop_reason == "tool_use" and uses

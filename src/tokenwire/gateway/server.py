@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError, ConfigErrors, ListenError
@@ -49,8 +49,10 @@ from tokenwire.gateway.upstreams.base import (
     UpstreamHealth,
     UpstreamState,
 )
-from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
 from tokenwire.gateway.usage import PromptCounter, load_prompt_format
+
+if TYPE_CHECKING:
+    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
 
 __all__ = [
     "SMOLLM2_MAP_ID",
@@ -220,6 +222,10 @@ def build_embedded_state(
     pair = build_policy(settings, bundled.id)
     policy, descriptor = pair if pair is not None else (None, None)
     if engine is None:
+        # Imported here: llama_cpp (and numpy) cost ~1 s of every start, and a gateway in
+        # front of upstreams never loads them.
+        from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+
         engine = EmbeddedEngine.load(
             bundled, settings.model_path, n_ctx=settings.n_ctx, n_threads=settings.n_threads,
             queue_size=settings.queue_size)

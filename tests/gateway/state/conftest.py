@@ -221,27 +221,38 @@ _PORT_TAKEN = 3
 _PORT_ATTEMPTS = 5
 
 
-def _spawn(i: int, *, upstreams: str, state_url: str, tmp: Path, state: str,
-           env: dict[str, str]) -> Instance:
-    for _ in range(_PORT_ATTEMPTS):
-        port = free_port()
-        cfg = tmp / f"gw{i}.toml"
-        cfg.write_text(_config(port, upstreams, state_url, state))
-        log_path = tmp / f"gw{i}.log"
-        with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tokenwire.cli.main", "serve", "--config", str(cfg),
-                 "--request-log", "off", "--queue-size", "256"],
-                stdout=log, stderr=log, env=env)
-        inst = Instance(name=f"gw{i}", port=port, log_path=log_path, proc=proc)
-        try:
-            _wait_healthy(inst)
-            return inst
-        except AssertionError:
-            inst.stop()
-            if proc.returncode != _PORT_TAKEN:
-                raise
-    raise RuntimeError(f"gw{i}: no free port in {_PORT_ATTEMPTS} attempts")
+def _launch(i: int, *, upstreams: str, state_url: str, tmp: Path, state: str,
+            env: dict[str, str]) -> Instance:
+    port = free_port()
+    cfg = tmp / f"gw{i}.toml"
+    cfg.write_text(_config(port, upstreams, state_url, state))
+    log_path = tmp / f"gw{i}.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenwire.cli.main", "serve", "--config", str(cfg),
+             "--request-log", "off", "--queue-size", "256"],
+            stdout=log, stderr=log, env=env)
+    return Instance(name=f"gw{i}", port=port, log_path=log_path, proc=proc)
+
+
+def _spawn_all(n: int, stack: ExitStack, **launch: Any) -> list[Instance]:
+    """``n`` instances launched at once (each start is seconds of imports; one after the
+    other they were most of a shared-store test), then each waited for."""
+    instances = [_launch(i, **launch) for i in range(n)]
+    for inst in instances:
+        stack.callback(inst.stop)
+    for i, inst in enumerate(instances):
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                _wait_healthy(inst)
+                break
+            except AssertionError:
+                inst.stop()
+                if inst.proc.returncode != _PORT_TAKEN or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+                inst = instances[i] = _launch(i, **launch)
+                stack.callback(inst.stop)
+    return instances
 
 
 @contextmanager
@@ -250,16 +261,11 @@ def start_instances(n: int, *, state_url: str, tmp: Path,
                     state: str = "") -> Iterator[list[Instance]]:
     """``n`` gateway processes on ``state_url`` in front of one pool of ``replicas`` (or of
     ``upstreams``, ``[[upstreams]]`` TOML), with ``state``: more ``[state]`` lines (e.g.
-    ``store_max_bytes = 2048``); started one after the other (each must answer
-    ``/health``), stopped (SIGTERM) at the end."""
+    ``store_max_bytes = 2048``); started together (each must answer ``/health``),
+    stopped (SIGTERM) at the end."""
     upstreams = upstreams or pool_of(replicas)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENWIRE_", "CODEC_"))}
     env["PYTHONPATH"] = str(SRC)
     with ExitStack() as stack:
-        instances = []
-        for i in range(n):
-            inst = _spawn(i, upstreams=upstreams, state_url=state_url, tmp=tmp, state=state,
-                          env=env)
-            stack.callback(inst.stop)
-            instances.append(inst)
-        yield instances
+        yield _spawn_all(n, stack, upstreams=upstreams, state_url=state_url, tmp=tmp,
+                         state=state, env=env)
