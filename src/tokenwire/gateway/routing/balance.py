@@ -14,8 +14,9 @@
   order and take the first replica whose in-flight work stays within
   ``ceil(load_factor x average)`` (:func:`load_bound`; the average over the eligible
   replicas, counting the request being placed, per unit of weight) plus ``slack``
-  requests. A key whose replica already holds more than that passes to its next replica, so a few conversations
-  hashed onto one replica cannot queue there while another sits idle. With
+  requests. A key whose replica already holds more than that passes to its next replica,
+  so a few conversations hashed onto one replica cannot queue there while another sits
+  idle. With
   ``load_factor >= 1`` some eligible replica is always within its bound; when loads are
   equal every replica is within it, so the choice is plain rendezvous hashing (a removed
   replica moves only its own keys). It reads only the snapshot: every gateway instance
@@ -125,9 +126,9 @@ def affinity_choice(key: str, candidates: Sequence[Candidate],
                     load_factor: float | None = DEFAULT_LOAD_FACTOR,
                     slack: int = DEFAULT_LOAD_SLACK) -> int | None:
     """The replica for ``key``: the first in its rendezvous order with a free slot and (when
-    ``load_factor`` is not None) within :func:`load_bound` with ``slack``; when every replica within its
-    bound is full, the first with a free slot (the limit is hard, the bound is not); None
-    when no eligible replica has a free slot."""
+    ``load_factor`` is not None) within :func:`load_bound` with ``slack``; when every
+    replica within its bound is full, the first with a free slot (the limit is hard, the
+    bound is not); None when no eligible replica has a free slot."""
     free = [i for i in rendezvous_order(key, candidates) if candidates[i].free]
     if load_factor is None or not free:
         return free[0] if free else None
