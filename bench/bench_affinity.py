@@ -70,7 +70,10 @@ N_CTX = 1024
 #: Counted by LlamaRAMCache as the llama.cpp state only (~23 KB of KV per token for
 #: SmolLM2-135M): one saved state per turn, every turn of every conversation of a mode, on
 #: one replica if need be (8 x 6 x ~600 tokens x 23 KB = 660 MB), so nothing is evicted.
-CACHE_BYTES = 1 << 30
+#: ``BENCH_AFFINITY_CACHE_MB`` sizes it otherwise: e.g. 64 holds about 4 saved states of
+#: ~600 tokens, one replica's share of the conversations (8 on 3) rather than all of them,
+#: the memory a pool has when its replicas' caches are sized for their share.
+CACHE_BYTES = int(os.environ.get("BENCH_AFFINITY_CACHE_MB", "1024")) << 20
 REPLICA_FLAGS = ("--n_threads", "1", "--cache", "True", "--cache_type", "ram",
                  "--cache_size", str(CACHE_BYTES), "--logits_all", "False",
                  "--interrupt_requests", "False")
