@@ -27,7 +27,8 @@ three real llama.cpp replicas, routed by affinity, round-robin and at random, in
   BENCHMARKS.md: 1.03x). ``BENCH_AFFINITY_CONCURRENCY=0`` restores the uncapped run.
 * Modes: ``affinity``: one ``tokenwire serve`` pool over the three, each conversation sending
   its ``session-id`` (rendezvous hashing with bounded loads, the default
-  ``affinity_load_factor``); ``affinity-unbounded``: the same with
+  ``affinity_load_factor`` and ``affinity_load_slack``); ``affinity-no-slack``: the same
+  with ``affinity_load_slack = 0`` (the bound alone); ``affinity-unbounded``: the same with
   ``affinity_load_factor = false`` (plain rendezvous); ``least-loaded``: the pool without
   a key (power of two choices); ``round-robin`` and ``random``: the client spreads turns
   over the replicas' URLs directly (what a gateway without affinity does).
@@ -69,16 +70,20 @@ N_CTX = 1024
 #: Counted by LlamaRAMCache as the llama.cpp state only (~23 KB of KV per token for
 #: SmolLM2-135M): one saved state per turn, every turn of every conversation of a mode, on
 #: one replica if need be (8 x 6 x ~600 tokens x 23 KB = 660 MB), so nothing is evicted.
-CACHE_BYTES = 1 << 30
+#: ``BENCH_AFFINITY_CACHE_MB`` sizes it otherwise: e.g. 64 holds about 4 saved states of
+#: ~600 tokens, one replica's share of the conversations (8 on 3) rather than all of them,
+#: the memory a pool has when its replicas' caches are sized for their share.
+CACHE_BYTES = int(os.environ.get("BENCH_AFFINITY_CACHE_MB", "1024")) << 20
 REPLICA_FLAGS = ("--n_threads", "1", "--cache", "True", "--cache_type", "ram",
                  "--cache_size", str(CACHE_BYTES), "--logits_all", "False",
                  "--interrupt_requests", "False")
 START_TIMEOUT_S = 300.0
 REPLICA_LIMIT = 3
 MODES = tuple(os.environ.get("BENCH_AFFINITY_MODES",
-                           "affinity,affinity-unbounded,round-robin,random").split(","))
-#: The pool's ``affinity_load_factor`` per gateway mode (None: the default).
-_LOAD_FACTOR = {"affinity": None, "affinity-unbounded": "false", "least-loaded": None}
+                           "affinity,affinity-no-slack,round-robin,random").split(","))
+#: The pool's affinity settings per gateway mode (empty: the defaults).
+_GATEWAY_MODES = {"affinity": "", "affinity-no-slack": "affinity_load_slack = 0\n",
+                "affinity-unbounded": "affinity_load_factor = false\n", "least-loaded": ""}
 
 _WORDS = ("river stone lantern orchard copper meadow harbor violet summit thunder ember "
           "willow canyon marble falcon glacier").split()
@@ -135,11 +140,10 @@ def _warm(url: str, model: str) -> None:
                ).raise_for_status()
 
 
-def _start_gateway(tmp: Path, urls: list[str], model: str, factor: str | None
+def _start_gateway(tmp: Path, urls: list[str], model: str, bound: str
                    ) -> tuple[subprocess.Popen[bytes], str]:
     port = _free_port()
     rows = ",\n".join(f'  {{ base_url = "{u}" }}' for u in urls)
-    bound = f"affinity_load_factor = {factor}\n" if factor is not None else ""
     cfg = tmp / "pool.toml"
     cfg.write_text(f"""[server]
 port = {port}
@@ -209,7 +213,7 @@ async def _mode(mode: str, gateway: str, replicas: list[str], model: str) -> lis
         for turn in range(1, TURNS + 1):
             messages.append({"role": "user", "content": f"Question {turn}: name a word "
                                                         f"from the document."})
-            if mode in _LOAD_FACTOR:
+            if mode in _GATEWAY_MODES:
                 url = gateway
                 headers = {} if mode == "least-loaded" else {"session-id": f"conv-{c}"}
                 name = "smollm2"
@@ -274,8 +278,8 @@ def _one_mode(tmp: Path, mode: str) -> dict[str, object]:
         for u in urls:  # not what any mode measures
             _warm(u, model)
         gateway = ""
-        if mode in _LOAD_FACTOR:
-            gw, gateway = _start_gateway(where, urls, model, _LOAD_FACTOR[mode])
+        if mode in _GATEWAY_MODES:
+            gw, gateway = _start_gateway(where, urls, model, _GATEWAY_MODES[mode])
             procs.append(gw)
         load = os.getloadavg()[0]
         t0 = time.monotonic()
@@ -313,7 +317,8 @@ NOTES = f"""
 in flight, each opening with its own ~{DOC_TOKENS}-token document, against three
 `python -m llama_cpp.server` replicas (SmolLM2-135M, one thread, RAM prompt cache for
 every state). `affinity`: tokenwire pool with a `session-id` per conversation (bounded
-loads); `affinity-unbounded`: plain rendezvous; `least-loaded`: the same pool without a key;
+loads and their slack); `affinity-no-slack`: the bound alone; `affinity-unbounded`: plain
+rendezvous; `least-loaded`: the same pool without a key;
 `round-robin` / `random`: the client spreads turns over the replicas directly. Fresh
 replicas for every mode.
 """

@@ -73,7 +73,7 @@ BAD_FILES = [
      "{f}: [[upstreams]] #1: unknown key 'base-url'; expected one of name, kind, base_url, "
      "api_key_env, max_concurrent, connect_timeout_s, read_timeout_s, probe, headers, "
      "options, models, context_length, replicas, breaker, probe_interval_s, "
-     "affinity_prefix_chars, panic_threshold, affinity_load_factor"),
+     "affinity_prefix_chars, panic_threshold, affinity_load_factor, affinity_load_slack"),
     ("no name", "[[upstreams]]\nkind = \"openai\"\n", "{f}: [[upstreams]] #1: name is required"),
     ("unknown kind", "[[upstreams]]\nname = \"u\"\nkind = \"grpc\"\n",
      "{f}: upstream 'u': unknown kind 'grpc'; expected one of embedded, openai, codec, "

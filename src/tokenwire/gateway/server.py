@@ -423,7 +423,8 @@ def _pool_of(up: UpstreamConfig, configs: list[UpstreamConfig],
     return ReplicaPool(up.name, up.kind, replicas, probe_interval_s=settings.probe_interval_s,
                        prefix_chars=settings.prefix_chars,
                        panic_threshold=settings.panic_threshold,
-                       load_factor=settings.load_factor)
+                       load_factor=settings.load_factor,
+                       load_slack=settings.load_slack)
 
 
 def _served(built: _Built) -> list[ServedModel]:

@@ -95,35 +95,36 @@ def test_rendezvous_is_stable_and_weighted() -> None:
 # -- bounded loads (affinity_choice) ----------------------------------------------------------
 
 _FACTORS = st.one_of(st.floats(1.0, 3.0), st.sampled_from([1.0, 1.25, 1.5, 2.0]))
+_SLACKS = st.integers(0, 4)
 
 
-@given(_CANDS, _FACTORS, st.text(max_size=8))
-def test_the_bound_is_never_exceeded_while_a_replica_within_it_has_a_slot(cands, c, key
-                                                                          ) -> None:
-    i = affinity_choice(key, cands, c)
+@given(_CANDS, _FACTORS, _SLACKS, st.text(max_size=8))
+def test_the_bound_is_never_exceeded_while_a_replica_within_it_has_a_slot(cands, c, slack,
+                                                                          key) -> None:
+    i = affinity_choice(key, cands, c, slack)
     if i is None:
         assert not any(x.free for x in cands)
         return
     assert cands[i].free
-    if cands[i].in_flight >= load_bound(cands, i, c):  # over its bound: only when forced
-        assert not any(x.free and x.in_flight < load_bound(cands, j, c)
+    if cands[i].in_flight >= load_bound(cands, i, c, slack):  # over its bound: only forced
+        assert not any(x.free and x.in_flight < load_bound(cands, j, c, slack)
                        for j, x in enumerate(cands))
 
 
 @settings(max_examples=40)  # each example places up to 120 requests
-@given(_NAMES, _FACTORS, st.integers(1, 120), st.data())
-def test_filling_by_bounded_affinity_keeps_every_replica_within_its_bound(names, c, n, data
-                                                                          ) -> None:
-    """Unlimited slots: every placement lands within ceil(c x average), whatever the keys
-    (all the same key included: the hot-conversation case)."""
+@given(_NAMES, _FACTORS, _SLACKS, st.integers(1, 120), st.data())
+def test_filling_by_bounded_affinity_keeps_every_replica_within_its_bound(names, c, slack, n,
+                                                                          data) -> None:
+    """Unlimited slots: every placement lands within ceil(c x average) + slack, whatever
+    the keys (all the same key included: the hot-conversation case)."""
     hot = data.draw(st.booleans())
     weights = {m: data.draw(st.floats(0.5, 4)) for m in names}
     load = dict.fromkeys(names, 0)
     for r in range(n):
         cands = [Candidate(m, weights[m], load[m], 10**6) for m in names]
-        i = affinity_choice("hot" if hot else f"k{r}", cands, c)
+        i = affinity_choice("hot" if hot else f"k{r}", cands, c, slack)
         assert i is not None
-        assert load[names[i]] + 1 <= load_bound(cands, i, c)
+        assert load[names[i]] + 1 <= load_bound(cands, i, c, slack)
         load[names[i]] += 1
 
 
@@ -153,9 +154,24 @@ def test_a_conversation_passes_over_a_replica_holding_more_than_its_share() -> N
     # two in flight at home, none elsewhere: the average with this one is 1, the bound
     # ceil(1.25) = 2, home is at it, so the key goes to its second replica ...
     busy = [Candidate(m, 1.0, 2 if m == home else 0, 8) for m in names]
-    assert names[affinity_choice(key, busy, 1.25)] == second
+    assert names[affinity_choice(key, busy, 1.25, slack=0)] == second
+    assert names[affinity_choice(key, busy, 1.25)] == home  # within the default slack
     # ... plain rendezvous (no bound) keeps it home, as does a looser factor
     assert names[affinity_choice(key, busy, None)] == home
-    assert names[affinity_choice(key, busy, 3.0)] == home
+    assert names[affinity_choice(key, busy, 3.0, slack=0)] == home
     # and the choice is a function of the snapshot: the same on every instance
-    assert {affinity_choice(key, list(busy), 1.25) for _ in range(5)} == {order[1]}
+    assert {affinity_choice(key, list(busy), 1.25, slack=0) for _ in range(5)} == {order[1]}
+
+
+def test_the_slack_keeps_a_turn_home_behind_a_few_requests_not_behind_many() -> None:
+    """The default request of slack: a conversation's turn waits at home behind two others
+    (cheaper, on an engine serving one at a time, than prefilling the whole conversation on
+    a cold replica) but not behind three, while the others sit idle."""
+    names = ["r1", "r2", "r3"]
+    key = "session-id:conv-7"
+    order = rendezvous_order(key, [Candidate(m, 1.0, 0, 8) for m in names])
+    home, second = names[order[0]], names[order[1]]
+    for depth, chosen in ((1, home), (2, home), (3, second)):
+        busy = [Candidate(m, 1.0, depth if m == home else 0, 8) for m in names]
+        # bound ceil(1.25 x (depth + 1) / 3) + 1: 2, 3, 3 (slack 0: 1, 1, 2)
+        assert names[affinity_choice(key, busy)] == chosen, depth

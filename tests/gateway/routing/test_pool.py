@@ -38,6 +38,7 @@ from tokenwire.gateway.routing.pool import (
     ReplicaPool,
     affinity_key,
     parse_load_factor,
+    parse_load_slack,
     parse_panic_threshold,
 )
 from tokenwire.gateway.routing.router import ServedModel
@@ -381,10 +382,11 @@ def test_a_full_replica_passes_the_key_to_its_next_in_order() -> None:
 def test_a_busy_home_replica_passes_new_turns_on_within_the_load_bound() -> None:
     """Bounded loads: three turns of conversations that all hash to one replica, in flight
     at once, do not queue three deep there while the others sit idle (the bench's 4 / 2 / 0
-    run); with ``load_factor=None`` (plain rendezvous) they do."""
-    for factor, deepest in ((1.25, 2), (None, 3)):
+    run); with ``load_factor=None`` (plain rendezvous) they do, and so they do within the
+    default slack of one request (``balance.DEFAULT_LOAD_SLACK``)."""
+    for factor, slack, deepest in ((1.25, 0, 2), (None, 0, 3), (1.25, 1, 3)):
         pool, _ = make_pool("ok", "ok", "ok")
-        pool.load_factor = factor
+        pool.load_factor, pool.load_slack = factor, slack
         home = pool.choose(request(affinity=(("session-id", "conv-1"),))).replica
         assert home is not None
         keys = [k for k in (f"conv-{i}" for i in range(200))
@@ -402,6 +404,13 @@ def test_a_bad_load_factor_is_a_config_error(value: object) -> None:
     with pytest.raises(ConfigError, match="affinity_load_factor"):
         parse_load_factor(value)
     assert parse_load_factor(False) is None and parse_load_factor(2) == 2.0
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "2", True, 10_001])
+def test_a_bad_load_slack_is_a_config_error(value: object) -> None:
+    with pytest.raises(ConfigError, match="affinity_load_slack"):
+        parse_load_slack(value)
+    assert parse_load_slack(0) == 0 and parse_load_slack(8) == 8
 
 
 def test_the_prefix_hash_is_a_stateless_choice() -> None:

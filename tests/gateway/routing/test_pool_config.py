@@ -74,6 +74,7 @@ def test_a_pool_serves_each_model_once_with_every_replica_behind_it() -> None:
         ("llama/3", "http://c:1/v1", 1.0, 3)]
     assert pool.max_concurrent == 7  # the admission limit is the sum
     assert pool.load_factor == 1.25  # bounded-load affinity unless the file says otherwise
+    assert pool.load_slack == 1
     assert [a.config.base_url for a in FakeAdapter.built[-3:]] == [
         "http://a:1/v1", "http://b:1/v1", "http://c:1/v1"]
     asyncio.run(gw.aclose())
@@ -85,6 +86,13 @@ def test_the_affinity_load_factor_reaches_the_pool(value: object, factor: float 
     DOWN.clear()
     gw = _build(_pool_doc(models=[{"name": "m"}], affinity_load_factor=value))
     assert gw.state.router.models[0].upstream.load_factor == factor
+    asyncio.run(gw.aclose())
+
+
+def test_the_affinity_load_slack_reaches_the_pool() -> None:
+    DOWN.clear()
+    gw = _build(_pool_doc(models=[{"name": "m"}], affinity_load_slack=0))
+    assert gw.state.router.models[0].upstream.load_slack == 0
     asyncio.run(gw.aclose())
 
 
@@ -169,6 +177,7 @@ BAD = [
     ("prefix", _pool_doc(affinity_prefix_chars=-1), "affinity_prefix_chars must be between"),
     ("load factor", _pool_doc(affinity_load_factor=0.9), "affinity_load_factor must be a"),
     ("load factor %", _pool_doc(affinity_load_factor=125), "affinity_load_factor must be a"),
+    ("load slack", _pool_doc(affinity_load_slack=-1), "affinity_load_slack must be a"),
     ("embedded", {"name": "e", "kind": "embedded", "replicas": [{"base_url": "http://a:1"}]},
      "an embedded upstream has no replicas"),
 ]

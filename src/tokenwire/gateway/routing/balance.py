@@ -13,9 +13,10 @@
   Zadimoghaddam, "Consistent Hashing with Bounded Loads", 2017): walk the key's rendezvous
   order and take the first replica whose in-flight work stays within
   ``ceil(load_factor x average)`` (:func:`load_bound`; the average over the eligible
-  replicas, counting the request being placed, per unit of weight). A key whose replica
-  already holds more than its share passes to its next replica, so a few conversations
-  hashed onto one replica cannot queue there while another sits idle. With
+  replicas, counting the request being placed, per unit of weight) plus ``slack``
+  requests. A key whose replica already holds more than that passes to its next replica,
+  so a few conversations hashed onto one replica cannot queue there while another sits
+  idle. With
   ``load_factor >= 1`` some eligible replica is always within its bound; when loads are
   equal every replica is within it, so the choice is plain rendezvous hashing (a removed
   replica moves only its own keys). It reads only the snapshot: every gateway instance
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "DEFAULT_LOAD_FACTOR",
+    "DEFAULT_LOAD_SLACK",
     "Candidate",
     "affinity_choice",
     "least_loaded_of_two",
@@ -46,6 +48,16 @@ __all__ = [
 #: evenly and moves more conversations off their replica (a prefix-cache miss); higher keeps
 #: them home and lets queues grow (README "Replica pools"; BENCHMARKS.md measures it).
 DEFAULT_LOAD_FACTOR = 1.25
+#: ...plus this many requests. A multiplicative bound is coarse at the few requests an engine
+#: that serves one at a time holds (llama.cpp, Ollama): with three replicas and the others
+#: idle, 1.25x lets a replica hold one request, so a conversation's turn leaves its home for
+#: a cold replica, where the whole conversation is prefilled again, rather than wait behind
+#: one warm turn. One request of slack lets it wait behind two (not three); at the tens of
+#: requests a batching engine (vLLM, SGLang) holds, it is small beside the share. LLM routers
+#: bound imbalance the same way, in requests: SGLang's cache-aware router and Dynamo's leave
+#: the cache's replica only past an absolute difference (32 by default, for batching GPU
+#: engines). BENCHMARKS.md ("Prefix-cache affinity") measures 0 against 1.
+DEFAULT_LOAD_SLACK = 1
 #: ``ceil`` of a product of floats: 1.25 x 4 x 0.2 is 1.0000000000000002, not 1.
 _CEIL_SLACK = 1e-9
 
@@ -98,27 +110,29 @@ def rendezvous_order(key: str, candidates: Sequence[Candidate]) -> list[int]:
     return [i for _, i in sorted(scored, reverse=True)]
 
 
-def load_bound(candidates: Sequence[Candidate], index: int, load_factor: float) -> int:
+def load_bound(candidates: Sequence[Candidate], index: int, load_factor: float,
+               slack: int = 0) -> int:
     """The most in-flight requests ``candidates[index]`` may hold once this one is placed:
-    ``ceil(load_factor x (total in flight + 1) x weight / total weight)`` over the eligible
-    replicas (an ineligible one is out of the set, like a removed one)."""
+    ``ceil(load_factor x (total in flight + 1) x weight / total weight) + slack`` over the
+    eligible replicas (an ineligible one is out of the set, like a removed one)."""
     live = [c for c in candidates if c.eligible]
     total = sum(c.in_flight for c in live) + 1
     weight = sum(c.weight for c in live)
     share = load_factor * total * candidates[index].weight / weight
-    return max(1, math.ceil(share - _CEIL_SLACK))
+    return max(1, math.ceil(share - _CEIL_SLACK)) + slack
 
 
 def affinity_choice(key: str, candidates: Sequence[Candidate],
-                    load_factor: float | None = DEFAULT_LOAD_FACTOR) -> int | None:
+                    load_factor: float | None = DEFAULT_LOAD_FACTOR,
+                    slack: int = DEFAULT_LOAD_SLACK) -> int | None:
     """The replica for ``key``: the first in its rendezvous order with a free slot and (when
-    ``load_factor`` is not None) within :func:`load_bound`; when every replica within its
-    bound is full, the first with a free slot (the limit is hard, the bound is not); None
-    when no eligible replica has a free slot."""
+    ``load_factor`` is not None) within :func:`load_bound` with ``slack``; when every
+    replica within its bound is full, the first with a free slot (the limit is hard, the
+    bound is not); None when no eligible replica has a free slot."""
     free = [i for i in rendezvous_order(key, candidates) if candidates[i].free]
     if load_factor is None or not free:
         return free[0] if free else None
     for i in free:
-        if candidates[i].in_flight < load_bound(candidates, i, load_factor):
+        if candidates[i].in_flight < load_bound(candidates, i, load_factor, slack):
             return i
     return free[0]

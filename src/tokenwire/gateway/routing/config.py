@@ -10,6 +10,7 @@
     probe_interval_s = 5        # active probes of every replica (routing/health.py)
     affinity_prefix_chars = 0   # > 0: hash that many prompt characters when no key is sent
     affinity_load_factor = 1.25 # bounded loads (routing/balance.py), or false: plain hashing
+    affinity_load_slack = 1     # ...plus this many requests
     panic_threshold = 0.0       # a share in [0, 1), or false (routing/pool.py)
     [upstreams.breaker]         # the fields of routing.breaker.BreakerPolicy
 
@@ -32,13 +33,14 @@ from typing import Any
 
 from tokenwire.config_tables import NUM, Problems, check_http_url, check_keys
 from tokenwire.errors import ConfigError, ConfigErrors
-from tokenwire.gateway.routing.balance import DEFAULT_LOAD_FACTOR
+from tokenwire.gateway.routing.balance import DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK
 from tokenwire.gateway.routing.breaker import BreakerPolicy
 from tokenwire.gateway.routing.fallbacks import FallbackTable
 from tokenwire.gateway.routing.pool import (
     DEFAULT_PANIC_THRESHOLD,
     DEFAULT_PROBE_INTERVAL_S,
     parse_load_factor,
+    parse_load_slack,
     parse_panic_threshold,
 )
 from tokenwire.gateway.upstreams.base import ReplicaConfig
@@ -56,7 +58,7 @@ __all__ = [
 POOL_KEYS: dict[str, tuple[type, ...]] = {
     "replicas": (list,), "breaker": (dict,), "probe_interval_s": NUM,
     "affinity_prefix_chars": (int,), "panic_threshold": (*NUM, bool),
-    "affinity_load_factor": (*NUM, bool),
+    "affinity_load_factor": (*NUM, bool), "affinity_load_slack": (int,),
 }
 #: One replica of a pool (README "Replica pools").
 _REPLICA_KEYS: dict[str, tuple[type, ...]] = {
@@ -82,6 +84,7 @@ class PoolSettings:
     prefix_chars: int = 0
     panic_threshold: float | None = DEFAULT_PANIC_THRESHOLD
     load_factor: float | None = DEFAULT_LOAD_FACTOR
+    load_slack: int = DEFAULT_LOAD_SLACK
 
 
 def pool_settings(options: Mapping[str, object]) -> PoolSettings:
@@ -95,7 +98,8 @@ def pool_settings(options: Mapping[str, object]) -> PoolSettings:
         panic_threshold=parse_panic_threshold(options.get("panic_threshold",
                                                           DEFAULT_PANIC_THRESHOLD)),
         load_factor=parse_load_factor(options.get("affinity_load_factor",
-                                                  DEFAULT_LOAD_FACTOR)))
+                                                  DEFAULT_LOAD_FACTOR)),
+        load_slack=parse_load_slack(options.get("affinity_load_slack", DEFAULT_LOAD_SLACK)))
 
 
 def parse_pool(doc: Mapping[str, Any], env: Mapping[str, str],
@@ -126,6 +130,8 @@ def parse_pool(doc: Mapping[str, Any], env: Mapping[str, str],
         problems.check(parse_panic_threshold, doc["panic_threshold"], where)
     if "affinity_load_factor" in doc:
         problems.check(parse_load_factor, doc["affinity_load_factor"], where)
+    if "affinity_load_slack" in doc:
+        problems.check(parse_load_slack, doc["affinity_load_slack"], where)
     prefix = doc.get("affinity_prefix_chars", 0)
     if isinstance(prefix, int) and not 0 <= prefix <= MAX_AFFINITY_PREFIX_CHARS:
         problems.add(ConfigError(f"{where}: affinity_prefix_chars must be between 0 (off) "

@@ -68,6 +68,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.routing.balance import (
     DEFAULT_LOAD_FACTOR,
+    DEFAULT_LOAD_SLACK,
     Candidate,
     affinity_choice,
     least_loaded_of_two,
@@ -86,6 +87,7 @@ __all__ = [
     "ReplicaPool",
     "affinity_key",
     "parse_load_factor",
+    "parse_load_slack",
     "parse_panic_threshold",
 ]
 
@@ -118,6 +120,8 @@ PINNED_STATE_KINDS = frozenset({"responses", "anthropic"})
 #: Above this the bound never binds in practice (a replica would hold 100x its share):
 #: say ``false`` instead, so that a typo like 125 (a percentage) is refused, not obeyed.
 _MAX_LOAD_FACTOR = 100.0
+#: Past this many requests of slack the bound never binds before a replica's own limit.
+_MAX_LOAD_SLACK = 10_000
 
 
 def parse_panic_threshold(value: object, where: str = "pool") -> float | None:
@@ -140,6 +144,16 @@ def parse_load_factor(value: object, where: str = "pool") -> float | None:
         return float(value)
     raise ConfigError(f"{where}: affinity_load_factor must be a number from 1 to "
                       f"{_MAX_LOAD_FACTOR:g}, or false (no load bound)")
+
+
+def parse_load_slack(value: object, where: str = "pool") -> int:
+    """An ``affinity_load_slack`` setting: the requests a replica may hold past its bounded
+    share before a conversation's turn leaves it (``balance.DEFAULT_LOAD_SLACK``)."""
+    if isinstance(value, int) and not isinstance(value, bool) \
+            and 0 <= value <= _MAX_LOAD_SLACK:
+        return value
+    raise ConfigError(f"{where}: affinity_load_slack must be a whole number of requests "
+                      f"from 0 to {_MAX_LOAD_SLACK}")
 
 
 def affinity_key(request: GenerationRequest, *, prefix_chars: int = 0) -> str | None:
@@ -212,6 +226,7 @@ class ReplicaPool:
                  pins: PinStore | None = None, probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
                  prefix_chars: int = 0, panic_threshold: float | None = DEFAULT_PANIC_THRESHOLD,
                  load_factor: float | None = DEFAULT_LOAD_FACTOR,
+                 load_slack: int = DEFAULT_LOAD_SLACK,
                  clock: Callable[[], float] = time.monotonic,
                  rng: random.Random | None = None) -> None:
         if not replicas:
@@ -229,6 +244,7 @@ class ReplicaPool:
         self.panic_threshold = panic_threshold
         #: Bounded-load affinity (``balance.affinity_choice``); None: plain rendezvous.
         self.load_factor = load_factor
+        self.load_slack = load_slack
         self._clock = clock
         self._rng = rng or random.Random()
         self._by_name = {r.name: r for r in self.replicas}
@@ -306,7 +322,7 @@ class ReplicaPool:
                              "request now; re-routed", pinned.name, self.name)
         key = affinity_key(request, prefix_chars=self.prefix_chars)
         if key is not None:
-            index = affinity_choice(key, cands, self.load_factor)
+            index = affinity_choice(key, cands, self.load_factor, self.load_slack)
             if index is not None:
                 return _Choice(self.replicas[index])
         index = least_loaded_of_two(cands, self._rng)
