@@ -143,3 +143,10 @@ def test_cancel_reaches_the_upstream_stream(tmap):
     inner = _Events([])
     RetokenizingStream(inner, Retokenizer(tmap)).cancel()
     assert inner.cancelled
+
+
+def test_streams_of_one_map_share_its_compiled_pre_tokenizer(tmap):
+    """Compiled once per map, not once per stream (a compile per request was a hot-path
+    cost, BENCHMARKS.md); sharing it changes no stream's ids (the tests above)."""
+    first, second = Retokenizer(tmap), Retokenizer(tmap)
+    assert first._split is not None and first._split is second._split
