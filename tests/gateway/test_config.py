@@ -130,6 +130,8 @@ BAD_FILES = [
     ("openai option value", _UP + "[upstreams.options]\nids = \"vlm\"\n",
      "{f}: upstream 'u': options.ids must be one of ('auto', 'vllm', 'llama.cpp', 'none'), "
      "not 'vlm'"),
+    ("openai empty field", _UP + "[upstreams.options]\nmax_tokens_field = \"\"\n",
+     "{f}: upstream 'u': options.max_tokens_field must be a non-empty string"),
     ("codec option value", _UP.replace('"openai"', '"codec"')
      + "[upstreams.options]\nstream_format = \"json\"\n",
      "{f}: upstream 'u': stream_format must be 'msgpack' or 'protobuf', got 'json'"),

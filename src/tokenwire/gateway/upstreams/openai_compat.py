@@ -157,8 +157,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any]:
     """The word-valued options checked (a :class:`ConfigError` naming the key), with their
     defaults; when the config is read, and by ``from_config`` before any client exists.
-    ``max_tokens_field`` must be a string and ``developer_role`` true or false. Other keys
-    are left alone (test adapters of this kind carry their own)."""
+    ``max_tokens_field`` must be a non-empty string and ``developer_role`` true or false.
+    Other keys are left alone (test adapters of this kind carry their own)."""
     out: dict[str, Any] = {}
     for key, choices in _CHOICES.items():
         value = options.get(key, choices[0])
@@ -166,8 +166,10 @@ def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any
             raise ConfigError(f"upstream {upstream!r}: options.{key} must be one of "
                               f"{choices}, not {value!r}")
         out[key] = value
-    if not isinstance(options.get("max_tokens_field", ""), str):
-        raise ConfigError(f"upstream {upstream!r}: options.max_tokens_field must be a string")
+    field = options.get("max_tokens_field", "max_tokens")
+    if not isinstance(field, str) or not field:  # "" would send body[""] = max_tokens
+        raise ConfigError(f"upstream {upstream!r}: options.max_tokens_field must be a "
+                          "non-empty string")
     if not isinstance(options.get("developer_role", False), bool):
         raise ConfigError(f"upstream {upstream!r}: options.developer_role must be true or "
                           "false")
