@@ -78,17 +78,22 @@ def _string(value: Any, where: str, most: int) -> None:
                           param=where, code="string_above_max_length")
 
 
+def _bounded_object(value: Any, where: str, most: int, noun: str) -> None:
+    """An object of at most ``most`` members (``noun``: what the message calls them)."""
+    if not isinstance(value, dict):
+        raise bad_request(f"{where} must be an object, got {json_type(value)}",
+                          param=where, code="invalid_type")
+    if len(value) > most:
+        raise bad_request(f"{where} has {len(value)} {noun}; at most {most} are allowed",
+                          param=where, code="object_above_max_properties")
+
+
 def check_openai_metadata(value: Any) -> None:
     """``metadata``: at most 16 string keys of up to 64 characters, string values of up to
     512 (OpenAI's limits); ``null`` is no metadata."""
     if value is None:
         return
-    if not isinstance(value, dict):
-        raise bad_request(f"metadata must be an object, got {json_type(value)}",
-                          param="metadata", code="invalid_type")
-    if len(value) > MAX_METADATA_KEYS:
-        raise bad_request(f"metadata has {len(value)} keys; at most {MAX_METADATA_KEYS} are "
-                          "allowed", param="metadata", code="object_above_max_properties")
+    _bounded_object(value, "metadata", MAX_METADATA_KEYS, "keys")
     for key, item in value.items():
         if len(key) > MAX_METADATA_KEY_CHARS:
             raise bad_request(f"metadata key {key[:MAX_METADATA_KEY_CHARS]!r}... is longer "
@@ -142,13 +147,7 @@ def check_logit_bias(value: Any) -> None:
     with at most :data:`MAX_LOGIT_BIAS_ENTRIES` entries."""
     if value is None:
         return
-    if not isinstance(value, dict):
-        raise bad_request(f"logit_bias must be an object, got {json_type(value)}",
-                          param="logit_bias", code="invalid_type")
-    if len(value) > MAX_LOGIT_BIAS_ENTRIES:
-        raise bad_request(f"logit_bias has {len(value)} entries; at most "
-                          f"{MAX_LOGIT_BIAS_ENTRIES} are allowed", param="logit_bias",
-                          code="object_above_max_properties")
+    _bounded_object(value, "logit_bias", MAX_LOGIT_BIAS_ENTRIES, "entries")
     for key, bias in value.items():
         if not (key.isascii() and key.isdigit()):
             raise bad_request(f"logit_bias key {key[:32]!r} is not a token id",
