@@ -265,6 +265,48 @@ def test_tpm_is_charged_from_the_usage_the_request_reported(gateway) -> None:
     assert metric(served, "tokenwire_key_tokens_total", key="tok") == 30
 
 
+def test_a_completed_response_is_charged_before_its_last_body_message() -> None:
+    """The order, not a race: a client may send its next request the moment it reads the
+    end of this one, and the server may run it before this request's task unwinds (CI
+    admitted a 4th request past its TPM that way). So the tokens must already be counted
+    when the last body message is handed to the server."""
+    from prometheus_client import CollectorRegistry
+
+    from tokenwire.gateway.http.limits import LEASE_SCOPE_KEY, KeyLimitsMiddleware
+    from tokenwire.gateway.observability.key_metrics import KeyMetrics
+    from tokenwire.gateway.state.api_keys import KEY_SCOPE_KEY
+
+    class Record:
+        def charged_tokens(self) -> int:
+            return 25
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope[LEASE_SCOPE_KEY].usage = Record()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{", "more_body": True})
+        await send({"type": "http.response.body", "body": b"}"})
+
+    key = named("tok", SECRET, tpm=25)
+    limiter = KeyLimiter(clock=Clock())
+    seen: list[tuple[str, bool | None]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        _, lease = await limiter.acquire(key)  # "the next request", at this moment
+        seen.append((message["type"], lease is not None))
+        if lease is not None:
+            limiter.release(lease, 0)
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    middleware = KeyLimitsMiddleware(app, limiter, KeyMetrics(CollectorRegistry()))
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions",
+             KEY_SCOPE_KEY: key}
+    asyncio.run(middleware(scope, receive, send))
+    assert seen == [("http.response.start", True), ("http.response.body", True),
+                    ("http.response.body", False)]
+
+
 def test_tpm_charges_the_embedded_engines_real_usage(engine, smollm2_map) -> None:
     """The real engine: the tokens charged are the SDK's own usage numbers."""
     from tokenwire.gateway.http.app import create_app

@@ -16,8 +16,10 @@ the key :class:`~.security.SecurityMiddleware` accepted (``KEY_SCOPE_KEY``). A r
 Both carry OpenAI's ``x-ratelimit-limit-*``, ``-remaining-*`` and ``-reset-*`` headers for the
 limits the key has; admitted responses carry them too. The lease is released when the
 exchange ends, however it ends (completed, failed, client disconnected), charging the tokens
-its record reported. The WebSocket transport does the same per ``response.create``
-(:func:`limited_error`, ``http/responses_ws.py``).
+its record reported; a response that completes releases it just before its last body
+message, so the charge is counted before the client can send its next request. The
+WebSocket transport does the same per ``response.create`` (:func:`limited_error`,
+``http/responses_ws.py``).
 """
 
 from __future__ import annotations
@@ -142,6 +144,12 @@ class KeyLimitsMiddleware:
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and headers:
                 message = {**message, "headers": [*message.get("headers", ()), *headers]}
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                # Charge before the client can see the end: a client that sends its next
+                # request the moment this one ends must be counted against it. After the
+                # send, the server may already run that request while this task has not
+                # reached its ``finally`` (CI saw a 4th request admitted past its TPM).
+                end_lease(self.limiter, self.metrics, lease)
             await send(message)
 
         try:
