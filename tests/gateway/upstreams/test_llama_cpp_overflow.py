@@ -42,6 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tokenwire.gateway import server as server_mod
 from tokenwire.gateway.config import parse_config
 from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams.openai_compat import CONFIRM_TRIES
 
 from .llama_cpp_peer import LlamaServer, llama_server, require_peer
 
@@ -117,12 +118,15 @@ def _upstream_posts(stack: Stack, run: Callable[[], Any]) -> tuple[list[tuple[st
     return stack.peer.posts()[before:], out
 
 
-def _expected_posts(stack: Stack, path: str) -> list[tuple[str, int]]:
-    """Configured: nothing is sent. Unconfigured: the stream (200, empty) and its
-    confirmation (400)."""
+def _expected_posts(stack: Stack, path: str) -> list[list[tuple[str, int]]]:
+    """The POSTs the upstream may log. Configured: nothing is sent. Unconfigured: the
+    stream (200, empty) and its confirmation (400). A confirmation whose connection fails
+    is sent once more (``CONFIRM_TRIES``): with both cores busy the peer logged 200, 400,
+    400, a first confirmation it answered whose answer never came back on that connection
+    (llama_cpp.server closes the connection of the stream that failed)."""
     if _is_configured(stack):
-        return []
-    return [(path, 200), (path, 400)]
+        return [[]]
+    return [[(path, 200)] + [(path, 400)] * tries for tries in range(1, CONFIRM_TRIES + 1)]
 
 
 def _is_configured(stack: Stack) -> bool:
@@ -151,7 +155,7 @@ def test_chat_overflow_is_one_400_context_length_exceeded(stack, stream) -> None
     assert isinstance(err, openai.BadRequestError), err
     assert err.status_code == 400 and err.code == "context_length_exceeded"
     assert f"{N_CTX} tokens" in err.message
-    assert posts == _expected_posts(stack, "/v1/chat/completions")
+    assert posts in _expected_posts(stack, "/v1/chat/completions")
     assert stack.metric("tokenwire_upstream_attempts_total") - attempts == (
         0 if _is_configured(stack) else 1)
 
@@ -166,7 +170,7 @@ def test_completions_overflow_is_one_400_context_length_exceeded(stack, stream) 
     posts, err = _upstream_posts(stack, run)
     assert isinstance(err, openai.BadRequestError), err
     assert err.status_code == 400 and err.code == "context_length_exceeded"
-    assert posts == _expected_posts(stack, "/v1/completions")
+    assert posts in _expected_posts(stack, "/v1/completions")
 
 
 @pytest.mark.parametrize("stream", [True, False])
@@ -185,7 +189,7 @@ def test_responses_overflow_is_response_failed_or_a_400(stack, stream) -> None:
     else:
         assert isinstance(out, openai.BadRequestError), out
         assert out.status_code == 400 and out.code == "context_length_exceeded"
-    assert posts == _expected_posts(stack, "/v1/chat/completions")
+    assert posts in _expected_posts(stack, "/v1/chat/completions")
 
 
 def test_codec_stream_overflow_is_a_400_before_the_first_frame(stack) -> None:
@@ -194,7 +198,7 @@ def test_codec_stream_overflow_is_a_400_before_the_first_frame(stack) -> None:
             "model": MODEL, "prompt": LONG, "max_tokens": 8, "stream_format": "msgpack"}))
     assert resp.status_code == 400, resp.content
     assert resp.json()["error"]["code"] == "context_length_exceeded"
-    assert posts == _expected_posts(stack, "/v1/completions")
+    assert posts in _expected_posts(stack, "/v1/completions")
 
 
 # -- the anthropic SDK: Messages, streamed and not ----------------------------------------------
@@ -219,7 +223,7 @@ def test_messages_overflow_is_anthropics_prompt_is_too_long(stack, stream) -> No
     assert body["type"] == "invalid_request_error"
     assert body["message"].startswith("prompt is too long: ")
     assert body["message"].endswith(f" tokens > {N_CTX} maximum")
-    assert posts == _expected_posts(stack, "/v1/chat/completions")
+    assert posts in _expected_posts(stack, "/v1/chat/completions")
 
 
 # -- a prompt that fits is never refused -------------------------------------------------------
@@ -257,7 +261,7 @@ def test_codex_gets_one_request_its_ran_out_of_room_message_and_no_reconnect(
     configured = _is_configured(stack)
     assert stack.metric("tokenwire_upstream_attempts_total") - attempts == (
         0 if configured else 1)
-    assert posts == _expected_posts(stack, "/v1/chat/completions")
+    assert posts in _expected_posts(stack, "/v1/chat/completions")
     print(f"codex overflow ({'configured' if configured else 'unconfigured'}): 1 request, "
           f"{len(posts)} upstream requests, {elapsed:.1f} s")
 
