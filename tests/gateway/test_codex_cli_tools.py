@@ -23,7 +23,13 @@ import pytest
 
 from tokenwire.codec.maps import TokenizerMap
 
-from .codex_cli import CODEX_MARKS, SHORT_INSTRUCTIONS, bounded_answers, run_codex
+from .codex_cli import (
+    CODEX_MARKS,
+    SHORT_INSTRUCTIONS,
+    bounded_answers,
+    run_codex,
+    run_retrying_out_of_tokens,
+)
 from .conftest import running_engine
 from .test_codex_cli import Gateway, serve_embedded
 
@@ -82,19 +88,13 @@ def _matches(args: dict, schema: dict) -> bool:
 
 def test_a_codex_turn_on_the_embedded_engine_never_sees_a_malformed_call(
         engine_large, gateway, tmp_path) -> None:
-    # Codex sends no temperature, so SmolLM2 samples, and now and then repeats one word
-    # until CODEX_ANSWER_BOUND ends the turn as max_output_tokens, which Codex reports as a
-    # failed turn (seen in CI). That is the model's content, not the tools under test, so
-    # such a turn gets one more try, as in test_codex_cli_ws.py; every other failure fails.
-    for attempt in range(2):
-        first = len(gateway.recording.bodies)
-        (tmp_path / f"try{attempt}").mkdir()
-        run = run_codex(gateway.url, engine_large.model_id,
-                        "Run `echo hello` in the shell and tell me what it printed.",
-                        tmp_path / f"try{attempt}", timeout_s=CODEX_TURN_TIMEOUT_S,
-                        instructions=SHORT_INSTRUCTIONS)
-        if not run.ran_out_of_tokens:
-            break
+    # One more try when SmolLM2's sampled answer only ran into the bound (codex_cli says why).
+    run, first = run_retrying_out_of_tokens(
+        lambda tmp: run_codex(gateway.url, engine_large.model_id,
+                              "Run `echo hello` in the shell and tell me what it printed.",
+                              tmp, timeout_s=CODEX_TURN_TIMEOUT_S,
+                              instructions=SHORT_INSTRUCTIONS),
+        tmp_path, lambda: len(gateway.recording.bodies))
     records = [f"engine: prompt {rec.prompt_tokens} tokens, answer {len(rec.ids)} tokens, "
                f"{rec.reason}, {rec.ended_at - rec.started_at:.0f} s"
                for rec in engine_large.records()]

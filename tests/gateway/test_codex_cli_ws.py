@@ -37,6 +37,7 @@ from tests.gateway.codex_cli import (
     CodexRun,
     bounded_answers,
     run_codex,
+    run_retrying_out_of_tokens,
 )
 from tests.gateway.conftest import running_engine
 from tests.gateway.test_hardening import serve_stack, stop_stacks
@@ -286,18 +287,13 @@ def test_codex_on_the_embedded_engine_uses_one_socket_and_no_post(
     # The engine says nothing while it prefills: on a loaded machine Codex's full ~9k
     # tokens once passed the 600 s silence budget; the budget is not under test here.
     gw = serve(router, idle_timeout_s=EMBEDDED_TIMEOUT_S)
-    # Codex sends no temperature, so SmolLM2 samples, and now and then degenerates into one
-    # repeated word until max_output_tokens ends the turn (seen once in CI: "family_family_
-    # ..." as a tool argument). That is the model's content, not the transport under test,
-    # so such a session gets one more try; every other failure fails.
-    for attempt in range(2):
-        first = len(gw.recording.sockets)
-        (tmp_path / f"try{attempt}").mkdir()
-        run = codex_ws(gw.url, engine_large.model_id, "say hi", tmp_path / f"try{attempt}",
-                       builtin=False, timeout_s=EMBEDDED_TIMEOUT_S,
-                       instructions=SHORT_INSTRUCTIONS, tools=False)
-        if not run.ran_out_of_tokens:
-            break
+    # One more try when SmolLM2's sampled answer only ran into the bound (seen once in CI:
+    # "family_family_..." as a tool argument; codex_cli says why).
+    run, first = run_retrying_out_of_tokens(
+        lambda tmp: codex_ws(gw.url, engine_large.model_id, "say hi", tmp, builtin=False,
+                             timeout_s=EMBEDDED_TIMEOUT_S, instructions=SHORT_INSTRUCTIONS,
+                             tools=False),
+        tmp_path, lambda: len(gw.recording.sockets))
     for rec in engine_large.records():
         print(f"engine: prompt {rec.prompt_tokens} tokens, answer {len(rec.ids)} tokens, "
               f"{rec.reason}, {rec.ended_at - rec.started_at:.0f} s")
