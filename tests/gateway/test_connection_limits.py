@@ -23,6 +23,7 @@ from tokenwire.gateway.settings import ServerSettings
 
 from .raw_sockets import (
     CLOSE_WAIT_S,
+    EVENT_LOOPS,
     connect_from,
     keyed_stacks,
     read_all_until_closed,
@@ -34,10 +35,11 @@ from .test_hardening import KEY, Stack
 HALF_HEAD = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: "
 
 
-@pytest.fixture(scope="module")
-def guarded(smollm2_map) -> Iterator[Callable[..., Stack]]:
-    """``guarded(**settings) -> Stack``: ``serve_gateway`` on a socket with a deep backlog."""
-    yield from keyed_stacks(smollm2_map, backlog=4096)
+@pytest.fixture(scope="module", params=EVENT_LOOPS)
+def guarded(request, smollm2_map) -> Iterator[Callable[..., Stack]]:
+    """``guarded(**settings) -> Stack``: ``serve_gateway`` on a socket with a deep backlog,
+    once per event loop ``tokenwire serve`` can run on."""
+    yield from keyed_stacks(smollm2_map, backlog=4096, event_loop=request.param)
 
 
 def _request(port: int, head: bytes, source: str = "127.0.0.1") -> bytes:
@@ -52,6 +54,10 @@ AUTHED = (f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\
 
 def _status(response: bytes) -> int:
     return int(response.split(b" ", 2)[1]) if response.startswith(b"HTTP/1.1 ") else 0
+
+
+def test_the_server_runs_on_the_event_loop_under_test(guarded, request) -> None:
+    assert guarded().loop == request.node.callspec.params["guarded"]
 
 
 # -- deadlines ---------------------------------------------------------------------------------
