@@ -10,7 +10,11 @@ phases and ratios of :mod:`bench.bench_upstreams`), so both see the same load.
 
 Prints one JSON row per (round, tree, format, concurrency) and the medians of
 ``cpu_x_upstream`` per tree at the end. To get a tree of an older commit:
-``git archive <commit> src | tar -x -C /tmp/before``.
+``git archive <commit> src | tar -x -C /tmp/before``. ``--a-args`` / ``--b-args`` add
+``tokenwire serve`` flags to one side, so one tree can be measured against itself with a
+setting changed (the event loop, BENCHMARKS.md "uvloop as the event loop")::
+
+    python -m bench.ab_gateway --a src --b src --a-args="--loop asyncio" --b-args="--loop uvloop"
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -30,12 +35,12 @@ from bench import bench_upstreams as bu
 FORMATS = ((None, {}, "chat SSE"), ("msgpack", {"Codec-Client-Version": "0.5"}, "Codec msgpack"))
 
 
-def _start(tree: str, up_port: int, port: int) -> subprocess.Popen:
+def _start(tree: str, up_port: int, port: int, extra: list[str]) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
     most = str(max(c for c, _ in bu.LOADS))
     argv = [sys.executable, "-m", "tokenwire.cli.main", "serve", "--upstream",
             f"http://127.0.0.1:{up_port}/v1", "--upstream-max-concurrent", most,
-            "--max-concurrent", most, "--port", str(port), "--log-level", "warning"]
+            "--max-concurrent", most, "--port", str(port), "--log-level", "warning", *extra]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     bu._wait_http(f"http://127.0.0.1:{port}/health", proc, 60)
@@ -46,16 +51,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--a", required=True, help="the 'before' tree (holds tokenwire/)")
     parser.add_argument("--b", required=True, help="the 'after' tree")
+    parser.add_argument("--a-args", default="", help="more `tokenwire serve` flags for A")
+    parser.add_argument("--b-args", default="", help="more `tokenwire serve` flags for B")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    sides = (("A", args.a, shlex.split(args.a_args)), ("B", args.b, shlex.split(args.b_args)))
     procs: list[subprocess.Popen] = []
     ratios: dict[tuple[str, str, int], list[float]] = {}
     try:
         up, up_port = bu.start_upstream(procs)
         for rnd in range(args.rounds):
-            for name, tree in (("A", args.a), ("B", args.b)):
+            for name, tree, extra in sides:
                 port = bu._free_port()
-                tw = _start(tree, up_port, port)
+                tw = _start(tree, up_port, port, extra)
                 try:
                     for fmt, headers, label in FORMATS:
                         try:

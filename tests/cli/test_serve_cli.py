@@ -14,6 +14,7 @@ import pytest
 from tokenwire.cli import serve as serve_cmd
 from tokenwire.codec.versioning import VersionPolicyMode
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.server import loop_name, serving_loop_factory
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -78,6 +79,7 @@ def test_serve_starts_and_says_where_what_and_which_map() -> None:
     assert f"listening on http://127.0.0.1:{port}" in out
     assert "SmolLM2-135M-Instruct" in out
     assert "huggingfacetb/smollm2 sha256:" in out
+    assert f"event loop: {loop_name(serving_loop_factory('auto'))}" in out  # uvloop here
 
 
 # -- errors a person can act on (issue 10) ----------------------------------------------------

@@ -16,6 +16,9 @@ from tests.gateway.upstreams.fakes import Reply, chat_stream, start_fake
 from tests.redis_server import free_port
 from tokenwire.cli.main import main
 from tokenwire.cluster.balancer import INSTANCE_HEADER
+from tokenwire.gateway.server import loop_name, serving_loop_factory
+
+DEFAULT_LOOP = loop_name(serving_loop_factory("auto"))
 
 
 def test_a_balancer_on_a_public_address_needs_instance_keys(monkeypatch, capsys) -> None:
@@ -58,7 +61,13 @@ def test_tokenwire_cluster_serves_round_robin_and_stops_on_sigint(redis_server) 
     try:
         # The instances share the terminal: their own banners come first.
         lines = iter(proc.stdout.readline, "")  # type: ignore[union-attr]
-        head = next(line for line in lines if line.startswith("tokenwire cluster:"))
+        banners = []
+        for head in lines:
+            if head.startswith("tokenwire cluster:"):
+                break
+            banners.append(head)
+        # Each instance is a `tokenwire serve --upstream` on the default loop (uvloop here).
+        assert sum(line.strip() == f"event loop: {DEFAULT_LOOP}" for line in banners) == 2
         assert "round-robin over 2 instances sharing state on Redis" in head, head
         listed = [next(lines) for _ in range(2)]
         assert all(line.startswith("  instance ") and "pid" in line for line in listed)

@@ -25,13 +25,23 @@ from .test_hardening import KEY, Stack, serve_stack, stop_stacks
 CLOSE_WAIT_S = 60
 
 
-def keyed_stacks(smollm2_map: Any, *, backlog: int) -> Iterator[Callable[..., Stack]]:
+#: The event loops the hardening tests run on: each `tokenwire serve --loop` serves (uvloop,
+#: the default where installed, and asyncio's own, the fallback).
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def keyed_stacks(smollm2_map: Any, *, backlog: int, event_loop: str = "auto",
+                 ) -> Iterator[Callable[..., Stack]]:
     """For a module fixture: ``guarded(**settings) -> Stack``, ``serve_gateway`` with
-    ``KEY`` required, on a socket with a ``backlog``-deep queue; all stop at the end."""
+    ``KEY`` required, on a socket with a ``backlog``-deep queue, on ``event_loop``; all
+    stop at the end. ``"uvloop"`` skips where uvloop is not installed."""
+    if event_loop == "uvloop":
+        pytest.importorskip("uvloop")
     running: list[tuple[Any, threading.Thread]] = []
     patch = pytest.MonkeyPatch()
     yield lambda **kw: serve_stack(patch, running,
-                                   ServerSettings(api_keys=(KEY,), auth="keys", **kw),
+                                   ServerSettings(api_keys=(KEY,), auth="keys",
+                                                  event_loop=event_loop, **kw),
                                    smollm2_map, backlog=backlog)
     stop_stacks(patch, running)
 

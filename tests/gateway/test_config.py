@@ -63,7 +63,7 @@ BAD_FILES = [
      "request_cap_s, heartbeat_s, retries, drain_grace_s, head_timeout_s, body_timeout_s, "
      "max_connections, max_connections_per_client, http2, tls_cert, tls_key, "
      "responses_websocket, ws_max_sockets, ws_max_sockets_per_client, ws_idle_timeout_s, "
-     "ws_session_cap_s"),
+     "ws_session_cap_s, event_loop"),
     ("server type", "[server]\nport = \"80\"\n" + _UP,
      "{f}: [server]: port must be an integer, got '80'"),
     ("bool is not int", "[server]\nport = true\n" + _UP,

@@ -79,6 +79,7 @@ class Stack:
     state: GatewayState
     server: Any = None  # the running uvicorn server (``graceful_server``)
     app: Any = None  # what ``wrap`` returned (e.g. a recording middleware), else None
+    loop: str = ""  # the package of the loop it runs on: "uvloop" or "asyncio"
 
 
 def _state(settings: ServerSettings, smollm2_map: Any, upstream: ScriptedUpstream
@@ -123,9 +124,18 @@ def serve_stack(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Th
     sock.bind(("127.0.0.1", 0))
     sock.listen(backlog)
     ready: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: asyncio.run(server_mod.serve_gateway(
-        None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
-        on_ready=lambda gw, srv: ready.update(server=srv))), daemon=True)
+
+    def on_ready(gw: Any, srv: Any) -> None:
+        ready.update(server=srv, loop=type(asyncio.get_running_loop()).__module__)
+
+    def serve() -> None:  # on the loop `tokenwire serve` picks (settings.event_loop)
+        loop_factory = server_mod.serving_loop_factory(settings.event_loop)
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(server_mod.serve_gateway(
+                None, settings, log_level="warning", sockets=[sock],  # type: ignore[arg-type]
+                on_ready=on_ready))
+
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not (ready.get("server") and ready["server"].started):
@@ -134,7 +144,7 @@ def serve_stack(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Th
     running.append((ready["server"], thread))
     port = sock.getsockname()[1]
     return Stack(f"http://127.0.0.1:{port}", port, upstream, state, ready["server"],
-                 wrapped.get("app"))
+                 wrapped.get("app"), ready["loop"].partition(".")[0])
 
 
 def stop_stacks(patch: pytest.MonkeyPatch, running: list[tuple[Any, threading.Thread]]) -> None:

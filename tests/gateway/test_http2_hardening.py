@@ -33,6 +33,7 @@ from hyperframe.frame import (
 from tokenwire.gateway.http.http2 import FLOOD_BUDGET, H2_PREFACE, MAX_HEADER_LIST_SIZE
 
 from .raw_sockets import (
+    EVENT_LOOPS,
     connect_from,
     keyed_stacks,
     read_all_until_closed,
@@ -46,9 +47,10 @@ WAIT_S = 60
 ENHANCE_YOUR_CALM = 0xB
 
 
-@pytest.fixture(scope="module")
-def guarded(smollm2_map) -> Iterator[Callable[..., Any]]:
-    yield from keyed_stacks(smollm2_map, backlog=1024)
+@pytest.fixture(scope="module", params=EVENT_LOOPS)
+def guarded(request, smollm2_map) -> Iterator[Callable[..., Any]]:
+    """Once per event loop ``tokenwire serve`` can run on."""
+    yield from keyed_stacks(smollm2_map, backlog=1024, event_loop=request.param)
 
 
 def _open(port: int, source: str = "127.0.0.1") -> socket.socket:

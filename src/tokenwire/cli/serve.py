@@ -40,7 +40,7 @@ _CAPACITY_KEYS = ("max_concurrent", "queue_size", "idle_timeout_s", "request_cap
                   "body_timeout_s", "max_connections", "max_connections_per_client",
                   "http2", "tls_cert", "tls_key",
                   "responses_websocket", "ws_max_sockets", "ws_max_sockets_per_client",
-                  "ws_idle_timeout_s", "ws_session_cap_s")
+                  "ws_idle_timeout_s", "ws_session_cap_s", "event_loop")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -147,6 +147,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "(repeatable); requests with any other Origin get 403")
     p.add_argument("--allow-unauthenticated-localhost", action="store_true",
                    help="with API keys configured, still let loopback clients in without one")
+    p.add_argument("--loop", dest="event_loop", metavar="auto|uvloop|asyncio",
+                   help="the event loop: uvloop (less CPU per streamed token), asyncio's own, "
+                        "or auto (default: uvloop where installed)")
     p.add_argument("--log-level", default="info", help="uvicorn log level")
     p.set_defaults(func=_run)
 
@@ -336,6 +339,7 @@ def _print_common(settings, state) -> None:
         print(f"  safety policy: {state.descriptor.id} ({mode}, "
               f"{len(settings.banned_ids)} banned ids)")
     print(f"  coalescing window: {settings.window_s * 1000:g} ms")
+    print(f"  event loop: {_loop_name(settings)}")
     retries = "on" if settings.retries else "off"
     print(f"  capacity: {capacity_line(state.admission)}; idle timeout "
           f"{settings.idle_timeout_s:g} s; retries {retries}")
@@ -343,6 +347,12 @@ def _print_common(settings, state) -> None:
         print(f"  shared state: redis at {settings.state.display_url} (key prefix "
               f"{settings.state.key_prefix!r}; README \"Shared state\")")
     print(f"  {auth_banner(settings)}", flush=True)
+
+
+def _loop_name(settings) -> str:
+    from tokenwire.gateway.server import loop_name, serving_loop_factory
+
+    return loop_name(serving_loop_factory(settings.event_loop))
 
 
 def capacity_line(admission) -> str:

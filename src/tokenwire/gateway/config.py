@@ -13,7 +13,7 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
                                 # max_connections_per_client, http2, tls_cert, tls_key,
                                 # responses_websocket, ws_max_sockets,
                                 # ws_max_sockets_per_client, ws_idle_timeout_s,
-                                # ws_session_cap_s,
+                                # ws_session_cap_s, event_loop,
     default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s
     api_keys_env = "GW_KEYS"    # the variable holding the client keys (comma-separated)
     allowed_origins = ["https://app.example"]   # browser origins allowed to call
@@ -120,7 +120,7 @@ SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "max_connections_per_client": (int,), "http2": (bool,), "tls_cert": (str,),
     "tls_key": (str,), "responses_websocket": (bool,),
     "ws_max_sockets": (int,), "ws_max_sockets_per_client": (int,),
-    "ws_idle_timeout_s": NUM, "ws_session_cap_s": NUM,
+    "ws_idle_timeout_s": NUM, "ws_session_cap_s": NUM, "event_loop": (str,),
 }
 _UPSTREAM_KEYS: dict[str, tuple[type, ...]] = {
     "name": (str,), "kind": (str,), "base_url": (str,), "api_key_env": (str,),

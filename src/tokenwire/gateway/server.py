@@ -64,11 +64,13 @@ __all__ = [
     "build_gateway",
     "config_problems",
     "listen_socket",
+    "loop_name",
     "offer_alpn",
     "raise_fd_limit",
     "run",
     "run_gateway",
     "serve_gateway",
+    "serving_loop_factory",
     "uvicorn_limits",
 ]
 
@@ -264,7 +266,7 @@ def run(plan: ServingPlan, *, log_level: str = "info",
             finally:  # on the serving loop: the limiter's last releases, then Redis
                 await plan.state.aclose_state()
 
-        with asyncio.Runner(loop_factory=config.get_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=serving_loop_factory(settings.event_loop)) as runner:
             runner.run(serve_then_close_state())
     finally:
         plan.engine.close()
@@ -563,17 +565,34 @@ def run_gateway(
     cfg: GatewayConfig, settings: ServerSettings, *, log_level: str = "info",
     on_ready: Callable[[Gateway, Any], None] | None = None,
 ) -> None:
-    """Build the gateway and serve it in one event loop until interrupted (uvloop's where
-    it is installed: the loop's scheduling is a large share of the CPU per streamed token,
-    BENCHMARKS.md "The hot path"; the asyncio API, and so every guarantee, is the same)."""
-    with asyncio.Runner(loop_factory=serving_loop_factory()) as runner:
+    """Build the gateway and serve it in one event loop until interrupted (the loop
+    ``settings.event_loop`` names: :func:`serving_loop_factory`)."""
+    with asyncio.Runner(loop_factory=serving_loop_factory(settings.event_loop)) as runner:
         runner.run(serve_gateway(cfg, settings, log_level=log_level, on_ready=on_ready))
 
 
-def serving_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop when it can be imported, else None (asyncio's default loop)."""
+def serving_loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """The event loop ``tokenwire serve`` runs on, for ``asyncio.Runner(loop_factory=...)``:
+    uvloop's for ``"uvloop"``, and for ``"auto"`` where it can be imported; None (asyncio's
+    default loop) for ``"asyncio"`` or when uvloop is missing. uvloop costs less CPU per
+    streamed token, mostly at one stream (BENCHMARKS.md, "uvloop as the event loop"); the
+    asyncio API, and so every guarantee, is the same on both, and the hardening tests run on
+    both (``tests/gateway/test_connection_limits.py``)."""
+    if choice == "asyncio":
+        return None
     try:
         import uvloop
     except ImportError:
+        if choice == "uvloop":  # ServerSettings checked it is installed; it did not import
+            raise
         return None
     return uvloop.new_event_loop
+
+
+def loop_name(factory: Callable[[], asyncio.AbstractEventLoop] | None) -> str:
+    """What :func:`serving_loop_factory` chose, for the start-up banner."""
+    if factory is None:
+        return "asyncio"
+    import uvloop
+
+    return f"uvloop {uvloop.__version__}"

@@ -8,6 +8,7 @@ policy real live here, and never leave the server (§5.5: descriptors publish co
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ __all__ = [
     "DEFAULT_HOST",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_PORT",
+    "EVENT_LOOPS",
     "ServerSettings",
     "build_policy",
     "check_api_key",
@@ -69,6 +71,10 @@ AUTH_KEYS = "keys"
 #: The default, so that a bare ``tokenwire serve`` keeps working for local clients.
 AUTH_LOCALHOST_OPEN = "localhost-open"
 AUTH_MODES = (AUTH_KEYS, AUTH_LOCALHOST_OPEN)
+#: The event loops ``tokenwire serve`` runs on (``gateway/server.py`` ``serving_loop_factory``):
+#: ``auto`` is uvloop where it is installed (less CPU per streamed token, BENCHMARKS.md "uvloop
+#: as the event loop"), else asyncio's own; ``uvloop`` requires it; ``asyncio`` never uses it.
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
 
 
 @dataclass(frozen=True)
@@ -146,6 +152,8 @@ class ServerSettings:
     #: the keys: ``"keys"`` when some are given, else ``"localhost-open"``, so giving keys
     #: never silently leaves loopback open.
     auth: str = ""
+    #: One of :data:`EVENT_LOOPS` (``--loop``, ``[server] event_loop``).
+    event_loop: str = "auto"
 
     def __post_init__(self) -> None:
         if self.window_s < 0:
@@ -178,7 +186,16 @@ class ServerSettings:
                               "--tls-key)")
         if not self.drain_grace_s >= 0:
             raise ConfigError("drain_grace_s must be >= 0 seconds")
+        self._check_event_loop()
         self._check_auth()
+
+    def _check_event_loop(self) -> None:
+        if self.event_loop not in EVENT_LOOPS:
+            raise ConfigError(f"event_loop must be one of {', '.join(EVENT_LOOPS)}, got "
+                              f"{self.event_loop!r}")
+        if self.event_loop == "uvloop" and importlib.util.find_spec("uvloop") is None:
+            raise ConfigError("event_loop 'uvloop' needs the uvloop package (pip install "
+                              "uvloop), or use 'auto' / 'asyncio'")
 
     def _check_auth(self) -> None:
         if not self.auth:
