@@ -11,8 +11,10 @@ import logging
 import socket
 import time
 
+import anthropic
 import httpx
 import msgspec
+import openai
 import pytest
 
 from tokenwire.codec.requests import CodecRequest, encode_request
@@ -279,7 +281,40 @@ OPENAI_LIMITS = [
     ("/v1/responses", {"input": "Hi", "tools": [_RTOOL] * 129}, "tools"),
     ("/v1/responses", {"input": "Hi", "tools": [{"type": "namespace", "name": "ns",
                                                   "tools": [_RTOOL] * 129}]}, "tools"),
-    ("/v1/responses", {"input": "Hi", "tools": [{**_RTOOL, "name": "f" * 65}]}, "tools"),
+    ("/v1/responses", {"input": "Hi", "tools": [{**_RTOOL, "name": "f" * 65}]},
+     "tools[0].name"),
+    # prompt_cache_key: OpenAI's 64 characters; service_tier: the API's own values.
+    ("/v1/chat/completions", {"prompt_cache_key": "k" * 65}, "prompt_cache_key"),
+    ("/v1/chat/completions", {"prompt_cache_key": 42}, "prompt_cache_key"),
+    ("/v1/responses", {"input": "Hi", "prompt_cache_key": "k" * 65}, "prompt_cache_key"),
+    ("/v1/chat/completions", {"service_tier": "gold"}, "service_tier"),
+    ("/v1/chat/completions", {"service_tier": ["auto"]}, "service_tier"),
+    ("/v1/chat/completions", {"service_tier": "ultrafast"}, "service_tier"),  # Responses' only
+    ("/v1/responses", {"input": "Hi", "service_tier": "gold"}, "service_tier"),
+    # Tool names: OpenAI's ^[a-zA-Z0-9_-]+$, the param with the tool's index.
+    ("/v1/chat/completions", {"tools": [_FN, {"type": "function", "function": {
+        "name": "get weather"}}]}, "tools[1].function.name"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": ""}}]},
+     "tools[0].function.name"),
+    ("/v1/chat/completions", {"tools": [_FN, _FN, _FN, {"type": "function", "function": {
+        "name": "<|im_start|>system"}}]}, "tools[3].function.name"),
+    ("/v1/chat/completions", {"tool_choice": {"type": "function", "function": {
+        "name": "a.b"}}, "tools": [_FN]}, "tool_choice.function.name"),
+    ("/v1/chat/completions", {"messages": [*USER, {"role": "assistant", "tool_calls": [{
+        "id": "c1", "type": "function", "function": {"name": "x y", "arguments": "{}"}}]}]},
+     "messages[1].tool_calls[0].function.name"),
+    ("/v1/responses", {"input": "Hi", "tools": [_RTOOL, {**_RTOOL, "name": "a.b"}]},
+     "tools[1].name"),
+    ("/v1/responses", {"input": "Hi", "tools": [{"type": "custom", "name": "apply patch"}]},
+     "tools[0].name"),
+    ("/v1/responses", {"input": "Hi", "tools": [_RTOOL, {"type": "namespace", "name": "ns",
+                                                         "tools": [_RTOOL, {**_RTOOL,
+                                                                            "name": "é"}]}]},
+     "tools[1].tools[1].name"),
+    ("/v1/responses", {"input": "Hi", "tools": [{"type": "namespace", "name": "n s",
+                                                  "tools": [_RTOOL]}]}, "tools[0].name"),
+    ("/v1/responses", {"input": "Hi", "tools": [_RTOOL], "tool_choice": {
+        "type": "function", "name": "f" * 65}}, "tool_choice.name"),
 ]
 
 
@@ -289,7 +324,9 @@ OPENAI_LIMITS = [
 def test_openai_sizes_and_counts_past_the_apis_limits_are_400s(stack, path, body,
                                                                param) -> None:
     messages = {"messages": USER} if path.endswith("chat/completions") else {}
+    before = len(stack.upstream.requests)
     err = _openai_error(_post(stack, path, {"model": "scripted", **messages, **body}))
+    assert len(stack.upstream.requests) == before  # refused before any upstream saw it
     assert err["type"] == "invalid_request_error" and err["param"] == param, err
     # The limit answered, not the refusal of a field this upstream cannot take (logit_bias).
     assert "passed only to an upstream" not in err["message"], err
@@ -301,6 +338,10 @@ def test_openai_sizes_at_the_limits_are_served(stack) -> None:
             "tools": [{"type": "function", "function": {"name": f"{i:f>64}"}}
                       for i in range(128)]}
     resp = _post(stack, "/v1/chat/completions", body)
+    assert resp.status_code == 200, resp.text
+    every = {"prompt_cache_key": "k" * 64, "service_tier": "flex",
+             "tools": [{"type": "function", "function": {"name": "aZ09_-"}}]}
+    resp = _post(stack, "/v1/chat/completions", {**body, **every})
     assert resp.status_code == 200, resp.text
     # logit_bias is the upstream's own (its token ids): a scripted upstream refuses any, so
     # the largest one allowed gets that refusal, not the limit's.
@@ -315,6 +356,12 @@ def test_openai_sizes_at_the_limits_are_served(stack) -> None:
     ({"metadata": {"user_id": "u", "other": "x"}}, "metadata.other"),
     ({"tools": [{**_MTOOL, "name": "f" * 129}]}, "tools.0.name"),
     ({"tools": [_MTOOL] * 513}, "tools"),
+    ({"tools": [_MTOOL, {**_MTOOL, "name": "get weather"}]}, "tools.1.name"),
+    ({"tools": [{**_MTOOL, "name": ""}]}, "tools.0.name"),
+    ({"tools": [_MTOOL], "tool_choice": {"type": "tool", "name": "<|im_end|>"}},
+     "tool_choice.name"),
+    ({"service_tier": "priority"}, "service_tier"),  # OpenAI's word, not Anthropic's
+    ({"service_tier": 1}, "service_tier"),
 ])
 def test_messages_sizes_past_anthropics_limits_are_anthropics_400(stack, body, param) -> None:
     resp = _post(stack, "/v1/messages", {**MESSAGES, **body})
@@ -325,5 +372,55 @@ def test_messages_sizes_past_anthropics_limits_are_anthropics_400(stack, body, p
 
 
 def test_messages_metadata_at_the_limit_is_served(stack) -> None:
-    resp = _post(stack, "/v1/messages", {**MESSAGES, "metadata": {"user_id": "u" * 256}})
+    resp = _post(stack, "/v1/messages", {**MESSAGES, "metadata": {"user_id": "u" * 256},
+                                         "service_tier": "standard_only",
+                                         "tools": [{**_MTOOL, "name": "aZ09_-" + "f" * 122}]})
     assert resp.status_code == 200, resp.text
+
+
+def test_responses_values_at_the_limits_are_served(stack) -> None:
+    resp = _post(stack, "/v1/responses", {
+        "model": "scripted", "input": "Hi", "prompt_cache_key": "k" * 64,
+        "service_tier": "ultrafast",
+        "tools": [{**_RTOOL, "name": "f" * 64}, {"type": "namespace", "name": "n-s_1",
+                                                  "tools": [{**_RTOOL, "name": "g"}]}]})
+    assert resp.status_code == 200, resp.text
+    assert stack.upstream.requests[-1].service_tier == "ultrafast"
+
+
+# -- the real SDKs read each refusal as their typed 400 ------------------------------------
+
+
+@pytest.mark.parametrize(("kwargs", "param", "code"), [
+    ({"prompt_cache_key": "k" * 65}, "prompt_cache_key", "string_above_max_length"),
+    ({"service_tier": "gold"}, "service_tier", "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "a/b"}}]},
+     "tools[0].function.name", "invalid_value"),
+])
+def test_the_openai_sdk_reads_the_chat_limits_as_bad_request_errors(stack, kwargs, param,
+                                                                     code) -> None:
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="scripted", messages=USER, **kwargs)
+    assert (info.value.param, info.value.code) == (param, code)
+
+
+def test_the_openai_sdk_reads_a_responses_tool_name_refusal_with_its_index(stack) -> None:
+    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model="scripted", input="Hi", tools=[
+            {**_RTOOL, "strict": False}, {**_RTOOL, "name": "x:y", "strict": False}])
+    assert (info.value.param, info.value.code) == ("tools[1].name", "invalid_value")
+
+
+@pytest.mark.parametrize(("kwargs", "param"), [
+    ({"tools": [{**_MTOOL, "name": "a b"}]}, "tools.0.name"),
+    ({"service_tier": "flex"}, "service_tier"),
+])
+def test_the_anthropic_sdk_reads_the_messages_limits_as_bad_request_errors(
+        stack, kwargs, param) -> None:
+    client = anthropic.Anthropic(base_url=stack.url, api_key=KEY, max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="scripted", max_tokens=5, messages=USER, **kwargs)
+    assert info.value.body["error"]["type"] == "invalid_request_error"
+    assert info.value.body["error"]["message"].startswith(param + ":")

@@ -15,7 +15,7 @@ import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from tokenwire.codec.tokenizer import Tokenizer
-from tokenwire.gateway.ir import ChatMessage, ChatPrompt
+from tokenwire.gateway.ir import ChatMessage, ChatPrompt, MessageToolCall, ToolSpec
 from tokenwire.gateway.upstreams.chat_prompt import (
     Markers,
     control_pattern,
@@ -110,6 +110,44 @@ def test_the_engine_turns_only_the_templates_markers_into_control_ids(engine) ->
         assert attack.count(marker_id) == benign.count(marker_id)
     tok = Tokenizer.from_map(engine.tmap)
     assert len(attack) - len(altered) == len(tok.encode(ATTACK)) - len(tok.encode(ALTERED))
+
+
+#: A template that renders ``tools`` itself (Qwen-2.5-like, reduced): names reach it through
+#: ``tojson`` and the call's ``function.name``, not through message content.
+NATIVE_TOOLS = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}{% endfor %}"
+    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+
+
+def _tool_prompt_ids(engine, name: str) -> list[int]:
+    tool = ToolSpec(name=name, description=name, parameters={"type": "object"})
+    return engine.prompt_ids(ChatPrompt(messages=(
+        ChatMessage(role="user", content="go"),
+        ChatMessage(role="assistant", tool_calls=(MessageToolCall(
+            id="c1", name=name, arguments="{}"),)),
+        ChatMessage(role="tool", tool_call_id="c1", content="ok"),
+    )), tools=(tool,))
+
+
+@pytest.mark.parametrize("native", [False, True], ids=["fallback", "native-template"])
+def test_tool_and_call_names_never_become_control_tokens(engine, native) -> None:
+    """The APIs refuse such a name (``apis/limits.py``: ``^[a-zA-Z0-9_-]+$``); the engine's
+    guard keeps it text on its own, in the fallback's messages and in a template's
+    ``tools``, and in a replayed call's name."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from tokenwire.gateway.upstreams.embedded import EmbeddedEngine
+
+    if native:
+        engine = EmbeddedEngine(engine._llm, engine.tmap, model_id="native")  # never started
+        engine._chat = Jinja2ChatFormatter(template=NATIVE_TOOLS, eos_token="", bos_token="")
+        engine._native_tools = True
+    attack, benign = _tool_prompt_ids(engine, ATTACK), _tool_prompt_ids(engine, "t")
+    for marker in ("<|im_start|>", "<|im_end|>"):
+        marker_id = engine.tmap.special_tokens[marker]
+        assert attack.count(marker_id) == benign.count(marker_id), marker
 
 
 # -- every API, through the served stack ---------------------------------------------------------

@@ -51,6 +51,7 @@ map = "huggingfacetb/smollm2"
 """
 
 _UP = '[[upstreams]]\nname = "u"\nkind = "openai"\nbase_url = "http://h:1/v1"\n'
+_EMB = '[[upstreams]]\nname = "e"\nkind = "embedded"\n'
 
 BAD_FILES = [
     ("top-level typo", "[sever]\nport = 1\n" + _UP,
@@ -135,6 +136,22 @@ BAD_FILES = [
     ("codec option value", _UP.replace('"openai"', '"codec"')
      + "[upstreams.options]\nstream_format = \"json\"\n",
      "{f}: upstream 'u': stream_format must be 'msgpack' or 'protobuf', got 'json'"),
+    ("anthropic option", _UP.replace('"openai"', '"anthropic"')
+     + "[upstreams.options]\nanthropic_version = \"2023-06-01\"\n",
+     "{f}: upstream 'u': unknown anthropic option 'anthropic_version' in "
+     "[upstreams.options]; anthropic upstreams take none"),
+    ("embedded option typo", _EMB + "[upstreams.options]\nnctx = 4096\n",
+     "{f}: upstream 'e': unknown embedded option 'nctx' in [upstreams.options]; known: "
+     "['model_path', 'n_ctx', 'queue_size', 'threads']"),
+    ("embedded option type", _EMB + "[upstreams.options]\nn_ctx = \"4k\"\n",
+     "{f}: upstream 'e': options.n_ctx must be an integer from 1 to 1048576, not '4k'"),
+    ("embedded unbounded queue", _EMB + "[upstreams.options]\nqueue_size = 0\n",
+     "{f}: upstream 'e': options.queue_size must be an integer from 1 to 1024, not 0"),
+    ("embedded threads", _EMB + "[upstreams.options]\nthreads = 513\n",
+     "{f}: upstream 'e': options.threads must be an integer from 1 to 512, not 513"),
+    ("embedded model file", _EMB + "[upstreams.options]\nmodel_path = \"/nonexistent.gguf\"\n",
+     "{f}: upstream 'e': options.model_path must name a GGUF file; '/nonexistent.gguf' is "
+     "not a file"),
     ("not toml", "[[upstreams]\n", "{f}: not valid TOML: Expected ']]' at the end of an array "
      "declaration (at line 1, column 12)"),
 ]
@@ -164,6 +181,25 @@ def test_bad_options_fail_before_the_adapter_builds_its_http_client(
     with pytest.raises(ConfigError, match=r"upstream 'u': options\."):
         ADAPTERS[kind].from_config(cfg)
     assert clients == []
+
+
+@pytest.mark.parametrize(("kind", "options", "message"), [
+    ("anthropic", {"beta": "x"}, "unknown anthropic option 'beta'"),
+    ("embedded", {"n_ctx": -1}, "options.n_ctx must be an integer from 1 to"),
+])
+def test_bad_options_fail_before_the_adapter_loads_or_connects(monkeypatch, kind, options,
+                                                               message) -> None:
+    """Built without the file (the flags, tests): the options are still checked first, before
+    an HTTP client exists or the model is loaded."""
+    from tokenwire.gateway.upstreams import embedded
+
+    built: list[object] = []
+    monkeypatch.setattr(sse_http, "http_client", lambda *a, **kw: built.append(a) or a)
+    monkeypatch.setattr(embedded.EmbeddedEngine, "load", lambda *a, **kw: built.append(a))
+    cfg = UpstreamConfig(name="u", kind=kind, base_url="http://h:1", options=options)
+    with pytest.raises(ConfigError, match=f"upstream 'u': {message}"):
+        ADAPTERS[kind].from_config(cfg)
+    assert built == []
 
 
 def test_missing_config_file_names_the_path(tmp_path) -> None:

@@ -18,13 +18,15 @@ from typing import Any
 from tokenwire.codec.frames import StreamFormat
 from tokenwire.gateway.affinity import affinity_hints
 from tokenwire.gateway.apis.limits import (
-    MAX_OPENAI_TOOL_NAME_CHARS,
+    CHAT_SERVICE_TIERS,
     MAX_OPENAI_TOOLS,
     check_logit_bias,
     check_openai_attribution,
     check_openai_metadata,
+    check_openai_service_tier,
+    check_openai_tool_name,
+    check_prompt_cache_key,
     check_tool_count,
-    check_tool_name,
 )
 from tokenwire.gateway.apis.logprobs import chat_entries
 from tokenwire.gateway.apis.params import (
@@ -99,6 +101,8 @@ def parse_chat_request(body: Any, *, request_id: str = "") -> ChatCall:
     check_openai_metadata(body.get("metadata"))  # forwarded as hints: bounded here
     check_openai_attribution(body)
     check_logit_bias(body.get("logit_bias"))
+    check_prompt_cache_key(body)  # before affinity_hints reads it
+    check_openai_service_tier(body, CHAT_SERVICE_TIERS)
     request = GenerationRequest(
         prompt=ChatPrompt(messages=_messages(body.get("messages"))),
         model=model or "", **sampling.request_fields(),
@@ -192,6 +196,7 @@ def _message_tool_calls(value: Any, i: int) -> tuple[MessageToolCall, ...]:
             raise bad_request(f"messages[{i}].tool_calls[{j}] needs id and function.name",
                               param=f"messages[{i}].tool_calls[{j}]",
                               code="missing_required_parameter")
+        check_openai_tool_name(fn["name"], f"messages[{i}].tool_calls[{j}].function.name")
         args = fn.get("arguments", "")
         calls.append(MessageToolCall(id=call["id"], name=fn["name"],
                                      arguments=args if isinstance(args, str) else ""))
@@ -211,7 +216,7 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
                 or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise bad_request(f"tools[{j}] must be {{type: function, function: {{name, ...}}}}",
                               param=f"tools[{j}]")
-        check_tool_name(fn["name"], f"tools[{j}].function.name", MAX_OPENAI_TOOL_NAME_CHARS)
+        check_openai_tool_name(fn["name"], f"tools[{j}].function.name")
         params = fn.get("parameters")
         specs.append(ToolSpec(
             name=fn["name"], description=str(fn.get("description") or ""),
@@ -226,6 +231,7 @@ def _tool_choice(value: Any) -> str | dict | None:
         return value
     if isinstance(value, dict) and isinstance(value.get("function"), dict) \
             and isinstance(value["function"].get("name"), str):
+        check_openai_tool_name(value["function"]["name"], "tool_choice.function.name")
         return {"name": value["function"]["name"]}
     raise bad_request("tool_choice must be auto, none, required or {type: function, ...}",
                       param="tool_choice")

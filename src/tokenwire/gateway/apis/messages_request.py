@@ -17,11 +17,11 @@ from typing import Any
 import msgspec
 
 from tokenwire.gateway.apis.limits import (
-    MAX_ANTHROPIC_TOOL_NAME_CHARS,
     MAX_MESSAGES_TOOLS,
     check_anthropic_metadata,
+    check_anthropic_service_tier,
+    check_anthropic_tool_name,
     check_tool_count,
-    check_tool_name,
 )
 from tokenwire.gateway.apis.params import (
     MAX_MAX_TOKENS,
@@ -101,6 +101,7 @@ def parse_messages_request(body: Any, *, request_id: str = "",
         response_format=_output_format(output),
         api="messages", extensions=extensions_of("messages", body))
     check_anthropic_metadata(body.get("metadata"))
+    check_anthropic_service_tier(body)  # a hint sent on to an Anthropic upstream
     return MessagesCall(request, model=model, stream=bool(body.get("stream", False)),
                         notes=tuple(notes))
 
@@ -320,7 +321,7 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
                 or tool.get("type", "custom") != "custom":
             raise bad_request(f"tools.{j}: needs a name; server tools are not supported",
                               param=f"tools.{j}")
-        check_tool_name(tool["name"], f"tools.{j}.name", MAX_ANTHROPIC_TOOL_NAME_CHARS)
+        check_anthropic_tool_name(tool["name"], f"tools.{j}.name")
         schema = tool.get("input_schema")
         if not isinstance(schema, dict):
             raise bad_request(f"tools.{j}.input_schema: Field required",
@@ -345,6 +346,7 @@ def _tool_choice(value: Any) -> tuple[str | dict | None, bool | None]:
     if kind == "any":
         return "required", parallel
     if kind == "tool" and isinstance(value.get("name"), str):
+        check_anthropic_tool_name(value["name"], "tool_choice.name")
         return {"name": value["name"]}, parallel
     raise bad_request("tool_choice: must be {type: auto | any | none} or {type: tool, name}",
                       param="tool_choice")

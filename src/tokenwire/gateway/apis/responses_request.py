@@ -37,12 +37,14 @@ import msgspec
 from tokenwire.errors import PreviousResponseNotFound
 from tokenwire.gateway.affinity import affinity_hints
 from tokenwire.gateway.apis.limits import (
-    MAX_OPENAI_TOOL_NAME_CHARS,
     MAX_OPENAI_TOOLS,
+    RESPONSES_SERVICE_TIERS,
     check_openai_attribution,
     check_openai_metadata,
+    check_openai_service_tier,
+    check_openai_tool_name,
+    check_prompt_cache_key,
     check_tool_count,
-    check_tool_name,
 )
 from tokenwire.gateway.apis.params import (
     MAX_MAX_TOKENS,
@@ -208,6 +210,8 @@ def parse_responses_request(
     tools = _Tools(body.get("tools"))
     check_openai_metadata(body.get("metadata"))  # forwarded as hints: bounded here
     check_openai_attribution(body)
+    check_prompt_cache_key(body)  # before affinity_hints reads it
+    check_openai_service_tier(body, RESPONSES_SERVICE_TIERS)
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise bad_request(f"reasoning must be an object, got {json_type(reasoning)}",
@@ -504,9 +508,9 @@ class _Tools:
         check_tool_count(raw, MAX_OPENAI_TOOLS)  # early: before a huge array is walked
         specs: list[ToolSpec] = []
         collab: set[str] = set()
-        for tool in raw:
-            for ns, inner in _flatten(tool):
-                spec = self._one(inner, ns)
+        for i, tool in enumerate(raw):
+            for ns, inner, path in _flatten(tool, f"tools[{i}]"):
+                spec = self._one(inner, ns, path)
                 if spec is not None:
                     specs.append(spec)
                     if ns == COLLABORATION_NAMESPACE and spec.name in COLLABORATION_TOOLS:
@@ -515,19 +519,20 @@ class _Tools:
         check_tool_count(range(len(specs) + self.hosted), MAX_OPENAI_TOOLS)
         self.specs, self.collaboration = tuple(specs), frozenset(collab)
 
-    def _one(self, tool: dict[str, Any], ns: str | None) -> ToolSpec | None:
+    def _one(self, tool: dict[str, Any], ns: str | None, path: str) -> ToolSpec | None:
+        """One tool at ``path`` (``tools[3]``, or ``tools[3].tools[0]`` in a namespace)."""
         kind = _type_of(tool)
         if kind in HOSTED_TOOLS:
             self.hosted += 1
             return None
         if kind not in ("function", "custom"):
-            raise bad_request(f"tool type {kind!r} is not supported", param="tools",
+            raise bad_request(f"tool type {kind!r} is not supported", param=f"{path}.type",
                               code="unsupported_value")
         name = tool.get("name")
         if not isinstance(name, str) or not name:
-            raise bad_request(f"a {kind} tool needs a name", param="tools",
+            raise bad_request(f"a {kind} tool needs a name", param=f"{path}.name",
                               code="missing_required_parameter")
-        check_tool_name(name, "tools", MAX_OPENAI_TOOL_NAME_CHARS)
+        check_openai_tool_name(name, f"{path}.name")
         description = tool.get("description") or ""
         if kind == "custom":
             fmt = tool.get("format")
@@ -542,23 +547,25 @@ class _Tools:
                         strict=strict if isinstance(strict, bool) else None)
 
 
-def _flatten(tool: Any) -> list[tuple[str | None, dict[str, Any]]]:
-    """``(namespace, tool)`` pairs: a ``namespace`` tool's members, or the tool itself."""
+def _flatten(tool: Any, path: str) -> list[tuple[str | None, dict[str, Any], str]]:
+    """``(namespace, tool, path)``: a ``namespace`` tool's members (``tools[3].tools[0]``),
+    or the tool itself at ``path``."""
     if not isinstance(tool, dict):
-        raise bad_request("each tool must be an object", param="tools", code="invalid_type")
+        raise bad_request("each tool must be an object", param=path, code="invalid_type")
     if tool.get("type") != "namespace":
         ns = tool.get("namespace")
-        return [(ns if isinstance(ns, str) else None, tool)]
+        return [(ns if isinstance(ns, str) else None, tool, path)]
     name, members = tool.get("name"), tool.get("tools")
     if not isinstance(name, str) or not isinstance(members, list):
-        raise bad_request("a namespace tool needs a name and a tools list", param="tools",
+        raise bad_request("a namespace tool needs a name and a tools list", param=path,
                           code="missing_required_parameter")
-    out: list[tuple[str | None, dict[str, Any]]] = []
-    for member in members:
+    check_openai_tool_name(name, f"{path}.name")  # sent on to a Responses upstream
+    out: list[tuple[str | None, dict[str, Any], str]] = []
+    for k, member in enumerate(members):
         if not isinstance(member, dict):
-            raise bad_request("each tool must be an object", param="tools",
+            raise bad_request("each tool must be an object", param=f"{path}.tools[{k}]",
                               code="invalid_type")
-        out.append((name, member))
+        out.append((name, member, f"{path}.tools[{k}]"))
     return out
 
 
@@ -568,6 +575,7 @@ def _tool_choice(choice: Any) -> str | dict | None:
     if isinstance(choice, dict):
         kind, name = choice.get("type"), choice.get("name")
         if kind in ("function", "custom") and isinstance(name, str):
+            check_openai_tool_name(name, "tool_choice.name")
             return {"name": name}
         if kind == "allowed_tools" and choice.get("mode") in ("auto", "required"):
             return str(choice["mode"])

@@ -18,6 +18,7 @@ import importlib
 import importlib.util
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
@@ -38,6 +39,21 @@ _MODULES: dict[str, str] = {
 }
 #: The embedded engine's bundled map, used when its config names none.
 EMBEDDED_MAP_ID = "huggingfacetb/smollm2"
+#: The largest embedded ``n_ctx``: llama.cpp allocates the KV cache for the whole window at
+#: start, and no GGUF we serve is trained past 2^20 tokens (a typo with extra digits would
+#: otherwise try to allocate it).
+MAX_N_CTX = 1 << 20
+#: ggml's ``GGML_MAX_N_THREADS``: llama.cpp cannot run more threads than this.
+MAX_THREADS = 512
+#: Requests waiting behind the running one; 0 would make the engine's queue unbounded
+#: (``queue.Queue(maxsize=0)``). At ~70 tokens/s, 1024 queued answers is hours of waiting.
+MAX_QUEUE_SIZE = 1024
+#: ``[upstreams.options]`` of an embedded upstream: the integer ones with their ranges.
+_EMBEDDED_INTS = {"n_ctx": (1, MAX_N_CTX), "threads": (1, MAX_THREADS),
+                  "queue_size": (1, MAX_QUEUE_SIZE)}
+_EMBEDDED_OPTIONS = ("model_path", *_EMBEDDED_INTS)
+#: Option name -> ``EmbeddedEngine.load`` argument, where they differ.
+_LOAD_ARGS = {"threads": "n_threads"}
 
 
 class EmbeddedUpstream:
@@ -88,15 +104,36 @@ class EmbeddedUpstream:
         tmap = (maps or {}).get(route.name) if route else None
         if tmap is None:
             tmap = load_map_file(bundled_map_path(resolve_alias(EMBEDDED_MAP_ID)))
-        opts = config.options
-        kwargs: dict[str, Any] = {"queue_size": int(opts.get("queue_size", 16))}  # type: ignore[arg-type]
+        opts = cls.parse_options(config.name, config.options)  # before the model loads
+        # The engine's own defaults (embedded.py) for what the config leaves out.
+        kwargs: dict[str, Any] = {_LOAD_ARGS.get(k, k): v for k, v in opts.items()}
         if route is not None:
             kwargs["model_id"] = route.name
-        engine = EmbeddedEngine.load(
-            tmap, opts.get("model_path"), n_ctx=int(opts.get("n_ctx", 4096)),  # type: ignore[arg-type]
-            n_threads=opts.get("threads"), **kwargs)  # type: ignore[arg-type]
+        engine = EmbeddedEngine.load(tmap, **kwargs)
         engine.start()
         return cls(config.name, engine, tmap)
+
+    @staticmethod
+    def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any]:
+        """``[upstreams.options]`` checked, when the config is read and by ``from_config``
+        before the model loads: ``model_path`` names a file; ``n_ctx``, ``threads`` and
+        ``queue_size`` are integers in their ranges. Another key or value is a
+        :class:`ConfigError` naming the upstream, the key and what it may be."""
+        for key, value in options.items():
+            if key not in _EMBEDDED_OPTIONS:
+                raise ConfigError(f"upstream {upstream!r}: unknown embedded option {key!r} "
+                                  f"in [upstreams.options]; known: {sorted(_EMBEDDED_OPTIONS)}")
+            if key == "model_path":
+                if not isinstance(value, str) or not Path(value).is_file():
+                    raise ConfigError(f"upstream {upstream!r}: options.model_path must name "
+                                      f"a GGUF file; {value!r} is not a file")
+                continue
+            low, high = _EMBEDDED_INTS[key]
+            if not isinstance(value, int) or isinstance(value, bool) \
+                    or not low <= value <= high:
+                raise ConfigError(f"upstream {upstream!r}: options.{key} must be an integer "
+                                  f"from {low} to {high}, not {value!r}")
+        return dict(options)
 
     def submit(self, request: GenerationRequest) -> EventStream:
         return self.engine.submit(request)

@@ -296,10 +296,15 @@ class TextUpstream:
     def auth_headers(key: str | None) -> dict[str, str]:
         raise NotImplementedError
 
-    @staticmethod
-    def parse_options(upstream: str, options: Mapping[str, object]) -> Mapping[str, Any]:
-        """``[upstreams.options]`` checked (a :class:`ConfigError` naming the key), before
-        any client is built; a kind with options overrides this."""
+    @classmethod
+    def parse_options(cls, upstream: str, options: Mapping[str, object]) -> Mapping[str, Any]:
+        """``[upstreams.options]`` checked (a :class:`ConfigError` naming the key), when the
+        config is read and before any client is built. This kind takes none (Anthropic's):
+        a key here would otherwise be ignored in silence. A kind with options overrides it."""
+        if options:
+            raise ConfigError(f"upstream {upstream!r}: unknown {cls.kind} option "
+                              f"{next(iter(options))!r} in [upstreams.options]; {cls.kind} "
+                              "upstreams take none")
         return options
 
     @classmethod
