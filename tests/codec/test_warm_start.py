@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import corpus, fixture_map_path
 from tests.hf_oracle import hf_encode, hf_tokenizer
 from tokenwire.codec import detokenizer, tokenizer
+from tokenwire.codec.bpe import parse_merges
 from tokenwire.codec.byte_level import BYTE_TO_CHAR
 from tokenwire.codec.detokenizer import Detokenizer, _build_tables
 from tokenwire.codec.maps import TokenizerMap, load_map_bytes, load_map_file
@@ -164,3 +165,52 @@ def test_streams_and_other_encoders_build_at_once(held: _HeldBack) -> None:
     phi = Detokenizer(_map("microsoft/phi-3"), defer=held)
     assert phi.decode([3 + 0x41]) == "A"
     assert not held.queued
+
+
+@pytest.mark.parametrize("map_id", BYTE_LEVEL)
+def test_starter_ranks_equal_parse_merges(map_id: str) -> None:
+    merges = _map(map_id).merges
+    ranks, ref = tokenizer._JoinedPairRanks(merges), parse_merges(merges)
+    assert len(ranks) == len(ref) and all(ranks.get(p) == r for p, r in ref.items())
+
+
+def _repeated_line_map() -> TokenizerMap:
+    # "a b" is merge 0 and again merge 2: the first rank counts (parse_merges, HF). On
+    # "abc" that decides between "ab"+"c" (rank 0 first) and "a"+"bc" (rank 2 after "b c").
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)}
+    merges = ["a b", "b c", "a b"]
+    for m in merges:
+        vocab.setdefault(m.replace(" ", ""), len(vocab))
+    return load_map_bytes(json.dumps({
+        "id": "test/repeated-line", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "merges": merges, "pre_tokenizer_pattern": r" ?\w+|\s+|\W+",
+    }).encode())  # fmt: skip
+
+
+def test_starter_ranks_keep_the_first_rank_of_a_repeated_line(held: _HeldBack) -> None:
+    tmap = _repeated_line_map()
+    assert tokenizer._JoinedPairRanks(tmap.merges).get(("a", "b")) == 0
+    warm = Tokenizer.from_map(tmap, defer=held)
+    expected = Tokenizer.from_map(tmap, "python").encode("abc abcabc")
+    assert warm.encode("abc abcabc") == expected
+    assert expected[0] == tmap.vocab["ab"]
+
+
+def test_starter_decode_with_repeated_ids_and_holes_equals_table_decode(held: _HeldBack) -> None:
+    # Two keys with id 300 (the tables keep the last), a hole at 301, a special that is also
+    # a vocab key and one that is not.
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)}
+    vocab |= {"ab": 300, "cd": 300, "ef": 302, "<s>": 303}
+    tmap = load_map_bytes(json.dumps({
+        "id": "test/odd-ids", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "pre_tokenizer_pattern": r"\w+",
+        "special_tokens": {"<s>": 303, "<|x y|>": 305},
+    }).encode())  # fmt: skip
+    tables = _build_tables(tmap)
+    warm = Detokenizer(tmap, defer=held)
+    for ids in ([300], [301], [302, 303, 304, 305, 306], [97, 300, -1], list(range(295, 310))):
+        for shown in (False, True):
+            data = b"".join(detokenizer._lookup(tables.shown if shown else tables.hidden, i,
+                                                detokenizer._REPLACEMENT_BYTES) for i in ids)
+            assert warm.decode(ids, render_special=shown) == data.decode("utf-8", "replace")
+    assert warm.decode([300]) == "cd" and warm._tables is None

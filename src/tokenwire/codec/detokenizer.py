@@ -116,10 +116,9 @@ class _Starter:
     lookup per id instead of converting the whole vocabulary first."""
 
     def __init__(self, tmap: TokenizerMap) -> None:
-        keys = list(tmap.vocab)
-        in_order = list(tmap.vocab.values()) == list(range(len(keys)))
-        self._key: Sequence[str] | dict[int, str] = (
-            keys if in_order else dict(zip(tmap.vocab.values(), keys, strict=True)))  # fmt: skip
+        # One dict build, not the in-order test it replaced: no shipped map lists its
+        # vocab in id order (the test cost two 49k-200k lists, then this dict anyway).
+        self._key = dict(zip(tmap.vocab.values(), tmap.vocab, strict=True))
         self._size = tmap.max_id + 1
         self._specials = frozenset(tmap.special_tokens.values())
         self._override = {i: _key_bytes(tmap, key) for key, i in tmap.special_tokens.items()
@@ -135,9 +134,8 @@ class _Starter:
         found = self._override.get(i)
         if found is not None:
             return found
-        try:
-            key = self._key[i]
-        except (IndexError, KeyError):
+        key = self._key.get(i)
+        if key is None:
             return _REPLACEMENT_BYTES  # a hole in the ids
         raw = chars_to_bytes(key)
         return key.encode() if raw is None else raw

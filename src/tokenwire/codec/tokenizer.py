@@ -158,10 +158,15 @@ class _JoinedPairRanks(Mapping[tuple[str, str], int]):
     encodes while tiktoken's core is built: one C-level dict build, several times cheaper
     than splitting every line into a pair (``bpe.parse_merges``); a lookup pays one string
     join. Exact for byte_level maps, whose symbols never hold a space. The first occurrence
-    of a line keeps its rank, as in ``parse_merges``."""
+    of a line keeps its rank, as in ``parse_merges``: built forwards (measured 1/4 faster
+    than backwards, issue 15), a repeated line keeps its last rank, so a map with one is
+    built again backwards."""
 
     def __init__(self, merges: Sequence[str]) -> None:
-        self._lines = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1), strict=True))
+        lines = dict(zip(merges, range(len(merges)), strict=True))
+        if len(lines) != len(merges):  # a line repeats: the first must keep its rank
+            lines = dict(zip(reversed(merges), range(len(merges) - 1, -1, -1), strict=True))
+        self._lines = lines
 
     def get(self, pair: tuple[str, str], default: int | None = None) -> int | None:  # type: ignore[override]
         return self._lines.get(f"{pair[0]} {pair[1]}", default)
