@@ -214,3 +214,17 @@ def test_starter_decode_with_repeated_ids_and_holes_equals_table_decode(held: _H
                                                 detokenizer._REPLACEMENT_BYTES) for i in ids)
             assert warm.decode(ids, render_special=shown) == data.decode("utf-8", "replace")
     assert warm.decode([300]) == "cd" and warm._tables is None
+
+
+def test_starter_decode_of_sparse_ids_equals_table_decode(held: _HeldBack) -> None:
+    # Ids far past the vocab's size: the starter indexes them with a dict, not a list.
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)} | {"ab": 10**6, "cd": 10**6 - 5}
+    tmap = load_map_bytes(json.dumps({
+        "id": "test/sparse-ids", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "pre_tokenizer_pattern": r"\w+",
+    }).encode())  # fmt: skip
+    warm = Detokenizer(tmap, defer=held)
+    ids = [97, 10**6, 10**6 - 5, 10**6 - 1, 10**6 + 1, 300]
+    slow = warm.decode(ids)
+    assert isinstance(detokenizer._starters[tmap.hash]._key_of.__self__, dict)  # type: ignore[attr-defined]
+    assert slow == Detokenizer(tmap).decode(ids) == "aabcd\ufffd\ufffd\ufffd"
