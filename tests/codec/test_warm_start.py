@@ -228,3 +228,56 @@ def test_starter_decode_of_sparse_ids_equals_table_decode(held: _HeldBack) -> No
     slow = warm.decode(ids)
     assert isinstance(detokenizer._starters[tmap.hash]._key_of.__self__, dict)  # type: ignore[attr-defined]
     assert slow == Detokenizer(tmap).decode(ids) == "aabcd\ufffd\ufffd\ufffd"
+
+
+def _other_splits(merges: list[str]) -> list[tuple[str, str]]:
+    """Pairs whose concatenation is a merge product but which are not its merge line."""
+    out = []
+    for line in merges[::97]:
+        a, b = line.split(" ", 1)
+        word = a + b
+        out += [(word[:i], word[i:]) for i in range(1, len(word)) if i != len(a)]
+    return out
+
+
+@pytest.mark.parametrize("map_id", BYTE_LEVEL)
+def test_aligned_ranks_equal_parse_merges(map_id: str) -> None:
+    tmap = _map(map_id)
+    ranks, ref = tokenizer._starter_ranks(tmap), parse_merges(tmap.merges)
+    assert isinstance(ranks, tokenizer._AlignedPairRanks)  # every shipped byte_level map
+    assert len(ranks) == len(ref) and all(ranks.get(p) == r for p, r in ref.items())
+    others = _other_splits(tmap.merges)
+    assert others and all(ranks.get(p) == ref.get(p) for p in others)
+    assert ranks.get(("no such", "pair")) is None
+
+
+def _byte_level_map(merges: list[str], extra: dict[str, int] | None = None) -> TokenizerMap:
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)}
+    for m in merges:
+        vocab.setdefault(m.replace(" ", ""), len(vocab))
+    vocab |= extra or {}
+    return load_map_bytes(json.dumps({
+        "id": "test/layout", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "merges": merges, "pre_tokenizer_pattern": r" ?\w+|\s+|\W+",
+    }).encode())  # fmt: skip
+
+
+@pytest.mark.parametrize("merges, extra, aligned", [
+    (["a b", "b c", "ab c"], None, True),
+    (["b c", "a b", "a bc", "ab c"], None, False),  # a repeated product
+    (["a b", "b c", "a b"], None, False),  # a repeated line
+    (["a b", "b c", "ab c"], {"bc": 300}, False),  # merge 1's product is not id base + 1
+    (["a b", "b c", "ab c"], {"zz": 257}, False),  # two keys with id base + 1, the last not bc
+    (["a b", "c\nd e"], {"ab": 256, "ab\nc": 256, "de": 257}, False),  # cut by a newline
+    (["a b", "b c"], {"far": 10**6}, False),  # ids too sparse for the id -> key list
+])  # fmt: skip
+def test_starter_ranks_on_and_off_the_aligned_layout(
+    held: _HeldBack, merges: list[str], extra: dict[str, int] | None, aligned: bool
+) -> None:
+    tmap = _byte_level_map(merges, extra)
+    assert (tokenizer._aligned_base(tmap) is not None) is aligned
+    kind = tokenizer._AlignedPairRanks if aligned else tokenizer._JoinedPairRanks
+    assert isinstance(tokenizer._starter_ranks(tmap), kind)
+    warm, python = Tokenizer.from_map(tmap, defer=held), Tokenizer.from_map(tmap, "python")
+    for text in ("abc abcabc", "bcab cba", "a b c"):
+        assert warm.encode(text) == python.encode(text)

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import os
 from codecs import utf_8_decode as _utf8_decode
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -79,9 +78,6 @@ _cache: dict[str, _Tables] = {}
 # child has no builder thread), and their per-id decoders.
 _deferred: dict[str, int] = {}
 _starters: dict[str, _Starter] = {}
-# The starter's id -> key table is a list while the ids are this dense (real maps: ~1 slot
-# per key, cl100k's holes aside); a map whose ids run far past its size gets a dict.
-_MAX_LIST_SLOTS_PER_KEY = 4
 #: Runs a build later, e.g. on a thread (``tokenwire.background.in_background``).
 Defer = Callable[[Callable[[], object]], object]
 
@@ -121,17 +117,12 @@ class _Starter:
 
     def __init__(self, tmap: TokenizerMap) -> None:
         self._size = tmap.max_id + 1
-        vocab = tmap.vocab
-        # id -> key, the last key of a repeated id (as the tables): no shipped map lists its
-        # vocab in id order, so a list filled in one C-level pass (measured 1/3 faster than
-        # the dict, issue 15), unless the ids are too sparse for a list.
-        self._key_of: Callable[[int], str | None]  # None: a hole; called with 0 <= id < size
-        if self._size <= _MAX_LIST_SLOTS_PER_KEY * len(vocab) + 1024:
-            table: list[str | None] = [None] * self._size
-            deque(map(table.__setitem__, vocab.values(), vocab), maxlen=0)
-            self._key_of = table.__getitem__
-        else:
-            self._key_of = dict(zip(vocab.values(), vocab, strict=True)).get
+        table = tmap.keys_by_id()  # shared with the starter encoder's ranks (tokenizer.py)
+        # None: a hole; called with 0 <= id < size only
+        self._key_of: Callable[[int], str | None] = (
+            table.__getitem__ if table is not None
+            else dict(zip(tmap.vocab.values(), tmap.vocab, strict=True)).get
+        )
         self._specials = frozenset(tmap.special_tokens.values())
         self._override = {i: _key_bytes(tmap, key) for key, i in tmap.special_tokens.items()
                           if tmap.vocab.get(key) != i}  # fmt: skip
