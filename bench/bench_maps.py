@@ -12,8 +12,10 @@ already decoded with (what repeats measured before 2026-12-01). Peer: codecai 0.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,17 +73,22 @@ IMPLS = (("tokenwire", _ours), ("tokenwire, tables cached", _ours),
 SETUP = {"tokenwire": _forget_tables}
 
 
-def run() -> list[dict]:
+def run(maps: Sequence[str] = (), impls: Sequence[str] = ()) -> list[dict]:
     """Medians of REPEATS, the implementations taking turns within each repeat, so a change
     in the machine's load falls on all of them alike (the VM is shared). Ours is timed to
     ready; the background build it started is then waited for, untimed, so that it never
-    runs during another measurement (during its own, it competes and is counted)."""
+    runs during another measurement (during its own, it competes and is counted).
+    ``maps`` keeps the maps whose names start with one of them, ``impls`` the
+    implementations it names (all by default): for A/B runs in separate processes."""
     rows = []
+    chosen = [(impl, fn) for impl, fn in IMPLS if not impls or impl in impls]
     for name, path in MAPS.items():
+        if maps and not name.startswith(tuple(maps)):
+            continue
         raw = path.read_bytes()
-        times: dict[str, list[float]] = {impl: [] for impl, _ in IMPLS}
+        times: dict[str, list[float]] = {impl: [] for impl, _ in chosen}
         for _ in range(REPEATS):
-            for impl, fn in IMPLS:
+            for impl, fn in chosen:
                 if impl in SETUP:
                     SETUP[impl]()
                 t0 = time.perf_counter()
@@ -90,12 +97,18 @@ def run() -> list[dict]:
                 if made is not None:  # untimed: the next run starts with the builder idle
                     _drain_builder()
                 made = None  # untimed too: freeing it is no one's load-to-ready
-        for impl, _ in IMPLS:
+        for impl, _ in chosen:
             rows.append({"op": "map load-to-ready", "map": name, "implementation": impl,
                          "value": round(statistics.median(times[impl]), 1), "unit": "ms"})
     return rows
 
 
 if __name__ == "__main__":
-    for row in run():
+    # python -m bench.bench_maps [--impl NAME ...] [MAP PREFIX ...], e.g.
+    # `--impl tokenwire --impl "codecai 0.4.1" smollm2 cl100k`: ours cold against codecai.
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("maps", nargs="*")
+    parser.add_argument("--impl", action="append", default=[])
+    args = parser.parse_args()
+    for row in run(args.maps, args.impl):
         print(row)
