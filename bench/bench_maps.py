@@ -4,16 +4,18 @@
 here rather than hidden in the first request. Ours loads with ``defer=in_background``
 (``Tokenizer.from_map`` and ``Detokenizer``), so the fast paths are built on the thread of
 tokenwire/background.py after ready. The detokenizer keeps its tables in a per-process
-cache keyed by map hash, so "tokenwire" clears it before every repeat (a process loading
-the map for the first time); "tokenwire, tables cached" is a reload of a map this process
+cache keyed by map hash, so "tokenwire" clears it, untimed, before every repeat (a process
+loading the map for the first time); "tokenwire, tables cached" is a reload of a map this process
 already decoded with (what repeats measured before 2026-12-01). Peer: codecai 0.4.1
 (TokenizerMap.from_json + BPETokenizer + Detokenizer, the objects its load_map path builds).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,14 +28,15 @@ PROBE = "Hello, world! 12345 ünïcödé"
 REPEATS = 9
 
 
-def _ours(raw: bytes) -> object:
+def _forget_tables() -> None:
+    """Untimed, before "tokenwire": a process loading the map for the first time has no
+    tables to free (freeing the last repeat's took ~1 ms, counted until 2026-12-02)."""
     from tokenwire.codec import detokenizer
 
     detokenizer._cache.clear()  # cold: see the module docstring
-    return _ours_cached(raw)
 
 
-def _ours_cached(raw: bytes) -> object:
+def _ours(raw: bytes) -> object:
     from tokenwire.background import in_background
     from tokenwire.codec.detokenizer import Detokenizer
     from tokenwire.codec.maps import load_map_bytes
@@ -65,32 +68,47 @@ def _drain_builder() -> None:
     drain()
 
 
-IMPLS = (("tokenwire", _ours), ("tokenwire, tables cached", _ours_cached),
+IMPLS = (("tokenwire", _ours), ("tokenwire, tables cached", _ours),
          ("codecai 0.4.1", _codecai))
+SETUP = {"tokenwire": _forget_tables}
 
 
-def run() -> list[dict]:
+def run(maps: Sequence[str] = (), impls: Sequence[str] = ()) -> list[dict]:
     """Medians of REPEATS, the implementations taking turns within each repeat, so a change
     in the machine's load falls on all of them alike (the VM is shared). Ours is timed to
     ready; the background build it started is then waited for, untimed, so that it never
-    runs during another measurement (during its own, it competes and is counted)."""
+    runs during another measurement (during its own, it competes and is counted).
+    ``maps`` keeps the maps whose names start with one of them, ``impls`` the
+    implementations it names (all by default): for A/B runs in separate processes."""
     rows = []
+    chosen = [(impl, fn) for impl, fn in IMPLS if not impls or impl in impls]
     for name, path in MAPS.items():
+        if maps and not name.startswith(tuple(maps)):
+            continue
         raw = path.read_bytes()
-        times: dict[str, list[float]] = {impl: [] for impl, _ in IMPLS}
+        times: dict[str, list[float]] = {impl: [] for impl, _ in chosen}
         for _ in range(REPEATS):
-            for impl, fn in IMPLS:
+            for impl, fn in chosen:
+                if impl in SETUP:
+                    SETUP[impl]()
                 t0 = time.perf_counter()
                 made = fn(raw)
                 times[impl].append((time.perf_counter() - t0) * 1000)
                 if made is not None:  # untimed: the next run starts with the builder idle
                     _drain_builder()
-        for impl, _ in IMPLS:
+                made = None  # untimed too: freeing it is no one's load-to-ready
+        for impl, _ in chosen:
             rows.append({"op": "map load-to-ready", "map": name, "implementation": impl,
                          "value": round(statistics.median(times[impl]), 1), "unit": "ms"})
     return rows
 
 
 if __name__ == "__main__":
-    for row in run():
+    # python -m bench.bench_maps [--impl NAME ...] [MAP PREFIX ...], e.g.
+    # `--impl tokenwire --impl "codecai 0.4.1" smollm2 cl100k`: ours cold against codecai.
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("maps", nargs="*")
+    parser.add_argument("--impl", action="append", default=[])
+    args = parser.parse_args()
+    for row in run(args.maps, args.impl):
         print(row)

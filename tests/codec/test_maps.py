@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import httpx
+import msgspec
 import pytest
 
 from tests.conftest import MAPS, fixture_map_path
@@ -203,3 +205,101 @@ def test_hash_equals_codecai(map_id: str) -> None:
 
     loaded = asyncio.run(fetch())
     assert loaded.id == map_id
+
+
+# --- the typed decode (issue 15, map load-to-ready) --------------------------------------
+# load_map_bytes decodes the usual document with a typed msgspec decoder, which checks the
+# vocab ids and merge lines while parsing, and falls back to the untyped decode and the
+# Python checks for anything else. These documents (hostile ones included) must give what
+# the untyped path alone gives: the same map, field for field and type for type, or an
+# error naming the same field.
+
+
+def _untyped_reference(raw: bytes) -> object:
+    from tokenwire.codec import maps
+
+    try:
+        doc = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return ("error", "<document>")
+    if not isinstance(doc, dict):
+        return ("error", "<document>")
+    try:
+        return _fields(maps._from_document(doc, raw, sha256_hash(raw)))
+    except MapValidationError as exc:
+        return ("error", exc.field)
+
+
+def _loaded(raw: bytes) -> object:
+    try:
+        return _fields(load_map_bytes(raw))
+    except MapValidationError as exc:
+        return ("error", exc.field)
+
+
+def _fields(tmap: object) -> dict[str, bytes]:
+    # JSON keeps 1, 1.0 and true apart, and dict order.
+    return {f.name: msgspec.json.encode(getattr(tmap, f.name)) for f in dataclasses.fields(tmap)
+            if f.name not in ("raw", "_derived")}  # fmt: skip
+
+
+_TINY = b'{"id":"test/tiny","version":"2","vocab_size":2,'
+HOSTILE_DOCS = [
+    _doc(),
+    _doc(published_at="2026-01-01"),
+    _doc(note="an unknown key"),
+    _doc(vocab={"a": True}),
+    _doc(vocab={"a": 1.0}),
+    _doc(vocab={"a": -1}),
+    _doc(vocab={"a": "1"}),
+    _doc(vocab={"a": [1]}),
+    _doc(vocab={"a": 2**70}),
+    _doc(vocab={"a": 0, "b": 0}),  # a repeated id
+    _doc(vocab=[]),
+    _doc(vocab={}),
+    _doc(merges=["a b"]),
+    _doc(merges=["a b", 1]),
+    _doc(merges=[None]),
+    _doc(merges={}),  # falsy: read as no merges, on both paths
+    _doc(merges="a b"),
+    _doc(merges=[]),
+    _doc(encoder="byte_level", pre_tokenizer_pattern=r"\w+", merges=["a b"]),
+    _doc(vocab=None, tokens={"0": "a", "1": "b"}),
+    _TINY + b'"vocab":{"a":1e2}}',
+    _TINY + b'"vocab":{"a":0,"a":-1}}',  # a repeated key: the last value counts
+    _TINY + b'"vocab":{"a":-1,"a":0}}',
+    _TINY + b'"vocab":{"a":0},"vocab":{"a":true}}',
+    _TINY + b'"vocab":{"a":true},"vocab":{"a":0}}',
+    _TINY + b'"vocab":{"a":0},"merges":["a b"],"merges":[1]}',
+    _TINY + b'"vocab":{"a":0},"merges":[1],"merges":["a b"]}',
+    _TINY + b'"vocab":{"a":0},"merges":null}',
+    _TINY + b'"vocab":{"a":0}} trailing',
+    _TINY + b'"vocab":{"\\u0120":0,"\\ud800":1}}',  # escapes, a lone surrogate
+    _TINY + b'"vocab":{"\xff":0}}',  # not UTF-8
+    b"\xef\xbb\xbf" + _doc(),
+    b"[]",
+    b'"a map"',
+    b"{",
+    b"",
+]
+
+
+@pytest.mark.parametrize("raw", HOSTILE_DOCS)
+def test_typed_decode_equals_untyped_decode(raw: bytes) -> None:
+    assert _loaded(raw) == _untyped_reference(raw)
+
+
+@pytest.mark.parametrize("map_id", sorted(FIXTURE_HASHES))
+def test_fixture_maps_take_the_typed_decode_and_equal_the_untyped(map_id: str) -> None:
+    from tokenwire.codec import maps
+
+    raw = fixture_map_path(map_id).read_bytes()
+    if map_id != "anthropic/claude-3-text":  # its `_note` and `_synthetic` are unknown keys
+        assert maps._decode_checked(raw) is not None
+    assert _loaded(raw) == _untyped_reference(raw)
+
+
+def test_max_id_is_computed_once_and_counts_specials() -> None:
+    tmap = load_map_bytes(_doc(special_tokens={"<s>": 7}))
+    assert tmap.max_id == 7 and tmap._derived["max_id"] == 7
+    assert load_map_bytes(_doc(vocab={})).max_id == -1

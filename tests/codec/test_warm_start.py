@@ -20,6 +20,7 @@ import pytest
 from tests.conftest import corpus, fixture_map_path
 from tests.hf_oracle import hf_encode, hf_tokenizer
 from tokenwire.codec import detokenizer, tokenizer
+from tokenwire.codec.bpe import parse_merges
 from tokenwire.codec.byte_level import BYTE_TO_CHAR
 from tokenwire.codec.detokenizer import Detokenizer, _build_tables
 from tokenwire.codec.maps import TokenizerMap, load_map_bytes, load_map_file
@@ -164,3 +165,119 @@ def test_streams_and_other_encoders_build_at_once(held: _HeldBack) -> None:
     phi = Detokenizer(_map("microsoft/phi-3"), defer=held)
     assert phi.decode([3 + 0x41]) == "A"
     assert not held.queued
+
+
+@pytest.mark.parametrize("map_id", BYTE_LEVEL)
+def test_starter_ranks_equal_parse_merges(map_id: str) -> None:
+    merges = _map(map_id).merges
+    ranks, ref = tokenizer._JoinedPairRanks(merges), parse_merges(merges)
+    assert len(ranks) == len(ref) and all(ranks.get(p) == r for p, r in ref.items())
+
+
+def _repeated_line_map() -> TokenizerMap:
+    # "a b" is merge 0 and again merge 2: the first rank counts (parse_merges, HF). On
+    # "abc" that decides between "ab"+"c" (rank 0 first) and "a"+"bc" (rank 2 after "b c").
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)}
+    merges = ["a b", "b c", "a b"]
+    for m in merges:
+        vocab.setdefault(m.replace(" ", ""), len(vocab))
+    return load_map_bytes(json.dumps({
+        "id": "test/repeated-line", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "merges": merges, "pre_tokenizer_pattern": r" ?\w+|\s+|\W+",
+    }).encode())  # fmt: skip
+
+
+def test_starter_ranks_keep_the_first_rank_of_a_repeated_line(held: _HeldBack) -> None:
+    tmap = _repeated_line_map()
+    assert tokenizer._JoinedPairRanks(tmap.merges).get(("a", "b")) == 0
+    warm = Tokenizer.from_map(tmap, defer=held)
+    expected = Tokenizer.from_map(tmap, "python").encode("abc abcabc")
+    assert warm.encode("abc abcabc") == expected
+    assert expected[0] == tmap.vocab["ab"]
+
+
+def test_starter_decode_with_repeated_ids_and_holes_equals_table_decode(held: _HeldBack) -> None:
+    # Two keys with id 300 (the tables keep the last), a hole at 301, a special that is also
+    # a vocab key and one that is not.
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)}
+    vocab |= {"ab": 300, "cd": 300, "ef": 302, "<s>": 303}
+    tmap = load_map_bytes(json.dumps({
+        "id": "test/odd-ids", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "pre_tokenizer_pattern": r"\w+",
+        "special_tokens": {"<s>": 303, "<|x y|>": 305},
+    }).encode())  # fmt: skip
+    tables = _build_tables(tmap)
+    warm = Detokenizer(tmap, defer=held)
+    for ids in ([300], [301], [302, 303, 304, 305, 306], [97, 300, -1], list(range(295, 310))):
+        for shown in (False, True):
+            data = b"".join(detokenizer._lookup(tables.shown if shown else tables.hidden, i,
+                                                detokenizer._REPLACEMENT_BYTES) for i in ids)
+            assert warm.decode(ids, render_special=shown) == data.decode("utf-8", "replace")
+    assert warm.decode([300]) == "cd" and warm._tables is None
+
+
+def test_starter_decode_of_sparse_ids_equals_table_decode(held: _HeldBack) -> None:
+    # Ids far past the vocab's size: the starter indexes them with a dict, not a list.
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)} | {"ab": 10**6, "cd": 10**6 - 5}
+    tmap = load_map_bytes(json.dumps({
+        "id": "test/sparse-ids", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "pre_tokenizer_pattern": r"\w+",
+    }).encode())  # fmt: skip
+    warm = Detokenizer(tmap, defer=held)
+    ids = [97, 10**6, 10**6 - 5, 10**6 - 1, 10**6 + 1, 300]
+    slow = warm.decode(ids)
+    assert isinstance(detokenizer._starters[tmap.hash]._key_of.__self__, dict)  # type: ignore[attr-defined]
+    assert slow == Detokenizer(tmap).decode(ids) == "aabcd\ufffd\ufffd\ufffd"
+
+
+def _other_splits(merges: list[str]) -> list[tuple[str, str]]:
+    """Pairs whose concatenation is a merge product but which are not its merge line."""
+    out = []
+    for line in merges[::97]:
+        a, b = line.split(" ", 1)
+        word = a + b
+        out += [(word[:i], word[i:]) for i in range(1, len(word)) if i != len(a)]
+    return out
+
+
+@pytest.mark.parametrize("map_id", BYTE_LEVEL)
+def test_aligned_ranks_equal_parse_merges(map_id: str) -> None:
+    tmap = _map(map_id)
+    ranks, ref = tokenizer._starter_ranks(tmap), parse_merges(tmap.merges)
+    assert isinstance(ranks, tokenizer._AlignedPairRanks)  # every shipped byte_level map
+    assert len(ranks) == len(ref) and all(ranks.get(p) == r for p, r in ref.items())
+    others = _other_splits(tmap.merges)
+    assert others and all(ranks.get(p) == ref.get(p) for p in others)
+    assert ranks.get(("no such", "pair")) is None
+
+
+def _byte_level_map(merges: list[str], extra: dict[str, int] | None = None) -> TokenizerMap:
+    vocab = {c: i for i, c in enumerate(BYTE_TO_CHAR)}
+    for m in merges:
+        vocab.setdefault(m.replace(" ", ""), len(vocab))
+    vocab |= extra or {}
+    return load_map_bytes(json.dumps({
+        "id": "test/layout", "version": "2", "vocab_size": len(vocab), "vocab": vocab,
+        "encoder": "byte_level", "merges": merges, "pre_tokenizer_pattern": r" ?\w+|\s+|\W+",
+    }).encode())  # fmt: skip
+
+
+@pytest.mark.parametrize("merges, extra, aligned", [
+    (["a b", "b c", "ab c"], None, True),
+    (["b c", "a b", "a bc", "ab c"], None, False),  # a repeated product
+    (["a b", "b c", "a b"], None, False),  # a repeated line
+    (["a b", "b c", "ab c"], {"bc": 300}, False),  # merge 1's product is not id base + 1
+    (["a b", "b c", "ab c"], {"zz": 257}, False),  # two keys with id base + 1, the last not bc
+    (["a b", "c\nd e"], {"ab": 256, "ab\nc": 256, "de": 257}, False),  # cut by a newline
+    (["a b", "b c"], {"far": 10**6}, False),  # ids too sparse for the id -> key list
+])  # fmt: skip
+def test_starter_ranks_on_and_off_the_aligned_layout(
+    held: _HeldBack, merges: list[str], extra: dict[str, int] | None, aligned: bool
+) -> None:
+    tmap = _byte_level_map(merges, extra)
+    assert (tokenizer._aligned_base(tmap) is not None) is aligned
+    kind = tokenizer._AlignedPairRanks if aligned else tokenizer._JoinedPairRanks
+    assert isinstance(tokenizer._starter_ranks(tmap), kind)
+    warm, python = Tokenizer.from_map(tmap, defer=held), Tokenizer.from_map(tmap, "python")
+    for text in ("abc abcabc", "bcab cba", "a b c"):
+        assert warm.encode(text) == python.encode(text)

@@ -116,11 +116,13 @@ class _Starter:
     lookup per id instead of converting the whole vocabulary first."""
 
     def __init__(self, tmap: TokenizerMap) -> None:
-        keys = list(tmap.vocab)
-        in_order = list(tmap.vocab.values()) == list(range(len(keys)))
-        self._key: Sequence[str] | dict[int, str] = (
-            keys if in_order else dict(zip(tmap.vocab.values(), keys, strict=True)))  # fmt: skip
         self._size = tmap.max_id + 1
+        table = tmap.keys_by_id()  # shared with the starter encoder's ranks (tokenizer.py)
+        # None: a hole; called with 0 <= id < size only
+        self._key_of: Callable[[int], str | None] = (
+            table.__getitem__ if table is not None
+            else dict(zip(tmap.vocab.values(), tmap.vocab, strict=True)).get
+        )
         self._specials = frozenset(tmap.special_tokens.values())
         self._override = {i: _key_bytes(tmap, key) for key, i in tmap.special_tokens.items()
                           if tmap.vocab.get(key) != i}  # fmt: skip
@@ -135,9 +137,8 @@ class _Starter:
         found = self._override.get(i)
         if found is not None:
             return found
-        try:
-            key = self._key[i]
-        except (IndexError, KeyError):
+        key = self._key_of(i)
+        if key is None:
             return _REPLACEMENT_BYTES  # a hole in the ids
         raw = chars_to_bytes(key)
         return key.encode() if raw is None else raw
