@@ -19,7 +19,8 @@ What it keeps from httpcore's behaviour, so the adapters and their failure mappi
   :func:`~.failures.connection_fault` names the cause;
 * a response closed before its end (the stream's task cancelled, a terminal event read)
   closes its connection, so the upstream sees the disconnect and stops generating; a
-  complete one goes back to the pool (idle at most :data:`KEEPALIVE_EXPIRY_S`);
+  complete one goes back to the pool (idle at most :data:`KEEPALIVE_EXPIRY_S`, and never
+  reused once its socket is readable: the upstream closed it);
 * back-pressure: reading pauses while :data:`MAX_BUFFERED_BYTES` wait unread;
 * TLS with httpx's own default context (certifi, ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``).
 
@@ -31,6 +32,7 @@ proxy. HTTP/2 to upstreams is not offered by either (httpx's ``http2`` is off he
 from __future__ import annotations
 
 import asyncio
+import select
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -44,9 +46,14 @@ from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanTransport",
            "upstream_transport"]
 
-#: An idle pooled connection is dropped after this long: httpx's default expiry, kept so the
-#: change of transport changes nothing an upstream's own keep-alive timeout was tuned for.
-KEEPALIVE_EXPIRY_S = 5.0
+#: An idle pooled connection is dropped after this long. It must be shorter than the
+#: upstreams' own idle timeout: uvicorn (so vLLM and our own scripted upstreams), llama.cpp's
+#: server (cpp-httplib) and Node's http server all close an idle keep-alive connection after
+#: 5 s, and at httpx's default of 5 s a request written just as the upstream closes meets
+#: its FIN: "Server disconnected without sending a response", a failed attempt for nothing.
+#: 2 s leaves the upstream's close 3 s of margin (network delay included); a gap longer than
+#: that between requests costs one new connection, which is cheap on the links upstreams use.
+KEEPALIVE_EXPIRY_S = 2.0
 #: Unread bytes from one upstream before its socket stops being read (back-pressure: the
 #: stream's event queue is full because the client is slow).
 MAX_BUFFERED_BYTES = 256 * 1024
@@ -129,6 +136,22 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         """Open and nothing unexpected arrived: safe for the next request."""
         return not self.closed and not self._eof and not self._chunks
+
+    def readable_now(self) -> bool:
+        """Whether the socket has something to read that the loop has not delivered yet.
+
+        An idle HTTP/1.1 connection has nothing to say: readable means its FIN (or stray
+        bytes) reached the kernel after the loop last polled, so the connection must not take
+        a request (httpcore's ``has_expired`` asks the same of its socket)."""
+        sock = self.transport.get_extra_info("socket") if self.transport else None
+        if sock is None:
+            return False
+        poller = select.poll()
+        try:
+            poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        except (OSError, ValueError):  # closed under us
+            return True
+        return bool(poller.poll(0))
 
     def take_buffered(self) -> bytes:
         data = b"".join(self._chunks) if len(self._chunks) != 1 else self._chunks[0]
@@ -341,7 +364,8 @@ class LeanTransport(httpx.AsyncBaseTransport):
         idle, now = self._idle.get(key), time.monotonic()
         while idle:
             conn = idle.pop()
-            if conn.reusable and now - conn.idle_since < self._expiry:
+            if conn.reusable and now - conn.idle_since < self._expiry \
+                    and not conn.readable_now():
                 return conn
             conn.close()
             self._open.discard(conn)
