@@ -367,3 +367,55 @@ def test_a_proxy_in_the_environment_keeps_httpx_own_transport(monkeypatch) -> No
     assert isinstance(upstream_transport(4), LeanTransport)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     assert upstream_transport(4) is None  # httpx applies proxies only on its own transport
+
+
+def test_idle_connections_close_at_expiry_without_waiting_for_a_request() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        assert await reader.read(1) == b""  # the pool closed it on its own
+        server.closed.set()
+
+    async def main():
+        nonlocal server
+        server = Server(handler)
+        url = await server.start()
+        transport = LeanTransport(max_connections=4, keepalive_expiry=0.05)
+        async with httpx.AsyncClient(transport=transport, timeout=10.0) as client:
+            assert (await client.post(url, json={})).text == "ok"
+            await server.closed.wait()
+            assert not any(transport._idle.values())
+        await server.stop()
+
+    server: Server
+    _run(main)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_loop_that_ends_with_idle_connections_closes_them(loop: str) -> None:
+    """The gateway's tests (and any embedder) may end a loop without closing the client:
+    the idle connections close with the loop's tasks, so no transport is left open (uvloop
+    warns of each, and the warning fails the suite)."""
+    import uvloop
+
+    pooled = []
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read(1)
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        transport = LeanTransport(max_connections=4)
+        client = httpx.AsyncClient(transport=transport, timeout=10.0)
+        assert (await client.post(url, json={})).text == "ok"
+        pooled.extend(c for idle in transport._idle.values() for c in idle)
+        server._srv.close()  # the listener only: the connection stays open, idle
+        # returns with the client open, its connection idle in the pool
+
+    (uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(main(), 30))
+    assert len(pooled) == 1 and pooled[0].closed

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import select
-import time
 import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
@@ -334,6 +333,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._slots: asyncio.Semaphore | None = None  # made on the loop that uses it
         self._ssl: Any = None
         self._closed = False
+        self._reaper: asyncio.Task[None] | None = None  # while connections are idle
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._closed:
@@ -361,7 +361,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             raise
 
     def _reuse(self, key: _Key) -> _Connection | None:
-        idle, now = self._idle.get(key), time.monotonic()
+        idle, now = self._idle.get(key), asyncio.get_running_loop().time()
         while idle:
             conn = idle.pop()
             if conn.reusable and now - conn.idle_since < self._expiry \
@@ -442,12 +442,45 @@ class LeanTransport(httpx.AsyncBaseTransport):
             conn.close()
             self._open.discard(conn)
             return
-        conn.idle_since = time.monotonic()
+        conn.idle_since = asyncio.get_running_loop().time()
         self._idle.setdefault(key, []).append(conn)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        """Close idle connections as they expire, and every idle one when the loop ends.
+
+        Without it an expired connection stays open until a request finds it, and a loop
+        that ends with idle connections (its tasks cancelled, as ``asyncio.run`` and uvicorn
+        do, the client never closed) leaves their transports open: uvloop then warns of
+        each. The loop's clock, not ``time.monotonic``, so a test's virtual clock drives it.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                now = loop.time()
+                for idle in self._idle.values():
+                    for conn in [c for c in idle if now - c.idle_since >= self._expiry]:
+                        idle.remove(conn)
+                        conn.close()
+                        self._open.discard(conn)
+                waiting = [c.idle_since for idle in self._idle.values() for c in idle]
+                if not waiting:
+                    return
+                await asyncio.sleep(min(waiting) + self._expiry - now)
+        except asyncio.CancelledError:
+            for idle in self._idle.values():
+                for conn in idle:
+                    conn.close()
+                    self._open.discard(conn)
+            self._idle.clear()
+            raise
 
     async def aclose(self) -> None:
         # Like httpcore's pool: every connection, those still streaming a body too.
         self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
         for conn in self._open:
             conn.close()
         self._open.clear()
