@@ -11,6 +11,7 @@ under test (a server that never answers) or safety nets, never a measured time.
 from __future__ import annotations
 
 import asyncio
+import select
 import ssl
 from collections.abc import Awaitable, Callable
 
@@ -94,6 +95,73 @@ def test_a_streamed_body_arrives_whole_and_its_connection_is_reused() -> None:
                 assert body == b"data: a\n\ndata: b\n\ndata: [DONE]\n\n"
         await server.stop()
         assert server.accepts == 1
+
+    _run(main)
+
+
+def test_a_pooled_connection_the_upstream_closed_is_not_reused_before_the_loop_sees_it(
+) -> None:
+    """The upstream's keep-alive timeout closes an idle connection just as a request takes it:
+    its FIN is in the kernel, not yet delivered to the protocol. The request must go on a
+    new connection instead of meeting "Server disconnected without sending a response"."""
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        if server.accepts == 1:  # the first connection: closed once idle, as uvicorn does
+            writer.close()
+            await writer.wait_closed()
+            server.closed.set()
+
+    async def main():
+        nonlocal server
+        server = Server(handler)
+        url = await server.start()
+        transport = LeanTransport(max_connections=4)
+        async with httpx.AsyncClient(transport=transport, timeout=10.0) as client:
+            assert (await client.post(url, json={})).text == "ok"
+            (pooled,) = [c for idle in transport._idle.values() for c in idle]
+            # The precondition, made rather than raced for: the loop stops reading the idle
+            # socket, so the FIN below stays in the kernel where only a look at the socket
+            # can see it.
+            pooled.transport.pause_reading()
+            await server.closed.wait()
+            fd = pooled.transport.get_extra_info("socket").fileno()
+            await asyncio.to_thread(select.select, [fd], [], [], 10)  # the FIN is here
+            assert pooled.reusable  # and the protocol has not been told
+            assert (await client.post(url, json={})).text == "ok"
+        await server.stop()
+        assert server.accepts == 2
+
+    server: Server
+    _run(main)
+
+
+def test_the_pool_expires_idle_connections_before_the_upstreams_keep_alive_does() -> None:
+    """uvicorn, llama.cpp's server and Node close idle connections after 5 s; a connection
+    idle longer than the pool's expiry is closed and a new one opened."""
+    from tokenwire.gateway.upstreams import http_transport
+
+    assert http_transport.KEEPALIVE_EXPIRY_S <= 2.5  # half the common 5 s, with margin
+
+    async def handler(reader, writer):
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        transport = LeanTransport(max_connections=4, keepalive_expiry=0.0)
+        async with httpx.AsyncClient(transport=transport, timeout=10.0) as client:
+            for _ in range(2):
+                assert (await client.post(url, json={})).text == "ok"
+        await server.stop()
+        assert server.accepts == 2
 
     _run(main)
 
@@ -299,3 +367,55 @@ def test_a_proxy_in_the_environment_keeps_httpx_own_transport(monkeypatch) -> No
     assert isinstance(upstream_transport(4), LeanTransport)
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     assert upstream_transport(4) is None  # httpx applies proxies only on its own transport
+
+
+def test_idle_connections_close_at_expiry_without_waiting_for_a_request() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        assert await reader.read(1) == b""  # the pool closed it on its own
+        server.closed.set()
+
+    async def main():
+        nonlocal server
+        server = Server(handler)
+        url = await server.start()
+        transport = LeanTransport(max_connections=4, keepalive_expiry=0.05)
+        async with httpx.AsyncClient(transport=transport, timeout=10.0) as client:
+            assert (await client.post(url, json={})).text == "ok"
+            await server.closed.wait()
+            assert not any(transport._idle.values())
+        await server.stop()
+
+    server: Server
+    _run(main)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_loop_that_ends_with_idle_connections_closes_them(loop: str) -> None:
+    """The gateway's tests (and any embedder) may end a loop without closing the client:
+    the idle connections close with the loop's tasks, so no transport is left open (uvloop
+    warns of each, and the warning fails the suite)."""
+    import uvloop
+
+    pooled = []
+
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read(1)
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        transport = LeanTransport(max_connections=4)
+        client = httpx.AsyncClient(transport=transport, timeout=10.0)
+        assert (await client.post(url, json={})).text == "ok"
+        pooled.extend(c for idle in transport._idle.values() for c in idle)
+        server._srv.close()  # the listener only: the connection stays open, idle
+        # returns with the client open, its connection idle in the pool
+
+    (uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(main(), 30))
+    assert len(pooled) == 1 and pooled[0].closed

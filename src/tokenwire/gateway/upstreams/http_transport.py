@@ -19,7 +19,8 @@ What it keeps from httpcore's behaviour, so the adapters and their failure mappi
   :func:`~.failures.connection_fault` names the cause;
 * a response closed before its end (the stream's task cancelled, a terminal event read)
   closes its connection, so the upstream sees the disconnect and stops generating; a
-  complete one goes back to the pool (idle at most :data:`KEEPALIVE_EXPIRY_S`);
+  complete one goes back to the pool (idle at most :data:`KEEPALIVE_EXPIRY_S`, and never
+  reused once its socket is readable: the upstream closed it);
 * back-pressure: reading pauses while :data:`MAX_BUFFERED_BYTES` wait unread;
 * TLS with httpx's own default context (certifi, ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``).
 
@@ -31,7 +32,7 @@ proxy. HTTP/2 to upstreams is not offered by either (httpx's ``http2`` is off he
 from __future__ import annotations
 
 import asyncio
-import time
+import select
 import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
@@ -44,9 +45,14 @@ from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanTransport",
            "upstream_transport"]
 
-#: An idle pooled connection is dropped after this long: httpx's default expiry, kept so the
-#: change of transport changes nothing an upstream's own keep-alive timeout was tuned for.
-KEEPALIVE_EXPIRY_S = 5.0
+#: An idle pooled connection is dropped after this long. It must be shorter than the
+#: upstreams' own idle timeout: uvicorn (so vLLM and our own scripted upstreams), llama.cpp's
+#: server (cpp-httplib) and Node's http server all close an idle keep-alive connection after
+#: 5 s, and at httpx's default of 5 s a request written just as the upstream closes meets
+#: its FIN: "Server disconnected without sending a response", a failed attempt for nothing.
+#: 2 s leaves the upstream's close 3 s of margin (network delay included); a gap longer than
+#: that between requests costs one new connection, which is cheap on the links upstreams use.
+KEEPALIVE_EXPIRY_S = 2.0
 #: Unread bytes from one upstream before its socket stops being read (back-pressure: the
 #: stream's event queue is full because the client is slow).
 MAX_BUFFERED_BYTES = 256 * 1024
@@ -129,6 +135,22 @@ class _Connection(asyncio.Protocol):
     def reusable(self) -> bool:
         """Open and nothing unexpected arrived: safe for the next request."""
         return not self.closed and not self._eof and not self._chunks
+
+    def readable_now(self) -> bool:
+        """Whether the socket has something to read that the loop has not delivered yet.
+
+        An idle HTTP/1.1 connection has nothing to say: readable means its FIN (or stray
+        bytes) reached the kernel after the loop last polled, so the connection must not take
+        a request (httpcore's ``has_expired`` asks the same of its socket)."""
+        sock = self.transport.get_extra_info("socket") if self.transport else None
+        if sock is None:
+            return False
+        poller = select.poll()
+        try:
+            poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        except (OSError, ValueError):  # closed under us
+            return True
+        return bool(poller.poll(0))
 
     def take_buffered(self) -> bytes:
         data = b"".join(self._chunks) if len(self._chunks) != 1 else self._chunks[0]
@@ -311,6 +333,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._slots: asyncio.Semaphore | None = None  # made on the loop that uses it
         self._ssl: Any = None
         self._closed = False
+        self._reaper: asyncio.Task[None] | None = None  # while connections are idle
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self._closed:
@@ -338,10 +361,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
             raise
 
     def _reuse(self, key: _Key) -> _Connection | None:
-        idle, now = self._idle.get(key), time.monotonic()
+        idle, now = self._idle.get(key), asyncio.get_running_loop().time()
         while idle:
             conn = idle.pop()
-            if conn.reusable and now - conn.idle_since < self._expiry:
+            if conn.reusable and now - conn.idle_since < self._expiry \
+                    and not conn.readable_now():
                 return conn
             conn.close()
             self._open.discard(conn)
@@ -418,12 +442,45 @@ class LeanTransport(httpx.AsyncBaseTransport):
             conn.close()
             self._open.discard(conn)
             return
-        conn.idle_since = time.monotonic()
+        conn.idle_since = asyncio.get_running_loop().time()
         self._idle.setdefault(key, []).append(conn)
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+
+    async def _reap(self) -> None:
+        """Close idle connections as they expire, and every idle one when the loop ends.
+
+        Without it an expired connection stays open until a request finds it, and a loop
+        that ends with idle connections (its tasks cancelled, as ``asyncio.run`` and uvicorn
+        do, the client never closed) leaves their transports open: uvloop then warns of
+        each. The loop's clock, not ``time.monotonic``, so a test's virtual clock drives it.
+        """
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                now = loop.time()
+                for idle in self._idle.values():
+                    for conn in [c for c in idle if now - c.idle_since >= self._expiry]:
+                        idle.remove(conn)
+                        conn.close()
+                        self._open.discard(conn)
+                waiting = [c.idle_since for idle in self._idle.values() for c in idle]
+                if not waiting:
+                    return
+                await asyncio.sleep(min(waiting) + self._expiry - now)
+        except asyncio.CancelledError:
+            for idle in self._idle.values():
+                for conn in idle:
+                    conn.close()
+                    self._open.discard(conn)
+            self._idle.clear()
+            raise
 
     async def aclose(self) -> None:
         # Like httpcore's pool: every connection, those still streaming a body too.
         self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
         for conn in self._open:
             conn.close()
         self._open.clear()

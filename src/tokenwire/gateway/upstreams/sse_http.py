@@ -76,7 +76,9 @@ class SSEUpstreamStream:
     queue is bounded (:data:`MAX_QUEUED_EVENTS`): a slow client makes the task wait, and the
     wait reaches the upstream socket. :meth:`cancel` cancels that task, which closes the
     upstream response (the upstream sees the disconnect and stops generating), and the stream
-    ends with ``ABORT``. The task stops reading at the first terminal event. With ``slots``,
+    ends with ``ABORT``. The task stops parsing at the first terminal event, then reads the
+    body's end within bounds (:func:`_drain_for_reuse`) so that its connection can carry the
+    next request. With ``slots``,
     the request waits for one of them before it is sent (the adapter's concurrency cap).
     """
 
@@ -172,15 +174,43 @@ class SSEUpstreamStream:
             if on_head is not None and await self._put_all(on_head(resp.headers)):
                 return
             decoder = SSEDecoder()
-            async for chunk in resp.aiter_bytes():
+            chunks = resp.aiter_bytes()
+            async for chunk in chunks:
                 self._seen_bytes = True
                 for sse in decoder.feed(chunk):
                     if await self._put_all(self.parser.on_sse(sse)):
+                        await _drain_for_reuse(chunks)
                         return
             for sse in decoder.feed_eof():
                 if await self._put_all(self.parser.on_sse(sse)):
                     return
             await self._put_all(self.parser.on_eof())
+
+
+#: After its terminal event the rest of an upstream's body is normally its end alone (the
+#: chunked terminator, perhaps ``[DONE]`` or a usage chunk). Read within these bounds, the
+#: body ends and its connection goes back to the pool; past them the connection is closed,
+#: as it always was. Closing every stream's connection cost a connect per stream and left a
+#: TIME_WAIT socket on each side: with thousands of them, ``connect()`` itself was 10 % of
+#: the gateway's samples on sequential short streams (BENCHMARKS.md, "The hot path").
+DRAIN_MAX_BYTES = 64 * 1024
+DRAIN_MAX_S = 0.25
+
+
+async def _drain_for_reuse(chunks: Any) -> None:
+    """Read what follows the terminal so the connection can be reused; never raises (the
+    client already has its terminal) and never waits past :data:`DRAIN_MAX_S`."""
+    seen = 0
+    try:
+        async with asyncio.timeout(DRAIN_MAX_S):
+            async for chunk in chunks:
+                seen += len(chunk)
+                if seen > DRAIN_MAX_BYTES:
+                    break
+    except (TimeoutError, httpx.HTTPError):
+        pass  # the response's close then closes the connection
+    finally:
+        await chunks.aclose()
 
 
 class FailedStream:

@@ -1,0 +1,101 @@
+"""A finished stream's upstream connection carries the next request (sse_http's drain).
+
+The server is a raw asyncio server writing exact bytes, so what follows the terminal event
+(the body's end at once, the end late, or more bytes than the drain reads) is the test's own
+precondition. The adapter is the real OpenAI-compatible one on the real lean transport.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.gateway.upstreams.fakes import chat_stream
+from tests.gateway.upstreams.streams import collect
+from tests.gateway.upstreams.test_http_transport import CHUNKED_HEAD, Server, _chunk, _read_request
+from tokenwire.gateway.ir import ChatMessage, ChatPrompt, Finish, GenerationRequest, TokenDelta
+from tokenwire.gateway.upstreams import sse_http
+from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
+from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
+
+REQUEST = GenerationRequest(prompt=ChatPrompt(messages=(ChatMessage(role="user",
+                                                                    content="hi"),)),
+                            model="m")
+BODY = chat_stream("vllm", ["Hello", " world"])
+
+
+def _upstream(url: str) -> OpenAICompatUpstream:
+    cfg = UpstreamConfig(name="up", kind="openai", base_url=url + "/v1",
+                         models=(ModelRoute(name="m"),))
+    return OpenAICompatUpstream.from_config(cfg)
+
+
+def _text(events) -> str:
+    return "".join(e.text for e in events if isinstance(e, TokenDelta))
+
+
+async def _streams(url: str, n: int) -> list[list]:
+    up = _upstream(url)
+    try:
+        return [await collect(up.submit(REQUEST)) for _ in range(n)]
+    finally:
+        await up.aclose()
+
+
+def _run(main) -> None:
+    asyncio.run(asyncio.wait_for(main(), 30))  # the safety net, not a measurement
+
+
+def test_streams_that_end_cleanly_share_one_upstream_connection() -> None:
+    async def handler(reader, writer):
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(CHUNKED_HEAD + b"".join(_chunk(c) for c in BODY) + b"0\r\n\r\n")
+            await writer.drain()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        results = await _streams(url, 3)
+        await server.stop()
+        assert [_text(r) for r in results] == ["Hello world"] * 3
+        assert all(isinstance(r[-1], Finish) for r in results)
+        assert server.accepts == 1
+
+    _run(main)
+
+
+@pytest.mark.parametrize("tail", ["held_open", "too_long"])
+def test_a_body_that_does_not_end_after_its_terminal_closes_its_connection(
+        tail: str, monkeypatch) -> None:
+    """The client gets its terminal at once either way; the connection is closed (never
+    pooled) when the body's end does not come within the drain's time or bytes."""
+    monkeypatch.setattr(sse_http, "DRAIN_MAX_S", 0.05)
+    monkeypatch.setattr(sse_http, "DRAIN_MAX_BYTES", 1024)
+    disconnects = 0
+
+    async def handler(reader, writer):
+        nonlocal disconnects
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + b"".join(_chunk(c) for c in BODY))
+        if tail == "too_long":
+            writer.write(_chunk(b": padding\n\n" * 200))  # a comment past the bound
+        await writer.drain()
+        assert await reader.read(1) == b""  # the gateway hung up: never pooled
+        disconnects += 1
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        results = await _streams(url, 2)
+        while disconnects < 2:  # each handler sees its EOF (the safety net bounds this)
+            await asyncio.sleep(0.01)
+        await server.stop()
+        assert [_text(r) for r in results] == ["Hello world"] * 2
+        assert server.accepts == 2
+
+    _run(main)
