@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import corpus
+from tokenwire.codec.detokenizer import Detokenizer
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.codec.tokenizer import Tokenizer
 from tokenwire.gateway import retokenize
@@ -39,6 +40,12 @@ _RUNS = st.lists(st.sampled_from([
     "\n", "\r\n", "\u00a0", "\u3000", "中文", "日本語", "😀", "👍🏽", "e\u0301", "word", " the",
     "Hello", ",", ".", "!?", "$", "HTTP", "ß",
 ]), max_size=25).map("".join)
+#: Whitespace runs with newlines inside, as in indented code with blank lines: cl100k's
+#: newline block spans a whole run up to its last newline.
+_WS_RUNS = st.lists(st.sampled_from([
+    "\n", " ", "   ", "\t", "\r\n", "\r", "\x0c", "\u00a0", "\u2029", ".", ".\n", ":", "x", "1",
+    "'", ")", "def", "    return",
+]), max_size=30).map("".join)
 
 
 @pytest.fixture(scope="module", params=MAP_IDS)
@@ -64,7 +71,7 @@ def split_at(text: str, cuts: list[int]) -> list[str]:
 
 @st.composite
 def text_and_cuts(draw):
-    text = draw(st.one_of(st.sampled_from(_SAMPLES), _TRICKY, _RUNS))
+    text = draw(st.one_of(st.sampled_from(_SAMPLES), _TRICKY, _RUNS, _WS_RUNS))
     cuts = draw(st.lists(st.integers(0, len(text)), max_size=min(len(text), 60)))
     return text, cuts
 
@@ -88,7 +95,8 @@ def _whole(tmap: TokenizerMap, text: str) -> list[int]:
 
 
 @pytest.mark.parametrize("text", ["x're", "a      b", "don't 12345 stop", "a  \t\nb",
-                                  "it'll  9 lives'", "x \r\n y"])
+                                  "it'll  9 lives'", "x \r\n y", "\n   \n", "x:\n    \n    y",
+                                  "def f():\n    \n\t\n    return 1\n", ".\n  \r\n  x"])
 def test_character_by_character_equals_whole_text(tmap, text):
     assert stream(tmap, list(text)) == _whole(tmap, text)
 
@@ -96,6 +104,16 @@ def test_character_by_character_equals_whole_text(tmap, text):
 def test_every_corpus_sample_character_by_character(tmap):
     for text in _SAMPLES[:40]:
         assert stream(tmap, list(text)) == _whole(tmap, text)
+
+
+def test_a_trailing_whitespace_run_is_held_until_it_ends(tmap):
+    """``"\\n   "`` is ``"\\n"`` + ``"   "`` at the end of cl100k's text, and one piece once
+    a newline follows (its newline block spans the run): nothing inside the run commits."""
+    r = Retokenizer(tmap)
+    head = r.feed("x = 1\n    ")
+    assert "\n" not in Detokenizer(tmap).decode(head)
+    ids = list(head) + list(r.feed("\n    y")) + list(r.flush())
+    assert ids == _whole(tmap, "x = 1\n    \n    y")
 
 
 def test_finished_pieces_are_emitted_before_flush(tmap):

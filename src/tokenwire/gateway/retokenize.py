@@ -12,11 +12,15 @@ for every piece that more text can no longer change. More text changes only the 
 split: the last piece always (a word or a whitespace run may grow), and a few characters
 before it where the pre-tokenizer looks ahead: a contraction literal (``'re``) is up to 3
 characters and may be split as ``'`` + ``r`` until its last letter arrives; a whitespace run
-gives its last space to a following word (``(?!\\S)``). So we hold back the last piece and
-every piece ending within :data:`HOLD_BACK_CHARS` of the end, and commit a prefix only if
-it splits on its own into the same pieces (the end of text is itself a lookahead). The
-hypothesis test in ``tests/gateway/test_retokenize.py`` checks the equation over random
-splits of the corpus and of adversarial strings, for SmolLM2 (both maps) and cl100k.
+gives its last space to a following word (``(?!\\S)``). And a whitespace run at the end is
+not settled at any length: cl100k's newline block (``\\s*[\\r\\n]+``) spans a run up to its
+last newline, so ``"\\n   "`` splits as ``"\\n"`` + ``"   "`` until a ``"\\n"`` makes it one
+piece (a blank line of indented code). So we hold back the last piece, every piece ending
+within :data:`HOLD_BACK_CHARS` of the end and every piece ending inside the trailing run of
+White_Space, and commit a prefix only if it splits on its own into the same pieces (the end
+of text is itself a lookahead). The hypothesis tests in ``tests/gateway/test_retokenize.py``
+check the equation over random splits of the corpus and of adversarial strings, for SmolLM2
+(both maps) and cl100k.
 
 Splitting and encoding are pure functions of the text, and the texts are short and repeat
 (a commit is mostly one word: ``" the"``, ``",\n"``), so both are memoized, shared by every
@@ -40,6 +44,7 @@ import msgspec
 from tokenwire.codec import pretok
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.codec.unicode_classes import WHITE_SPACE
 from tokenwire.errors import RemoteProtocolError, TokenwireError
 from tokenwire.gateway.ir import (
     Event,
@@ -69,6 +74,8 @@ __all__ = [
 #: longest look-ahead in the shipped pre-tokenizers is a 3-character contraction literal
 #: (``'re``, ``'ve``, ``'ll``), so 3 covers it; whitespace look-ahead is 1 character.
 HOLD_BACK_CHARS = 3
+#: The ops' whitespace (Unicode White_Space, tokenwire.codec.unicode_classes), for rstrip.
+_WHITE_SPACE = "".join(map(chr, WHITE_SPACE))
 
 #: Texts each memo (splits per pre-tokenizer, ids per tokenizer) holds before it starts
 #: over. A 2,048-token answer commits ~1,400 texts, ~700 of them distinct (bench/
@@ -204,7 +211,7 @@ class Retokenizer:
         if self._split is None:
             return ()
         pieces = self._pieces(pending)
-        k = _committable(pieces, len(pending))
+        k = _committable(pieces, len(pending), len(pending.rstrip(_WHITE_SPACE)))
         while k > 0:
             head = pieces[:k]
             prefix = "".join(head)
@@ -239,9 +246,10 @@ class Retokenizer:
             raise RetokenizeFailed(type(exc).__name__) from None
 
 
-def _committable(pieces: tuple[str, ...], total: int) -> int:
-    """How many leading pieces end before the last piece and the look-ahead window."""
-    limit = total - HOLD_BACK_CHARS
+def _committable(pieces: tuple[str, ...], total: int, settled: int) -> int:
+    """How many leading pieces end before the last piece, the look-ahead window and the
+    trailing whitespace run (which starts at ``settled``)."""
+    limit = min(total - HOLD_BACK_CHARS, settled)
     end = 0
     k = 0
     for piece in pieces[:-1]:
