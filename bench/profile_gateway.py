@@ -71,7 +71,7 @@ def main() -> int:
     try:
         up, up_port = bu.start_upstream(procs)
         port = bu._free_port()
-        tw = ab._start(args.tree, up_port, port)
+        tw = ab._start(args.tree, up_port, port, [])
         procs.append(tw)
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         asyncio.run(bu._phase(url, fmt, headers, 1, 3))  # warm-up

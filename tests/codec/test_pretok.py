@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import CODEC_FIXTURES, corpus, fixture_map_path
-from tokenwire.codec.pinned_regex import pin
+from tokenwire.codec.maps import bundled_map_path
+from tokenwire.codec.pinned_regex import category_ranges, pin
 from tokenwire.codec.pretok import METASPACE, compile_pattern, compile_program
 from tokenwire.codec.pretok_lower import BYTE_LEVEL_OPS
 from tokenwire.codec.pretok_ops import compile_op
@@ -290,6 +291,79 @@ def test_single_regex_gives_the_same_pieces_in_tiktoken(name: str) -> None:
     for text, pieces in zip(samples, splits, strict=True):
         tokens = enc.encode_ordinary(text)
         assert [enc.decode_single_token_bytes(t) for t in tokens] == [p.encode() for p in pieces]
+
+
+# -- split (the single regex where one exists) against by_stages (the program as written) --
+
+#: Code points where the regex module's Unicode 17 tables and the pinned 16.0.0 ones (or
+#: Rust's is_numeric) disagree: a text holding one takes PinnedRegex's exact compilation.
+DISPUTED = ["\u0558", "\U00011de0", "\U0001246f", "\u2e60", "\u20c1", "\U000190b6"]
+#: Around each look-ahead and cut of the programs: digit runs of every kind, contractions,
+#: whitespace runs before words and digits, newlines, CJK, emoji, marks, disputed points.
+ADVERSARIAL = [
+    "a  1", "x're 12345", "don't  9 lives'", "a \t\n 7b", "1 2  3   4", "٣٣٣1234²½",
+    "it'll\r\n\r\n  x", "   ", "\n\n\n", "'s's's", "'", "123'", "a'1re", "中文123abc",
+    "😀😀 1😀", "e\u0301\u0301 2", " \u00a0\u3000x", "HTTP2Server", "$1,000.50", "١٢٣ abc",
+    *[f"a{cp}1 {cp}{cp}b" for cp in DISPUTED],
+]  # fmt: skip
+_BUNDLED_SMOLLM2 = json.loads(bundled_map_path("huggingfacetb/smollm2").read_text("utf-8"))
+SPLIT_PROGRAMS = [*PROGRAMS, ("bundled/smollm2", _BUNDLED_SMOLLM2["pre_tokenizer_program"])]
+SPLIT_IDS = [name for name, _ in SPLIT_PROGRAMS]
+adversarial_text = st.lists(st.sampled_from(ALPHABET + DISPUTED), min_size=1,
+                            max_size=30).map("".join)
+
+
+def test_bundled_smollm2_program_is_the_digits_and_alternation_shape() -> None:
+    # The gateway's SmolLM2 map: the one-regex path must cover it (else no speed-up).
+    assert _BUNDLED_SMOLLM2["pre_tokenizer_program"] == SMOLLM2
+    assert compile_program(SMOLLM2).single_regex is not None
+
+
+@pytest.mark.parametrize(("name", "program"), SPLIT_PROGRAMS, ids=SPLIT_IDS)
+def test_split_equals_by_stages_on_corpus_cases_and_adversarial(name: str,
+                                                                program: dict) -> None:
+    pt = compile_program(program)
+    texts = [*_corpus(), *(c["input"] for c in CASES), *ADVERSARIAL]
+    assert [t for t in texts if pt.split(t) != pt.by_stages(t)] == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=adversarial_text)
+def test_split_equals_by_stages_on_hypothesis_text(text: str) -> None:
+    for _, program in SPLIT_PROGRAMS:
+        pt = compile_program(program)
+        assert pt.split(text) == pt.by_stages(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(max_size=40))
+def test_split_equals_by_stages_on_any_text(text: str) -> None:
+    for _, program in SINGLE_REGEX_PROGRAMS:
+        pt = compile_program(program)
+        assert pt.split(text) == pt.by_stages(text)
+
+
+def test_split_of_a_v2_program_without_single_regex_runs_its_stages() -> None:
+    falcon = next(c["program"] for c in CASES if c["name"] == "falcon_worked_example")
+    pt = compile_program(falcon)
+    assert pt.single_regex is None
+    assert pt.split("x 1234 ab") == pt.by_stages("x 1234 ab")
+
+
+def test_unicode_16_numbers_are_within_rust_is_numeric() -> None:
+    # The premise of the digits+alternation regex (pretok.py, point 3): inside a segment
+    # the digits stage left, no op's \p{N} can meet a character of either table.
+    def cps(ranges):
+        return {cp for lo, hi in ranges for cp in range(lo, hi + 1)}
+
+    assert cps(category_ranges("N")) <= cps(category_ranges("N", "rust"))
+
+
+def test_pattern_split_equals_its_match_by_match_definition() -> None:
+    for pattern in (r"\p{L}+|x*", r"\p{L}+| ?\p{N}+|\s+(?!\S)|\s+", r"a|$"):
+        pt = compile_pattern(pattern)
+        for text in [*ADVERSARIAL, "ab 12 cd", "xx yy"]:
+            assert pt.split(text) == pt.by_stages(text)
 
 
 # -- legacy pre_tokenizer_pattern ------------------------------------------------------

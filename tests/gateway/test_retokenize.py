@@ -11,21 +11,48 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import corpus
-from tokenwire.codec.maps import TokenizerMap, load_map_file
+from tokenwire.codec.detokenizer import Detokenizer
+from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.gateway import retokenize
 from tokenwire.gateway.ir import Failure, FailureClass, Finish, FinishKind, TokenDelta, Usage
-from tokenwire.gateway.retokenize import Retokenizer, RetokenizingStream
+from tokenwire.gateway.retokenize import (
+    MEMO_ENTRIES,
+    MEMO_MAX_CHARS,
+    RetokenizeFailed,
+    Retokenizer,
+    RetokenizingStream,
+)
 
 MAPS = Path(__file__).resolve().parents[1] / "fixtures" / "maps"
-MAP_IDS = ["huggingfacetb/smollm2", "openai/cl100k_base"]
+#: The bundled SmolLM2 map is the one the gateway serves (a v2 program: digits stage and
+#: byte-level alternation); the fixture's is codec-maps' v1 program.
+MAP_IDS = ["huggingfacetb/smollm2", "openai/cl100k_base", "bundled:huggingfacetb/smollm2"]
 _SAMPLES = [s for samples in corpus().values() for s in samples if s]
 # Characters around the pre-tokenizers' look-aheads: contractions, whitespace before words
 # and digits, newlines, digit runs, punctuation runs, multi-byte letters.
 _TRICKY = st.text(alphabet=list("'resvltdm \t\n\r1234a!?.é😀中"), max_size=40)
+#: Longer runs of what the memos and the one-regex split meet: digit runs (ASCII and
+#: other Nd/No, and a Unicode 17 digit the regex module and the pinned tables dispute),
+#: contractions, whitespace runs (ASCII and Unicode), CJK, emoji with modifiers, marks.
+_RUNS = st.lists(st.sampled_from([
+    "0", "12", "4567", "²", "٣٣", "\U00011de0", "'s", "'re", "'LL", "n't", " ", "   ", "\t",
+    "\n", "\r\n", "\u00a0", "\u3000", "中文", "日本語", "😀", "👍🏽", "e\u0301", "word", " the",
+    "Hello", ",", ".", "!?", "$", "HTTP", "ß",
+]), max_size=25).map("".join)
+#: Whitespace runs with newlines inside, as in indented code with blank lines: cl100k's
+#: newline block spans a whole run up to its last newline.
+_WS_RUNS = st.lists(st.sampled_from([
+    "\n", " ", "   ", "\t", "\r\n", "\r", "\x0c", "\u00a0", "\u2029", ".", ".\n", ":", "x", "1",
+    "'", ")", "def", "    return",
+]), max_size=30).map("".join)
 
 
 @pytest.fixture(scope="module", params=MAP_IDS)
 def tmap(request) -> TokenizerMap:
+    bundled = request.param.removeprefix("bundled:")
+    if bundled != request.param:
+        return load_map_file(bundled_map_path(bundled))
     return load_map_file(MAPS / f"{request.param}.json")
 
 
@@ -44,7 +71,7 @@ def split_at(text: str, cuts: list[int]) -> list[str]:
 
 @st.composite
 def text_and_cuts(draw):
-    text = draw(st.one_of(st.sampled_from(_SAMPLES), _TRICKY))
+    text = draw(st.one_of(st.sampled_from(_SAMPLES), _TRICKY, _RUNS, _WS_RUNS))
     cuts = draw(st.lists(st.integers(0, len(text)), max_size=min(len(text), 60)))
     return text, cuts
 
@@ -56,18 +83,20 @@ def test_streamed_ids_equal_whole_text_ids_for_any_split(tmap, case):
     assert stream(tmap, split_at(text, cuts)) == _whole(tmap, text)
 
 
-_WHOLE: dict[str, Tokenizer] = {}
+# Keyed by the map, not its id: the bundled and the fixture SmolLM2 maps share one id.
+_WHOLE: dict[TokenizerMap, Tokenizer] = {}
 
 
 def _whole(tmap: TokenizerMap, text: str) -> list[int]:
-    tok = _WHOLE.get(tmap.id)
+    tok = _WHOLE.get(tmap)
     if tok is None:
-        tok = _WHOLE[tmap.id] = Tokenizer.from_map(tmap)
+        tok = _WHOLE[tmap] = Tokenizer.from_map(tmap)
     return tok.encode(text)
 
 
 @pytest.mark.parametrize("text", ["x're", "a      b", "don't 12345 stop", "a  \t\nb",
-                                  "it'll  9 lives'", "x \r\n y"])
+                                  "it'll  9 lives'", "x \r\n y", "\n   \n", "x:\n    \n    y",
+                                  "def f():\n    \n\t\n    return 1\n", ".\n  \r\n  x"])
 def test_character_by_character_equals_whole_text(tmap, text):
     assert stream(tmap, list(text)) == _whole(tmap, text)
 
@@ -75,6 +104,16 @@ def test_character_by_character_equals_whole_text(tmap, text):
 def test_every_corpus_sample_character_by_character(tmap):
     for text in _SAMPLES[:40]:
         assert stream(tmap, list(text)) == _whole(tmap, text)
+
+
+def test_a_trailing_whitespace_run_is_held_until_it_ends(tmap):
+    """``"\\n   "`` is ``"\\n"`` + ``"   "`` at the end of cl100k's text, and one piece once
+    a newline follows (its newline block spans the run): nothing inside the run commits."""
+    r = Retokenizer(tmap)
+    head = r.feed("x = 1\n    ")
+    assert "\n" not in Detokenizer(tmap).decode(head)
+    ids = list(head) + list(r.feed("\n    y")) + list(r.flush())
+    assert ids == _whole(tmap, "x = 1\n    \n    y")
 
 
 def test_finished_pieces_are_emitted_before_flush(tmap):
@@ -150,3 +189,59 @@ def test_streams_of_one_map_share_its_compiled_pre_tokenizer(tmap):
     cost, BENCHMARKS.md); sharing it changes no stream's ids (the tests above)."""
     first, second = Retokenizer(tmap), Retokenizer(tmap)
     assert first._split is not None and first._split is second._split
+
+
+# -- the memos: shared, bounded, and never a different id ---------------------------------
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(first=text_and_cuts(), second=text_and_cuts())
+def test_streams_after_other_streams_still_equal_whole_text_ids(tmap, first, second):
+    """The memos outlive a stream: a stream that meets texts another stream left (its own
+    prefixes and pending texts, other cuts of the same text) gets the same ids."""
+    for text, cuts in (first, second, first, (first[0], second[1][: len(first[0])])):
+        assert stream(tmap, split_at(text, cuts)) == _whole(tmap, text)
+
+
+def test_a_repeated_answer_is_served_from_the_memo(tmap):
+    tok = Tokenizer.from_map(tmap)
+    deltas = split_at("The cat sat on the mat, and the cat sat again. " * 3, list(range(0, 144, 4)))
+    first = Retokenizer(tmap, tokenizer=tok)
+    ids = [i for d in deltas for i in first.feed(d)] + list(first.flush())
+    encodes = tok.calls
+    assert ids == _whole(tmap, "".join(deltas)) and 0 < encodes < first.calls
+    again = Retokenizer(tmap, tokenizer=tok)
+    assert [i for d in deltas for i in again.feed(d)] + list(again.flush()) == ids
+    assert tok.calls == encodes  # every commit of the second stream was remembered
+    assert again.calls == first.calls  # calls counts tokenized texts, memo or not
+
+
+def test_memos_are_bounded_in_entries_and_text_length(tmap):
+    tok = Tokenizer.from_map(tmap)
+    r = Retokenizer(tmap, tokenizer=tok)
+    for i in range(MEMO_ENTRIES + 50):
+        r.feed(f" w{i}")
+    r.feed(" " + "x" * (MEMO_MAX_CHARS + 10) + " y")
+    r.flush()
+    for memo in (r._ids, r._splits):
+        assert 0 < len(memo) <= MEMO_ENTRIES
+        assert max(map(len, memo)) <= MEMO_MAX_CHARS
+
+
+def test_memo_is_per_tokenizer(tmap):
+    """Two tokenizers never share remembered ids (a caller's own tokenizer may differ)."""
+    a, b = Tokenizer.from_map(tmap), Tokenizer.from_map(tmap)
+    ra, rb = Retokenizer(tmap, tokenizer=a), Retokenizer(tmap, tokenizer=b)
+    for r in (ra, rb):
+        r.feed("shared words here ")
+    assert a.calls == b.calls > 0  # b encoded for itself: a's ids were not handed over
+
+
+def test_a_failed_encode_is_not_remembered(tmap):
+    tok = Tokenizer.from_map(tmap)
+    for _ in range(2):  # the second time too: a failure never becomes a memo entry
+        r = Retokenizer(tmap, tokenizer=tok)
+        with pytest.raises(RetokenizeFailed):
+            r.feed("bad \ud800 text here ")
+            r.flush()
+    assert tok.calls >= 2 and not any("\ud800" in text for text in retokenize._ids_memo(tok))

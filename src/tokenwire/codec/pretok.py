@@ -5,6 +5,7 @@
     pt = compile_program({"version": 2, "stages": [...]})
     pt.split("a  1")        # ["a", "  ", "1"]: pieces that concatenate back to the text
     pt.single_regex         # one regex whose findall() gives the same pieces, or None
+    pt.by_stages("a  1")    # the same pieces, by running the program as written
 
 Execution (§3.5):
 
@@ -22,6 +23,26 @@ instead of running stages in Python. It is provided for every v1 program (except
 alternation is rewritten to see a digit as the end of its piece
 (:mod:`tokenwire.codec.pretok_ops`). Other v2 programs get ``None``.
 
+Where the single regex exists, :meth:`PreTokenizer.split` runs it (one ``findall``; the
+staged program costs a Python loop per stage and piece, 2-3x more on the short texts of the
+gateway's retokenizer) and :meth:`PreTokenizer.by_stages` runs the program as written (the
+definition). They are equal by construction: for v1 and a lone ``alternation`` the staged
+run IS one ordered alternation scanned left to right (a gap is the ``[\\s\\S]`` branch, or the
+run of positions where no op matches); for ``[digits_isolate individual, alternation]``:
+
+1. the regex's first branch, ``\\p{N}`` pinned to Rust's ``is_numeric``, matches exactly
+   where the digits stage cuts, and a one-character digit piece stays whole in any
+   alternation (a piece is never empty);
+2. no other branch consumes a ``\\p{N}`` or looks past one (each op's digit-segment
+   spelling), and a look-ahead ``(?!\\S)`` at a digit behaves as at the end of the segment,
+   which is where the staged alternation sees it;
+3. the ops' own ``\\p{N}`` (``[^\\s\\p{L}\\p{N}]``) never meet a digit inside a segment in
+   either run, because Unicode 16.0.0's ``\\p{N}`` is a subset of ``is_numeric`` (a test
+   checks the tables).
+
+``tests/codec/test_pretok.py`` compares the two on the corpus, the conformance cases,
+adversarial strings and hypothesis text for every program that has a single regex.
+
 Known divergence from HF (not expressible with str pieces): in a ``Sequence`` where a stage
 follows ``ByteLevel(use_regex=true)`` (Falcon's ``Digits``), HF runs that stage on GPT-2
 byte-characters, so it also splits at UTF-8 bytes 0xB2/B3/B9/BC/BD/BE (``² ³ ¹ ¼ ½ ¾``)
@@ -36,7 +57,7 @@ from typing import Any
 
 import regex
 
-from tokenwire.codec.pinned_regex import PinnedRegex, pin
+from tokenwire.codec.pinned_regex import Numeric, PinnedRegex, pin
 from tokenwire.codec.pretok_ops import CompiledOp, compile_op
 from tokenwire.codec.unicode_classes import ASCII_PUNCT_CLASS, CJK_CLASS, WHITE_SPACE, WS_CLASS
 from tokenwire.errors import UnsupportedProgram
@@ -70,10 +91,13 @@ Splitter = Callable[[str], list[str]]
 class PreTokenizer:
     """A compiled pre-tokenizer: ``split(text)`` and, when one exists, ``single_regex``."""
 
-    __slots__ = ("_split", "single_regex", "source")
+    __slots__ = ("_split", "_stages", "single_regex", "source")
 
-    def __init__(self, split: Splitter, single_regex: str | None, source: Any) -> None:
+    def __init__(self, split: Splitter, single_regex: str | None, source: Any,
+                 *, stages: Splitter | None = None) -> None:
         self._split = split
+        # The program run as written, when ``split`` is a faster equal (the single regex).
+        self._stages = split if stages is None else stages
         #: One regex whose findall() equals ``split()``, or None. Its classes are pinned
         #: to Unicode 16.0.0 and spelled alike for every engine (tokenwire.codec.pinned_regex).
         self.single_regex = single_regex
@@ -86,6 +110,13 @@ class PreTokenizer:
         if not text:
             return []
         return self._split(text)
+
+    def by_stages(self, text: str) -> list[str]:
+        """:meth:`split` computed by running the program's ops and stages as written (what
+        ``split`` is checked against; the same pieces, more Python per call)."""
+        if not text:
+            return []
+        return self._stages(text)
 
     def __repr__(self) -> str:
         return f"PreTokenizer({self.source!r})"
@@ -197,7 +228,9 @@ def _compile_v1(program: Mapping[str, Any]) -> PreTokenizer:
     pattern = oplist.pattern
     if oplist.exhaustive:
         return PreTokenizer(pattern.findall, single, program)
-    return PreTokenizer(lambda t: _isolate(pattern, t, gaps_as_scalars=True), single, program)
+    # Where no op matches, the `[\s\S]` branch takes one scalar: the v1 fallback.
+    return PreTokenizer(PinnedRegex(oplist.v1_regex()).findall, single, program,
+                        stages=lambda t: _isolate(pattern, t, gaps_as_scalars=True))
 
 
 # -- v2 --------------------------------------------------------------------------------
@@ -253,11 +286,13 @@ def _stage_splitter(stage: Any) -> tuple[str, Splitter, _OpList | None]:
 
 
 def _v2_single_regex(kinds: Sequence[tuple[str, Mapping[str, Any]]],
-                     oplists: Sequence[_OpList | None]) -> str | None:
+                     oplists: Sequence[_OpList | None]) -> tuple[str, Numeric] | None:
+    """The source spelling of the program's single regex and the ``\\p{N}`` it means, or
+    None when the program is not of a shape proven equal (module docstring)."""
     if not kinds:
-        return _ANY + "+"  # no stage: the whole text is one piece
+        return _ANY + "+", "regex"  # no stage: the whole text is one piece
     if len(kinds) == 1 and oplists[0] is not None:
-        return oplists[0].gap_regex()
+        return oplists[0].gap_regex(), "regex"
     if (
         len(kinds) == 2
         and kinds[0][0] == "digits_isolate"
@@ -266,7 +301,7 @@ def _v2_single_regex(kinds: Sequence[tuple[str, Mapping[str, Any]]],
     ):
         segment = oplists[1].digit_segment_regex()
         # Every \p{N} there is "the digits stage cut here": Rust's is_numeric (HF Digits).
-        return None if segment is None else pin(segment, "rust")
+        return None if segment is None else (segment, "rust")
     return None
 
 
@@ -286,7 +321,10 @@ def _compile_v2(program: Mapping[str, Any]) -> PreTokenizer:
 
     kinds = [(kind, stage) for (kind, _, _), stage in zip(compiled, stages, strict=True)]
     single = _v2_single_regex(kinds, [oplist for _, _, oplist in compiled])
-    return PreTokenizer(split, None if single is None else pin(single), program)  # idempotent
+    if single is None:
+        return PreTokenizer(split, None, program)
+    one = PinnedRegex(*single)  # the module's own tables unless the text has a disputed cp
+    return PreTokenizer(one.findall, pin(*single), program, stages=split)
 
 
 # -- entry points ----------------------------------------------------------------------
@@ -329,5 +367,12 @@ def compile_pattern(pattern: str) -> PreTokenizer:
     def split(text: str) -> list[str]:
         return [m.group() for m in compiled.finditer(text) if m.end() > m.start()]
 
+    def split_groupless(text: str) -> list[str]:
+        # Without groups findall gives finditer's whole matches, in C.
+        return [piece for piece in compiled.findall(text) if piece]
+
     honest = compiled.groups == 0 and compiled.fullmatch("") is None
+    if compiled.groups == 0:
+        return PreTokenizer(split_groupless, compiled.pattern if honest else None, pattern,
+                            stages=split)
     return PreTokenizer(split, compiled.pattern if honest else None, pattern)

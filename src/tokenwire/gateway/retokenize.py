@@ -12,11 +12,20 @@ for every piece that more text can no longer change. More text changes only the 
 split: the last piece always (a word or a whitespace run may grow), and a few characters
 before it where the pre-tokenizer looks ahead: a contraction literal (``'re``) is up to 3
 characters and may be split as ``'`` + ``r`` until its last letter arrives; a whitespace run
-gives its last space to a following word (``(?!\\S)``). So we hold back the last piece and
-every piece ending within :data:`HOLD_BACK_CHARS` of the end, and commit a prefix only if
-it splits on its own into the same pieces (the end of text is itself a lookahead). The
-hypothesis test in ``tests/gateway/test_retokenize.py`` checks the equation over random
-splits of the corpus and of adversarial strings, for SmolLM2 and cl100k.
+gives its last space to a following word (``(?!\\S)``). And a whitespace run at the end is
+not settled at any length: cl100k's newline block (``\\s*[\\r\\n]+``) spans a run up to its
+last newline, so ``"\\n   "`` splits as ``"\\n"`` + ``"   "`` until a ``"\\n"`` makes it one
+piece (a blank line of indented code). So we hold back the last piece, every piece ending
+within :data:`HOLD_BACK_CHARS` of the end and every piece ending inside the trailing run of
+White_Space, and commit a prefix only if it splits on its own into the same pieces (the end
+of text is itself a lookahead). The hypothesis tests in ``tests/gateway/test_retokenize.py``
+check the equation over random splits of the corpus and of adversarial strings, for SmolLM2
+(both maps) and cl100k.
+
+Splitting and encoding are pure functions of the text, and the texts are short and repeat
+(a commit is mostly one word: ``" the"``, ``",\n"``), so both are memoized, shared by every
+stream of a map and bounded (:data:`MEMO_ENTRIES` texts of at most :data:`MEMO_MAX_CHARS`):
+a remembered answer is the answer, so the memos change no id, only the cost.
 
 Metaspace and identity maps (and a pre-tokenizer whose pieces are not substrings) have no
 such piece structure that we can rely on, so their text is held and encoded once at
@@ -28,12 +37,14 @@ such piece structure that we can rely on, so their text is held and encoded once
 from __future__ import annotations
 
 from functools import lru_cache
+from weakref import WeakKeyDictionary
 
 import msgspec
 
 from tokenwire.codec import pretok
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.codec.unicode_classes import WHITE_SPACE
 from tokenwire.errors import RemoteProtocolError, TokenwireError
 from tokenwire.gateway.ir import (
     Event,
@@ -47,6 +58,8 @@ from tokenwire.gateway.ir import (
 
 __all__ = [
     "HOLD_BACK_CHARS",
+    "MEMO_ENTRIES",
+    "MEMO_MAX_CHARS",
     "RETOKENIZE_FAILED",
     "RetokenizeFailed",
     "Retokenizer",
@@ -61,6 +74,18 @@ __all__ = [
 #: longest look-ahead in the shipped pre-tokenizers is a 3-character contraction literal
 #: (``'re``, ``'ve``, ``'ll``), so 3 covers it; whitespace look-ahead is 1 character.
 HOLD_BACK_CHARS = 3
+#: The ops' whitespace (Unicode White_Space, tokenwire.codec.unicode_classes), for rstrip.
+_WHITE_SPACE = "".join(map(chr, WHITE_SPACE))
+
+#: Texts each memo (splits per pre-tokenizer, ids per tokenizer) holds before it starts
+#: over. A 2,048-token answer commits ~1,400 texts, ~700 of them distinct (bench/
+#: bench_retokenize.py), so 4,096 keeps a map's common words across streams; starting over
+#: (not LRU) keeps a hit at one dict lookup.
+MEMO_ENTRIES = 4096
+#: Longest text memoized: pending text and commits are a word or two; a longer one (a run
+#: of spaces or digits still growing, a long word) is computed each time, so an entry is
+#: small whatever a stream sends (4,096 x 64 characters at most).
+MEMO_MAX_CHARS = 64
 
 
 @lru_cache(maxsize=8)  # building a tokenizer costs ~0.1 s; streams of one model share it
@@ -133,15 +158,48 @@ def _splitter(tmap: TokenizerMap) -> pretok.PreTokenizer | None:
     return None
 
 
+Memo = dict[str, tuple]
+
+
+@lru_cache(maxsize=8)  # as _splitter: one per map's pre-tokenizer, shared by its streams
+def _split_memo(split: pretok.PreTokenizer) -> Memo:
+    """text -> ``tuple(split.split(text))``, filled by :meth:`Retokenizer._pieces`."""
+    return {}
+
+
+#: tokenizer -> {text -> ids}: the memo lives as long as its tokenizer (tests and callers
+#: may build their own; a weak key lets them go).
+_IDS_MEMOS: WeakKeyDictionary[Tokenizer, Memo] = WeakKeyDictionary()
+
+
+def _ids_memo(tokenizer: Tokenizer) -> Memo:
+    memo = _IDS_MEMOS.get(tokenizer)
+    if memo is None:
+        memo = _IDS_MEMOS[tokenizer] = {}
+    return memo
+
+
+def _remember(memo: Memo, text: str, value: tuple) -> tuple:
+    if len(text) <= MEMO_MAX_CHARS:
+        if len(memo) >= MEMO_ENTRIES:
+            memo.clear()
+        memo[text] = value
+    return value
+
+
 class Retokenizer:
     """Feed text deltas, get the ids that became final; ``flush()`` at the end of the text.
 
-    ``calls`` is the number of :meth:`Tokenizer.encode` calls this stream made.
+    ``calls`` is the number of texts this stream had tokenized, whether
+    :meth:`Tokenizer.encode` ran or the map's memo had the ids (``tokenizer.calls`` counts
+    the encodes that ran).
     """
 
     def __init__(self, tmap: TokenizerMap, *, tokenizer: Tokenizer | None = None) -> None:
         self.tokenizer = tokenizer if tokenizer is not None else tokenizer_for(tmap)
         self._split = _splitter(tmap)
+        self._splits = _split_memo(self._split) if self._split is not None else {}
+        self._ids = _ids_memo(self.tokenizer)
         self._pending = ""
         self.calls = 0
 
@@ -149,15 +207,16 @@ class Retokenizer:
         """Ids of the pieces ``text`` made final (often none for a one-character delta)."""
         if not text:
             return ()
-        self._pending += text
+        pending = self._pending = self._pending + text
         if self._split is None:
             return ()
-        pieces = self._split.split(self._pending)
-        k = _committable(pieces, len(self._pending))
+        pieces = self._pieces(pending)
+        k = _committable(pieces, len(pending), len(pending.rstrip(_WHITE_SPACE)))
         while k > 0:
-            prefix = "".join(pieces[:k])
-            if self._split.split(prefix) == pieces[:k]:
-                self._pending = self._pending[len(prefix):]
+            head = pieces[:k]
+            prefix = "".join(head)
+            if self._pieces(prefix) == head:
+                self._pending = pending[len(prefix):]
                 return self._encode(prefix)
             k -= 1  # the end of text changed a look-ahead: commit less
         return ()
@@ -167,19 +226,30 @@ class Retokenizer:
         text, self._pending = self._pending, ""
         return self._encode(text) if text else ()
 
+    def _pieces(self, text: str) -> tuple[str, ...]:
+        pieces = self._splits.get(text)
+        if pieces is None:
+            split = self._split.split  # type: ignore[union-attr]  # feed() checked it
+            pieces = _remember(self._splits, text, tuple(split(text)))
+        return pieces
+
     def _encode(self, text: str) -> tuple[int, ...]:
         self.calls += 1
+        ids = self._ids.get(text)
+        if ids is not None:
+            return ids
         try:
-            return tuple(self.tokenizer.encode(text))
+            return _remember(self._ids, text, tuple(self.tokenizer.encode(text)))
         except _PASS_THROUGH:
             raise
         except BaseException as exc:
             raise RetokenizeFailed(type(exc).__name__) from None
 
 
-def _committable(pieces: list[str], total: int) -> int:
-    """How many leading pieces end before the last piece and the look-ahead window."""
-    limit = total - HOLD_BACK_CHARS
+def _committable(pieces: tuple[str, ...], total: int, settled: int) -> int:
+    """How many leading pieces end before the last piece, the look-ahead window and the
+    trailing whitespace run (which starts at ``settled``)."""
+    limit = min(total - HOLD_BACK_CHARS, settled)
     end = 0
     k = 0
     for piece in pieces[:-1]:
