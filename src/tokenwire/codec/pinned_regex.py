@@ -24,14 +24,23 @@ slower than its own ``\\p{L}``. :class:`PinnedRegex` therefore keeps both compil
 uses the module's own tables for a text unless the text contains a code point on which
 those tables and the pinned ones disagree (found once per process by sweeping every code
 point through the module: :func:`disputed_code_points`).
+
+That sweep is ~160 ms, most of a fresh process's first map load (issue 15, BENCHMARKS.md
+"Map load-to-ready"), so it is not run on the first non-ASCII text. Until it is known, a text
+is decided on the smallest prefix of the code space (:data:`PREFIX_BOUNDS`) that holds all
+its code points, swept alone (a few ms once, for the prefix the text needs): Latin, Greek,
+Cyrillic, CJK... texts take the fast path at once, exactly. A text beyond the BMP uses the
+pinned compilation while a sweep handed to a ``defer`` (:func:`defer_dispute_sweep`, which
+``Tokenizer.from_map(defer=...)`` calls) is pending, or runs the sweep itself when none is.
 """
 
 from __future__ import annotations
 
 import array
+import os
 import re
-from collections.abc import Iterable, Iterator
-from functools import cache
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache, partial
 from itertools import chain
 
 import regex
@@ -41,9 +50,11 @@ from tokenwire.codec.unicode_tables import RANGES, RUST_NUMERIC, UNICODE_VERSION
 
 __all__ = [
     "CATEGORY_GROUPS",
+    "PREFIX_BOUNDS",
     "UNICODE_VERSION",
     "PinnedRegex",
     "category_ranges",
+    "defer_dispute_sweep",
     "disputed_code_points",
     "pin",
     "spell_class",
@@ -319,10 +330,30 @@ def pin(pattern: str, numeric: Numeric = "regex") -> str:
 # -- where the regex module disagrees -------------------------------------------------------
 
 
+#: Upper bounds (exclusive) of the prefixes of the code space a text is decided on before
+#: the whole sweep is known: up to the end of Arabic, Indic..., then the BMP, which cost
+#: ~1 ms and ~10 ms to sweep (two classes, quiet machine) against ~160 ms for every scalar.
+PREFIX_BOUNDS: tuple[int, ...] = (0x800, 0x3000, 0x10000)
+
+#: (class names, numeric) -> the search for its disputed code points (None: there are none),
+#: once the whole code space is swept; filled by :func:`_dispute_search`, read lock-free.
+_searches: dict[tuple[frozenset[str], Numeric], re.Pattern[str] | None] = {}
+#: Keys of every PinnedRegex built, so that a deferred sweep covers them all.
+_in_use: set[tuple[frozenset[str], Numeric]] = set()
+#: Keys whose sweep was handed to a ``defer`` -> the pid that did it (a forked child has
+#: no builder thread: it sweeps itself).
+_deferred: dict[tuple[frozenset[str], Numeric], int] = {}
+
+
+def _scalars_below(bound: int) -> str:
+    """Every scalar value below ``bound``, surrogates excluded, as one string."""
+    cps = chain(range(min(bound, _SURROGATES[0])), range(_SURROGATES[1] + 1, bound))
+    return array.array("I", cps).tobytes().decode("utf-32-le")
+
+
 @cache
 def _all_scalars() -> str:
-    cps = chain(range(_SURROGATES[0]), range(_SURROGATES[1] + 1, _MAX_CP + 1))
-    return array.array("I", cps).tobytes().decode("utf-32-le")
+    return _scalars_below(_MAX_CP + 1)
 
 
 def _ranges_text(ranges: Ranges) -> str:
@@ -331,26 +362,69 @@ def _ranges_text(ranges: Ranges) -> str:
 
 
 @cache
-def disputed_code_points(name: str, numeric: Numeric = "regex") -> frozenset[int]:
-    """Code points the installed ``regex`` module puts in ``\\p{name}`` (or ``\\s`` for
-    ``WS``) and Unicode 16.0.0 does not, or the reverse. A few tens of milliseconds, once."""
+def _disputed_below(name: str, numeric: Numeric, bound: int) -> frozenset[int]:
+    """:func:`disputed_code_points` among the scalars below ``bound``."""
+    every = _all_scalars() if bound > _MAX_CP else _scalars_below(bound)
     if name == "WS":
-        theirs = regex.sub(r"\S+", "", _all_scalars())
+        theirs = regex.sub(r"\S+", "", every)
     else:
-        theirs = regex.sub(rf"\P{{{name}}}+", "", _all_scalars())
-    ours = _ranges_text(category_ranges(name, numeric))
+        theirs = regex.sub(rf"\P{{{name}}}+", "", every)
+    ranges = tuple((lo, min(hi, bound - 1)) for lo, hi in category_ranges(name, numeric)
+                   if lo < bound)  # fmt: skip
+    ours = _ranges_text(ranges)
     if theirs == ours:
         return frozenset()
     return frozenset(map(ord, theirs)) ^ frozenset(map(ord, ours))
 
 
-@cache
+def disputed_code_points(name: str, numeric: Numeric = "regex") -> frozenset[int]:
+    """Code points the installed ``regex`` module puts in ``\\p{name}`` (or ``\\s`` for
+    ``WS``) and Unicode 16.0.0 does not, or the reverse. ~80 ms per class, once."""
+    return _disputed_below(name, numeric, _MAX_CP + 1)
+
+
+def _search_of(cps: Iterable[int]) -> re.Pattern[str] | None:
+    ranges = _merge((cp, cp) for cp in cps)
+    return re.compile(spell_class(ranges)) if ranges else None
+
+
 def _dispute_search(names: frozenset[str], numeric: Numeric) -> re.Pattern[str] | None:
-    disputed = set().union(*(disputed_code_points(n, numeric) for n in names))
-    if not disputed:
-        return None
-    ranges = _merge((cp, cp) for cp in disputed)
-    return re.compile(spell_class(ranges))
+    """The search for every code point disputed in any of ``names``, sweeping now if need be;
+    published with one dict store (PinnedRegex switches to the fast path on it)."""
+    key = (names, numeric)
+    if key not in _searches:
+        disputed = set().union(*(disputed_code_points(n, numeric) for n in names))
+        _searches[key] = _search_of(disputed)
+    return _searches[key]
+
+
+@cache
+def _prefix_searches(
+    names: frozenset[str], numeric: Numeric, bound: int
+) -> tuple[re.Pattern[str] | None, re.Pattern[str]]:
+    """(the search for the disputed code points below ``bound``, the search for any code
+    point at or above it)."""
+    disputed = set().union(*(_disputed_below(n, numeric, bound) for n in names))
+    beyond = re.compile(spell_class(((bound, _MAX_CP),)))
+    return _search_of(disputed), beyond
+
+
+def _sweep(keys: tuple[tuple[frozenset[str], Numeric], ...]) -> None:
+    for names, numeric in keys:
+        _dispute_search(names, numeric)
+
+
+def defer_dispute_sweep(defer: Callable[[Callable[[], object]], object]) -> None:
+    """Hand the whole-space sweep of every PinnedRegex built so far to ``defer`` (e.g.
+    ``tokenwire.background.in_background``); until it has run, a text beyond the BMP uses the
+    pinned compilation instead of sweeping on the caller."""
+    pid = os.getpid()
+    keys = tuple(k for k in tuple(_in_use) if k not in _searches and _deferred.get(k) != pid)
+    if not keys:
+        return
+    for key in keys:
+        _deferred[key] = pid
+    defer(partial(_sweep, keys))
 
 
 class PinnedRegex:
@@ -361,22 +435,45 @@ class PinnedRegex:
     pinned compilation; the two give the same matches on every text by construction.
     """
 
-    __slots__ = ("_exact", "_fast", "_names", "_numeric", "pattern", "source")
+    __slots__ = ("_exact", "_fast", "_key", "_names", "_numeric", "pattern", "source")
 
     def __init__(self, source: str, numeric: Numeric = "regex") -> None:
         self.source = source
         self._numeric = numeric
         self.pattern, self._names = _pin_cached(source, numeric)
+        self._key = (self._names, numeric)
+        if self._names:
+            _in_use.add(self._key)
         self._fast = regex.compile(source)
         self._exact: regex.Pattern[str] | None = None
 
     def compiled_for(self, text: str) -> regex.Pattern[str]:
         if not self._names or text.isascii():
             return self._fast
+        if self._key not in _searches:  # entries are only ever added
+            return self._before_sweep(text)
+        search = _searches[self._key]
+        if search is None or search.search(text) is None:
+            return self._fast
+        return self._exact_compiled()
+
+    def _before_sweep(self, text: str) -> regex.Pattern[str]:
+        """The whole sweep is not known: decide on the first prefix that holds the text."""
+        for bound in PREFIX_BOUNDS:
+            disputed, beyond = _prefix_searches(self._names, self._numeric, bound)
+            if disputed is not None and disputed.search(text) is not None:
+                return self._exact_compiled()
+            if beyond.search(text) is None:
+                return self._fast
+        if _deferred.get(self._key) == os.getpid():
+            return self._exact_compiled()  # the sweep is queued: exact by construction
         search = _dispute_search(self._names, self._numeric)
         if search is None or search.search(text) is None:
             return self._fast
-        if self._exact is None:
+        return self._exact_compiled()
+
+    def _exact_compiled(self) -> regex.Pattern[str]:
+        if self._exact is None:  # a race compiles twice, harmlessly
             self._exact = regex.compile(self.pattern)
         return self._exact
 

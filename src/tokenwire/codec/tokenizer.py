@@ -542,7 +542,24 @@ class Tokenizer:
 
         ``defer`` (e.g. ``tokenwire.background.in_background``) takes the tiktoken build of
         ``"auto"`` off the caller: the exact pure-Python engine encodes until ``defer`` has
-        run it (map load-to-ready, BENCHMARKS.md)."""
+        run it (map load-to-ready, BENCHMARKS.md). It also takes the pre-tokenizer's sweep of
+        the ``regex`` module's Unicode tables (codec/pinned_regex.py), queued after the core;
+        exact answers until then."""
+        tok = cls._from_map_now(tmap, backend, cache_size, on_missing, defer)
+        if defer is not None:
+            try:
+                pinned = importlib.import_module("tokenwire.codec.pinned_regex")
+            except ImportError:  # no regex module: no PinnedRegex to sweep for
+                pinned = None
+            if pinned is not None:
+                pinned.defer_dispute_sweep(defer)
+        return tok
+
+    @classmethod
+    def _from_map_now(
+        cls, tmap: TokenizerMap, backend: Backend, cache_size: int, on_missing: OnMissing,
+        defer: Defer | None,
+    ) -> Tokenizer:  # fmt: skip
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if on_missing not in ON_MISSING:
