@@ -401,11 +401,12 @@ def _dispute_search(names: frozenset[str], numeric: Numeric) -> re.Pattern[str] 
 @cache
 def _prefix_searches(
     names: frozenset[str], numeric: Numeric, bound: int
-) -> tuple[re.Pattern[str] | None, re.Pattern[str]]:
+) -> tuple[re.Pattern[str] | None, regex.Pattern[str]]:
     """(the search for the disputed code points below ``bound``, the search for any code
-    point at or above it)."""
+    point at or above it). The second is the ``regex`` module's: ``re`` takes ~7 ms to
+    compile a class that wide, ``regex`` 0.1 ms."""
     disputed = set().union(*(_disputed_below(n, numeric, bound) for n in names))
-    beyond = re.compile(spell_class(((bound, _MAX_CP),)))
+    beyond = regex.compile(spell_class(((bound, _MAX_CP),)))
     return _search_of(disputed), beyond
 
 
