@@ -120,6 +120,10 @@ def _disputes_are_real() -> None:
         pytest.skip("this regex module has Unicode 16 tables: nothing is disputed")
 
 
+#: More distinct code points than are checked one by one before the sweep (emoji: undisputed).
+MANY_ASTRAL = "".join(map(chr, range(0x1F000, 0x1F000 + pinned_regex.MAX_CHECKED + 1)))
+
+
 @pytest.mark.usefixtures("unswept")
 def test_before_the_sweep_disputed_texts_take_the_pinned_compilation() -> None:
     _disputes_are_real()
@@ -127,15 +131,26 @@ def test_before_the_sweep_disputed_texts_take_the_pinned_compilation() -> None:
     pending: list = []
     pinned_regex.defer_dispute_sweep(pending.append)
     assert len(pending) == 1
-    # In a prefix: U+0558 (Armenian, a letter from Unicode 17 on) is found by the prefix sweep.
-    assert pr.compiled_for("a\u0558b").pattern == pr.pattern
-    # Beyond the BMP with the sweep pending: pinned, and nothing swept on the caller.
-    for text in ["\U000190b6濺", "x \U0001f600"]:
+    # U+0558 (Armenian, a letter from Unicode 17 on) is found by the sweep of its prefix,
+    # U+190B6 (Tangut) by the one-by-one check of the code points above the last prefix.
+    for text in ["a\u0558b", "中文 \u0558", "\U000190b6濺", "x \U0001f600\U000190b6"]:
         assert pr.compiled_for(text).pattern == pr.pattern, text
         assert pr.findall(text) == regex.findall(pr.pattern, text)
+    # Too many code points to check, with the sweep pending: pinned, not swept here.
+    assert pr.compiled_for(MANY_ASTRAL).pattern == pr.pattern
     assert pinned_regex._searches == {}
-    # Undisputed BMP text is decided on its prefix: the module's own tables, at once.
-    assert pr.compiled_for("ünïcödé 中文 ١٢٣").pattern == GPT2_LIKE
+    # Undisputed text: the module's own tables, at once.
+    for text in ["ünïcödé 中文 ١٢٣", "x \U0001f600 ü"]:
+        assert pr.compiled_for(text).pattern == GPT2_LIKE, text
+
+
+def test_one_by_one_checks_agree_with_the_sweep() -> None:
+    names = frozenset({"L", "N", "WS"})
+    disputed = set().union(*(disputed_code_points(n) for n in names))
+    ends = sorted(disputed)[:50] + sorted(disputed)[-50:]
+    probes = [*ends, 0x1F600, 0x10000, 0x20000, 0x10FFFF, 0x41, 0x3000]
+    for cp in probes:
+        assert pinned_regex._is_disputed(cp, names, "regex") == (cp in disputed), hex(cp)
 
 
 @pytest.mark.usefixtures("unswept")
@@ -146,9 +161,9 @@ def test_once_the_deferred_sweep_has_run_undisputed_astral_text_is_fast() -> Non
     pinned_regex.defer_dispute_sweep(pending.append)
     pinned_regex.defer_dispute_sweep(pending.append)  # already queued: not twice
     assert len(pending) == 1
-    assert pr.compiled_for("x \U0001f600").pattern == pr.pattern
+    assert pr.compiled_for(MANY_ASTRAL).pattern == pr.pattern
     pending[0]()
-    assert pr.compiled_for("x \U0001f600").pattern == GPT2_LIKE
+    assert pr.compiled_for(MANY_ASTRAL).pattern == GPT2_LIKE
     assert pr.compiled_for("\U000190b6濺").pattern == pr.pattern
     pinned_regex.defer_dispute_sweep(pending.append)  # known: nothing to queue
     assert len(pending) == 1
@@ -157,7 +172,7 @@ def test_once_the_deferred_sweep_has_run_undisputed_astral_text_is_fast() -> Non
 @pytest.mark.usefixtures("unswept")
 def test_without_a_deferred_sweep_astral_text_sweeps_on_the_caller() -> None:
     pr = PinnedRegex(GPT2_LIKE)
-    pr.compiled_for("x \U0001f600")
+    pr.compiled_for(MANY_ASTRAL)
     assert (frozenset({"L", "N", "WS"}), "regex") in pinned_regex._searches
 
 
@@ -167,7 +182,8 @@ def test_a_deferred_load_encodes_disputed_text_exactly_before_and_after_the_swee
     pending: list = []
     tok = Tokenizer.from_map(tmap, defer=pending.append)
     truth = _r50k_truth()
-    texts = ["\U000190b6濺", "a\u0558b", " \u0558x", "\U00011de0 12", "x \U0001f600 ü"]
+    texts = ["\U000190b6濺", "a\u0558b", " \u0558x", "\U00011de0 12", "x \U0001f600 ü",
+             MANY_ASTRAL + " \U000190b6"]
     for text in texts:  # the Python engine and no sweep yet
         assert tok.encode(text) == truth.encode_ordinary(text), text
     assert pinned_regex._searches == {}

@@ -26,10 +26,11 @@ those tables and the pinned ones disagree (found once per process by sweeping ev
 point through the module: :func:`disputed_code_points`).
 
 That sweep is ~160 ms, most of a fresh process's first map load (issue 15, BENCHMARKS.md
-"Map load-to-ready"), so it is not run on the first non-ASCII text. Until it is known, a text
-is decided on the smallest prefix of the code space (:data:`PREFIX_BOUNDS`) that holds all
-its code points, swept alone (a few ms once, for the prefix the text needs): Latin, Greek,
-Cyrillic, CJK... texts take the fast path at once, exactly. A text beyond the BMP uses the
+"Map load-to-ready"), so it is not run on the first non-ASCII text. Until it is known, a
+text is decided on the smallest prefix of the code space (:data:`PREFIX_BOUNDS`) that holds
+it, swept alone (1-2 ms once), else on the last and its code points above it one
+by one (up to :data:`MAX_CHECKED` distinct): Latin, Cyrillic, CJK, emoji... take the fast
+path at once, exactly. A text with more such code points uses the
 pinned compilation while a sweep handed to a ``defer`` (:func:`defer_dispute_sweep`, which
 ``Tokenizer.from_map(defer=...)`` calls) is pending, or runs the sweep itself when none is.
 """
@@ -39,6 +40,7 @@ from __future__ import annotations
 import array
 import os
 import re
+from bisect import bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from functools import cache, partial
 from itertools import chain
@@ -50,6 +52,7 @@ from tokenwire.codec.unicode_tables import RANGES, RUST_NUMERIC, UNICODE_VERSION
 
 __all__ = [
     "CATEGORY_GROUPS",
+    "MAX_CHECKED",
     "PREFIX_BOUNDS",
     "UNICODE_VERSION",
     "PinnedRegex",
@@ -330,10 +333,15 @@ def pin(pattern: str, numeric: Numeric = "regex") -> str:
 # -- where the regex module disagrees -------------------------------------------------------
 
 
-#: Upper bounds (exclusive) of the prefixes of the code space a text is decided on before
-#: the whole sweep is known: up to the end of Arabic, Indic..., then the BMP, which cost
-#: ~1 ms and ~10 ms to sweep (two classes, quiet machine) against ~160 ms for every scalar.
-PREFIX_BOUNDS: tuple[int, ...] = (0x800, 0x3000, 0x10000)
+#: Upper bounds (exclusive) of the prefixes of the code space that a text is decided on
+#: before the whole sweep is known, if all its code points are below one: up to Arabic,
+#: Indic... (~1 ms to sweep, two classes, quiet machine), then up to U+3000 (~2 ms), against
+#: ~160 ms for every scalar. Above the last (CJK, emoji...), see MAX_CHECKED.
+PREFIX_BOUNDS: tuple[int, ...] = (0x800, 0x3000)
+#: Most distinct code points above the last prefix that a text may hold for them to be
+#: checked one by one (~3 us each) before the sweep is known; a text with more takes the
+#: pinned compilation while the sweep is pending (compiling SmolLM2's is ~20 ms, once).
+MAX_CHECKED = 512
 
 #: (class names, numeric) -> the search for its disputed code points (None: there are none),
 #: once the whole code space is swept; filled by :func:`_dispute_search`, read lock-free.
@@ -399,15 +407,34 @@ def _dispute_search(names: frozenset[str], numeric: Numeric) -> re.Pattern[str] 
 
 
 @cache
-def _prefix_searches(
-    names: frozenset[str], numeric: Numeric, bound: int
-) -> tuple[re.Pattern[str] | None, regex.Pattern[str]]:
-    """(the search for the disputed code points below ``bound``, the search for any code
-    point at or above it). The second is the ``regex`` module's: ``re`` takes ~7 ms to
-    compile a class that wide, ``regex`` 0.1 ms."""
-    disputed = set().union(*(_disputed_below(n, numeric, bound) for n in names))
-    beyond = regex.compile(spell_class(((bound, _MAX_CP),)))
-    return _search_of(disputed), beyond
+def _prefix_search(names: frozenset[str], numeric: Numeric, bound: int) -> re.Pattern[str] | None:
+    """The search for the code points below ``bound`` disputed in any of ``names``."""
+    return _search_of(set().union(*(_disputed_below(n, numeric, bound) for n in names)))
+
+
+@cache
+def _band(lo: int, hi: int) -> regex.Pattern[str]:
+    """The search for any code point in ``lo..hi``: the ``regex`` module's (``re`` takes
+    ~7 ms to compile a class that wide, ``regex`` 0.1 ms)."""
+    return regex.compile(spell_class(((lo, hi),)))
+
+
+@cache
+def _member(name: str) -> regex.Pattern[str]:
+    return regex.compile(r"\s" if name == "WS" else rf"\p{{{name}}}")
+
+
+def _is_disputed(cp: int, names: frozenset[str], numeric: Numeric) -> bool:
+    """Whether the ``regex`` module and Unicode 16.0.0 disagree on ``cp`` in any of
+    ``names``: one code point of :func:`disputed_code_points`, without the sweep."""
+    ch = chr(cp)
+    for name in names:
+        ranges = category_ranges(name, numeric)
+        i = bisect_right(ranges, (cp, _MAX_CP)) - 1
+        ours = i >= 0 and ranges[i][0] <= cp <= ranges[i][1]
+        if ours != (_member(name).match(ch) is not None):
+            return True
+    return False
 
 
 def _sweep(keys: tuple[tuple[frozenset[str], Numeric], ...]) -> None:
@@ -453,23 +480,29 @@ class PinnedRegex:
             return self._fast
         if self._key not in _searches:  # entries are only ever added
             return self._before_sweep(text)
-        search = _searches[self._key]
-        if search is None or search.search(text) is None:
-            return self._fast
-        return self._exact_compiled()
+        return self._fast_unless(_searches[self._key], text)
 
     def _before_sweep(self, text: str) -> regex.Pattern[str]:
-        """The whole sweep is not known: decide on the first prefix that holds the text."""
+        """The whole sweep is not known: decide on the first prefix of the code space that
+        holds the text, else on the last one and the code points above it one by one."""
+        names, numeric = self._names, self._numeric
         for bound in PREFIX_BOUNDS:
-            disputed, beyond = _prefix_searches(self._names, self._numeric, bound)
-            if disputed is not None and disputed.search(text) is not None:
-                return self._exact_compiled()
-            if beyond.search(text) is None:
-                return self._fast
+            if _band(bound, _MAX_CP).search(text) is None:
+                return self._fast_unless(_prefix_search(names, numeric, bound), text)
+        bound = PREFIX_BOUNDS[-1]
+        search = _prefix_search(names, numeric, bound)
+        if search is not None and search.search(text) is not None:
+            return self._exact_compiled()
+        cps = set(_band(bound, _MAX_CP).findall(text))
+        if len(cps) <= MAX_CHECKED:
+            disputed = any(_is_disputed(ord(c), names, numeric) for c in cps)
+            return self._exact_compiled() if disputed else self._fast
         if _deferred.get(self._key) == os.getpid():
             return self._exact_compiled()  # the sweep is queued: exact by construction
-        search = _dispute_search(self._names, self._numeric)
-        if search is None or search.search(text) is None:
+        return self._fast_unless(_dispute_search(names, numeric), text)
+
+    def _fast_unless(self, disputed: re.Pattern[str] | None, text: str) -> regex.Pattern[str]:
+        if disputed is None or disputed.search(text) is None:
             return self._fast
         return self._exact_compiled()
 
