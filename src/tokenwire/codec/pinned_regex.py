@@ -444,15 +444,19 @@ def _sweep(keys: tuple[tuple[frozenset[str], Numeric], ...]) -> None:
 
 def defer_dispute_sweep(defer: Callable[[Callable[[], object]], object]) -> None:
     """Hand the whole-space sweep of every PinnedRegex built so far to ``defer`` (e.g.
-    ``tokenwire.background.in_background``); until it has run, a text beyond the BMP uses the
-    pinned compilation instead of sweeping on the caller."""
+    ``tokenwire.background.in_background``); until it has run, a text with more than
+    :data:`MAX_CHECKED` distinct code points above the prefixes uses the pinned compilation
+    instead of sweeping on the caller."""
     pid = os.getpid()
     keys = tuple(k for k in tuple(_in_use) if k not in _searches and _deferred.get(k) != pid)
     if not keys:
         return
     for key in keys:
         _deferred[key] = pid
-    defer(partial(_sweep, keys))
+    # Queued twice over: the first build only queues the sweep again, so that on a FIFO
+    # builder (tokenwire.background) it runs after the builds the same load queues next (the
+    # detokenizer's tables), which matter more: until then, every decode is per id.
+    defer(partial(defer, partial(_sweep, keys)))
 
 
 class PinnedRegex:
