@@ -103,12 +103,69 @@ def run(maps: Sequence[str] = (), impls: Sequence[str] = ()) -> list[dict]:
     return rows
 
 
+FIRST_IMPLS = {"tokenwire": _ours, "codecai 0.4.1": _codecai}
+FRESH_PROCESSES = 5
+
+
+def _first_load(impl: str, map_name: str) -> float:
+    """In this (fresh) process: every module imported untimed, then the first load, in ms.
+    What a CLI or a client that starts, loads a map and encodes one string pays."""
+    import tokenwire.background
+    import tokenwire.codec.detokenizer
+    import tokenwire.codec.maps
+    import tokenwire.codec.pretok
+    import tokenwire.codec.tokenizer  # noqa: F401
+    if impl != "tokenwire":
+        import codecai.detokenize
+        import codecai.tokenize
+        import codecai.types  # noqa: F401
+    raw = MAPS[map_name].read_bytes()
+    t0 = time.perf_counter()
+    FIRST_IMPLS[impl](raw)
+    return (time.perf_counter() - t0) * 1000
+
+
+def run_fresh(maps: Sequence[str] = (), processes: int = FRESH_PROCESSES) -> list[dict]:
+    """The first load of a map in each of ``processes`` fresh interpreters per
+    implementation, ours and codecai alternating (the machine's load falls on both alike);
+    the child is this module (``--first``), with this process's PYTHONPATH."""
+    import os
+    import subprocess
+    import sys
+
+    rows = []
+    for name in MAPS:
+        if maps and not name.startswith(tuple(maps)):
+            continue
+        times: dict[str, list[float]] = {impl: [] for impl in FIRST_IMPLS}
+        for _ in range(processes):
+            for impl in FIRST_IMPLS:
+                out = subprocess.run(
+                    [sys.executable, "-m", "bench.bench_maps", "--first", impl, name],
+                    cwd=ROOT, env=os.environ, capture_output=True, text=True, check=True,
+                )
+                times[impl].append(float(out.stdout.split()[-1]))
+        for impl, ms in times.items():
+            rows.append({"op": "first map load-to-ready (fresh process)", "map": name,
+                         "implementation": impl, "value": round(statistics.median(ms), 1),
+                         "unit": "ms", "all": [round(t, 1) for t in ms]})
+    return rows
+
+
 if __name__ == "__main__":
     # python -m bench.bench_maps [--impl NAME ...] [MAP PREFIX ...], e.g.
     # `--impl tokenwire --impl "codecai 0.4.1" smollm2 cl100k`: ours cold against codecai.
+    # python -m bench.bench_maps --fresh [MAP PREFIX ...]: the first load of fresh processes.
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("maps", nargs="*")
     parser.add_argument("--impl", action="append", default=[])
+    parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--processes", type=int, default=FRESH_PROCESSES)
+    parser.add_argument("--first", metavar="IMPL", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    for row in run(args.maps, args.impl):
-        print(row)
+    if args.first:
+        print(round(_first_load(args.first, args.maps[0]), 2))
+    else:
+        rows = run_fresh(args.maps, args.processes) if args.fresh else run(args.maps, args.impl)
+        for row in rows:
+            print(row)

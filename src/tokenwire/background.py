@@ -28,20 +28,27 @@ START_DELAY_S = 0.1
 
 _builder: ThreadPoolExecutor | None = None
 _lock = threading.Lock()
+_queued = 0  # builds ever queued, so that drain() sees the ones queued by builds
 
 
 def in_background(build: Callable[[], object]) -> Future:
     """Queue ``build`` on the shared builder thread; its Future says when it is done."""
-    global _builder
+    global _builder, _queued
     with _lock:
         if _builder is None:
             _builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenwire-build")
+        _queued += 1
         return _builder.submit(_after_delay, time.monotonic() + START_DELAY_S, build)
 
 
 def drain() -> None:
-    """Wait until every build queued so far is done (a no-op queued behind them)."""
-    in_background(lambda: None).result()
+    """Wait until the builder is idle: every build queued so far is done, and those they
+    queued (the pre-tokenizer's sweep is queued by a build: codec/pinned_regex.py)."""
+    while True:
+        before = _queued
+        in_background(lambda: None).result()  # a no-op queued behind them
+        if _queued == before + 1:  # nothing was queued meanwhile but the no-op
+            return
 
 
 def _after_delay(start_at: float, build: Callable[[], object]) -> object:

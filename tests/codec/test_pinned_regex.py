@@ -24,8 +24,9 @@ from tokenizers import Regex, normalizers, pre_tokenizers
 
 from tests.conftest import corpus, fixture_map_path
 from tests.hf_oracle import hf_encode
+from tokenwire.codec import pinned_regex
 from tokenwire.codec.maps import bundled_map_path, load_map_file
-from tokenwire.codec.pinned_regex import category_ranges, disputed_code_points, pin
+from tokenwire.codec.pinned_regex import PinnedRegex, category_ranges, disputed_code_points, pin
 from tokenwire.codec.pretok import compile_program
 from tokenwire.codec.pretok_lower import KNOWN_SPLIT_PATTERNS
 from tokenwire.codec.tokenizer import Tokenizer
@@ -100,6 +101,105 @@ def _r50k_truth() -> tiktoken.Encoding:
     ranks = {chars_to_bytes(k): v for k, v in tmap.vocab.items() if k not in tmap.special_tokens}
     return tiktoken.Encoding("r50k", pat_str=r50k_pat_str, mergeable_ranks=ranks,  # type: ignore[arg-type]
                              special_tokens={})  # fmt: skip
+
+
+# --- before the whole sweep is known (a fresh process's first load, issue 15) ---------------
+
+GPT2_LIKE = r"\p{L}+|\p{N}+|\s+|[^\s\p{L}\p{N}]+"
+
+
+@pytest.fixture
+def unswept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process in which no whole-space sweep has run or been deferred yet."""
+    monkeypatch.setattr(pinned_regex, "_searches", {})
+    monkeypatch.setattr(pinned_regex, "_deferred", {})
+
+
+def _run_all(pending: list) -> None:
+    """Run deferred builds in order, those they queue included (a FIFO builder)."""
+    while pending:
+        pending.pop(0)()
+
+
+def _disputes_are_real() -> None:
+    if not regex.match(r"\p{L}", "\u0558"):
+        pytest.skip("this regex module has Unicode 16 tables: nothing is disputed")
+
+
+#: More distinct code points than are checked one by one before the sweep (emoji: undisputed).
+MANY_ASTRAL = "".join(map(chr, range(0x1F000, 0x1F000 + pinned_regex.MAX_CHECKED + 1)))
+
+
+@pytest.mark.usefixtures("unswept")
+def test_before_the_sweep_disputed_texts_take_the_pinned_compilation() -> None:
+    _disputes_are_real()
+    pr = PinnedRegex(GPT2_LIKE)
+    pending: list = []
+    pinned_regex.defer_dispute_sweep(pending.append)
+    assert len(pending) == 1
+    # U+0558 (Armenian, a letter from Unicode 17 on) is found by the sweep of its prefix,
+    # U+190B6 (Tangut) by the one-by-one check of the code points above the last prefix.
+    for text in ["a\u0558b", "中文 \u0558", "\U000190b6濺", "x \U0001f600\U000190b6"]:
+        assert pr.compiled_for(text).pattern == pr.pattern, text
+        assert pr.findall(text) == regex.findall(pr.pattern, text)
+    # Too many code points to check, with the sweep pending: pinned, not swept here.
+    assert pr.compiled_for(MANY_ASTRAL).pattern == pr.pattern
+    assert pinned_regex._searches == {}
+    # Undisputed text: the module's own tables, at once.
+    for text in ["ünïcödé 中文 ١٢٣", "x \U0001f600 ü"]:
+        assert pr.compiled_for(text).pattern == GPT2_LIKE, text
+
+
+def test_one_by_one_checks_agree_with_the_sweep() -> None:
+    names = frozenset({"L", "N", "WS"})
+    disputed = set().union(*(disputed_code_points(n) for n in names))
+    ends = sorted(disputed)[:50] + sorted(disputed)[-50:]
+    probes = [*ends, 0x1F600, 0x10000, 0x20000, 0x10FFFF, 0x41, 0x3000]
+    for cp in probes:
+        assert pinned_regex._is_disputed(cp, names, "regex") == (cp in disputed), hex(cp)
+
+
+@pytest.mark.usefixtures("unswept")
+def test_once_the_deferred_sweep_has_run_undisputed_astral_text_is_fast() -> None:
+    _disputes_are_real()
+    pr = PinnedRegex(GPT2_LIKE)
+    pending: list = []
+    pinned_regex.defer_dispute_sweep(pending.append)
+    pinned_regex.defer_dispute_sweep(pending.append)  # already queued: not twice
+    assert len(pending) == 1
+    assert pr.compiled_for(MANY_ASTRAL).pattern == pr.pattern
+    later: list[bool] = []  # a build the same load queues next (the detokenizer's tables)
+    pending.append(lambda: later.append(bool(pinned_regex._searches)))
+    _run_all(pending)
+    assert later == [False]  # it ran before the sweep, which then ran
+    assert pr.compiled_for(MANY_ASTRAL).pattern == GPT2_LIKE
+    assert pr.compiled_for("\U000190b6濺").pattern == pr.pattern
+    pinned_regex.defer_dispute_sweep(pending.append)  # known: nothing to queue
+    assert pending == []
+
+
+@pytest.mark.usefixtures("unswept")
+def test_without_a_deferred_sweep_astral_text_sweeps_on_the_caller() -> None:
+    pr = PinnedRegex(GPT2_LIKE)
+    pr.compiled_for(MANY_ASTRAL)
+    assert (frozenset({"L", "N", "WS"}), "regex") in pinned_regex._searches
+
+
+@pytest.mark.usefixtures("unswept")
+def test_a_deferred_load_encodes_disputed_text_exactly_before_and_after_the_sweep() -> None:
+    tmap = load_map_file(fixture_map_path("openai/r50k_base"))
+    pending: list = []
+    tok = Tokenizer.from_map(tmap, defer=pending.append)
+    truth = _r50k_truth()
+    texts = ["\U000190b6濺", "a\u0558b", " \u0558x", "\U00011de0 12", "x \U0001f600 ü",
+             MANY_ASTRAL + " \U000190b6"]
+    for text in texts:  # the Python engine and no sweep yet
+        assert tok.encode(text) == truth.encode_ordinary(text), text
+    assert pinned_regex._searches == {}
+    _run_all(pending)
+    assert pinned_regex._searches  # the sweep was one of the deferred builds
+    for text in texts:
+        assert tok.encode(text) == truth.encode_ordinary(text), text
 
 
 # --- the exported single regex under four engines -------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from collections.abc import Callable
 from functools import cache
 
@@ -101,6 +102,20 @@ def test_map_tiktoken_cannot_rank_stays_on_python_engine(held: _HeldBack) -> Non
     assert warm.backend == "python"
     assert warm.encode("abc abcabc") == before == Tokenizer.from_map(tmap, "python").encode(
         "abc abcabc") == hf_encode(hf_tokenizer(tmap), "abc abcabc")
+
+
+def test_broken_tiktoken_leaves_a_deferred_load_on_the_python_engine(
+    held: _HeldBack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A deferred load only looks for tiktoken (importing it is ~5 ms of a fresh process's
+    # first load); the import, on the builder, may still fail.
+    tmap = _map("huggingfacetb/smollm2")
+    warm = Tokenizer.from_map(tmap, defer=held)
+    monkeypatch.setitem(sys.modules, "tiktoken", None)  # `import tiktoken` raises ImportError
+    held.run_all()
+    assert warm.built and warm.backend == "python"
+    text = "Hello world, ünïcödé 😀"
+    assert warm.encode(text) == Tokenizer.from_map(tmap, "python").encode(text)
 
 
 def test_forked_child_builds_in_place(held: _HeldBack, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,14 +24,25 @@ slower than its own ``\\p{L}``. :class:`PinnedRegex` therefore keeps both compil
 uses the module's own tables for a text unless the text contains a code point on which
 those tables and the pinned ones disagree (found once per process by sweeping every code
 point through the module: :func:`disputed_code_points`).
+
+That sweep is ~160 ms, most of a fresh process's first map load (issue 15, BENCHMARKS.md
+"Map load-to-ready"), so it is not run on the first non-ASCII text. Until it is known, a
+text is decided on the smallest prefix of the code space (:data:`PREFIX_BOUNDS`) that holds
+it, swept alone (1-2 ms once), else on the last and its code points above it one
+by one (up to :data:`MAX_CHECKED` distinct): Latin, Cyrillic, CJK, emoji... take the fast
+path at once, exactly. A text with more such code points uses the
+pinned compilation while a sweep handed to a ``defer`` (:func:`defer_dispute_sweep`, which
+``Tokenizer.from_map(defer=...)`` calls) is pending, or runs the sweep itself when none is.
 """
 
 from __future__ import annotations
 
 import array
+import os
 import re
-from collections.abc import Iterable, Iterator
-from functools import cache
+from bisect import bisect_right
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache, partial
 from itertools import chain
 
 import regex
@@ -41,9 +52,12 @@ from tokenwire.codec.unicode_tables import RANGES, RUST_NUMERIC, UNICODE_VERSION
 
 __all__ = [
     "CATEGORY_GROUPS",
+    "MAX_CHECKED",
+    "PREFIX_BOUNDS",
     "UNICODE_VERSION",
     "PinnedRegex",
     "category_ranges",
+    "defer_dispute_sweep",
     "disputed_code_points",
     "pin",
     "spell_class",
@@ -319,10 +333,35 @@ def pin(pattern: str, numeric: Numeric = "regex") -> str:
 # -- where the regex module disagrees -------------------------------------------------------
 
 
+#: Upper bounds (exclusive) of the prefixes of the code space that a text is decided on
+#: before the whole sweep is known, if all its code points are below one: up to Arabic,
+#: Indic... (~1 ms to sweep, two classes, quiet machine), then up to U+3000 (~2 ms), against
+#: ~160 ms for every scalar. Above the last (CJK, emoji...), see MAX_CHECKED.
+PREFIX_BOUNDS: tuple[int, ...] = (0x800, 0x3000)
+#: Most distinct code points above the last prefix that a text may hold for them to be
+#: checked one by one (~3 us each) before the sweep is known; a text with more takes the
+#: pinned compilation while the sweep is pending (compiling SmolLM2's is ~20 ms, once).
+MAX_CHECKED = 512
+
+#: (class names, numeric) -> the search for its disputed code points (None: there are none),
+#: once the whole code space is swept; filled by :func:`_dispute_search`, read lock-free.
+_searches: dict[tuple[frozenset[str], Numeric], re.Pattern[str] | None] = {}
+#: Keys of every PinnedRegex built, so that a deferred sweep covers them all.
+_in_use: set[tuple[frozenset[str], Numeric]] = set()
+#: Keys whose sweep was handed to a ``defer`` -> the pid that did it (a forked child has
+#: no builder thread: it sweeps itself).
+_deferred: dict[tuple[frozenset[str], Numeric], int] = {}
+
+
+def _scalars_below(bound: int) -> str:
+    """Every scalar value below ``bound``, surrogates excluded, as one string."""
+    cps = chain(range(min(bound, _SURROGATES[0])), range(_SURROGATES[1] + 1, bound))
+    return array.array("I", cps).tobytes().decode("utf-32-le")
+
+
 @cache
 def _all_scalars() -> str:
-    cps = chain(range(_SURROGATES[0]), range(_SURROGATES[1] + 1, _MAX_CP + 1))
-    return array.array("I", cps).tobytes().decode("utf-32-le")
+    return _scalars_below(_MAX_CP + 1)
 
 
 def _ranges_text(ranges: Ranges) -> str:
@@ -331,26 +370,93 @@ def _ranges_text(ranges: Ranges) -> str:
 
 
 @cache
-def disputed_code_points(name: str, numeric: Numeric = "regex") -> frozenset[int]:
-    """Code points the installed ``regex`` module puts in ``\\p{name}`` (or ``\\s`` for
-    ``WS``) and Unicode 16.0.0 does not, or the reverse. A few tens of milliseconds, once."""
+def _disputed_below(name: str, numeric: Numeric, bound: int) -> frozenset[int]:
+    """:func:`disputed_code_points` among the scalars below ``bound``."""
+    every = _all_scalars() if bound > _MAX_CP else _scalars_below(bound)
     if name == "WS":
-        theirs = regex.sub(r"\S+", "", _all_scalars())
+        theirs = regex.sub(r"\S+", "", every)
     else:
-        theirs = regex.sub(rf"\P{{{name}}}+", "", _all_scalars())
-    ours = _ranges_text(category_ranges(name, numeric))
+        theirs = regex.sub(rf"\P{{{name}}}+", "", every)
+    ranges = tuple((lo, min(hi, bound - 1)) for lo, hi in category_ranges(name, numeric)
+                   if lo < bound)  # fmt: skip
+    ours = _ranges_text(ranges)
     if theirs == ours:
         return frozenset()
     return frozenset(map(ord, theirs)) ^ frozenset(map(ord, ours))
 
 
-@cache
+def disputed_code_points(name: str, numeric: Numeric = "regex") -> frozenset[int]:
+    """Code points the installed ``regex`` module puts in ``\\p{name}`` (or ``\\s`` for
+    ``WS``) and Unicode 16.0.0 does not, or the reverse. ~80 ms per class, once."""
+    return _disputed_below(name, numeric, _MAX_CP + 1)
+
+
+def _search_of(cps: Iterable[int]) -> re.Pattern[str] | None:
+    ranges = _merge((cp, cp) for cp in cps)
+    return re.compile(spell_class(ranges)) if ranges else None
+
+
 def _dispute_search(names: frozenset[str], numeric: Numeric) -> re.Pattern[str] | None:
-    disputed = set().union(*(disputed_code_points(n, numeric) for n in names))
-    if not disputed:
-        return None
-    ranges = _merge((cp, cp) for cp in disputed)
-    return re.compile(spell_class(ranges))
+    """The search for every code point disputed in any of ``names``, sweeping now if need be;
+    published with one dict store (PinnedRegex switches to the fast path on it)."""
+    key = (names, numeric)
+    if key not in _searches:
+        disputed = set().union(*(disputed_code_points(n, numeric) for n in names))
+        _searches[key] = _search_of(disputed)
+    return _searches[key]
+
+
+@cache
+def _prefix_search(names: frozenset[str], numeric: Numeric, bound: int) -> re.Pattern[str] | None:
+    """The search for the code points below ``bound`` disputed in any of ``names``."""
+    return _search_of(set().union(*(_disputed_below(n, numeric, bound) for n in names)))
+
+
+@cache
+def _band(lo: int, hi: int) -> regex.Pattern[str]:
+    """The search for any code point in ``lo..hi``: the ``regex`` module's (``re`` takes
+    ~7 ms to compile a class that wide, ``regex`` 0.1 ms)."""
+    return regex.compile(spell_class(((lo, hi),)))
+
+
+@cache
+def _member(name: str) -> regex.Pattern[str]:
+    return regex.compile(r"\s" if name == "WS" else rf"\p{{{name}}}")
+
+
+def _is_disputed(cp: int, names: frozenset[str], numeric: Numeric) -> bool:
+    """Whether the ``regex`` module and Unicode 16.0.0 disagree on ``cp`` in any of
+    ``names``: one code point of :func:`disputed_code_points`, without the sweep."""
+    ch = chr(cp)
+    for name in names:
+        ranges = category_ranges(name, numeric)
+        i = bisect_right(ranges, (cp, _MAX_CP)) - 1
+        ours = i >= 0 and ranges[i][0] <= cp <= ranges[i][1]
+        if ours != (_member(name).match(ch) is not None):
+            return True
+    return False
+
+
+def _sweep(keys: tuple[tuple[frozenset[str], Numeric], ...]) -> None:
+    for names, numeric in keys:
+        _dispute_search(names, numeric)
+
+
+def defer_dispute_sweep(defer: Callable[[Callable[[], object]], object]) -> None:
+    """Hand the whole-space sweep of every PinnedRegex built so far to ``defer`` (e.g.
+    ``tokenwire.background.in_background``); until it has run, a text with more than
+    :data:`MAX_CHECKED` distinct code points above the prefixes uses the pinned compilation
+    instead of sweeping on the caller."""
+    pid = os.getpid()
+    keys = tuple(k for k in tuple(_in_use) if k not in _searches and _deferred.get(k) != pid)
+    if not keys:
+        return
+    for key in keys:
+        _deferred[key] = pid
+    # Queued twice over: the first build only queues the sweep again, so that on a FIFO
+    # builder (tokenwire.background) it runs after the builds the same load queues next (the
+    # detokenizer's tables), which matter more: until then, every decode is per id.
+    defer(partial(defer, partial(_sweep, keys)))
 
 
 class PinnedRegex:
@@ -361,22 +467,51 @@ class PinnedRegex:
     pinned compilation; the two give the same matches on every text by construction.
     """
 
-    __slots__ = ("_exact", "_fast", "_names", "_numeric", "pattern", "source")
+    __slots__ = ("_exact", "_fast", "_key", "_names", "_numeric", "pattern", "source")
 
     def __init__(self, source: str, numeric: Numeric = "regex") -> None:
         self.source = source
         self._numeric = numeric
         self.pattern, self._names = _pin_cached(source, numeric)
+        self._key = (self._names, numeric)
+        if self._names:
+            _in_use.add(self._key)
         self._fast = regex.compile(source)
         self._exact: regex.Pattern[str] | None = None
 
     def compiled_for(self, text: str) -> regex.Pattern[str]:
         if not self._names or text.isascii():
             return self._fast
-        search = _dispute_search(self._names, self._numeric)
-        if search is None or search.search(text) is None:
+        if self._key not in _searches:  # entries are only ever added
+            return self._before_sweep(text)
+        return self._fast_unless(_searches[self._key], text)
+
+    def _before_sweep(self, text: str) -> regex.Pattern[str]:
+        """The whole sweep is not known: decide on the first prefix of the code space that
+        holds the text, else on the last one and the code points above it one by one."""
+        names, numeric = self._names, self._numeric
+        for bound in PREFIX_BOUNDS:
+            if _band(bound, _MAX_CP).search(text) is None:
+                return self._fast_unless(_prefix_search(names, numeric, bound), text)
+        bound = PREFIX_BOUNDS[-1]
+        search = _prefix_search(names, numeric, bound)
+        if search is not None and search.search(text) is not None:
+            return self._exact_compiled()
+        cps = set(_band(bound, _MAX_CP).findall(text))
+        if len(cps) <= MAX_CHECKED:
+            disputed = any(_is_disputed(ord(c), names, numeric) for c in cps)
+            return self._exact_compiled() if disputed else self._fast
+        if _deferred.get(self._key) == os.getpid():
+            return self._exact_compiled()  # the sweep is queued: exact by construction
+        return self._fast_unless(_dispute_search(names, numeric), text)
+
+    def _fast_unless(self, disputed: re.Pattern[str] | None, text: str) -> regex.Pattern[str]:
+        if disputed is None or disputed.search(text) is None:
             return self._fast
-        if self._exact is None:
+        return self._exact_compiled()
+
+    def _exact_compiled(self) -> regex.Pattern[str]:
+        if self._exact is None:  # a race compiles twice, harmlessly
             self._exact = regex.compile(self.pattern)
         return self._exact
 

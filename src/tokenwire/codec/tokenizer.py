@@ -39,6 +39,7 @@ response was never re-tokenized.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import operator
 import os
 import re
@@ -293,7 +294,7 @@ class _TiktokenByteLevel:
             return
         try:
             self._build(tmap)
-        except TokenizeError:
+        except (TokenizeError, ImportError):  # ImportError: installed, but broken (from_map)
             self.unrankable = True
             return
         self._tmap = None
@@ -491,7 +492,11 @@ class _Identity:
         return out
 
 
-def _tiktoken_available() -> bool:
+def _tiktoken_available(*, import_now: bool = True) -> bool:
+    """Whether tiktoken can be used. ``import_now=False`` only looks for it: importing it is
+    ~5 ms of a fresh process's first load, which a deferred build pays on the builder."""
+    if not import_now:
+        return importlib.util.find_spec("tiktoken") is not None
     try:
         importlib.import_module("tiktoken")
     except ImportError:
@@ -542,7 +547,24 @@ class Tokenizer:
 
         ``defer`` (e.g. ``tokenwire.background.in_background``) takes the tiktoken build of
         ``"auto"`` off the caller: the exact pure-Python engine encodes until ``defer`` has
-        run it (map load-to-ready, BENCHMARKS.md)."""
+        run it (map load-to-ready, BENCHMARKS.md). It also takes the pre-tokenizer's sweep of
+        the ``regex`` module's Unicode tables (codec/pinned_regex.py), queued after the core;
+        exact answers until then."""
+        tok = cls._from_map_now(tmap, backend, cache_size, on_missing, defer)
+        if defer is not None:
+            try:
+                pinned = importlib.import_module("tokenwire.codec.pinned_regex")
+            except ImportError:  # no regex module: no PinnedRegex to sweep for
+                pinned = None
+            if pinned is not None:
+                pinned.defer_dispute_sweep(defer)
+        return tok
+
+    @classmethod
+    def _from_map_now(
+        cls, tmap: TokenizerMap, backend: Backend, cache_size: int, on_missing: OnMissing,
+        defer: Defer | None,
+    ) -> Tokenizer:  # fmt: skip
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if on_missing not in ON_MISSING:
@@ -552,7 +574,7 @@ class Tokenizer:
             if backend == "tiktoken":
                 engine: _Engine = _TiktokenByteLevel(tmap, pretok, cache_size, on_missing)
                 return cls(tmap, engine, "tiktoken")
-            if backend == "auto" and _tiktoken_available():
+            if backend == "auto" and _tiktoken_available(import_now=defer is None):
                 if defer is not None:  # ready at once on the Python engine, tiktoken once built
                     engine = _TiktokenByteLevel(tmap, pretok, cache_size, on_missing, defer=defer)
                     return cls(tmap, engine, "tiktoken")
