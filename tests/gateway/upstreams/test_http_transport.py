@@ -26,6 +26,10 @@ CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                 b"transfer-encoding: chunked\r\n\r\n")
 
 
+#: A complete answer whose connection stays open for the next request.
+OK_ANSWER = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
@@ -59,6 +63,20 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
                    if line.lower().startswith(b"content-length:")), 0)
     return head + (await reader.readexactly(length) if length else b"")
+
+
+def answer_every_request(answer: bytes) -> Handler:
+    """A handler that reads requests on its connection and writes ``answer`` to each, until
+    the client closes it (keep-alive, as uvicorn serves)."""
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(answer)
+            await writer.drain()
+    return handler
 
 
 def _run(main: Callable[[], Awaitable[None]]) -> None:
@@ -106,7 +124,7 @@ def test_a_pooled_connection_the_upstream_closed_is_not_reused_before_the_loop_s
     new connection instead of meeting "Server disconnected without sending a response"."""
     async def handler(reader, writer):
         await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        writer.write(OK_ANSWER)
         await writer.drain()
         if server.accepts == 1:  # the first connection: closed once idle, as uvicorn does
             writer.close()
@@ -144,17 +162,8 @@ def test_the_pool_expires_idle_connections_before_the_upstreams_keep_alive_does(
 
     assert http_transport.KEEPALIVE_EXPIRY_S <= 2.5  # half the common 5 s, with margin
 
-    async def handler(reader, writer):
-        while True:
-            try:
-                await _read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
-            await writer.drain()
-
     async def main():
-        server = Server(handler)
+        server = Server(answer_every_request(OK_ANSWER))
         url = await server.start()
         transport = LeanTransport(max_connections=4, keepalive_expiry=0.0)
         async with httpx.AsyncClient(transport=transport, timeout=10.0) as client:
@@ -340,7 +349,7 @@ def test_tls_upstreams_are_verified_with_httpx_default_trust(tmp_path, monkeypat
 
     async def handler(reader, writer):
         await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        writer.write(OK_ANSWER)
         await writer.drain()
 
     async def main(expect_ok: bool):
@@ -372,7 +381,7 @@ def test_a_proxy_in_the_environment_keeps_httpx_own_transport(monkeypatch) -> No
 def test_idle_connections_close_at_expiry_without_waiting_for_a_request() -> None:
     async def handler(reader, writer):
         await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        writer.write(OK_ANSWER)
         await writer.drain()
         assert await reader.read(1) == b""  # the pool closed it on its own
         server.closed.set()
@@ -403,7 +412,7 @@ def test_a_loop_that_ends_with_idle_connections_closes_them(loop: str) -> None:
 
     async def handler(reader, writer):
         await _read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        writer.write(OK_ANSWER)
         await writer.drain()
         await reader.read(1)
 

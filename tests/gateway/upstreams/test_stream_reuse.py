@@ -13,7 +13,14 @@ import pytest
 
 from tests.gateway.upstreams.fakes import chat_stream
 from tests.gateway.upstreams.streams import collect
-from tests.gateway.upstreams.test_http_transport import CHUNKED_HEAD, Server, _chunk, _read_request
+from tests.gateway.upstreams.test_http_transport import (
+    CHUNKED_HEAD,
+    Server,
+    _chunk,
+    _read_request,
+    _run,
+    answer_every_request,
+)
 from tokenwire.gateway.ir import ChatMessage, ChatPrompt, Finish, GenerationRequest, TokenDelta
 from tokenwire.gateway.upstreams import sse_http
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
@@ -43,22 +50,10 @@ async def _streams(url: str, n: int) -> list[list]:
         await up.aclose()
 
 
-def _run(main) -> None:
-    asyncio.run(asyncio.wait_for(main(), 30))  # the safety net, not a measurement
-
-
 def test_streams_that_end_cleanly_share_one_upstream_connection() -> None:
-    async def handler(reader, writer):
-        while True:
-            try:
-                await _read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(CHUNKED_HEAD + b"".join(_chunk(c) for c in BODY) + b"0\r\n\r\n")
-            await writer.drain()
-
     async def main():
-        server = Server(handler)
+        server = Server(answer_every_request(
+            CHUNKED_HEAD + b"".join(_chunk(c) for c in BODY) + b"0\r\n\r\n"))
         url = await server.start()
         results = await _streams(url, 3)
         await server.stop()

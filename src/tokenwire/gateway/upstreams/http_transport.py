@@ -355,8 +355,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             return await self._exchange(key, conn, request, timeouts)
         except BaseException:
             if conn is not None:
-                conn.close()
-                self._open.discard(conn)
+                self._drop(conn)
             slots.release()
             raise
 
@@ -364,12 +363,18 @@ class LeanTransport(httpx.AsyncBaseTransport):
         idle, now = self._idle.get(key), asyncio.get_running_loop().time()
         while idle:
             conn = idle.pop()
-            if conn.reusable and now - conn.idle_since < self._expiry \
-                    and not conn.readable_now():
+            if conn.reusable and not self._expired(conn, now) and not conn.readable_now():
                 return conn
-            conn.close()
-            self._open.discard(conn)
+            self._drop(conn)
         return None
+
+    def _expired(self, conn: _Connection, now: float) -> bool:
+        return now - conn.idle_since >= self._expiry
+
+    def _drop(self, conn: _Connection) -> None:
+        """Close ``conn`` and forget it."""
+        conn.close()
+        self._open.discard(conn)
 
     async def _connect(self, key: _Key, request: httpx.Request,
                        timeouts: dict[str, float | None]) -> _Connection:
@@ -439,8 +444,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
             self._open.discard(conn)
             return
         if self._closed or not conn.reusable:
-            conn.close()
-            self._open.discard(conn)
+            self._drop(conn)
             return
         conn.idle_since = asyncio.get_running_loop().time()
         self._idle.setdefault(key, []).append(conn)
@@ -460,10 +464,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
             while True:
                 now = loop.time()
                 for idle in self._idle.values():
-                    for conn in [c for c in idle if now - c.idle_since >= self._expiry]:
+                    for conn in [c for c in idle if self._expired(c, now)]:
                         idle.remove(conn)
-                        conn.close()
-                        self._open.discard(conn)
+                        self._drop(conn)
                 waiting = [c.idle_since for idle in self._idle.values() for c in idle]
                 if not waiting:
                     return
@@ -471,8 +474,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         except asyncio.CancelledError:
             for idle in self._idle.values():
                 for conn in idle:
-                    conn.close()
-                    self._open.discard(conn)
+                    self._drop(conn)
             self._idle.clear()
             raise
 
