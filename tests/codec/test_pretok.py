@@ -395,3 +395,18 @@ def test_shipped_pattern_and_program_agree_on_corpus(map_id: str) -> None:
     assert by_pattern.single_regex == pin(doc["pre_tokenizer_pattern"])
     bad = [s for s in _corpus() if by_pattern.split(s) != by_program.split(s)]
     assert bad == []
+
+
+# A pattern that can match zero-width somewhere (not only on "") has no single_regex:
+# findall would give "" pieces there that split drops.
+@pytest.mark.parametrize(("pattern", "honest"), [
+    (r"a|\b", False), (r"\b|y", False), (r"(?=a)", False), (r"(?!a)", False),
+    (r"(?:)", False), (r"x*", False), (r"$", False), (r"\p{L}+|(?=\p{N})", False),
+    (r"\s+(?!\S)|\s+", True), (r" ?\p{L}+| ?\p{N}+|\s+", True), (r"a(?=b)", True),
+])
+def test_a_pattern_that_can_match_empty_anywhere_has_no_single_regex(pattern, honest) -> None:
+    pt = compile_pattern(pattern)
+    assert (pt.single_regex is not None) is honest
+    if honest:
+        text = "ab a1 b\n  c"
+        assert regex.findall(pt.single_regex, text) == pt.split(text)

@@ -351,12 +351,29 @@ def compile_program(program: Mapping[str, Any]) -> PreTokenizer:
     raise UnsupportedProgram(f"unsupported pre_tokenizer_program version {version!r}")
 
 
+def _can_match_empty(pattern: str) -> bool:
+    """Whether some match may be zero-width anywhere in a text (``a|\\b``, ``(?=a)``), not
+    only on the empty string: findall would return ``""`` there. The least width comes from
+    the stdlib's parser (``\\p{..}`` stood in by one character, which has its width); a
+    pattern it cannot read counts as able to, which only costs the ``single_regex``."""
+    from re import _parser  # the stdlib parser: the regex module exposes no widths
+
+    try:
+        return _parser.parse(_PROPERTY.sub("x", pattern)).getwidth()[0] == 0
+    except Exception:  # regex-only syntax: assume the worst
+        return True
+
+
+#: ``\p{L}`` / ``\PL``: one character wide, unknown to the stdlib parser.
+_PROPERTY = regex.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
+
+
 def compile_pattern(pattern: str) -> PreTokenizer:
     """A legacy ``pre_tokenizer_pattern``: every non-empty match, in order (§3.4 step 2).
 
     Text no match covers is dropped, as tiktoken does. ``single_regex`` is the pattern
     itself when that is honest: no capturing groups (findall would return groups) and no
-    empty match on the empty string (findall would return ``""``).
+    possible empty match anywhere (findall would return ``""``).
     """
     try:
         compiled = PinnedRegex(pattern)
@@ -371,7 +388,7 @@ def compile_pattern(pattern: str) -> PreTokenizer:
         # Without groups findall gives finditer's whole matches, in C.
         return [piece for piece in compiled.findall(text) if piece]
 
-    honest = compiled.groups == 0 and compiled.fullmatch("") is None
+    honest = compiled.groups == 0 and not _can_match_empty(pattern)
     if compiled.groups == 0:
         return PreTokenizer(split_groupless, compiled.pattern if honest else None, pattern,
                             stages=split)

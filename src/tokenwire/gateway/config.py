@@ -32,7 +32,7 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
     read_timeout_s = 120
     probe = true                # false: the upstream may start after the gateway
     [upstreams.headers]         # extra request headers (no secrets: they are logged)
-    [upstreams.options]         # kind-specific (embedded: model_path, n_ctx, threads)
+    [upstreams.options]         # kind-specific (README "The configuration file")
     [[upstreams.models]]
     name = "qwen"               # what clients send as ``model``
     upstream_model = "Qwen/Qwen2.5-7B-Instruct"
@@ -232,6 +232,7 @@ def _check_numbers(doc: Mapping[str, Any], where: str) -> None:
 
 def _parse_upstream(
     doc: Any, i: int, env: Mapping[str, str], source: str,
+    adapters: Mapping[str, type] | None = None,
 ) -> tuple[UpstreamConfig, dict[str, TokenizerMap]]:
     where = f"{source}: [[upstreams]] #{i + 1}"
     if not isinstance(doc, dict):
@@ -266,7 +267,7 @@ def _parse_upstream(
         problems.add(ConfigError(f"{where}: api_key_env names {key_env}, which is not set"))
     problems.check(_check_numbers, doc, where)
     if kind in UPSTREAM_KINDS and isinstance(doc.get("options", {}), dict):
-        problems.check(_check_options, kind, doc, source)
+        problems.check(_check_options, kind, doc, source, adapters)
     headers = doc.get("headers", {})
     if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
         problems.add(ConfigError(f"{where}: header values must be strings"))
@@ -296,17 +297,22 @@ def _parse_upstream(
     return config, maps
 
 
-def _check_options(kind: str, doc: Mapping[str, Any], source: str) -> None:
+def _check_options(kind: str, doc: Mapping[str, Any], source: str,
+                   adapters: Mapping[str, type] | None) -> None:
     """``[upstreams.options]`` by the kind's adapter, now rather than when it is built."""
     try:
-        check_options(kind, doc["name"], doc.get("options", {}))
+        check_options(kind, doc["name"], doc.get("options", {}), adapters)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
 
 
 def parse_config(doc: Mapping[str, Any], *, source: str = "config",
-                 env: Mapping[str, str] | None = None) -> GatewayConfig:
-    """Validate a decoded config document (see the module docstring)."""
+                 env: Mapping[str, str] | None = None,
+                 adapters: Mapping[str, type] | None = None) -> GatewayConfig:
+    """Validate a decoded config document (see the module docstring). ``adapters``
+    replaces the kind -> class registry whose ``parse_options`` check each upstream's
+    options (tests: the table they give ``build_gateway``, so the options are checked by
+    the adapter that will be built from them)."""
     env = os.environ if env is None else env
     problems = Problems()
     problems.check(check_keys, doc, _TOP_KEYS, source)
@@ -318,7 +324,7 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
         problems.add(ConfigError(f"{source}: no [[upstreams]]; declare at least one"))
     upstreams, maps, no_probe = [], {}, set()
     for i, udoc in enumerate(ups if isinstance(ups, list) else []):
-        parsed = problems.check(_parse_upstream, udoc, i, env, source)
+        parsed = problems.check(_parse_upstream, udoc, i, env, source, adapters)
         if parsed is None:
             continue
         config, umaps = parsed

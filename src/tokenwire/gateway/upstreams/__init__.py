@@ -191,10 +191,13 @@ def adapter_for(kind: str, adapters: Mapping[str, type] | None = None) -> type:
     raise ConfigError(f"upstream kind {kind!r} is not available in this installation")
 
 
-def check_options(kind: str, upstream: str, options: Mapping[str, object]) -> None:
+def check_options(kind: str, upstream: str, options: Mapping[str, object],
+                  adapters: Mapping[str, type] | None = None) -> None:
     """A kind's ``[upstreams.options]``, checked by its adapter's ``parse_options`` (a
     :class:`ConfigError` naming the key) when the config is read, not when the adapter is
-    built; a kind without that method, or not available, checks nothing here."""
-    parse = getattr(ADAPTERS.get(kind), "parse_options", None)
+    built; a kind without that method, or not available, checks nothing here. ``adapters``
+    replaces ``ADAPTERS``, as in :func:`adapter_for`."""
+    table = ADAPTERS if adapters is None else adapters
+    parse = getattr(table.get(kind), "parse_options", None)
     if parse is not None:
         parse(upstream, options)

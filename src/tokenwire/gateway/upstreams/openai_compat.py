@@ -117,7 +117,7 @@ from tokenwire.gateway.upstreams.sse_http import (
 )
 from tokenwire.gateway.upstreams.usage_wire import openai_usage
 
-__all__ = ["IDS_MODES", "JSON_SCHEMA_MODES", "TRUNCATION_MODES", "ChunkParser",
+__all__ = ["IDS_MODES", "JSON_SCHEMA_MODES", "OPTIONS", "TRUNCATION_MODES", "ChunkParser",
            "OpenAICompatUpstream", "parse_options"]
 
 log = logging.getLogger(__name__)
@@ -152,13 +152,21 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "ids": IDS_MODES, "api": _APIS, "truncation": TRUNCATION_MODES,
     "empty_stream": EMPTY_STREAM_MODES, "json_schema": JSON_SCHEMA_MODES,
 }
+#: Every key an OpenAI-compatible upstream reads: the word-valued ones above and the two
+#: that shape the request body (``_openai_body.py``).
+OPTIONS = frozenset({*_CHOICES, "max_tokens_field", "developer_role"})
 
 
 def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any]:
-    """The word-valued options checked (a :class:`ConfigError` naming the key), with their
-    defaults; when the config is read, and by ``from_config`` before any client exists.
-    ``max_tokens_field`` must be a non-empty string and ``developer_role`` true or false.
-    Other keys are left alone (test adapters of this kind carry their own)."""
+    """The options checked (a :class:`ConfigError` naming the key), with the word-valued
+    ones' defaults; when the config is read, and by ``from_config`` before any client
+    exists. A key this adapter does not read is an error, as for the other kinds: a typo
+    would otherwise fall back to the default in silence. ``max_tokens_field`` must be a
+    non-empty string and ``developer_role`` true or false."""
+    for key in options:
+        if key not in OPTIONS:
+            raise ConfigError(f"upstream {upstream!r}: unknown openai option {key!r} "
+                              f"in [upstreams.options]; known: {sorted(OPTIONS)}")
     out: dict[str, Any] = {}
     for key, choices in _CHOICES.items():
         value = options.get(key, choices[0])
