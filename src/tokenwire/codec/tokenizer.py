@@ -223,8 +223,10 @@ def _aligned_base(tmap: TokenizerMap) -> int | None:
     """``base`` if every ``merges[k]``, its spaces taken out, is the vocab key with id
     ``base + k``; else ``None``. The two sides are compared as two joined strings: nothing
     is hashed (hashing and inserting every line is what the dict costs), and the id -> key
-    list is the starter decoder's. A newline inside a line or a key fails the counts, so
-    equal joined strings cut into equal pieces."""
+    list is the starter decoder's. A newline inside a line fails the count, so equal joined
+    strings cut into equal pieces; the keys need no count of their own (taking the spaces
+    out leaves the newlines where they were, so equal strings have the same ones), which
+    saves a pass over ~0.9 MB (SmolLM2; twice that on cl100k) on the ready path."""
     merges, by_id = tmap.merges, tmap.keys_by_id()
     if not merges or by_id is None:
         return None
@@ -236,7 +238,7 @@ def _aligned_base(tmap: TokenizerMap) -> int | None:
     except TypeError:  # a hole in the ids
         return None
     lines = "\n".join(merges)
-    if lines.count("\n") != len(merges) - 1 or keys.count("\n") != len(merges) - 1:
+    if lines.count("\n") != len(merges) - 1:
         return None
     return base if lines.replace(" ", "") == keys else None
 
