@@ -24,7 +24,12 @@ from typing import Any
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.ir import EventStream, GenerationRequest, IdsSource
-from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
+from tokenwire.gateway.upstreams.base import (
+    UpstreamConfig,
+    UpstreamHealth,
+    UpstreamState,
+    unknown_option,
+)
 
 __all__ = ["ADAPTERS", "ADAPTER_ERRORS", "EmbeddedUpstream", "adapter_for", "check_options"]
 
@@ -121,8 +126,7 @@ class EmbeddedUpstream:
         :class:`ConfigError` naming the upstream, the key and what it may be."""
         for key, value in options.items():
             if key not in _EMBEDDED_OPTIONS:
-                raise ConfigError(f"upstream {upstream!r}: unknown embedded option {key!r} "
-                                  f"in [upstreams.options]; known: {sorted(_EMBEDDED_OPTIONS)}")
+                raise unknown_option("embedded", upstream, key, _EMBEDDED_OPTIONS)
             if key == "model_path":
                 if not isinstance(value, str) or not Path(value).is_file():
                     raise ConfigError(f"upstream {upstream!r}: options.model_path must name "

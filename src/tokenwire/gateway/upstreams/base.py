@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, field
+
+from tokenwire.errors import ConfigError
 
 __all__ = [
     "DEFAULT_CONNECT_TIMEOUT_S",
@@ -32,9 +35,17 @@ __all__ = [
     "UpstreamConfig",
     "UpstreamHealth",
     "UpstreamState",
+    "unknown_option",
 ]
 
 UPSTREAM_KINDS = ("embedded", "openai", "codec", "responses", "anthropic")
+
+
+def unknown_option(kind: str, upstream: str, key: str, known: Collection[str]) -> ConfigError:
+    """The error for an ``[upstreams.options]`` key a kind does not read, in the one wording
+    every kind uses (a typo would otherwise fall back to a default in silence)."""
+    return ConfigError(f"upstream {upstream!r}: unknown {kind} option {key!r} "
+                       f"in [upstreams.options]; known: {sorted(known)}")
 
 #: Connecting to an upstream on the same network takes milliseconds; 10 s covers a cold
 #: hosted endpoint and still fails fast when a host is down.

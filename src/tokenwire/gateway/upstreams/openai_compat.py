@@ -92,6 +92,7 @@ from tokenwire.gateway.upstreams.base import (
     ModelRoute,
     UpstreamConfig,
     UpstreamHealth,
+    unknown_option,
 )
 from tokenwire.gateway.upstreams.failures import (
     MALFORMED,
@@ -165,8 +166,7 @@ def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any
     non-empty string and ``developer_role`` true or false."""
     for key in options:
         if key not in OPTIONS:
-            raise ConfigError(f"upstream {upstream!r}: unknown openai option {key!r} "
-                              f"in [upstreams.options]; known: {sorted(OPTIONS)}")
+            raise unknown_option("openai", upstream, key, OPTIONS)
     out: dict[str, Any] = {}
     for key, choices in _CHOICES.items():
         value = options.get(key, choices[0])

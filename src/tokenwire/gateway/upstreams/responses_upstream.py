@@ -75,7 +75,7 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
 )
 from tokenwire.gateway.stops import StopMatcher
-from tokenwire.gateway.upstreams.base import UpstreamConfig
+from tokenwire.gateway.upstreams.base import UpstreamConfig, unknown_option
 from tokenwire.gateway.upstreams.failures import MALFORMED, classify_error, failure_from_response
 from tokenwire.gateway.upstreams.logprobs_wire import entry_logprobs
 from tokenwire.gateway.upstreams.responses_socket import (
@@ -526,8 +526,7 @@ def parse_options(upstream: str, options: Mapping[str, object]) -> dict[str, Any
     exists, so a bad option never gets as far as building the adapter."""
     for key, value in options.items():
         if key not in OPTIONS:
-            raise ConfigError(f"upstream {upstream!r}: unknown responses option {key!r} "
-                              f"in [upstreams.options]; known: {sorted(OPTIONS)}")
+            raise unknown_option("responses", upstream, key, OPTIONS)
         if not isinstance(value, OPTIONS[key]):
             raise ConfigError(f"upstream {upstream!r}: options.{key} must be true or false")
     return {"websocket": bool(options.get("websocket", False))}
