@@ -17,7 +17,6 @@ import asyncio
 import os
 import statistics
 import subprocess
-import sys
 
 from bench import ab_gateway as ab
 from bench import bench_upstreams as bu
@@ -26,21 +25,11 @@ RUNS = ((8, 40), (64, 8), (256, 2))  # (tokens per stream, waves of 64 streams)
 CONCURRENCY = 64
 
 
-def _upstream(tokens: int, port: int) -> subprocess.Popen:
-    code = (f"import bench.bench_upstreams as b, uvicorn; uvicorn.run(b.upstream_app({tokens}),"
-            f" host='127.0.0.1', port={port}, log_level='warning', lifespan='off',"
-            " access_log=False, loop='asyncio', http='h11')")
-    return subprocess.Popen([sys.executable, "-c", code])
-
-
 def _per_request(tree: str, tokens: int, waves: int) -> tuple[float, float]:
     """Median over three phases of (gateway, upstream) CPU µs per request."""
     procs: list[subprocess.Popen] = []
     try:
-        port = bu._free_port()
-        up = _upstream(tokens, port)
-        procs.append(up)
-        bu._wait_http(f"http://127.0.0.1:{port}/v1/models", up, 30)
+        up, port = bu.start_upstream(procs, tokens)
         gw_port = bu._free_port()
         tw = ab._start(tree, port, gw_port, [])
         procs.append(tw)

@@ -70,7 +70,7 @@ path (issue 15)" below says what the profile showed and what changed.
 """
 
 
-# -- the scripted upstream (run in its own process with ``--serve-upstream PORT``) ----------
+# -- the scripted upstream (run in its own process with ``--serve-upstream PORT TOKENS``) ---
 
 
 def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S):
@@ -141,11 +141,14 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, headers=None) -
     raise RuntimeError(f"{url} did not come up in {timeout:.0f} s")
 
 
-def start_upstream(procs: list[subprocess.Popen]) -> tuple[subprocess.Popen, int]:
-    """This module's scripted upstream in its own process on a free port (appended to
-    ``procs``), once it answers ``/v1/models``: the process and its port."""
+def start_upstream(procs: list[subprocess.Popen],
+                   tokens: int = TOKENS) -> tuple[subprocess.Popen, int]:
+    """This module's scripted upstream, streaming ``tokens`` chunks per answer, in its own
+    process on a free port (appended to ``procs``), once it answers ``/v1/models``: the
+    process and its port."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port)])
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port),
+                             str(tokens)])
     procs.append(proc)
     _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 30)
     return proc, port
@@ -405,18 +408,18 @@ def _portkey_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> l
                  f"{exc.response.status_code}: {exc.response.text[:120]}"}]
 
 
-def _serve_upstream(port: int) -> None:
+def _serve_upstream(port: int, tokens: int) -> None:
     import uvicorn
 
     # The reference stays what the aims were set against: asyncio's loop and h11, whatever
     # is installed (uvicorn's "auto" would pick uvloop/httptools and move the baseline).
-    uvicorn.run(upstream_app(), host="127.0.0.1", port=port, log_level="warning",
+    uvicorn.run(upstream_app(tokens), host="127.0.0.1", port=port, log_level="warning",
                 lifespan="off", access_log=False, loop="asyncio", http="h11")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--serve-upstream":
-        _serve_upstream(int(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-upstream":
+        _serve_upstream(int(sys.argv[2]), int(sys.argv[3]))
     else:
         for row in run(with_litellm="--no-litellm" not in sys.argv,
                        with_portkey="--no-portkey" not in sys.argv):
