@@ -53,6 +53,7 @@ digits. §3.5 defines ``digits_isolate`` on text; we follow the spec.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from re import _parser  # the stdlib parser, for a pattern's least width (regex exposes none)
 from typing import Any
 
 import regex
@@ -351,21 +352,19 @@ def compile_program(program: Mapping[str, Any]) -> PreTokenizer:
     raise UnsupportedProgram(f"unsupported pre_tokenizer_program version {version!r}")
 
 
+#: ``\p{L}`` / ``\PL``: one character wide, unknown to the stdlib parser.
+_PROPERTY = regex.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
+
+
 def _can_match_empty(pattern: str) -> bool:
     """Whether some match may be zero-width anywhere in a text (``a|\\b``, ``(?=a)``), not
     only on the empty string: findall would return ``""`` there. The least width comes from
     the stdlib's parser (``\\p{..}`` stood in by one character, which has its width); a
     pattern it cannot read counts as able to, which only costs the ``single_regex``."""
-    from re import _parser  # the stdlib parser: the regex module exposes no widths
-
     try:
         return _parser.parse(_PROPERTY.sub("x", pattern)).getwidth()[0] == 0
     except Exception:  # regex-only syntax: assume the worst
         return True
-
-
-#: ``\p{L}`` / ``\PL``: one character wide, unknown to the stdlib parser.
-_PROPERTY = regex.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
 
 
 def compile_pattern(pattern: str) -> PreTokenizer:
