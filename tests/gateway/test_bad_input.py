@@ -399,15 +399,15 @@ def test_responses_values_at_the_limits_are_served(stack) -> None:
 ])
 def test_the_openai_sdk_reads_the_chat_limits_as_bad_request_errors(stack, kwargs, param,
                                                                      code) -> None:
-    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=KEY, max_retries=0)
-    with pytest.raises(openai.BadRequestError) as info:
+    with (openai.OpenAI(base_url=stack.url + "/v1", api_key=KEY, max_retries=0) as client,
+          pytest.raises(openai.BadRequestError) as info):
         client.chat.completions.create(model="scripted", messages=USER, **kwargs)
     assert (info.value.param, info.value.code) == (param, code)
 
 
 def test_the_openai_sdk_reads_a_responses_tool_name_refusal_with_its_index(stack) -> None:
-    client = openai.OpenAI(base_url=stack.url + "/v1", api_key=KEY, max_retries=0)
-    with pytest.raises(openai.BadRequestError) as info:
+    with (openai.OpenAI(base_url=stack.url + "/v1", api_key=KEY, max_retries=0) as client,
+          pytest.raises(openai.BadRequestError) as info):
         client.responses.create(model="scripted", input="Hi", tools=[
             {**_RTOOL, "strict": False}, {**_RTOOL, "name": "x:y", "strict": False}])
     assert (info.value.param, info.value.code) == ("tools[1].name", "invalid_value")
@@ -419,8 +419,8 @@ def test_the_openai_sdk_reads_a_responses_tool_name_refusal_with_its_index(stack
 ])
 def test_the_anthropic_sdk_reads_the_messages_limits_as_bad_request_errors(
         stack, kwargs, param) -> None:
-    client = anthropic.Anthropic(base_url=stack.url, api_key=KEY, max_retries=0)
-    with pytest.raises(anthropic.BadRequestError) as info:
+    with (anthropic.Anthropic(base_url=stack.url, api_key=KEY, max_retries=0) as client,
+          pytest.raises(anthropic.BadRequestError) as info):
         client.messages.create(model="scripted", max_tokens=5, messages=USER, **kwargs)
     assert info.value.body["error"]["type"] == "invalid_request_error"
     assert info.value.body["error"]["message"].startswith(param + ":")

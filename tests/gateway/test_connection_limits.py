@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tokenwire.gateway.http.connections import MAX_HEAD_BYTES
 from tokenwire.gateway.settings import ServerSettings
 
 from .raw_sockets import (
@@ -120,6 +121,82 @@ def test_a_body_nobody_reads_is_cut_at_the_body_backstop(guarded) -> None:
         conn.sendall(head)
         data = read_until_closed(conn)
     assert data.startswith(b"HTTP/1.1 200 ") and b"HTTP/1.1 408" not in data
+
+
+# -- the parser: head size, pipelining, upgrades it does not serve -------------------------------
+
+
+def _responses(data: bytes) -> list[tuple[bytes, bytes]]:
+    """Consecutive responses, each with a Content-Length, as (head, body); nothing left."""
+    out = []
+    while data:
+        head, _, data = data.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        out.append((head, data[:length]))
+        data = data[length:]
+    return out
+
+
+def test_a_head_that_grows_past_the_limit_over_many_reads_gets_431(guarded) -> None:
+    stack = guarded()
+    with connect_from(stack.port) as conn:
+        conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+        # Separate reads, counted across them; then nothing more (bytes sent after the
+        # server closed would reset the socket before its answer is read).
+        for _ in range(MAX_HEAD_BYTES // 1024 + 1):
+            conn.sendall(b"X-Pad: " + b"a" * 1015 + b"\r\n")
+            time.sleep(0.01)
+        assert read_until_closed(conn).startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_head_just_under_the_limit_is_served(guarded) -> None:
+    stack = guarded()
+    head = AUTHED.replace(b"Host: x\r\n", b"Host: x\r\nX-Pad: %s\r\n" % (
+        b"a" * (MAX_HEAD_BYTES - len(AUTHED) - 20)))
+    assert len(head) < MAX_HEAD_BYTES
+    assert _status(_request(stack.port, head)) == 200
+
+
+def test_pipelined_requests_are_answered_in_order_then_the_head_deadline_runs(guarded) -> None:
+    stack = guarded(head_timeout_s=1.0)
+    models = AUTHED.replace(b"Connection: close\r\n", b"")
+    chat = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": "Hi"}]})
+    post = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}"
+            f"\r\nContent-Type: application/json\r\nContent-Length: {len(chat)}\r\n\r\n"
+            f"{chat}").encode()
+    with connect_from(stack.port) as conn:
+        conn.sendall(post + models + post)  # one write: three requests
+        answers = _responses(read_until_closed(conn))  # closed at the next head deadline
+    assert [_status(head) for head, _ in answers] == [200, 200, 200]
+    assert json.loads(answers[0][1])["choices"][0]["message"]["content"] == "ab"
+    assert json.loads(answers[1][1])["data"][0]["id"] == "scripted"
+    assert json.loads(answers[2][1])["choices"][0]["message"]["content"] == "ab"
+
+
+def test_an_upgrade_that_is_not_served_is_read_on_as_http11_with_its_body(guarded) -> None:
+    """llhttp stops at the end of an upgrade request's head; the guard reads the request on
+    as HTTP/1.1 (RFC 9110 §7.8 lets a server ignore Upgrade), body and all, and the
+    connection stays usable (``curl --http2`` on http:// asks for h2c this way)."""
+    stack = guarded()
+    chat = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": "Hi"}]})
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}"
+            "\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\n"
+            "HTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(chat)}\r\n\r\n").encode()
+    with connect_from(stack.port) as conn:
+        conn.sendall(head + chat[:10].encode())  # the body split across reads
+        time.sleep(0.05)
+        conn.sendall(chat[10:].encode() + AUTHED)  # and the next request on the connection
+        (first_head, first), (second_head, _) = _responses(read_until_closed(conn))
+    assert _status(first_head) == 200 and _status(second_head) == 200
+    assert json.loads(first)["choices"][0]["message"]["content"] == "ab"
+
+
+def test_connect_is_refused_with_405(guarded) -> None:
+    stack = guarded()
+    head = b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\nbytes"
+    assert _request(stack.port, head).startswith(b"HTTP/1.1 405 ")
 
 
 # -- caps ----------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from tokenwire.errors import ConfigError
 from tokenwire.gateway import server as server_mod
 from tokenwire.gateway.config import parse_config
 from tokenwire.gateway.http.app import create_app
+from tokenwire.gateway.http.connections import MAX_HEAD_BYTES
 from tokenwire.gateway.http.security import CrashBarrier, SecurityMiddleware
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import (
@@ -302,10 +303,9 @@ def test_with_responses_websocket_off_an_upgrade_to_responses_is_426_with_no_bod
 
 
 def test_a_header_block_that_never_ends_is_refused_past_the_limit(keyed) -> None:
-    # h11 bounds what it buffers of an unfinished head: a peer cannot grow it forever.
-    limit = server_mod.UVICORN_LIMITS["h11_max_incomplete_event_size"]
-    head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: {'a' * (limit + 10)}".encode()
-    assert _raw(keyed.port, head).startswith(b"HTTP/1.1 400 ")
+    # The guard bounds what is buffered of an unfinished head: a peer cannot grow it forever.
+    head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: {'a' * (MAX_HEAD_BYTES + 10)}"
+    assert _raw(keyed.port, head.encode()).startswith(b"HTTP/1.1 431 ")
 
 
 # -- body limits and crashes -------------------------------------------------------------------
@@ -428,8 +428,6 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
     assert isinstance(config.app, SecurityMiddleware)
     assert isinstance(config.app.app, CrashBarrier)
     assert config.limit_concurrency == server_mod.UVICORN_LIMITS["limit_concurrency"]
-    assert config.h11_max_incomplete_event_size == \
-        server_mod.UVICORN_LIMITS["h11_max_incomplete_event_size"]
     assert calls["drain_grace_s"] == 7 and calls["state"] is state
     assert calls["served"] and calls["started"] and calls["closed"] and calls["state_closed"]
 
@@ -437,13 +435,13 @@ def test_the_embedded_run_serves_the_same_hardened_app_with_the_limits(monkeypat
 def test_uvicorn_has_no_bare_503_cap_the_connection_guard_replaces_it(smollm2_map) -> None:
     """uvicorn's own cap counted idle sockets and answered a bare 503 before auth (issue 11
     item 1); the guarded protocol (gateway/http/connections.py) takes its place."""
-    from tokenwire.gateway.http.connections import GuardedH11Protocol
+    from tokenwire.gateway.http.connections import GuardedHttpToolsProtocol
 
     state = GatewayState(settings=ServerSettings(max_concurrent=64, queue_size=512),
                          upstream=Scripted(SIMPLE), tmap=smollm2_map, max_model_len=1024)
     limits = server_mod.uvicorn_limits(state)
     assert limits["limit_concurrency"] is None
-    assert limits["http"].func is GuardedH11Protocol
+    assert limits["http"].func is GuardedHttpToolsProtocol
     assert state.settings.max_connections > 2 * state.admission.capacity
 
 

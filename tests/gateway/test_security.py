@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.http.connections import ConnectionLimits, guarded_protocol
 from tokenwire.gateway.http.security import SecurityMiddleware
 
 GOOD = "tw-test-secret-0123456789"
@@ -55,7 +56,9 @@ def server() -> Iterator[int]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(16)
-    config = uvicorn.Config(make(), log_level="error", lifespan="off", ws="none")
+    # The server's own protocol (the connection guard over httptools), as `serve` runs it.
+    config = uvicorn.Config(make(), log_level="error", lifespan="off", ws="none",
+                            http=guarded_protocol(ConnectionLimits()))
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

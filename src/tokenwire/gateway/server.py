@@ -78,11 +78,6 @@ SMOLLM2_MAP_ID = "huggingfacetb/smollm2"
 
 #: uvicorn settings that bound what a peer controls (issue 6 item 4, issue 11 item 1).
 UVICORN_LIMITS: dict[str, Any] = {
-    # What h11 buffers of an unfinished request head: a peer that never ends its headers
-    # gets a 400 past it. h11's and Node's default; a long JWT bearer (ChatGPT access
-    # tokens run to a few KB) fits several times over. (A head that arrives complete in
-    # one socket read is parsed whole; the read size, 256 KiB, bounds that.)
-    "h11_max_incomplete_event_size": 16 * 1024,
     # Seconds an idle keep-alive connection may hold a slot. SDKs reuse a connection
     # within a turn; an idle one is cheap to reopen. uvicorn's default, pinned here.
     "timeout_keep_alive": 5,
@@ -116,7 +111,7 @@ WS_PING_TIMEOUT_S = 20.0
 
 
 def uvicorn_limits(state: GatewayState) -> dict[str, Any]:
-    """:data:`UVICORN_LIMITS`, the guarded protocol (h11, and HTTP/2 unless turned off) and
+    """:data:`UVICORN_LIMITS`, the guarded protocol (httptools, and HTTP/2 unless turned off) and
     the TLS files for ``state``'s settings; the WebSocket frame buffer stops a little above
     the message limit the Responses socket enforces itself with a typed error
     (``gateway/http/ws_session.py``)."""

@@ -4,13 +4,18 @@ global caps, and a refusal that costs one write (issue 11 item 1).
 uvicorn closes an idle connection only *between* requests (``timeout_keep_alive``): a
 connection that sends nothing, or half a request head, is held for ever, and a few hundred
 of them fill ``limit_concurrency`` before authentication can run. uvicorn has no setting
-for that, so the smallest contained extension is :class:`GuardedH11Protocol`, uvicorn's own
-h11 protocol with four additions (handed to uvicorn as its ``http`` protocol factory):
+for that, so the smallest contained extension is :class:`GuardedHttpToolsProtocol`,
+uvicorn's own httptools protocol with five additions (handed to uvicorn as its ``http``
+protocol factory):
 
 * **Head deadline** (``head_timeout_s``): from the moment a connection opens, or finishes a
   response, until the blank line that ends the next request head. Past it the connection is
   closed (with a bare ``408`` when part of a head had arrived). A slow drip of header bytes
   does not restart it.
+* **Head size** (:data:`MAX_HEAD_BYTES`): a head still unfinished past it gets a bare
+  ``431`` and the connection closes. llhttp (httptools) has no such bound of its own, and
+  httptools buffers an unfinished header in memory, so without it a peer could grow one
+  for as long as the head deadline lets it send.
 * **Body deadline** (``body_timeout_s`` + :data:`BODY_BACKSTOP_GRACE_S`): from the end of the
   head until the last body byte. The routes enforce ``body_timeout_s`` themselves, with a 408
   in their API's shape (``gateway/http/requests.py``); this backstop closes connections whose
@@ -23,6 +28,11 @@ h11 protocol with four additions (handed to uvicorn as its ``http`` protocol fac
   evicted. Only when every connection is busy does a new one get ``503`` with
   ``Retry-After``. So a flood of idle sockets cannot starve clients that send requests.
 
+Why httptools rather than uvicorn's h11 protocol (which this guard extended until issue 15):
+h11 validates every header of every request and response in Python, about a sixth of the
+gateway's CPU per short request in a profile; llhttp does the same checks in C. Measured
+A/B in BENCHMARKS.md ("the server's HTTP/1.1 parser").
+
 HTTP/2 (issue 15): a connection whose TLS negotiated ``h2`` (ALPN), or whose first bytes are
 the HTTP/2 preface, is handed to :class:`~tokenwire.gateway.http.http2.H2Protocol`, which
 keeps its slot in the same table and the same deadlines (``http2.py``). A refused
@@ -30,8 +40,9 @@ connection is answered in the protocol it speaks: its first bytes are awaited (a
 :data:`REFUSAL_SNIFF_S`) so that an h2c client gets its 429/503 as an HTTP/2 response.
 
 The decisions are a sans-IO table (:class:`ConnectionTable`) that a test drives without a
-socket; the protocol subclass only feeds it and acts. h11's own connection state
-(``their_state``) says which phase a connection is in. Behaviour is tested only through raw
+socket; the protocol subclass only feeds it and acts. The parser's callbacks (a head begun,
+a head complete, a message complete) and uvicorn's request cycle say which phase a
+connection is in. Behaviour is tested only through raw
 sockets against a real server (``tests/gateway/test_connection_limits.py``), so a later
 change of HTTP server keeps the tests and replaces only this adapter.
 """
@@ -46,8 +57,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tokenwire.gateway.http.http2 import H2_PREFACE, H2Limits, H2Protocol, H2Refusal
 from tokenwire.gateway.settings import (
@@ -64,10 +75,11 @@ __all__ = [
     "DEFAULT_HEAD_TIMEOUT_S",
     "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_MAX_CONNECTIONS_PER_CLIENT",
+    "MAX_HEAD_BYTES",
     "Admit",
     "ConnectionLimits",
     "ConnectionTable",
-    "GuardedH11Protocol",
+    "GuardedHttpToolsProtocol",
     "Refusal",
     "guarded_protocol",
 ]
@@ -85,6 +97,12 @@ BODY_BACKSTOP_GRACE_S = 5.0
 #: (DEFAULT_MAX_CONNECTIONS_PER_CLIENT, 256): agents and SDK pools open a few to a few
 #: dozen; 256 leaves room for a benchmark or a NAT of users and stops one address from
 #: holding the whole table.
+#: A request head (request line and headers) larger than this is refused with 431: h11's
+#: and Node's default, which this server kept while it ran on h11; a long JWT bearer
+#: (ChatGPT access tokens run to a few KB) fits several times over. HTTP/2's header list
+#: has the same bound (``http2.MAX_HEADER_LIST_SIZE``). Checked after each socket read, so
+#: a head that arrives whole in one read (at most 256 KiB) is parsed before it is measured.
+MAX_HEAD_BYTES = 16 * 1024
 #: ``Retry-After`` of both connection refusals: a slot frees within seconds.
 RETRY_AFTER_S = 1
 #: How long a refused connection is read (and its bytes dropped) before it is closed.
@@ -104,11 +122,13 @@ class Refusal:
     http1: bytes
 
 
-def _refusal(status: int, reason: str, type_: str, code: str, message: str) -> Refusal:
+def _refusal(status: int, reason: str, type_: str, code: str, message: str, *,
+             retry: bool = True) -> Refusal:
     body = json.dumps({"error": {"message": message, "type": type_, "param": None,
                                  "code": code}}).encode()
+    retry_after = f"retry-after: {RETRY_AFTER_S}\r\n" if retry else ""
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\n"
-            f"retry-after: {RETRY_AFTER_S}\r\ncontent-length: {len(body)}\r\n"
+            f"{retry_after}content-length: {len(body)}\r\n"
             "connection: close\r\n\r\n").encode()
     return Refusal(status, body, head + body)
 
@@ -119,8 +139,17 @@ _TOO_MANY_FROM_CLIENT = _refusal(429, "Too Many Requests", "rate_limit_error",
                                  "Too many open connections from this address; retry shortly.")
 _SERVER_FULL = _refusal(503, "Service Unavailable", "server_error", "server_busy",
                         "The server has no free connection slot; retry shortly.")
+#: A head llhttp cannot parse, or whose target is not a URL: uvicorn answers text/plain;
+#: every other refusal here, and the app's own 400 for a bad target (which h11 passed to
+#: it), is a JSON error in the OpenAI shape.
+_BAD_REQUEST = _refusal(400, "Bad Request", "invalid_request_error", "invalid_request",
+                        "Invalid HTTP request received.", retry=False)
 _TIMEOUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n"
             b"connection: close\r\n\r\n")
+_CONNECT_REFUSED = (b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n"
+                    b"connection: close\r\n\r\n")
+_HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
+                   b"connection: close\r\n\r\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,10 +240,14 @@ class ConnectionTable:
 
 
 _HEAD, _BODY, _APP = "head", "body", "app"
+#: Where the client's current request is, from the parser's callbacks: nothing of it yet,
+#: part of its head, or its body (the head done, the message not yet complete).
+_NOTHING, _IN_HEAD, _IN_BODY = "nothing", "in head", "in body"
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol under a :class:`ConnectionTable` (see the module docstring)."""
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol under a :class:`ConnectionTable` (see the module
+    docstring)."""
 
     def __init__(self, *args: Any, table: ConnectionTable, h2: H2Limits | None = None,
                  **kwargs: Any) -> None:
@@ -224,11 +257,17 @@ class GuardedH11Protocol(H11Protocol):
         self._phase: str | None = None
         self._deadline: asyncio.TimerHandle | None = None
         self._head_bytes = False  # part of a head arrived in the current wait
+        self._receiving = _NOTHING
+        self._head_size = 0  # bytes read since the current head began (MAX_HEAD_BYTES)
         self._refused: _Refused | None = None
         #: The first bytes, kept until they show whether this is the HTTP/2 preface.
         self._sniffed: bytes | None = b"" if h2 is not None else None
         #: The socket now belongs to a WebSocket protocol: no phase, no deadline here.
         self._upgraded = False
+        #: The head just parsed asks for an upgrade that is not served (see _feed), and
+        #: that head's headers while it is parsed again.
+        self._ignored_upgrade = False
+        self._replayed_headers: list[tuple[bytes, bytes]] | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
@@ -264,8 +303,63 @@ class GuardedH11Protocol(H11Protocol):
             if data.startswith(H2_PREFACE):
                 self._become_h2(data)
                 return
-        super().data_received(data)
+        if self._receiving is not _IN_BODY:
+            self._head_size += len(data)  # reset when a head completes in this read
+        self._unset_keepalive_if_required()
+        self._feed(data)
+        if (self._receiving is _IN_HEAD and self._head_size > MAX_HEAD_BYTES
+                and not self.transport.is_closing()):
+            self._cancel()
+            self.transport.write(_HEAD_TOO_LARGE)
+            self.transport.close()
+            return
         self._update()
+
+    def _feed(self, data: bytes) -> None:
+        """uvicorn's parse step (its ``data_received``), with one change: an upgrade it does
+        not serve (anything but a WebSocket: ``curl --http2`` asks for ``h2c``) is ignored,
+        as RFC 9110 §7.8 lets a server do, and the request is read on as HTTP/1.1. llhttp
+        stops at the end of such a head and treats what follows as the new protocol's, so
+        uvicorn would run the request with its body lost."""
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            self.logger.warning("Invalid HTTP request received.")
+            self.send_400_response("Invalid HTTP request received.")
+        except httptools.HttpParserUpgrade as exc:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._read_on_without_upgrade(data[exc.args[0]:])
+
+    def send_400_response(self, msg: str) -> None:
+        self._cancel()
+        if not self.transport.is_closing():
+            self.transport.write(_BAD_REQUEST.http1)
+            self.transport.close()
+
+    def _read_on_without_upgrade(self, rest: bytes) -> None:
+        """Parse the request again from its head, less the ``Upgrade`` header (without it
+        llhttp does not upgrade), on a new parser; then what followed it (its body). The
+        app still gets every header, as h11 passed them: a route may answer the upgrade
+        request itself (the 426 of ``security.py``)."""
+        self._ignored_upgrade = False
+        self._replayed_headers = list(self.headers)
+        method = self.parser.get_method()
+        if method == b"CONNECT":  # a tunnel request upgrades whatever its headers say
+            self.transport.write(_CONNECT_REFUSED)
+            self.transport.close()
+            return
+        head = [method, b" ", self.url, b" HTTP/",
+                self.parser.get_http_version().encode("ascii"), b"\r\n"]
+        for name, value in self.headers:
+            if name != b"upgrade":
+                head += [name, b": ", value, b"\r\n"]
+        head.append(b"\r\n")
+        self.parser = httptools.HttpRequestParser(self)
+        # The leniency uvicorn's own parser has (HttpToolsProtocol.__init__).
+        self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self._feed(b"".join(head) + rest)
 
     def _become_h2(self, data: bytes) -> None:
         """Hand the socket, its table slot and its first bytes to an HTTP/2 protocol."""
@@ -280,6 +374,27 @@ class GuardedH11Protocol(H11Protocol):
         if data:
             proto.data_received(data)
 
+    # -- the parser's callbacks: where the client's request is ------------------------------
+
+    def on_message_begin(self) -> None:
+        self._receiving = _IN_HEAD
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self._receiving = _IN_BODY
+        self._head_size = 0
+        if self._replayed_headers is not None:  # the scope holds this very list
+            self.headers[:], self._replayed_headers = self._replayed_headers, None
+        elif self.parser.should_upgrade() and not self._should_upgrade():
+            self._ignored_upgrade = True  # read again as HTTP/1.1: see _feed
+            return
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._receiving = _NOTHING
+        if not self._ignored_upgrade:
+            super().on_message_complete()
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._update()
@@ -292,15 +407,15 @@ class GuardedH11Protocol(H11Protocol):
         else:
             super().connection_lost(exc)
 
-    def handle_websocket_upgrade(self, event: Any) -> None:
+    def handle_websocket_upgrade(self) -> None:
         # The socket moves to another protocol object, which this table never hears from
-        # (the Responses WebSocket counts its own sockets, gateway/http/ws_session.py). h11
-        # still thinks the upgrade request's body is coming: without ``_upgraded``,
+        # (the Responses WebSocket counts its own sockets, gateway/http/ws_session.py). The
+        # parser never completes the upgrade request's message: without ``_upgraded``,
         # ``_update`` would arm the body backstop and cut the socket 65 s later.
         self._upgraded = True
         self._table.close(self)
         self._cancel()
-        super().handle_websocket_upgrade(event)
+        super().handle_websocket_upgrade()
 
     def evict(self) -> None:
         """Close a connection that waits for a head, to make room for a new one."""
@@ -313,16 +428,16 @@ class GuardedH11Protocol(H11Protocol):
     def _update(self) -> None:
         if self._upgraded or self.transport is None or self.transport.is_closing():
             return
-        their = self.conn.their_state
-        if their is h11.IDLE and (self.cycle is None or self.cycle.response_complete):
-            if self._phase != _HEAD:
-                self._enter(_HEAD, self.limits_.head_timeout_s)
-                self._head_bytes = False
-                self._table.waiting(self)
-        elif their is h11.SEND_BODY:
+        if self._receiving is _IN_BODY:
             if self._phase != _BODY:
                 self._enter(_BODY, self.limits_.body_timeout_s + BODY_BACKSTOP_GRACE_S)
                 self._table.busy(self)
+        elif (self.cycle is None or self.cycle.response_complete) and not self.pipeline:
+            # No request in flight: waiting for the next head (perhaps begun already).
+            if self._phase != _HEAD:
+                self._enter(_HEAD, self.limits_.head_timeout_s)
+                self._head_bytes = self._receiving is _IN_HEAD
+                self._table.waiting(self)
         elif self._phase != _APP:
             self._enter(_APP, None)
             self._table.busy(self)
@@ -412,7 +527,7 @@ class _Refused:
 
 
 def guarded_protocol(limits: ConnectionLimits, h2: H2Limits | None = None,
-                     ) -> Callable[..., GuardedH11Protocol]:
+                     ) -> Callable[..., GuardedHttpToolsProtocol]:
     """uvicorn's ``http`` protocol factory over one shared :class:`ConnectionTable`;
     ``h2``: the HTTP/2 limits, or None to serve HTTP/1.1 only."""
-    return functools.partial(GuardedH11Protocol, table=ConnectionTable(limits), h2=h2)
+    return functools.partial(GuardedHttpToolsProtocol, table=ConnectionTable(limits), h2=h2)

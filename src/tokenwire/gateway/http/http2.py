@@ -65,7 +65,7 @@ ALPN_PROTOCOLS = ("h2", "http/1.1")
 #: less than 100 (nginx, Go and h2o use 100-250); each is one request through admission.
 MAX_CONCURRENT_STREAMS = 100
 #: Decoded header list, in bytes: the same bound as the HTTP/1.1 head
-#: (``h11_max_incomplete_event_size``), so no header fits one protocol and not the other.
+#: (``connections.MAX_HEAD_BYTES``), so no header fits one protocol and not the other.
 MAX_HEADER_LIST_SIZE = 16 * 1024
 #: Per-stream receive window (bytes of request body the client may send before we read
 #: it): h2's default 64 KiB. The connection window is raised to cover every stream at once.
