@@ -18,8 +18,10 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
+from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import connection_fault, failure_from_exception
 from tokenwire.gateway.upstreams.http_transport import LeanTransport, upstream_transport
+from tokenwire.gateway.upstreams.sse_http import http_client
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
@@ -428,3 +430,32 @@ def test_a_loop_that_ends_with_idle_connections_closes_them(loop: str) -> None:
 
     (uvloop.run if loop == "uvloop" else asyncio.run)(asyncio.wait_for(main(), 30))
     assert len(pooled) == 1 and pooled[0].closed
+
+
+def test_an_upstream_client_keeps_no_cookie_from_one_request_for_the_next() -> None:
+    """An upstream client serves every user: a cookie the upstream set on one answer (a
+    session, a CDN's affinity cookie) must not ride on the next user's request."""
+    seen: list[bytes] = []
+
+    async def handler(reader, writer):
+        while True:
+            try:
+                seen.append(await _read_request(reader))
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nset-cookie: session=user-a; Path=/\r\n"
+                         b"content-length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
+                               {}, None) as client:
+            for _ in range(2):
+                assert (await client.post(url + "/v1/x", json={})).status_code == 200
+            assert not client.cookies
+        await server.stop()
+        assert len(seen) == 2 and all(b"cookie" not in r.lower() for r in seen)
+
+    _run(main)

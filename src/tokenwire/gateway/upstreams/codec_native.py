@@ -82,7 +82,7 @@ from tokenwire.gateway.upstreams.codec_native_wire import (
     classify_exception,
     classify_http,
 )
-from tokenwire.gateway.upstreams.http_transport import upstream_transport
+from tokenwire.gateway.upstreams.http_transport import UpstreamClient, upstream_transport
 
 __all__ = ["MAX_MODELS_BODY", "STREAM_QUEUE_DEPTH", "CodecNativeUpstream", "CodecOptions"]
 
@@ -293,7 +293,7 @@ class CodecNativeUpstream:
                 raise ConfigError(f"upstream {config.name!r}: environment variable "
                                   f"{config.api_key_env} is not set")
         most = config.max_concurrent + _SPARE_CONNECTIONS
-        http = httpx.AsyncClient(
+        http = UpstreamClient(
             transport=transport or upstream_transport(most),
             timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
             limits=httpx.Limits(max_connections=most),

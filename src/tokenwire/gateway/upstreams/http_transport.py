@@ -43,7 +43,7 @@ import httpx
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
 
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanTransport",
-           "upstream_transport"]
+           "UpstreamClient", "upstream_transport"]
 
 #: An idle pooled connection is dropped after this long. It must be shorter than the
 #: upstreams' own idle timeout: uvicorn (so vLLM and our own scripted upstreams), llama.cpp's
@@ -69,6 +69,28 @@ def upstream_transport(max_connections: int) -> LeanTransport | None:
     if any(k in ("http", "https", "all") for k in urllib.request.getproxies()):
         return None
     return LeanTransport(max_connections=max_connections)
+
+
+class _NoCookies(httpx.Cookies):
+    def extract_cookies(self, response: httpx.Response) -> None:
+        pass
+
+
+_NO_COOKIES = _NoCookies()
+
+
+class UpstreamClient(httpx.AsyncClient):
+    """httpx's client for an upstream, with no cookie jar.
+
+    httpx keeps every cookie an upstream sets and sends it on every later request of the
+    client. An upstream client serves every user of the gateway, so that would carry one
+    user's upstream session (or a CDN's affinity cookie) on everyone's requests. Reading
+    them was also a urllib request and response built per request, a tenth of the upstream
+    client's CPU per short request (BENCHMARKS.md, "the upstream request")."""
+
+    @property
+    def cookies(self) -> httpx.Cookies:
+        return _NO_COOKIES
 
 
 class _Connection(asyncio.Protocol):

@@ -34,7 +34,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 from tokenwire.gateway.upstreams.failures import MALFORMED, failure_from_exception, read_capped
-from tokenwire.gateway.upstreams.http_transport import upstream_transport
+from tokenwire.gateway.upstreams.http_transport import UpstreamClient, upstream_transport
 from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
 
 __all__ = [
@@ -248,7 +248,7 @@ def http_client(config: UpstreamConfig, headers: dict[str, str],
                 transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
     timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
     most = config.max_concurrent + 1  # + 1 for probes
-    return httpx.AsyncClient(headers={**headers, **dict(config.headers)}, timeout=timeout,
+    return UpstreamClient(headers={**headers, **dict(config.headers)}, timeout=timeout,
                              limits=httpx.Limits(max_connections=most),
                              transport=transport or upstream_transport(most))
 
