@@ -262,7 +262,7 @@ def test_a_stalled_body_is_a_read_timeout() -> None:
 @pytest.mark.parametrize(("answer", "message"), [
     (b"", "Server disconnected without sending a response."),
     (CHUNKED_HEAD + _chunk(b"data: a\n\n"), "incomplete chunked read"),
-    (b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n", "illegal header line"),
+    (b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n", "invalid response head"),
 ])
 def test_a_broken_answer_is_a_remote_protocol_error(answer: bytes, message: str) -> None:
     async def handler(reader, writer):
@@ -457,5 +457,119 @@ def test_an_upstream_client_keeps_no_cookie_from_one_request_for_the_next() -> N
             assert not client.cookies
         await server.stop()
         assert len(seen) == 2 and all(b"cookie" not in r.lower() for r in seen)
+
+    _run(main)
+
+
+# -- the heads: written without h11, read by llhttp ----------------------------------------------
+
+
+def test_a_header_value_that_would_split_the_head_is_refused_before_a_byte_is_sent() -> None:
+    requests: list[bytes] = []
+
+    async def main():
+        server = Server(lambda r, w: _record(r, w, requests))
+        url = await server.start()
+        async with _client() as client:
+            for bad in ({"x-a": "v\r\nx-injected: 1"}, {"x-a": "v\n"}, {"x a": "v"},
+                        {"x-a": " v"}):
+                with pytest.raises(httpx.LocalProtocolError):
+                    await client.get(url, headers=bad)
+            assert (await client.get(url, headers={"x-a": "v\tw"})).text == "ok"
+        await server.stop()
+
+    _run(main)
+    assert len(requests) == 1 and b"x-a: v\tw\r\n" in requests[0]
+
+
+async def _record(reader, writer, requests: list[bytes]) -> None:
+    while True:
+        try:
+            requests.append(await _read_request(reader))
+        except asyncio.IncompleteReadError:
+            return
+        writer.write(OK_ANSWER)
+        await writer.drain()
+
+
+@pytest.mark.parametrize(("answer", "body", "reused"), [
+    # 1xx heads are skipped; the answer follows on the same connection.
+    (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", b"ok",
+     True),
+    # A Content-Length body, its head and body cut into many reads (the server drips it).
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\nX-A: b  \r\n\r\nhello world", b"hello world",
+     True),
+    # Bytes past the Content-Length: the answer stands, the connection is not reused.
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokEXTRA", b"ok", False),
+    # No length and not chunked: the body runs to the connection's end.
+    (b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nto the end", b"to the end", False),
+    (b"HTTP/1.1 204 No Content\r\n\r\n", b"", True),
+])
+def test_response_framing(answer: bytes, body: bytes, reused: bool) -> None:
+    async def handler(reader, writer):
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            for i in range(0, len(answer), 7):
+                writer.write(answer[i:i + 7])
+                await writer.drain()
+                await asyncio.sleep(0.001)
+            if b"connection: close" in answer:
+                return
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        async with _client() as client:
+            for _ in range(2):
+                resp = await client.get(url)
+                assert (resp.status_code, resp.content) == (200 if body else 204, body)
+        await server.stop()
+        assert server.accepts == (1 if reused else 2)
+
+    _run(main)
+
+
+def test_a_head_request_reads_no_body_and_keeps_its_connection() -> None:
+    async def main():
+        server = Server(answer_every_request(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n"))
+        url = await server.start()
+        async with _client() as client:
+            for _ in range(2):
+                resp = await client.head(url)
+                assert (resp.status_code, resp.headers["content-length"], resp.content) == \
+                    (200, "5", b"")
+        await server.stop()
+        assert server.accepts == 1
+
+    _run(main)
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (100 * 1024) + b"\r\n\r\n", "head too large"),
+    (b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (100 * 1024), "head too large"),
+    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nxx", "unsupported Transfer-Encoding"),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
+     "invalid response head"),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nok", "3 bytes missing"),
+    (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n",
+     "unexpected 101"),
+    (b"HTTP/1.1 200", "complete response head"),
+])
+def test_a_malformed_answer_is_a_remote_protocol_error(answer: bytes, message: str) -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(answer)
+        await writer.drain()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        async with _client() as client:
+            with pytest.raises(httpx.RemoteProtocolError, match=message):
+                await client.get(url)
+        await server.stop()
 
     _run(main)

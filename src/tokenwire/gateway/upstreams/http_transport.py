@@ -5,9 +5,11 @@ a streamed upstream body goes through httpcore's pool and connection objects and
 stream and cancel scope (one ``fail_after`` per read); at one stream that was 45 % of the
 gateway's busy CPU samples. This transport keeps httpx's client (headers, timeouts as
 configured, its exceptions, content decoding, ``MockTransport`` injection in tests) and
-replaces only the layer below it: an :class:`asyncio.Protocol` per connection, h11 (the
-parser httpcore uses) for the request and the response head, :mod:`.chunked` for chunked
-bodies (every streamed answer), and a keep-alive pool.
+replaces only the layer below it: an :class:`asyncio.Protocol` per connection, the request
+head written directly (its headers checked as h11 checks them), llhttp (httptools, the
+parser under uvicorn and Node) for the response head, :mod:`.chunked` for chunked bodies
+(every streamed answer), and a keep-alive pool. h11 did the heads until issue 15: building
+and validating its events was a sixth of the gateway's CPU per short request.
 
 What it keeps from httpcore's behaviour, so the adapters and their failure mapping
 (:mod:`.failures`) see the same thing:
@@ -32,12 +34,13 @@ proxy. HTTP/2 to upstreams is not offered by either (httpx's ``http2`` is off he
 from __future__ import annotations
 
 import asyncio
+import re
 import select
 import urllib.request
 from collections.abc import AsyncIterator
 from typing import Any
 
-import h11
+import httptools
 import httpx
 
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
@@ -99,9 +102,6 @@ class _Connection(asyncio.Protocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.transport: asyncio.Transport | None = None
-        self.h11 = _new_h11()  # one per request: a body the chunked decoder read leaves
-        # h11 mid-message, so each exchange starts a fresh one (HTTP/1.1 keeps no state
-        # between exchanges on a connection)
         self._chunks: list[bytes] = []
         self._buffered = 0
         self._eof = False
@@ -220,42 +220,170 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
 
 
-def _new_h11() -> h11.Connection:
-    return h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD_BYTES)
-
-
 def _expire(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
 
 
+# -- the request head ----------------------------------------------------------------------
+
+#: What h11 checked of every request head this transport wrote before: a header name is an
+#: RFC 9110 token; a value holds no control character but tab and neither starts nor ends
+#: with whitespace; the target has no whitespace or control character. A value that breaks
+#: them would be a caller's text spliced into the head as headers of its own.
+_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
+_TARGET = re.compile(rb"[\x21-\x7e\x80-\xff]+")
+
+
+def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
+    """The request as it goes on the wire: head and body in one write."""
+    target = request.url.raw_path
+    if not _TARGET.fullmatch(target):
+        raise httpx.LocalProtocolError(f"invalid request target {target!r}", request=request)
+    parts = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+    chunked = False
+    for name, value in request.headers.raw:
+        if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
+            raise httpx.LocalProtocolError(f"invalid request header {name!r}",
+                                           request=request)
+        chunked = chunked or (name.lower() == b"transfer-encoding"
+                              and value.lower() == b"chunked")
+        parts += [name, b": ", value, b"\r\n"]
+    parts.append(b"\r\n")
+    if chunked:  # httpx's framing of a streamed request body, which ``aread`` joined
+        parts += [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
+        parts.append(b"0\r\n\r\n")
+    else:
+        parts.append(body)
+    return b"".join(parts)
+
+
+# -- the response head ---------------------------------------------------------------------
+
+
+class _Head:
+    """A response head as llhttp reads it (the callbacks of ``HttpResponseParser``)."""
+
+    def __init__(self) -> None:
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.status = 0
+        self.keep_alive = False
+        self.length: int | None = None  # Content-Length, when the head gives one
+        self.chunked = False
+
+    def on_status(self, status: bytes) -> None:
+        self.reason += status
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # llhttp keeps the trailing whitespace RFC 9110 §5.5 excludes from a value.
+        self.headers.append((name, value.rstrip(b" \t")))
+
+
+def _parse_head(raw: bytes, conn: _Connection, request: httpx.Request) -> _Head:
+    """``raw``: a whole head, through its blank line (llhttp is strict: CRLF line ends, so
+    the first blank line is the end). The body is framed by the caller, not by llhttp."""
+    head = _Head()
+    parser = httptools.HttpResponseParser(head)
+    try:
+        parser.feed_data(raw)
+    except httptools.HttpParserUpgrade as exc:  # a 101: no upgrade was asked for
+        conn.close()
+        raise httpx.RemoteProtocolError(
+            f"unexpected {parser.get_status_code()} Switching Protocols",
+            request=request) from exc
+    except httptools.HttpParserError as exc:
+        conn.close()
+        raise httpx.RemoteProtocolError(f"invalid response head: {exc}",
+                                        request=request) from exc
+    head.status = parser.get_status_code()
+    # False when the body runs to the connection's end (no length, not chunked).
+    head.keep_alive = parser.should_keep_alive()
+    for name, value in head.headers:
+        lower = name.lower()
+        if lower == b"transfer-encoding":
+            if value.lower() != b"chunked":  # h11's rule: the one coding it can frame
+                conn.close()
+                raise httpx.RemoteProtocolError(
+                    f"unsupported Transfer-Encoding {value!r}", request=request)
+            head.chunked = True
+        elif lower == b"content-length":  # llhttp checked digits and duplicates
+            head.length = int(value)
+    return head
+
+
+async def _read_head(conn: _Connection, timeout: float | None,
+                     request: httpx.Request) -> tuple[_Head, bytes]:
+    """The final response head (1xx heads skipped, as h11 did) and the bytes after it."""
+    buf, searched = b"", 0
+    while True:
+        end = buf.find(b"\r\n\r\n", max(searched - 3, 0))
+        if end < 0:
+            if len(buf) > MAX_HEAD_BYTES:
+                conn.close()
+                raise httpx.RemoteProtocolError("response head too large", request=request)
+            searched = len(buf)
+            data = await _read(conn, timeout, request)
+            if not data:
+                conn.close()
+                # httpcore's wording and class for an upstream that hung up unanswered.
+                raise httpx.RemoteProtocolError(
+                    "Server disconnected without sending a response." if not buf else
+                    "peer closed connection without sending a complete response head",
+                    request=request)
+            buf += data
+            continue
+        if end + 4 > MAX_HEAD_BYTES:
+            conn.close()
+            raise httpx.RemoteProtocolError("response head too large", request=request)
+        head = _parse_head(buf[:end + 4], conn, request)
+        buf, searched = buf[end + 4:], 0
+        if not 100 <= head.status < 200:
+            return head, buf
+
+
+# -- the response body ---------------------------------------------------------------------
+
+
 class _Body(httpx.AsyncByteStream):
-    """A response body read off its connection, one piece per h11 ``Data`` (per chunk, as
-    httpcore yields them: a frame decoder that fails on one chunk has had those before)."""
+    """A response body read off its connection: ``length`` bytes (``None``: up to the
+    connection's end), each read yielded as it comes."""
 
     def __init__(self, transport: LeanTransport, key: _Key, conn: _Connection,
-                 request: httpx.Request, read_timeout: float | None) -> None:
+                 request: httpx.Request, read_timeout: float | None, *, start: bytes,
+                 keep_alive: bool, length: int | None = None) -> None:
         self._transport, self._key, self._conn = transport, key, conn
         self._request, self._timeout = request, read_timeout
+        self._start, self._keep_alive, self._length = start, keep_alive, length
         self._done = False  # the connection went back to the pool or was closed
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, request = self._conn, self._request
+        conn, request, left = self._conn, self._request, self._length
+        data, self._start = self._start, b""
+        reusable = self._keep_alive
         while True:
-            event = _next_event(conn, request)
-            if event is h11.NEED_DATA:
-                conn.h11.receive_data(await _read(conn, self._timeout, request))
-            elif type(event) is h11.Data:
-                yield bytes(event.data)  # type: ignore[attr-defined]
-            elif type(event) is h11.EndOfMessage:
+            if data:
+                if left is not None:
+                    if len(data) > left:  # bytes past the end: no next answer can follow
+                        data, reusable = data[:left], False
+                    left -= len(data)
+                yield data
+            if left == 0:
                 # Pooled only once the reader came back for more (read to the end), as
                 # httpcore does: a reader that stops at its last event closes the response
                 # instead, and the connection closes with it.
-                self._finish(conn.h11.our_state is h11.DONE
-                             and conn.h11.their_state is h11.DONE)
+                self._finish(reusable)
                 return
-            else:  # nothing else can come before the end of a response body
-                raise _unexpected(conn, event, request)
+            data = await _read(conn, self._timeout, request)
+            if not data:
+                if left is None:  # the body ran to the connection's end, as it said it would
+                    self._finish(False)
+                    return
+                conn.close()
+                raise httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body: "
+                    f"{left} bytes missing", request=request)
 
     def _finish(self, reusable: bool) -> None:
         if not self._done:
@@ -277,8 +405,7 @@ class _ChunkedBody(_Body):
     """A chunked body (every streamed upstream answer), decoded by :mod:`.chunked`."""
 
     def __init__(self, *args: Any, start: bytes, keep_alive: bool) -> None:
-        super().__init__(*args)
-        self._start, self._keep_alive = start, keep_alive
+        super().__init__(*args, start=start, keep_alive=keep_alive)
         self._decoder = ChunkedDecoder()
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
@@ -302,33 +429,6 @@ class _ChunkedBody(_Body):
                 raise httpx.RemoteProtocolError("peer closed connection without sending "
                                                 "complete message body: incomplete chunked "
                                                 "read", request=request)
-
-
-def _chunked(request: httpx.Request, response: h11.Response) -> bool:
-    """Whether h11 would read this response's body as chunked (RFC 9112 §6.3)."""
-    if request.method == "HEAD" or response.status_code in (204, 304):
-        return False
-    coding = next((v for k, v in response.headers if k == b"transfer-encoding"), b"")
-    return coding.lower() == b"chunked"
-
-
-def _keep_alive(response: h11.Response) -> bool:
-    connection = b",".join(v for k, v in response.headers if k == b"connection").lower()
-    return response.http_version == b"1.1" and b"close" not in connection
-
-
-def _next_event(conn: _Connection, request: httpx.Request) -> Any:
-    try:
-        return conn.h11.next_event()
-    except h11.RemoteProtocolError as exc:
-        conn.close()
-        raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-
-
-def _unexpected(conn: _Connection, event: object, request: httpx.Request) -> Exception:
-    conn.close()
-    return httpx.RemoteProtocolError(f"unexpected {type(event).__name__} from the upstream",
-                                     request=request)
 
 
 async def _read(conn: _Connection, timeout: float | None, request: httpx.Request) -> bytes:
@@ -420,13 +520,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def _exchange(self, key: _Key, conn: _Connection, request: httpx.Request,
                         timeouts: dict[str, float | None]) -> httpx.Response:
-        body = await request.aread()
-        conn.h11 = _new_h11()
-        target = request.url.raw_path
-        head = h11.Request(method=request.method, target=target,
-                           headers=list(request.headers.raw))
-        data = conn.h11.send(head) + (conn.h11.send(h11.Data(data=body)) if body else b"")
-        data += conn.h11.send(h11.EndOfMessage())
+        data = _request_bytes(request, await request.aread())
         try:
             await conn.write(data, timeouts.get("write"))
         except TimeoutError as exc:
@@ -435,28 +529,18 @@ class LeanTransport(httpx.AsyncBaseTransport):
         except OSError as exc:
             raise httpx.WriteError(str(exc) or type(exc).__name__, request=request) from exc
         read_timeout = timeouts.get("read")
-        while True:
-            event = _next_event(conn, request)
-            if event is h11.NEED_DATA:
-                data = await _read(conn, read_timeout, request)
-                if not data and conn.h11.their_state is h11.SEND_RESPONSE:
-                    # httpcore's wording and class for an upstream that hung up unanswered.
-                    raise httpx.RemoteProtocolError("Server disconnected without sending a "
-                                                    "response.", request=request)
-                conn.h11.receive_data(data)
-            elif type(event) is h11.Response:
-                break
-            elif type(event) is not h11.InformationalResponse:  # a 1xx: the answer follows
-                raise _unexpected(conn, event, request)
-        if _chunked(request, event):
-            stream: _Body = _ChunkedBody(self, key, conn, request, read_timeout,
-                                         start=conn.h11.trailing_data[0],
-                                         keep_alive=_keep_alive(event))
+        head, rest = await _read_head(conn, read_timeout, request)
+        args = (self, key, conn, request, read_timeout)
+        if request.method == "HEAD" or head.status in (204, 304):  # RFC 9112 §6.3: no body
+            stream = _Body(*args, start=b"", keep_alive=head.keep_alive and not rest,
+                           length=0)
+        elif head.chunked:
+            stream = _ChunkedBody(*args, start=rest, keep_alive=head.keep_alive)
         else:
-            stream = _Body(self, key, conn, request, read_timeout)
-        return httpx.Response(event.status_code, headers=event.headers, stream=stream,
+            stream = _Body(*args, start=rest, keep_alive=head.keep_alive, length=head.length)
+        return httpx.Response(head.status, headers=head.headers, stream=stream,
                               extensions={"http_version": b"HTTP/1.1",
-                                          "reason_phrase": event.reason})
+                                          "reason_phrase": head.reason})
 
     def _release(self, key: _Key, conn: _Connection) -> None:
         """A request's connection is done: pooled when it can carry another, else closed."""
