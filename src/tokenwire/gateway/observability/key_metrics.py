@@ -21,6 +21,8 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from tokenwire.gateway.observability.children import Children
+
 __all__ = ["KeyMetrics"]
 
 _LIMITS: Final = frozenset({"requests", "tokens", "concurrent"})
@@ -43,17 +45,18 @@ class KeyMetrics:
                                 "unreachable and each instance enforces per-key limits on "
                                 "its own (N instances admit up to N x the limit).",
                                 registry=registry)
+        self._child = Children()
 
     def admitted(self, name: str) -> None:
         with contextlib.suppress(Exception):
-            self.requests.labels(name).inc()
-            self.in_flight.labels(name).inc()
+            self._child(self.requests, name).inc()
+            self._child(self.in_flight, name).inc()
 
     def ended(self, name: str, tokens: int) -> None:
         with contextlib.suppress(Exception):
-            self.in_flight.labels(name).dec()
+            self._child(self.in_flight, name).dec()
             if tokens > 0:
-                self.tokens.labels(name).inc(tokens)
+                self._child(self.tokens, name).inc(tokens)
 
     def refused(self, name: str, limit: str) -> None:
         with contextlib.suppress(Exception):

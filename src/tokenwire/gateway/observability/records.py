@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Concatenate, Final, ParamSpec, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 
 from tokenwire.gateway.observability.bounds import (
@@ -70,6 +70,7 @@ from tokenwire.gateway.observability.bounds import (
     safe_code,
     to_ms,
 )
+from tokenwire.gateway.observability.children import Children
 from tokenwire.gateway.observability.metrics import (
     DURATION_BUCKETS_S,
     CapacityCollector,
@@ -158,6 +159,7 @@ class Observability:
         self.logger = logger if logger is not None else logging.getLogger(LOGGER_NAME)
         self.clock = clock
         self._m = Metrics(self.registry)
+        self._child = Children()  # labelled children of self._m, looked up once
         self._capacity = CapacityCollector(self._internal_error)
         self.registry.register(self._capacity)
         self._replicas = ReplicaCollector(self._internal_error)
@@ -246,7 +248,7 @@ class RequestRecord:
     """
 
     __slots__ = (
-        "_api", "_attempts", "_c_bytes", "_c_heartbeats", "_c_tokens", "_done", "_encoding",
+        "_api", "_attempts", "_c_heartbeats", "_c_tokens", "_done", "_encoding",
         "_fallback_reason", "_fallbacks", "_first_output_s", "_heartbeats", "_model",
         "_model_l", "_notes", "_obs", "_outcome", "_queue_wait_s", "_request_id", "_retries",
         "_retry_class", "_retry_code", "_retry_wait_s", "_served_model", "_started", "_stream",
@@ -270,10 +272,9 @@ class RequestRecord:
         self._upstream = bounded_id(upstream)
         self._request_id = bounded_id(request_id)
         self._stream = stream is True
-        m = obs._m
-        self._c_tokens = m.completion_tokens.labels(self._api, self._model_l)
-        self._c_heartbeats = m.heartbeats.labels(self._api)
-        self._c_bytes: dict[str, Counter] = {}
+        m, child = obs._m, obs._child
+        self._c_tokens = child(m.completion_tokens, self._api, self._model_l)
+        self._c_heartbeats = child(m.heartbeats, self._api)
         self._queue_wait_s: float | None = None
         self._first_output_s: float | None = None
         self._attempts = 0
@@ -312,7 +313,7 @@ class RequestRecord:
         if self._done:
             return
         self._attempts = max(self._attempts + 1, min(bounded_count(attempt), 1_000_000))
-        self._obs._m.attempts.labels(self._upstream_l).inc()
+        self._obs._child(self._obs._m.attempts, self._upstream_l).inc()
 
     @_never_raises
     def retry_scheduled(
@@ -363,7 +364,8 @@ class RequestRecord:
         if self._done or self._first_output_s is not None:
             return
         self._first_output_s = max(0.0, _safe_clock(self._obs) - self._started)
-        self._obs._m.ttft.labels(self._api, self._model_l).observe(self._first_output_s)
+        self._obs._child(self._obs._m.ttft, self._api, self._model_l).observe(
+            self._first_output_s)
 
     def tokens(self, n: int) -> None:
         """``n`` completion tokens were streamed (ids, or 1 per text delta without ids).
@@ -424,9 +426,7 @@ class RequestRecord:
                 if not n:
                     return
             enc = encoding if isinstance(encoding, str) and encoding in ENCODINGS else OTHER
-            child = self._c_bytes.get(enc)  # at most one child per vocabulary entry
-            if child is None:
-                child = self._c_bytes[enc] = self._obs._m.wire_bytes.labels(self._api, enc)
+            child = self._obs._child(self._obs._m.wire_bytes, self._api, enc)
             self._encoding = enc
             self._wire_bytes += n
             child.inc(n)
@@ -489,14 +489,14 @@ class RequestRecord:
         self._done = True
         outcome_l = outcome if outcome in OUTCOMES else "failed"
         elapsed = max(0.0, _safe_clock(self._obs) - self._started)
-        m = self._obs._m
+        m, child = self._obs._m, self._obs._child
         self._flush_tokens()
-        m.requests.labels(self._api, self._model_l, outcome_l).inc()
-        m.duration.labels(self._api, outcome_l).observe(elapsed)
+        child(m.requests, self._api, self._model_l, outcome_l).inc()
+        child(m.duration, self._api, outcome_l).observe(elapsed)
         if self._usage is not None:
             prompt, completion = self._usage
             if prompt:
-                m.prompt_tokens.labels(self._model_l).inc(prompt)
+                child(m.prompt_tokens, self._model_l).inc(prompt)
             if completion is not None and completion > self._tokens:  # non-streamed paths
                 self._c_tokens.inc(completion - self._tokens)
         fclass: str | None = None
@@ -504,7 +504,7 @@ class RequestRecord:
         if outcome_l == "failed":
             fclass = closed_value(failure_class, FAILURE_CLASSES) if failure_class else UNSPECIFIED
             fcode = safe_code(code)
-            m.failures.labels(self._api, self._model_l, fclass).inc()
+            child(m.failures, self._api, self._model_l, fclass).inc()
         elif outcome_l == "cancelled":
             fclass = "cancelled"
             fcode = safe_code(code) or _CANCEL_CODE
