@@ -378,6 +378,43 @@ def test_the_gateway_refuses_past_capacity_plus_queue() -> None:
     assert admission.reserve(0.0) is not None
 
 
+def test_a_completed_response_frees_its_place_before_its_last_body_message() -> None:
+    """The order, not a race: a client may send its next request the moment it reads the
+    end of this one, and the server may run it before this request's task unwinds. At
+    exactly the capacity (one connection per place) that request found every place held by
+    answered requests and got a 429 (the bench saw 48 in 11,526). So the place must be free
+    when the last body message is handed to the server; the record still closes last."""
+    from tokenwire.gateway.http.admission import AdmissionMiddleware
+
+    admission = Admission(max_concurrent=1, queue_size=0)
+    closed: list[str] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        scope["tokenwire.ticket"].on_release = lambda: closed.append("record")
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{", "more_body": True})
+        await send({"type": "http.response.body", "body": b"}"})
+
+    seen: list[tuple[str, bool]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        ticket = admission.reserve(0.0)  # "the next request", at this moment
+        seen.append((message["type"], ticket is not None))
+        if ticket is not None:
+            ticket.release()
+        assert not closed  # the record closes after the last message, as before
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    middleware = AdmissionMiddleware(app, admission)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions"}
+    asyncio.run(middleware(scope, receive, send))
+    assert seen == [("http.response.start", False), ("http.response.body", False),
+                    ("http.response.body", True)]
+    assert closed == ["record"] and admission.counts() == (0, 0)
+
+
 def test_abort_ends_a_running_stream_with_the_given_failure() -> None:
     async def go():
         script = Script([[*tokens("a"), (float("inf"), EOS)]])

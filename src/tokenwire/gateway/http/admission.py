@@ -73,8 +73,9 @@ async def send_refusal(send: Send, path: str, *, status: int, retry_after_s: int
 
 class AdmissionMiddleware:
     """Takes a ticket for every inference request before the route reads its body; answers
-    429 with ``Retry-After: 1`` when none is left; releases the ticket when the exchange
-    ends, however it ends (the route's stream owns only the slot).
+    429 with ``Retry-After: 1`` when none is left; frees its place as the last body message
+    goes to the server, and releases the ticket when the exchange ends, however it ends
+    (the route's stream owns only the slot).
 
     ``on_rejected(path, status, reason)`` hears of every inference request refused before
     it reached the supervisor: the full queue here, and the route's own 4xx answers."""
@@ -105,6 +106,8 @@ class AdmissionMiddleware:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body" and not message.get("more_body"):
+                ticket.end_place()  # before the client can read the end (Ticket.end_place)
             await send(message)
 
         try:

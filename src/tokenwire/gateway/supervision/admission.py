@@ -58,6 +58,8 @@ class Ticket:
     arrived_at: float
     upstream: object | None = None  # the upstream whose slot it holds, when running
     released: bool = False
+    #: No longer counted in flight (:meth:`end_place`); ``released`` comes after.
+    place_ended: bool = False
     #: Set when the route handed the request to the supervisor (which records it); a
     #: request answered before that was refused (400, 413, ...) and is counted as such.
     supervised: bool = False
@@ -73,8 +75,18 @@ class Ticket:
         """Give the upstream slot back (idempotent): the next waiter may start."""
         self.admission._release_slot(self)
 
+    def end_place(self) -> None:
+        """Stop counting the request in flight and give its slot back (idempotent), when
+        its response is complete but the exchange has not unwound yet: the last body
+        message is about to reach the server, and the client may send its next request
+        the moment it reads it. The server can run that request before this one's task
+        reaches :meth:`release`, and it must find the place free (a client at exactly
+        the capacity got 429s otherwise, with every slot held by answered requests)."""
+        self.admission._end_place(self)
+
     def release(self) -> None:
-        """End the request's place in flight, and its slot if it still holds one."""
+        """End the request's place in flight, and its slot if it still holds one; then
+        ``on_release`` (once the exchange is over)."""
         self.admission._release(self)
 
 
@@ -223,16 +235,22 @@ class Admission:
         self._per_upstream[key] -= 1
         self._grant()
 
-    def _release(self, ticket: Ticket) -> None:
-        if ticket.released:
+    def _end_place(self, ticket: Ticket) -> None:
+        if ticket.place_ended:
             return
-        ticket.released = True
+        ticket.place_ended = True
         for w in self._waiters:  # still in line: leave it
             if w.ticket is ticket and not w.future.done():
                 w.future.cancel()
         self._release_slot(ticket)
         self._in_flight -= 1
         self._grant()
+
+    def _release(self, ticket: Ticket) -> None:
+        if ticket.released:
+            return
+        ticket.released = True
+        self._end_place(ticket)
         if ticket.on_release is not None:
             ticket.on_release()
 
