@@ -15,7 +15,8 @@ per streamed token of the gateway process, for chat streams at 1 and 64 concurre
   open-source gateway (the npm package ``@portkey-ai/gateway``, a bundled Node server run as
   ``node build/start-server.js --headless``), installed with npm into ``.bench-peers/portkey``
   (created here if missing: ~15 s, ~60 MB), pointed at the upstream by its
-  ``x-portkey-provider: openai`` and ``x-portkey-custom-host`` headers.
+  ``x-portkey-provider: openai`` and ``x-portkey-custom-host`` headers; its
+  ``@hono/node-server`` is overridden to ``PORTKEY_NODE_SERVER`` (why: at that constant).
 * TTFT: request sent -> first chunk with content (first frame with ids for msgpack) at the
   client (httpx in this process). Added TTFT = a target's median minus direct's median.
 * CPU per token: the gateway's process tree's utime+stime from ``/proc/<pid>/stat`` before
@@ -49,6 +50,14 @@ LITELLM_VENV = ROOT / ".bench-venv-litellm"
 PEERS_DIR = ROOT / ".bench-peers"
 #: Pinned so a rerun measures the same gateway (the latest release when this was written).
 PORTKEY_VERSION = "1.15.2"
+#: Portkey's HTTP server, pinned over the 1.19.x its ``^1.3.3`` range resolves to (npm
+#: ``overrides``). From 1.14.2 on, the 1.x line's ``new Response(stream, fetchedResponse)``
+#: keeps the fetched response's immutable ``Headers``; Portkey answers a stream with such a
+#: Response (a non-streamed answer is rebuilt on the way) and its ``updateHeaders`` throws
+#: on the first ``append``: HTTP 500 on every streamed chat (Portkey issue #1389). 2.x
+#: copies the headers (node-server PR #382). Portkey itself is unmodified.
+PORTKEY_NODE_SERVER = "2.1.11"
+PORTKEY_LABEL = f"portkey gateway {PORTKEY_VERSION} (@hono/node-server {PORTKEY_NODE_SERVER})"
 MODEL = "HuggingFaceTB/SmolLM2-135M"  # an HF alias, so tokenwire finds the bundled map
 TOKENS = 64
 PACE_S = 0.005
@@ -220,15 +229,20 @@ def _start_litellm(up_port: int, port: int, workdir: Path) -> subprocess.Popen:
 
 
 def ensure_portkey() -> Path:
-    """Portkey's ``start-server.js``, installed with npm into ``.bench-peers/portkey``."""
+    """Portkey's ``start-server.js``, installed with npm into ``.bench-peers/portkey``, its
+    ``@hono/node-server`` overridden to ``PORTKEY_NODE_SERVER``."""
     prefix = PEERS_DIR / "portkey"
     script = prefix / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
-    stamp = prefix / f".installed-{PORTKEY_VERSION}"
+    stamp = prefix / f".installed-{PORTKEY_VERSION}-{PORTKEY_NODE_SERVER}"
     if not (script.exists() and stamp.exists()):
         prefix.mkdir(parents=True, exist_ok=True)
+        # npm reads overrides only from the root package.json, so the folder gets one.
+        (prefix / "package.json").write_text(json.dumps({
+            "name": "bench-portkey", "private": True,
+            "dependencies": {"@portkey-ai/gateway": PORTKEY_VERSION},
+            "overrides": {"@hono/node-server": PORTKEY_NODE_SERVER}}, indent=2) + "\n")
         subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                        "--loglevel=error", f"@portkey-ai/gateway@{PORTKEY_VERSION}"],
-                       check=True)
+                        "--loglevel=error"], check=True)
         for old in prefix.glob(".installed-*"):
             old.unlink()
         stamp.touch()
@@ -397,7 +411,7 @@ def _portkey_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> l
     proc = _start_portkey(port)
     procs.append(proc)
     _wait_http(f"http://127.0.0.1:{port}/", proc, 60)
-    target = f"portkey gateway {PORTKEY_VERSION}"
+    target = PORTKEY_LABEL
     try:
         return _measure(target, f"http://127.0.0.1:{port}", proc.pid, None,
                         _portkey_headers(up_port), up_pid)
