@@ -257,9 +257,13 @@ def measure(target: str, port: int, headers: dict[str, str], gateway_pid: int | 
 
 def _tokenwire(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> dict:
     port = bu._free_port()
-    # Its concurrency limits at least the load's, as in the streamed phases: the gateway is
-    # measured, not its queue.
-    proc = bu._start_tokenwire(up_port, port, None, most=max(CONCURRENCY, 64))
+    # Its concurrency limits above the load, as in the streamed phases: the gateway is
+    # measured, not its queue. Twice the connections, not equal to them: an answered
+    # request keeps its admission ticket until the app returns, and a saturated gateway
+    # gets there late, so a connection's next request finds it still held (/health showed
+    # 96 in flight from 64 connections; at a limit of 64 plus the queue of 32, 0.3-0.8 % of
+    # requests got 429: BENCHMARKS.md, 2026-12-04).
+    proc = bu._start_tokenwire(up_port, port, None, most=2 * CONCURRENCY)
     procs.append(proc)
     try:
         return measure("tokenwire (chat)", port, {}, proc.pid, up_pid)
