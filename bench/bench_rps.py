@@ -6,8 +6,9 @@ process of its own that answers ``ANSWER_TOKENS`` words with no pacing), ``token
 --upstream``, LiteLLM's proxy and Portkey's gateway, each in front of that one upstream.
 
 * Load: ``CONCURRENCY`` keep-alive connections, each sending one non-streamed Chat
-  Completions request at a time, for ``SECONDS`` after a warm-up. Only answers that complete
-  inside the window are counted.
+  Completions request at a time, for a window of ``SECONDS`` after a warm-up; only answers
+  that complete inside it are counted. All targets run at once and take their windows in
+  turn, ``ROUNDS`` times, so a change in the shared machine's load falls on all alike.
 * Client: the same for every target, a lean HTTP/1.1 client on raw asyncio streams (uvloop
   when installed), in ``CLIENTS`` processes of its own, so the bench's process does not
   compete and httpx's per-request cost (several times this client's) does not cap the
@@ -31,10 +32,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import bench_upstreams as bu
@@ -46,7 +49,9 @@ ANSWER_TOKENS = 4
 CONCURRENCY = 64
 #: Client processes: one, since a second one did not raise direct's rate (``--sweep``).
 CLIENTS = 1
-SECONDS = 10.0
+#: One window per target per round, the targets in turn (see ``run``).
+SECONDS = 5.0
+ROUNDS = 3
 #: Time between starting the clients and the window: their start-up and a warm-up.
 LEAD_S = 4.0
 #: How long an answer may still take after the window before it counts as an error.
@@ -192,7 +197,15 @@ def _client_main(spec_json: str) -> None:
         print(json.dumps(runner.run(_client(json.loads(spec_json)))))
 
 
-# -- one measurement ----------------------------------------------------------------------
+# -- one window, and the rows -----------------------------------------------------------------
+
+
+@dataclass
+class Target:
+    name: str
+    port: int
+    headers: dict[str, str]
+    pid: int | None  # the gateway's process; None for direct
 
 
 def _idle_ticks() -> tuple[int, int]:
@@ -201,53 +214,72 @@ def _idle_ticks() -> tuple[int, int]:
     return fields[3] + fields[4], sum(fields[:8])
 
 
-def measure(target: str, port: int, headers: dict[str, str], gateway_pid: int | None,
-            up_pid: int, concurrency: int = CONCURRENCY, clients: int = CLIENTS) -> dict:
-    """Run the clients against ``127.0.0.1:port`` for one window and make the row."""
+def window(target: Target, up_pid: int, concurrency: int = CONCURRENCY,
+           clients: int = CLIENTS) -> dict:
+    """Run the clients against ``target`` for one window: what they saw, and the CPU
+    seconds of the gateway, the upstream and the clients in it."""
     start_at = time.time() + LEAD_S
     end_at = start_at + SECONDS
     procs = []
     for i in range(clients):
         share = concurrency // clients + (i < concurrency % clients)
-        spec = {"host": "127.0.0.1", "port": port, "path": "/v1/chat/completions",
-                "headers": headers, "connections": share, "start_at": start_at,
+        spec = {"host": "127.0.0.1", "port": target.port, "path": "/v1/chat/completions",
+                "headers": target.headers, "connections": share, "start_at": start_at,
                 "end_at": end_at}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "bench.bench_rps", "--client", json.dumps(spec)],
             cwd=bu.ROOT, stdout=subprocess.PIPE, text=True))
     time.sleep(max(0.0, start_at - time.time()))
-    pids = [gateway_pid, up_pid] + [p.pid for p in procs]
+    pids = [target.pid, up_pid] + [p.pid for p in procs]
     cpu0 = [bu._cpu_seconds(pid) if pid else 0.0 for pid in pids]
     idle0 = _idle_ticks()
     time.sleep(max(0.0, end_at - time.time()))
-    cpu = [bu._cpu_seconds(pid) - c if pid else None for pid, c in zip(pids, cpu0, strict=True)]
+    cpu = [bu._cpu_seconds(pid) - c if pid else 0.0 for pid, c in zip(pids, cpu0, strict=True)]
     idle1 = _idle_ticks()
     results = [json.loads(p.communicate()[0]) for p in procs]
     if any(r["late"] for r in results):
-        raise RuntimeError(f"{target}: a client was not running when the window opened")
-    latencies = sorted(t for r in results for t in r["latencies"])
+        raise RuntimeError(f"{target.name}: a client was not running when the window opened")
     errors: dict[str, int] = {}
     examples: dict[str, str] = {}
     for r in results:
         for kind, n in r["errors"].items():
             errors[kind] = errors.get(kind, 0) + n
             examples.setdefault(kind, r["examples"][kind])
+    return {"latencies": [t for r in results for t in r["latencies"]], "errors": errors,
+            "examples": examples, "gateway_cpu": cpu[0], "upstream_cpu": cpu[1],
+            "client_cpu": sum(cpu[2:]), "idle": (idle1[0] - idle0[0], idle1[1] - idle0[1]),
+            "concurrency": concurrency, "clients": clients}
+
+
+def row(name: str, windows: list[dict], has_gateway: bool) -> dict:
+    """One target's row over its windows: requests/s as the median window's, latency
+    percentiles and CPU per request over all of them, every error counted."""
+    latencies = sorted(t for w in windows for t in w["latencies"])
     ok = len(latencies)
+    errors: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for w in windows:
+        for kind, n in w["errors"].items():
+            errors[kind] = errors.get(kind, 0) + n
+            examples.setdefault(kind, w["examples"][kind])
+    rates = [len(w["latencies"]) / SECONDS for w in windows]
 
-    def per_request(seconds: float | None) -> float | None:
-        return round(seconds / ok * 1e6, 1) if seconds is not None and ok else None
+    def per_request(key: str) -> float | None:
+        return round(sum(w[key] for w in windows) / ok * 1e6, 1) if ok else None
 
+    idle = sum(w["idle"][0] for w in windows) / max(1, sum(w["idle"][1] for w in windows))
     return {
-        "bench": "rps", "target": target, "concurrency": concurrency, "clients": clients,
-        "seconds": SECONDS, "ok": ok, "errors": sum(errors.values()),
-        "requests_per_s": round(ok / SECONDS, 1),
+        "bench": "rps", "target": name, "concurrency": windows[0]["concurrency"],
+        "clients": windows[0]["clients"], "windows": f"{len(windows)} x {SECONDS:g} s",
+        "ok": ok, "errors": sum(errors.values()),
+        "requests_per_s": round(statistics.median(rates), 1),
+        "each_window": " / ".join(f"{r:.0f}" for r in rates),
         "p50_ms": round(latencies[ok // 2] * 1e3, 2) if ok else None,
         "p99_ms": round(latencies[min(ok - 1, int(ok * 0.99))] * 1e3, 2) if ok else None,
-        "gateway_cpu_us_per_request": per_request(cpu[0]),
-        "upstream_cpu_us_per_request": per_request(cpu[1]),
-        "client_cpu_us_per_request": per_request(sum(cpu[2:])),
-        "machine_idle_pct": round(100 * (idle1[0] - idle0[0]) / max(1, idle1[1] - idle0[1]),
-                                  1),
+        "gateway_cpu_us_per_request": per_request("gateway_cpu") if has_gateway else None,
+        "upstream_cpu_us_per_request": per_request("upstream_cpu"),
+        "client_cpu_us_per_request": per_request("client_cpu"),
+        "machine_idle_pct": round(100 * idle, 1),
         "error_detail": "; ".join(f"{k} x{n}: {examples[k]}" for k, n in errors.items()),
     }
 
@@ -255,7 +287,7 @@ def measure(target: str, port: int, headers: dict[str, str], gateway_pid: int | 
 # -- the targets ------------------------------------------------------------------------------
 
 
-def _tokenwire(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> dict:
+def _tokenwire(up_port: int, procs: list[subprocess.Popen]) -> Target:
     port = bu._free_port()
     # Its concurrency limits above the load, as in the streamed phases: the gateway is
     # measured, not its queue. Twice the connections, not equal to them: an answered
@@ -265,55 +297,51 @@ def _tokenwire(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> dict
     # requests got 429: BENCHMARKS.md, 2026-12-04).
     proc = bu._start_tokenwire(up_port, port, None, most=2 * CONCURRENCY)
     procs.append(proc)
-    try:
-        return measure("tokenwire (chat)", port, {}, proc.pid, up_pid)
-    finally:
-        proc.terminate()
-        proc.wait(15)
+    return Target("tokenwire (chat)", port, {}, proc.pid)
 
 
-def _litellm(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> dict:
+def _litellm(up_port: int, procs: list[subprocess.Popen], workdir: Path) -> Target:
     port = bu._free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = bu._start_litellm(up_port, port, Path(tmp))
-        procs.append(proc)
-        auth = {"Authorization": f"Bearer {bu.MASTER_KEY}"}
-        bu._wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 180, headers=auth)
-        try:
-            return measure("litellm proxy", port, auth, proc.pid, up_pid)
-        finally:
-            proc.terminate()
-            proc.wait(15)
+    proc = bu._start_litellm(up_port, port, workdir)
+    procs.append(proc)
+    auth = {"Authorization": f"Bearer {bu.MASTER_KEY}"}
+    bu._wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 180, headers=auth)
+    return Target("litellm proxy", port, auth, proc.pid)
 
 
-def _portkey(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> dict:
+def _portkey(up_port: int, procs: list[subprocess.Popen]) -> Target:
     port = bu._free_port()
     proc = bu._start_portkey(port)
     procs.append(proc)
     bu._wait_http(f"http://127.0.0.1:{port}/", proc, 60)
-    try:
-        return measure(bu.PORTKEY_LABEL, port, bu._portkey_headers(up_port), proc.pid, up_pid)
-    finally:
-        proc.terminate()
-        proc.wait(15)
+    return Target(bu.PORTKEY_LABEL, port, bu._portkey_headers(up_port), proc.pid)
 
 
 def run(*, with_litellm: bool = True, with_portkey: bool = True) -> list[dict]:
-    """The upstream, then each target in turn in front of it; one row each."""
+    """The upstream and every target in front of it at once, then ``ROUNDS`` rounds of one
+    window per target: a change in the machine's load (it is shared) falls on every
+    target alike, and ``x_direct`` is the median of each round's own ratio."""
     procs: list[subprocess.Popen] = []
-    try:
-        up, up_port = bu.start_upstream(procs, ANSWER_TOKENS, 0.0)
-        rows = [measure("direct", up_port, {}, None, up.pid)]
-        rows.append(_tokenwire(up_port, up.pid, procs))
-        if with_litellm:
-            rows.append(_litellm(up_port, up.pid, procs))
-        if with_portkey:
-            rows.append(_portkey(up_port, up.pid, procs))
-    finally:
-        bu.stop_all(procs)
-    direct = rows[0]["requests_per_s"]
-    for row in rows:
-        row["x_direct"] = round(row["requests_per_s"] / direct, 2) if direct else None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            up, up_port = bu.start_upstream(procs, ANSWER_TOKENS, 0.0)
+            targets = [Target("direct", up_port, {}, None), _tokenwire(up_port, procs)]
+            if with_litellm:
+                targets.append(_litellm(up_port, procs, Path(tmp)))
+            if with_portkey:
+                targets.append(_portkey(up_port, procs))
+            seen: dict[str, list[dict]] = {t.name: [] for t in targets}
+            for _ in range(ROUNDS):
+                for target in targets:
+                    seen[target.name].append(window(target, up.pid))
+        finally:
+            bu.stop_all(procs)
+    rows = [row(t.name, seen[t.name], t.pid is not None) for t in targets]
+    direct = seen["direct"]
+    for r in rows:
+        ratios = [len(w["latencies"]) / max(1, len(d["latencies"]))
+                  for w, d in zip(seen[r["target"]], direct, strict=True)]
+        r["x_direct"] = round(statistics.median(ratios), 2)
     return rows
 
 
@@ -322,7 +350,8 @@ def sweep() -> list[dict]:
     procs: list[subprocess.Popen] = []
     try:
         up, up_port = bu.start_upstream(procs, ANSWER_TOKENS, 0.0)
-        return [measure("direct", up_port, {}, None, up.pid, concurrency, clients)
+        direct = Target("direct", up_port, {}, None)
+        return [row("direct", [window(direct, up.pid, concurrency, clients)], False)
                 for clients in (1, 2) for concurrency in (8, 16, 32, 64, 128)]
     finally:
         bu.stop_all(procs)

@@ -80,11 +80,12 @@ CPU. A row with `failed` is a peer that could not stream here, with its answer. 
 path (issue 15)" below says what the profile showed and what changed.
 
 The `rps` table: short non-streamed chats (4 words) at saturation, 64 connections from one
-lean client process, 10 s each, every answer checked (status, content, usage); `errors`
-counts the rest, `error_detail` says what they were. The upstream there is not paced and
-answers a non-streamed request as JSON; tokenwire asks it for a stream (it always does), so
-`upstream_cpu_us_per_request` differs by target. `machine_idle_pct` near 0 means the 2
-cores were saturated (other engineers' work included).
+lean client process, three rounds of a 5 s window per target in turn (`requests_per_s` the
+median window, `x_direct` the median of each round's ratio), every answer checked (status,
+content, usage); `errors` counts the rest, `error_detail` says what they were. The upstream
+there is not paced and answers a non-streamed request as JSON; tokenwire asks it for a
+stream (it always does), so `upstream_cpu_us_per_request` differs by target.
+`machine_idle_pct` near 0 means the 2 cores were saturated (other engineers' work included).
 """
 
 
