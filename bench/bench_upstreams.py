@@ -15,7 +15,8 @@ per streamed token of the gateway process, for chat streams at 1 and 64 concurre
   open-source gateway (the npm package ``@portkey-ai/gateway``, a bundled Node server run as
   ``node build/start-server.js --headless``), installed with npm into ``.bench-peers/portkey``
   (created here if missing: ~15 s, ~60 MB), pointed at the upstream by its
-  ``x-portkey-provider: openai`` and ``x-portkey-custom-host`` headers.
+  ``x-portkey-provider: openai`` and ``x-portkey-custom-host`` headers; its
+  ``@hono/node-server`` is overridden to ``PORTKEY_NODE_SERVER`` (why: at that constant).
 * TTFT: request sent -> first chunk with content (first frame with ids for msgpack) at the
   client (httpx in this process). Added TTFT = a target's median minus direct's median.
 * CPU per token: the gateway's process tree's utime+stime from ``/proc/<pid>/stat`` before
@@ -24,6 +25,8 @@ per streamed token of the gateway process, for chat streams at 1 and 64 concurre
   CPU for the same streams) is a ratio within one phase, whatever the machine's load.
 * Throughput: content chunks per second of wall time over a phase; ``x_direct`` divides it
   by direct's at the same concurrency.
+* Then short non-streamed chats per second at saturation, the same targets in front of an
+  unpaced upstream: :mod:`bench.bench_rps` (``--no-rps`` skips it).
 
 The machine is small and shared, so numbers are indicative; one run, no retries.
 """
@@ -49,6 +52,14 @@ LITELLM_VENV = ROOT / ".bench-venv-litellm"
 PEERS_DIR = ROOT / ".bench-peers"
 #: Pinned so a rerun measures the same gateway (the latest release when this was written).
 PORTKEY_VERSION = "1.15.2"
+#: Portkey's HTTP server, pinned over the 1.19.x its ``^1.3.3`` range resolves to (npm
+#: ``overrides``). From 1.14.2 on, the 1.x line's ``new Response(stream, fetchedResponse)``
+#: keeps the fetched response's immutable ``Headers``; Portkey answers a stream with such a
+#: Response (a non-streamed answer is rebuilt on the way) and its ``updateHeaders`` throws
+#: on the first ``append``: HTTP 500 on every streamed chat (Portkey issue #1389). 2.x
+#: copies the headers (node-server PR #382). Portkey itself is unmodified.
+PORTKEY_NODE_SERVER = "2.1.11"
+PORTKEY_LABEL = f"portkey gateway {PORTKEY_VERSION} (@hono/node-server {PORTKEY_NODE_SERVER})"
 MODEL = "HuggingFaceTB/SmolLM2-135M"  # an HF alias, so tokenwire finds the bundled map
 TOKENS = 64
 PACE_S = 0.005
@@ -67,16 +78,26 @@ time to first content minus direct's (aim <= 1 ms at 1 stream). At 64 streams th
 the upstream and the target share 2 cores, so added TTFT there is mostly queueing for the
 CPU. A row with `failed` is a peer that could not stream here, with its answer. "The hot
 path (issue 15)" below says what the profile showed and what changed.
+
+The `rps` table: short non-streamed chats (4 words) at saturation, 64 connections from one
+lean client process, three rounds of a 5 s window per target in turn (`requests_per_s` the
+median window, `x_direct` the median of each round's ratio), every answer checked (status,
+content, usage); `errors` counts the rest, `error_detail` says what they were. The upstream
+there is not paced and answers a non-streamed request as JSON; tokenwire asks it for a
+stream (it always does), so `upstream_cpu_us_per_request` differs by target.
+`machine_idle_pct` near 0 means the 2 cores were saturated (other engineers' work included).
 """
 
 
-# -- the scripted upstream (run in its own process with ``--serve-upstream PORT TOKENS``) ---
+# -- the scripted upstream (in its own process: ``--serve-upstream PORT TOKENS PACE_S``) -----
 
 
 def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S):
-    """A pure-ASGI OpenAI chat server: ``tokens`` word chunks, ``pace_s`` apart."""
+    """A pure-ASGI OpenAI chat server: ``tokens`` word chunks, ``pace_s`` apart; or, to a
+    request that does not ask for a stream, the same words at once as one chat.completion."""
     models = json.dumps({"object": "list", "data": [
         {"id": MODEL, "object": "model", "owned_by": "scripted"}]}).encode()
+    usage = {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": tokens + 5}
 
     def chunk(delta: dict, finish: str | None, model: str) -> bytes:
         return b"data: " + json.dumps({
@@ -98,7 +119,11 @@ def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S):
             body += msg.get("body", b"")
             if not msg.get("more_body"):
                 break
-        model = json.loads(body).get("model", MODEL)
+        request = json.loads(body)
+        model = request.get("model", MODEL)
+        if not request.get("stream"):
+            await send_completion(send, model)
+            return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
         out = [chunk({"role": "assistant", "content": ""}, None, model)]
@@ -110,12 +135,29 @@ def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S):
             await asyncio.sleep(pace_s)
         tail = chunk({}, "stop", model) + b"data: " + json.dumps({
             "id": "chatcmpl-1", "object": "chat.completion.chunk", "model": model,
-            "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": tokens,
-                                     "total_tokens": tokens + 5}}).encode()
+            "choices": [], "usage": usage}).encode()
         await send({"type": "http.response.body",
                     "body": tail + b"\n\ndata: [DONE]\n\n", "more_body": False})
 
+    async def send_completion(send, model: str) -> None:
+        # No pacing: a non-streamed answer is the whole text at once, as a server that has
+        # finished generating sends it.
+        body = json.dumps({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": answer_text(tokens)}}],
+            "usage": usage}).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
     return app
+
+
+def answer_text(tokens: int) -> str:
+    """The text of a whole answer of ``tokens`` words, streamed or not."""
+    return "".join(f" word{i % 10}" for i in range(tokens))
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -141,14 +183,14 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, headers=None) -
     raise RuntimeError(f"{url} did not come up in {timeout:.0f} s")
 
 
-def start_upstream(procs: list[subprocess.Popen],
-                   tokens: int = TOKENS) -> tuple[subprocess.Popen, int]:
-    """This module's scripted upstream, streaming ``tokens`` chunks per answer, in its own
-    process on a free port (appended to ``procs``), once it answers ``/v1/models``: the
-    process and its port."""
+def start_upstream(procs: list[subprocess.Popen], tokens: int = TOKENS,
+                   pace_s: float = PACE_S) -> tuple[subprocess.Popen, int]:
+    """This module's scripted upstream, streaming ``tokens`` chunks per answer ``pace_s``
+    apart, in its own process on a free port (appended to ``procs``), once it answers
+    ``/v1/models``: the process and its port."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port),
-                             str(tokens)])
+                             str(tokens), str(pace_s)])
     procs.append(proc)
     _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 30)
     return proc, port
@@ -220,15 +262,20 @@ def _start_litellm(up_port: int, port: int, workdir: Path) -> subprocess.Popen:
 
 
 def ensure_portkey() -> Path:
-    """Portkey's ``start-server.js``, installed with npm into ``.bench-peers/portkey``."""
+    """Portkey's ``start-server.js``, installed with npm into ``.bench-peers/portkey``, its
+    ``@hono/node-server`` overridden to ``PORTKEY_NODE_SERVER``."""
     prefix = PEERS_DIR / "portkey"
     script = prefix / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
-    stamp = prefix / f".installed-{PORTKEY_VERSION}"
+    stamp = prefix / f".installed-{PORTKEY_VERSION}-{PORTKEY_NODE_SERVER}"
     if not (script.exists() and stamp.exists()):
         prefix.mkdir(parents=True, exist_ok=True)
+        # npm reads overrides only from the root package.json, so the folder gets one.
+        (prefix / "package.json").write_text(json.dumps({
+            "name": "bench-portkey", "private": True,
+            "dependencies": {"@portkey-ai/gateway": PORTKEY_VERSION},
+            "overrides": {"@hono/node-server": PORTKEY_NODE_SERVER}}, indent=2) + "\n")
         subprocess.run(["npm", "install", "--prefix", str(prefix), "--no-audit", "--no-fund",
-                        "--loglevel=error", f"@portkey-ai/gateway@{PORTKEY_VERSION}"],
-                       check=True)
+                        "--loglevel=error"], check=True)
         for old in prefix.glob(".installed-*"):
             old.unlink()
         stamp.touch()
@@ -339,8 +386,10 @@ def _added(rows: list[dict]) -> None:
         r["x_direct"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2)
 
 
-def run(*, with_litellm: bool = True, with_portkey: bool = True) -> list[dict]:
-    """Start the upstream, tokenwire, LiteLLM and Portkey; measure each; stop them all."""
+def run(*, with_litellm: bool = True, with_portkey: bool = True,
+        with_rps: bool = True) -> list[dict]:
+    """Start the upstream, tokenwire, LiteLLM and Portkey; measure each; stop them all.
+    Then (``with_rps``) short non-streamed requests per second, :mod:`bench.bench_rps`."""
     procs: list[subprocess.Popen] = []
     tw_port = _free_port()
     try:
@@ -361,19 +410,24 @@ def run(*, with_litellm: bool = True, with_portkey: bool = True) -> list[dict]:
         if with_portkey:
             rows += _portkey_rows(up_port, up.pid, procs)
         _added(rows)
-        return rows
     finally:
         stop_all(procs)
+    if with_rps:
+        from bench import bench_rps  # imported here: it imports this module for its helpers
+
+        rows += bench_rps.run(with_litellm=with_litellm, with_portkey=with_portkey)
+    return rows
 
 
-def _start_tokenwire(up_port: int, port: int, window_ms: float | None) -> subprocess.Popen:
-    # The gateway's and the upstream's concurrency limits are raised to the load: the
-    # gateway is measured, not its queue (the default of 4 in flight would serialise 64
-    # streams into 16 waves). The request log (one JSON line each) stays on, as deployed.
-    most = str(max(c for c, _ in LOADS))
+def _start_tokenwire(up_port: int, port: int, window_ms: float | None,
+                     most: int = max(c for c, _ in LOADS)) -> subprocess.Popen:
+    # The gateway's and the upstream's concurrency limits are raised to the load (``most``
+    # requests at once): the gateway is measured, not its queue (the default of 4 in flight
+    # would serialise 64 streams into 16 waves). The request log (one JSON line each) stays
+    # on, as deployed.
     argv = [sys.executable, "-m", "tokenwire.cli.main", "serve", "--upstream",
-            f"http://127.0.0.1:{up_port}/v1", "--upstream-max-concurrent", most,
-            "--max-concurrent", most, "--port", str(port), "--log-level", "warning"]
+            f"http://127.0.0.1:{up_port}/v1", "--upstream-max-concurrent", str(most),
+            "--max-concurrent", str(most), "--port", str(port), "--log-level", "warning"]
     if window_ms is not None:
         argv += ["--coalesce-ms", str(window_ms)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -397,7 +451,7 @@ def _portkey_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> l
     proc = _start_portkey(port)
     procs.append(proc)
     _wait_http(f"http://127.0.0.1:{port}/", proc, 60)
-    target = f"portkey gateway {PORTKEY_VERSION}"
+    target = PORTKEY_LABEL
     try:
         return _measure(target, f"http://127.0.0.1:{port}", proc.pid, None,
                         _portkey_headers(up_port), up_pid)
@@ -408,19 +462,20 @@ def _portkey_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> l
                  f"{exc.response.status_code}: {exc.response.text[:120]}"}]
 
 
-def _serve_upstream(port: int, tokens: int) -> None:
+def _serve_upstream(port: int, tokens: int, pace_s: float) -> None:
     import uvicorn
 
     # The reference stays what the aims were set against: asyncio's loop and h11, whatever
     # is installed (uvicorn's "auto" would pick uvloop/httptools and move the baseline).
-    uvicorn.run(upstream_app(tokens), host="127.0.0.1", port=port, log_level="warning",
+    uvicorn.run(upstream_app(tokens, pace_s), host="127.0.0.1", port=port, log_level="warning",
                 lifespan="off", access_log=False, loop="asyncio", http="h11")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "--serve-upstream":
-        _serve_upstream(int(sys.argv[2]), int(sys.argv[3]))
+    if len(sys.argv) == 5 and sys.argv[1] == "--serve-upstream":
+        _serve_upstream(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
     else:
         for row in run(with_litellm="--no-litellm" not in sys.argv,
-                       with_portkey="--no-portkey" not in sys.argv):
+                       with_portkey="--no-portkey" not in sys.argv,
+                       with_rps="--no-rps" not in sys.argv):
             print(json.dumps(row))
