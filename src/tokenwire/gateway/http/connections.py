@@ -31,7 +31,7 @@ protocol factory):
 Why httptools rather than uvicorn's h11 protocol (which this guard extended until issue 15):
 h11 validates every header of every request and response in Python, about a sixth of the
 gateway's CPU per short request in a profile; llhttp does the same checks in C. Measured
-A/B in BENCHMARKS.md ("the server's HTTP/1.1 parser").
+A/B in BENCHMARKS.md ("Session of 2026-12-04: the request path").
 
 HTTP/2 (issue 15): a connection whose TLS negotiated ``h2`` (ALPN), or whose first bytes are
 the HTTP/2 preface, is handed to :class:`~tokenwire.gateway.http.http2.H2Protocol`, which
@@ -97,12 +97,6 @@ BODY_BACKSTOP_GRACE_S = 5.0
 #: (DEFAULT_MAX_CONNECTIONS_PER_CLIENT, 256): agents and SDK pools open a few to a few
 #: dozen; 256 leaves room for a benchmark or a NAT of users and stops one address from
 #: holding the whole table.
-#: A request head (request line and headers) larger than this is refused with 431: h11's
-#: and Node's default, which this server kept while it ran on h11; a long JWT bearer
-#: (ChatGPT access tokens run to a few KB) fits several times over. HTTP/2's header list
-#: has the same bound (``http2.MAX_HEADER_LIST_SIZE``). Checked after each socket read, so
-#: a head that arrives whole in one read (at most 256 KiB) is parsed before it is measured.
-MAX_HEAD_BYTES = 16 * 1024
 #: ``Retry-After`` of both connection refusals: a slot frees within seconds.
 RETRY_AFTER_S = 1
 #: How long a refused connection is read (and its bytes dropped) before it is closed.
@@ -111,6 +105,13 @@ REFUSAL_LINGER_S = 2.0
 #: are the preface; a client that sends nothing by then gets the HTTP/1.1 refusal. Every
 #: HTTP client speaks first, in its first packet.
 REFUSAL_SNIFF_S = 1.0
+
+#: A request head (request line and headers) larger than this is refused with 431: h11's
+#: and Node's default, which this server kept while it ran on h11; a long JWT bearer
+#: (ChatGPT access tokens run to a few KB) fits several times over. HTTP/2's header list
+#: has the same bound (``http2.MAX_HEADER_LIST_SIZE``). Checked after each socket read, so
+#: a head that arrives whole in one read (at most 256 KiB) is parsed before it is measured.
+MAX_HEAD_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,12 +345,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         app still gets every header, as h11 passed them: a route may answer the upgrade
         request itself (the 426 of ``security.py``)."""
         self._ignored_upgrade = False
-        self._replayed_headers = list(self.headers)
         method = self.parser.get_method()
         if method == b"CONNECT":  # a tunnel request upgrades whatever its headers say
             self.transport.write(_CONNECT_REFUSED)
             self.transport.close()
             return
+        self._replayed_headers = list(self.headers)
         head = [method, b" ", self.url, b" HTTP/",
                 self.parser.get_http_version().encode("ascii"), b"\r\n"]
         for name, value in self.headers:

@@ -89,7 +89,7 @@ class UpstreamClient(httpx.AsyncClient):
     client. An upstream client serves every user of the gateway, so that would carry one
     user's upstream session (or a CDN's affinity cookie) on everyone's requests. Reading
     them was also a urllib request and response built per request, a tenth of the upstream
-    client's CPU per short request (BENCHMARKS.md, "the upstream request")."""
+    client's CPU per short request (BENCHMARKS.md, "Session of 2026-12-04: the request path")."""
 
     @property
     def cookies(self) -> httpx.Cookies:
