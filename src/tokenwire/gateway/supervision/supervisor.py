@@ -99,6 +99,10 @@ _TIMER_SLACK_S = 1e-3
 #: Events buffered between the task and the response writer: enough to ride over a slow
 #: socket write, small enough that a stalled client pushes back on the upstream.
 _BUFFERED_EVENTS = 64
+#: Retry jitter for every stream that is not given its own ``rng`` (tests pass seeded ones).
+#: One generator: ``random.Random()`` seeds itself from ``os.urandom`` on every creation, a
+#: cost per request that jitter (not a secret) does not need.
+_JITTER = random.Random()
 #: Response headers naming the model that served the request, when a fallback did; sent
 #: only when the fallback happened before the response head went out (README "Fallbacks").
 SERVED_MODEL_HEADER = "Tokenwire-Served-Model"
@@ -221,7 +225,7 @@ class SupervisedStream:
         self._obs: RequestObserver = observer or _NoObserver()
         #: The record the response writer reports wire bytes to (None: nobody listens).
         self.observer = observer
-        self._rng = rng or random.Random()
+        self._rng = rng or _JITTER
         self._queue: asyncio.Queue[Event] = asyncio.Queue(_BUFFERED_EVENTS)
         self._task: asyncio.Task[None] | None = None
         self._upstream_stream: EventStream | None = None
