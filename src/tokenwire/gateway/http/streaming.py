@@ -30,8 +30,6 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-import anyio
-
 from tokenwire.codec.compression import Coalescer, Compressor
 from tokenwire.gateway.ir import (
     Event,
@@ -120,31 +118,29 @@ class EventResponse:
         self._window_until = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive))
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self._watch_disconnect, receive, tg.cancel_scope)
-                try:
-                    if self._streaming:
-                        await self._stream_body(send)
-                    else:
-                        await self._whole_body(send)
-                finally:
-                    tg.cancel_scope.cancel()
+            if self._streaming:
+                await self._stream_body(send)
+            else:
+                await self._whole_body(send)
         finally:
+            watcher.cancel()
             if not self._terminal_seen:  # disconnect, send failure or cancellation
                 self._stream.cancel()
 
     def _head(self) -> Headers:
         return self._headers() if callable(self._headers) else list(self._headers)
 
-    async def _watch_disconnect(self, receive: Receive, scope: anyio.CancelScope) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                self.disconnected = True
-                self._stream.cancel()
-                scope.cancel()
-                return
+    async def _watch_disconnect(self, receive: Receive) -> None:
+        """On a disconnect, cancel the stream: it then ends with ``ABORT`` after what it had
+        queued (``EventStream.cancel``), and the body ends there, its writes to the gone
+        client returning at once. Nothing is cancelled mid-write, so no cancel scope is
+        needed: anyio's task group and scope were ~5 % of a short request's CPU (cProfile)."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.disconnected = True
+        self._stream.cancel()
 
     async def _next(self) -> Event:
         event = await self._stream.next_event()
@@ -167,6 +163,8 @@ class EventResponse:
         events = [await self._next()]
         while not is_terminal(events[-1]):
             events.append(await self._next())
+        if self.disconnected:  # nobody to render, store or send for
+            return
         if isinstance(events[-1], Failure):
             await self._send_failure(send, events[-1])
             return
@@ -197,7 +195,7 @@ class EventResponse:
         self._encoding = comp.encoding
         waits = DeadlineWaits()
         try:
-            while True:
+            while not self.disconnected:  # else the stream was cancelled: nobody to send to
                 chunks = [c for ev in held for c in self._renderer.on_event(ev)]
                 held = []
                 out = self._feed(coalescer, chunks + self._renderer.on_event(event))
