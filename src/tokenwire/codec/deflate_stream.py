@@ -108,7 +108,7 @@ for _sym in range(286):
     for _hi in range(1 << (9 - _n)):
         _DECODE[_reverse(_code, _n) | (_hi << _n)] = (_sym, _n)
 _DECODE_T = tuple(_DECODE)
-# 5-bit distance code as read LSB-first -> distance code.
+# 5-bit distance code as read LSB-first -> distance code (and back: the map is its inverse).
 _DCODE_OF = tuple(_reverse(r, 5) for r in range(32))
 
 
@@ -121,7 +121,7 @@ def _dist_field(d: int) -> tuple[int, int]:
     """The bits of distance ``d`` as written: 5-bit code (reversed) then the extra bits."""
     e = _dist_extra(d)
     code = d - 1 if d <= 4 else 2 * e + 2 + (((d - 1) >> e) & 1)
-    return _reverse(code, 5) | ((d - _DBASE[code]) << 5), 5 + e
+    return _DCODE_OF[code] | ((d - _DBASE[code]) << 5), 5 + e
 
 
 # Distances whose code has e extra bits: [_ELO[e], _EHI[e]].
@@ -171,8 +171,8 @@ class GzipStream:
         self._pad = 0  # zero bits a flush sent as the start of the next code (0..6)
         self._fresh = True  # the next symbol is a window's first: check it against the pad
         # Per window: the matches that may be re-pointed at the flush,
-        # (stream bit offset of the distance field, its length, position, length, distance).
-        self._cands: list[tuple[int, int, int, int, int]] = []
+        # (stream bit offset of the distance field, its bits, position, match length).
+        self._cands: list[tuple[int, int, int, int]] = []
         # History for re-pointing: the bytes at stream positions _hbase.._pos.
         self._hist = bytearray()
         self._hbase = 0
@@ -188,19 +188,27 @@ class GzipStream:
     # -- public API ---------------------------------------------------------------------------
 
     def compress(self, data: bytes) -> bytes:
-        self._check_open()
+        if self._finished:
+            self._check_open()
         if data:
             self._crc = zlib.crc32(data, self._crc)
             self._size += len(data)
             self._hist += data
-            self._read(self._z.compress(data))
-        return self._take_header()
+            if len(self._hist) > 4 * _WINDOW:  # a long unflushed body: keep what matches reach
+                self._trim_history()
+            raw = self._z.compress(data)
+            if raw:
+                self._read(raw)
+        return self._take_header() if self._header else b""
 
     def flush(self) -> bytes:
         """Everything compressed so far, decodable now; the 32 KiB history is kept."""
-        self._check_open()
-        self._read(self._z.flush(zlib.Z_BLOCK))
-        p = -(self._base + self._nb) & 7
+        if self._finished:
+            self._check_open()
+        raw = self._z.flush(zlib.Z_BLOCK)
+        if raw:
+            self._read(raw)
+        p = -self._nb & 7  # (_base is whole bytes)
         if p:  # (p == 0: aligned already; an empty window also keeps the earlier pad)
             p = self._choose_pad(p)
             self._nb += p  # zero bits: nothing to OR in
@@ -211,10 +219,15 @@ class GzipStream:
         self._fresh = True
         self._cands.clear()
         if len(self._hist) > 2 * _WINDOW:
-            cut = len(self._hist) - _WINDOW
-            del self._hist[:cut]
-            self._hbase += cut
-        return self._take_header() + self._take_bytes()
+            self._trim_history()
+        n = self._nb >> 3
+        out = self._acc.to_bytes(n, "little")
+        self._acc = self._nb = 0
+        self._base += 8 * n
+        if self._out:
+            out = bytes(self._out) + out
+            self._out.clear()
+        return self._take_header() + out if self._header else out
 
     def finish(self) -> bytes:
         """End of the body: the last data, an empty final block, CRC-32 and ISIZE."""
@@ -233,6 +246,11 @@ class GzipStream:
     def _check_open(self) -> None:
         if self._finished:
             raise LocalProtocolError("gzip stream used after finish()")
+
+    def _trim_history(self) -> None:
+        cut = len(self._hist) - _WINDOW
+        del self._hist[:cut]
+        self._hbase += cut
 
     def _take_header(self) -> bytes:
         header, self._header = self._header, b""
@@ -307,22 +325,22 @@ class GzipStream:
     def _repoint(self, b: int) -> bool:
         """Point one of the window's matches at an older copy of its bytes whose distance
         code has ``b`` more extra bits. False when no candidate has such a copy."""
-        hist, hbase = self._hist, self._hbase
-        for off, n, pos, length, dist in reversed(self._cands):
-            e = _dist_extra(dist) + b
-            if e > 13 or off < self._base or pos < hbase:
+        hist, hbase, base = self._hist, self._hbase, self._base
+        for off, n, pos, length in reversed(self._cands):
+            e = n - 5 + b  # n: the distance field's bits, 5 of them the code
+            if e > 13 or off < base or pos < hbase:
                 continue
-            lo, hi = _ELO[e], min(_EHI[e], _WINDOW, pos)
-            if lo > hi:
+            hi = min(_EHI[e], _WINDOW, pos)
+            if _ELO[e] > hi:
                 continue
             start = pos - hbase
             # The copy must start at distance lo..hi: positions pos-hi .. pos-lo.
             found = hist.rfind(hist[start : start + length], max(0, start - hi),
-                               start - lo + length)  # fmt: skip
+                               start - _ELO[e] + length)  # fmt: skip
             if found < 0:
                 continue
-            value, new_n = _dist_field(pos - (found + hbase))
-            at = off - self._base
+            value, new_n = _dist_field(start - found)
+            at = off - base
             acc = self._acc
             low = acc & ((1 << at) - 1)
             self._acc = low | (value << at) | ((acc >> (at + n)) << (at + new_n))
@@ -442,7 +460,7 @@ class GzipStream:
         pos = self._pos
         cands = self._cands
         decode, mask, lbase, lextra = _DECODE_T, _MASK, _LBASE, _LEXTRA
-        dcode_of, dbase, dextra = _DCODE_OF, _DBASE, _DEXTRA
+        dcode_of, dextra = _DCODE_OF, _DEXTRA
         while True:
             if bits < 40 and i < end:  # 40 >= the longest symbol (8 + 5 + 5 + 13 = 31 bits)
                 chunk = raw[i : i + 16]
@@ -474,7 +492,6 @@ class GzipStream:
                 total = n + le + 5 + de
                 if total > bits:
                     break
-                dist = dbase[dc] + ((h >> 5) & mask[de])
             code = hold & mask[total]
             hold >>= total
             bits -= total
@@ -488,7 +505,7 @@ class GzipStream:
             if sym < 256:
                 pos += 1
             else:
-                cands.append((self._base + nb - skip + n + le, 5 + de, pos, length, dist))
+                cands.append((self._base + nb - skip + n + le, 5 + de, pos, length))
                 pos += length
             acc |= code << nb
             nb += total
