@@ -4,28 +4,31 @@ Why (issue 15, BENCHMARKS.md "Compression at short windows"). At a 20 ms coalesc
 most flushes carry one token (~3 bytes compressed), so the flush itself is the cost. zlib's
 cheapest flush a stock inflater fully outputs is ``Z_BLOCK`` on a fixed-Huffman block: the
 7-bit end-of-block code and the next block's 3-bit header, 10 bits per flush. This module
-spends 0 bits on most flushes instead, and never more than those 10:
+spends nothing on most flushes instead:
 
-* It keeps **one** fixed-Huffman block (RFC 1951 §3.2.6) open across flushes. A stock
-  inflater (zlib: Python, Node/browsers, curl) outputs each literal and each match as soon as
-  its last bit arrives; nothing waits for the end of the block.
+* It keeps **one** fixed-Huffman block (RFC 1951 §3.2.6) open across flushes. A streaming
+  inflater outputs each literal and each match as soon as its last bit arrives (zlib's
+  ``inflate`` does, and with it Python, Node's and the browsers' ``DecompressionStream`` and
+  curl, all tested in tests/codec/test_flush_points.py); nothing waits for the end of the
+  block.
 * A flush must end on a byte, so it pads the last partial byte with ``p`` zero bits
   (``p = 1..7``). Zero bits commit to nothing we cannot honour: fixed codes are sent most
   significant bit first, and ``p`` zeros begin the end-of-block code (``0000000``, symbol
-  256) and the short length codes (``0000001``-``0010111``, symbols 257-279, match lengths
-  3-114). The inflater sees an incomplete code and waits. The next window's first symbol then
-  either begins with those ``p`` zeros (it "fits": its remaining bits follow, the flush cost
-  nothing), or it does not, and the zeros become the end-of-block code (``7 - p`` more zero
-  bits) followed by a new fixed block's 3-bit header: the same 10 bits ``Z_BLOCK`` pays. With
-  ``p = 7`` the pad is a whole end-of-block code.
+  256); they also begin the 7-bit length codes ``0000001``-``0010111`` (symbols 257-279) up
+  to the one whose code has fewer leading zeros: with ``p = 3``, symbols 257-271 (match
+  lengths 3-30). The inflater sees an incomplete code and waits. The next window's first
+  symbol then either begins with those ``p`` zeros (it "fits": its remaining bits follow, the
+  flush cost nothing), or it does not, and the zeros become the end-of-block code (``7 - p``
+  more zero bits) followed by a new fixed block's 3-bit header: the same 10 bits ``Z_BLOCK``
+  pays (FLUSH_MISS_BITS). With ``p = 7`` the pad is a whole end-of-block code.
 * Which ``p`` fits depends on the next window's first symbol, unknown at the flush. What is
-  known is how often first symbols began with how many zeros (a token frame starts with a
-  match of length 6-30: codes 260-271 begin with 3-4 zeros), and that the pad can be moved:
-  a match's distance can point at an older copy of the same bytes, whose distance code has
-  more extra bits (RFC 1951 §3.2.5). Pointing one match of the window ``b`` bits further turns
-  a pad of ``p`` into ``p - b``. :meth:`GzipStream.flush` picks the ``b`` with the smallest
-  expected cost: ``b`` bits now plus 10 bits times the observed chance that the next first
-  symbol does not fit ``p - b`` zeros.
+  known is how often first symbols began with how many zeros (a token frame usually starts
+  with a match of length 6-30, codes that begin with 3-4 zeros), and that the pad can be
+  moved: a match's distance can point at an older copy of the same bytes, whose distance code
+  has more extra bits (RFC 1951 §3.2.5). Pointing one match of the window ``b`` bits further
+  turns a pad of ``p`` into ``p - b``. :meth:`GzipStream.flush` picks the ``b`` with the
+  smallest expected cost: ``b`` bits now plus FLUSH_MISS_BITS times the share of first
+  symbols so far that would not fit ``p - b`` zeros.
 
 zlib still does the LZ77 matching (in C): each window goes through a raw deflate stream
 (``wbits=-15``) with ``Z_FIXED`` and ``Z_BLOCK``. Its fixed blocks use the very codes this
@@ -63,7 +66,7 @@ _COMMIT_BITS = 4096
 #: Matches of a window remembered as candidates for re-pointing at the flush.
 _CANDIDATES = 6
 #: First symbols seen between two re-rankings of the pads (the ranking only drifts).
-_REORDER_EVERY = 32
+_REORDER_EVERY = 8
 #: Deflate's window (RFC 1951 §3.2.5: distances up to 32,768) and the history kept for it.
 _WINDOW = 32768
 _GZIP_MAGIC = b"\x1f\x8b\x08\x00\x00\x00\x00\x00"  # ID1 ID2 CM=deflate FLG=0 MTIME=0
@@ -182,8 +185,8 @@ class GzipStream:
         # with one literal and one mid-length match so the first flushes are not blind.
         self._lead = [1, 0, 0, 1, 0, 0, 0, 0]
         self._lead_n = 2
-        self._orders: list[list[int]] = []  # pads to try for each p, cheapest first
-        self._orders_at = 0  # _lead_n at which to re-rank them
+        self._orders: list[list[int]] = [[]] * 8  # pads to try for each p, cheapest first
+        self._orders_at = [0] * 8  # _lead_n at which to re-rank them
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -303,9 +306,9 @@ class GzipStream:
     def _choose_pad(self, p: int) -> int:
         """The pad to send instead of ``p`` bits: ``p - b`` after pointing a match ``b`` bits
         further, for the ``b`` with the smallest expected cost (see the module docstring)."""
-        if self._lead_n >= self._orders_at:
-            self._orders = [self._pad_order(p) for p in range(8)]
-            self._orders_at = self._lead_n + _REORDER_EVERY
+        if self._lead_n >= self._orders_at[p]:
+            self._orders[p] = self._pad_order(p)
+            self._orders_at[p] = self._lead_n + _REORDER_EVERY
         for q in self._orders[p]:
             if q == p or self._repoint(p - q):
                 return q
@@ -461,6 +464,7 @@ class GzipStream:
         cands = self._cands
         decode, mask, lbase, lextra = _DECODE_T, _MASK, _LBASE, _LEXTRA
         dcode_of, dextra = _DCODE_OF, _DEXTRA
+        fresh, commit_bits = self._fresh, _COMMIT_BITS
         while True:
             if bits < 40 and i < end:  # 40 >= the longest symbol (8 + 5 + 5 + 13 = 31 bits)
                 chunk = raw[i : i + 16]
@@ -475,6 +479,9 @@ class GzipStream:
             elif sym == 256:  # zlib's end of block: ours goes on
                 hold >>= 7
                 bits -= 7
+                if self._final:
+                    self._state = _DONE
+                    break
                 if bits >= 3 and hold & 7 == _FIXED_HEADER:  # zlib's next block, fixed too
                     hold >>= 3
                     bits -= 3
@@ -496,10 +503,10 @@ class GzipStream:
             hold >>= total
             bits -= total
             skip = 0
-            if self._fresh:
+            if fresh:
                 self._acc, self._nb = acc, nb
                 skip = self._open_for(code)
-                acc, nb = self._acc, self._nb
+                acc, nb, fresh = self._acc, self._nb, False
                 code >>= skip  # those bits went out as the last flush's pad
                 total -= skip
             if sym < 256:
@@ -509,7 +516,7 @@ class GzipStream:
                 pos += length
             acc |= code << nb
             nb += total
-            if nb > _COMMIT_BITS:
+            if nb > commit_bits:
                 self._acc, self._nb = acc, nb
                 self._commit()
                 acc, nb = self._acc, self._nb
