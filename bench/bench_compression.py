@@ -13,7 +13,9 @@ are trained on the replay's 24 other answers, as ``bench_serve`` does.
 
 The second table is CPU: microseconds per token of the shipped gzip (``GzipStream``, Python
 over zlib) against zlib's ``Z_BLOCK`` alone, same schedule, best of ``CPU_REPEATS`` runs taken
-in turns (figures, not pass/fail: the machine is shared).
+in turns (figures, not pass/fail: the machine is shared). The third is the case the gzip flush
+rule keeps on ``Z_BLOCK``: a JSON-SSE stream of the Chat API's shape (one chunk per token of
+the replay, at its times; the content is words of the test corpus), bytes and CPU of both.
 """
 
 from __future__ import annotations
@@ -227,6 +229,37 @@ def _cpu_rows(fmt: str, schedules: dict[float, list[bytes]], tokens: int) -> lis
     return rows
 
 
+def _sse_chunk(k: int, words: list[str]) -> bytes:
+    doc = {"id": "chatcmpl-8a7f3c2e91b4", "object": "chat.completion.chunk",
+           "created": 1764864000, "model": "smollm2-135m-instruct",
+           "choices": [{"index": 0, "delta": {"content": " " + words[k % len(words)]},
+                        "finish_reason": None}]}
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+def _sse_rows(stream: list, tokens: int) -> list[dict]:
+    corpus = json.loads((ROOT / "tests/fixtures/corpus/corpus.json").read_text("utf-8"))
+    words = " ".join(s for texts in corpus.values() for s in texts).split()[:5000]
+    timed = [(t, _sse_chunk(k, words)) for k, (t, _) in enumerate(stream)]
+    rows = []
+    for w in WINDOWS:
+        flushes = _schedule(timed, w)
+        row: dict = {"JSON-SSE, window ms": int(w * 1000)}
+        for label, open_block in (("open block", True), ("Z_BLOCK (shipped for SSE)", False)):
+            def make(ob=open_block):
+                c = new_compressor("gzip", open_block=ob)
+                return (lambda d: c.compress(d) + c.flush()), c.finish
+
+            def with_decoder(_: ZstdDict | None, m=make):
+                return (*m(), zlib.decompressobj(31).decompress)
+            size, ok = _measure(flushes, with_decoder, None)
+            best = min(_cpu(flushes, make) for _ in range(CPU_REPEATS))
+            row[f"B/token {label}"] = round(size / tokens, 2) if ok else "**not decodable**"
+            row[f"µs/token {label}"] = round(best / tokens * 1e6, 2)
+        rows.append(row)
+    return rows
+
+
 def run() -> list[dict]:
     replay = json.loads(REPLAY.read_text("utf-8"))
     stream = replay["main"]["2048"]
@@ -245,7 +278,7 @@ def run() -> list[dict]:
                 row[f"decodable {int(w * 1000)} ms"] = "yes" if ok else "**no**"
             rows.append(row)
         cpu += _cpu_rows(fmt, schedules, tokens)
-    return rows + cpu
+    return rows + cpu + _sse_rows(stream, tokens)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ Rules this module enforces (codec-spec §4):
 * zstd only with a pre-trained dictionary (§4.1): :class:`ZstdCompressor` cannot be built
   without a :class:`ZstdDict`, and the decompressor refuses a zstd body without one.
 * Flushing keeps the history: gzip pads its one open fixed-Huffman block to a byte
-  (:mod:`tokenwire.codec.deflate_stream`), brotli ends a metablock
+  (:mod:`tokenwire.codec.deflate_stream`; text streams end a fixed block with ``Z_BLOCK``,
+  see :class:`GzipCompressor`), brotli ends a metablock
   (``BROTLI_OPERATION_FLUSH``), zstd a block (``FLUSH_BLOCK``). ``Z_FULL_FLUSH`` (which
   resets the window) is never used (§4.2). The reference engine
   never flushes mid-stream (§9.1 item 9), so a client decodes nothing until the end; the
@@ -215,23 +216,47 @@ class IdentityCompressor(Compressor):
         return b""
 
 
+class _ZlibBlocks:
+    """gzip through zlib alone, each flush ending a fixed-Huffman block (``Z_BLOCK``): the
+    block's last bits are its 7-bit end-of-block code, so nothing of the data stays in the
+    compressor. Fixed codes (``Z_FIXED``) because after a dynamic block, whose end-of-block
+    code can be shorter, ``Z_BLOCK`` can hold back data bits (a 5 s window on the replay did;
+    tests/codec/test_flush_points.py). Same methods as :class:`GzipStream`."""
+
+    def __init__(self, level: int) -> None:
+        self._z = zlib.compressobj(level, zlib.DEFLATED, GZIP_WBITS, strategy=zlib.Z_FIXED)
+
+    def compress(self, data: bytes) -> bytes:
+        return self._z.compress(data)
+
+    def flush(self) -> bytes:
+        return self._z.flush(zlib.Z_BLOCK)
+
+    def finish(self) -> bytes:
+        return self._z.flush(zlib.Z_FINISH)
+
+
 class GzipCompressor(Compressor):
-    """gzip (RFC 1952). A streamed body goes through :class:`GzipStream`: one fixed-Huffman
-    deflate block that a flush does not end; the last partial byte is padded with zero bits
-    that begin the next code (or the end-of-block code when it does not fit), so a stock
-    inflater has every byte at the flush and most flushes cost nothing. Measured on the
-    2,048-token replay at 20 ms, msgpack: Z_SYNC_FLUSH 8.77, Z_PARTIAL_FLUSH 5.01, zlib's
-    Z_BLOCK on fixed blocks (shipped until 2026-12-04) 3.79, GzipStream 2.98 B/token
-    (BENCHMARKS.md, "Compression at short windows"). A whole body (:meth:`compress_body`)
-    keeps zlib's default strategy."""
+    """gzip (RFC 1952), flushed at each window without resetting the history (§4.2).
+
+    The flush rule (issue 15, BENCHMARKS.md "Compression at short windows"): a Codec token
+    stream (``open_block``, the default) goes through :class:`GzipStream`, one fixed-Huffman
+    block kept open across flushes whose pad bits begin the next code; on the 2,048-token
+    replay at 20 ms that is 2.97 B/token for msgpack where zlib's ``Z_BLOCK`` gives 3.79
+    (0.72 vs 0.90 at 150 ms), for ~3 µs more CPU per token. A text stream (the SSE of the
+    OpenAI and Anthropic APIs, ~200 bytes per token) passes ``open_block=False`` and flushes
+    with ``Z_BLOCK`` (:class:`_ZlibBlocks`): there a flush is 1-8% of the bytes and the
+    Python walk of zlib's many symbols costs 2-5 µs per token more. A whole body
+    (:meth:`compress_body`) keeps zlib's default strategy.
+    """
 
     encoding = "gzip"
 
-    def __init__(self, *, level: int = GZIP_LEVEL) -> None:
+    def __init__(self, *, level: int = GZIP_LEVEL, open_block: bool = True) -> None:
         super().__init__()
         self._level = level
         self._used = False
-        self._g = GzipStream(level)
+        self._g = GzipStream(level) if open_block else _ZlibBlocks(level)
 
     def _compress(self, data: bytes) -> bytes:
         self._used = True
@@ -239,7 +264,6 @@ class GzipCompressor(Compressor):
 
     def _flush(self) -> bytes:
         self._used = True
-        # The 32 KiB history is kept across flushes; nothing like Z_FULL_FLUSH (§4.2).
         return self._g.flush()
 
     def _finish(self) -> bytes:
@@ -313,10 +337,13 @@ if zstandard is not None:
     COMPRESSORS["zstd"] = ZstdCompressor
 
 
-def new_compressor(encoding: str, *, dictionary: ZstdDict | None = None) -> Compressor:
+def new_compressor(encoding: str, *, dictionary: ZstdDict | None = None,
+                   open_block: bool = True) -> Compressor:  # fmt: skip
     """Build the compressor for a ``Content-Encoding`` token with the engine parameters.
 
-    Raises :class:`LocalProtocolError` for an unknown or uninstalled encoding (never a silent
+    ``open_block=False`` is for text streams: gzip then flushes with zlib's ``Z_BLOCK`` (the
+    rule is in :class:`GzipCompressor`); the other codings ignore it. Raises
+    :class:`LocalProtocolError` for an unknown or uninstalled encoding (never a silent
     identity fall-through, §9.1 item 23) and for zstd without a dictionary (§4.1).
     """
     cls = COMPRESSORS.get(encoding.lower())
@@ -326,6 +353,8 @@ def new_compressor(encoding: str, *, dictionary: ZstdDict | None = None) -> Comp
         if dictionary is None:
             raise LocalProtocolError("zstd requires a ZstdDict (codec-spec §4.1)")
         return ZstdCompressor(dictionary)
+    if cls is GzipCompressor:
+        return GzipCompressor(open_block=open_block)
     return cls()
 
 

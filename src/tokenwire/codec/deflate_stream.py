@@ -38,6 +38,8 @@ incompressible data) become literals when short and our own stored blocks when l
 header and the CRC-32/ISIZE trailer (RFC 1952 §2.3) are written here, and the stream ends
 with an empty final fixed block.
 
+Used for Codec token streams (a few bytes per flush); text streams, whose flushes carry
+hundreds of bytes, keep zlib's ``Z_BLOCK`` (the rule and its numbers: ``GzipCompressor``).
 Sans-IO and pure: bytes in, bytes out, no clock.
 """
 
