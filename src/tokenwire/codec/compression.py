@@ -116,7 +116,7 @@ _DECODE_SLICE = 64
 #: 150 ms is the shortest window that gets gzip under 2.5 B/token; latency-sensitive callers
 #: pass a shorter one (the first frame is flushed at once either way). Those figures predate
 #: the gzip flush of GzipStream: on the recorded replay of bench_compression, msgpack+gzip is
-#: now 2.98 B/token at 20 ms (8.8 with Z_SYNC_FLUSH) and 0.72 at 150 ms (1.75); br and zstd
+#: now 2.97 B/token at 20 ms (8.8 with Z_SYNC_FLUSH) and 0.72 at 150 ms (1.75); br and zstd
 #: unchanged.
 DEFAULT_WINDOW_S = 0.15
 #: Raw frame bytes a Coalescer holds before it closes the window early: a fast engine must not
@@ -245,8 +245,9 @@ class GzipCompressor(Compressor):
     replay at 20 ms that is 2.97 B/token for msgpack where zlib's ``Z_BLOCK`` gives 3.79
     (0.72 vs 0.90 at 150 ms), for ~3 µs more CPU per token. A text stream (the SSE of the
     OpenAI and Anthropic APIs, ~200 bytes per token) passes ``open_block=False`` and flushes
-    with ``Z_BLOCK`` (:class:`_ZlibBlocks`): there a flush is 1-8% of the bytes and the
-    Python walk of zlib's many symbols costs 2-5 µs per token more. A whole body
+    with ``Z_BLOCK`` (:class:`_ZlibBlocks`): there the open block saves 2% of the bytes at
+    150 ms (8% at 20 ms) and its Python walk of zlib's many symbols costs 2-5 µs per token
+    more, 3x the CPU. A whole body
     (:meth:`compress_body`) keeps zlib's default strategy.
     """
 
