@@ -117,18 +117,6 @@ _DECODE_T = tuple(_DECODE)
 _DCODE_OF = tuple(_reverse(r, 5) for r in range(32))
 
 
-def _dist_extra(d: int) -> int:
-    """Extra bits of the distance code for distance ``d`` (§3.2.5)."""
-    return 0 if d <= 4 else (d - 1).bit_length() - 2
-
-
-def _dist_field(d: int) -> tuple[int, int]:
-    """The bits of distance ``d`` as written: 5-bit code (reversed) then the extra bits."""
-    e = _dist_extra(d)
-    code = d - 1 if d <= 4 else 2 * e + 2 + (((d - 1) >> e) & 1)
-    return _DCODE_OF[code] | ((d - _DBASE[code]) << 5), 5 + e
-
-
 # Distances whose code has e extra bits: [_ELO[e], _EHI[e]].
 _ELO = (1, *((1 << (e + 1)) + 1 for e in range(1, 14)))
 _EHI = (4, *(1 << (e + 2) for e in range(1, 14)))
@@ -344,7 +332,9 @@ class GzipStream:
                                start - _ELO[e] + length)  # fmt: skip
             if found < 0:
                 continue
-            value, new_n = _dist_field(start - found)
+            d = start - found  # its distance, in class e: code 2e+2 or 2e+3 (§3.2.5)
+            code = d - 1 if e == 0 else 2 * e + 2 + (((d - 1) >> e) & 1)
+            value, new_n = _DCODE_OF[code] | ((d - _DBASE[code]) << 5), 5 + e
             at = off - base
             acc = self._acc
             low = acc & ((1 << at) - 1)
@@ -360,6 +350,10 @@ class GzipStream:
         if not raw:  # the reader stopped only where it needed more bits
             return
         i, end = 0, len(raw)
+        if self._state == _FIXED:  # the usual case: zlib's symbols, then its end-of-block
+            i = self._read_fixed(raw, 0)
+            if self._state == _FIXED:
+                return
         while True:
             state = self._state
             if state == _FIXED:
