@@ -113,13 +113,13 @@ for _sym in range(286):
     for _hi in range(1 << (9 - _n)):
         _DECODE[_reverse(_code, _n) | (_hi << _n)] = (_sym, _n)
 _DECODE_T = tuple(_DECODE)
+del _DECODE, _sym, _code, _n, _hi
 # 5-bit distance code as read LSB-first -> distance code (and back: the map is its inverse).
 _DCODE_OF = tuple(_reverse(r, 5) for r in range(32))
-
-
 # Distances whose code has e extra bits: [_ELO[e], _EHI[e]].
 _ELO = (1, *((1 << (e + 1)) + 1 for e in range(1, 14)))
 _EHI = (4, *(1 << (e + 2) for e in range(1, 14)))
+
 
 def gzip_trailer(crc: int, size: int) -> bytes:
     """CRC-32 and ISIZE, the input length modulo 2**32, little-endian (RFC 1952 §2.3.1)."""
