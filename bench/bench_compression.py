@@ -10,11 +10,18 @@ protobuf (one frame per token, as the server does), drives the :class:`Coalescer
 every frame sent so far; a flush point that fails it is not acceptable however small.
 ``shipped`` marks what ``tokenwire serve`` uses (codec/compression.py). The zstd dictionaries
 are trained on the replay's 24 other answers, as ``bench_serve`` does.
+
+The second table is CPU: microseconds per token of the shipped gzip (``GzipStream``, Python
+over zlib) against zlib's ``Z_BLOCK`` alone, same schedule, best of ``CPU_REPEATS`` runs taken
+in turns (figures, not pass/fail: the machine is shared). The third is the case the gzip flush
+rule keeps on ``Z_BLOCK``: a JSON-SSE stream of the Chat API's shape (one chunk per token of
+the replay, at its times; the content is words of the test corpus), bytes and CPU of both.
 """
 
 from __future__ import annotations
 
 import json
+import time
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -24,11 +31,13 @@ import zstandard
 
 from tokenwire.codec import frames_msgpack, frames_protobuf
 from tokenwire.codec.compression import Coalescer, ZstdDict, new_compressor, train_dictionary
+from tokenwire.codec.deflate_stream import GzipStream
 from tokenwire.codec.frames import Frame
 
 ROOT = Path(__file__).resolve().parent.parent
 REPLAY = ROOT / "tests/fixtures/replay/smollm2-replay.json"
 WINDOWS = (0.02, 0.15)
+CPU_REPEATS = 9
 ENCODERS = {"msgpack": frames_msgpack.FrameEncoder, "protobuf": frames_protobuf.FrameEncoder}
 
 # (label, encoding, step(data) -> wire bytes, end() -> wire bytes) factories per lever.
@@ -54,6 +63,21 @@ def _zlib_unmarked(level: int = 6):
             out = z.compress(d) + z.flush(zlib.Z_SYNC_FLUSH)
             return out[:-4] if out.endswith(b"\x00\x00\xff\xff") else out
         return step, lambda: z.flush(zlib.Z_FINISH), zlib.decompressobj(31).decompress
+    return make
+
+
+class _NoRepoint(GzipStream):
+    """GzipStream without moving the pad: zero pad, block closed when the next symbol does
+    not fit (the first prototype)."""
+
+    def _repoint(self, b: int) -> bool:
+        return False
+
+
+def _stream(cls: type[GzipStream] = GzipStream, level: int = 6):
+    def make(_: ZstdDict):
+        g = cls(level)
+        return (lambda d: g.compress(d) + g.flush(), g.finish, zlib.decompressobj(31).decompress)
     return make
 
 
@@ -110,7 +134,11 @@ LEVERS: list[Lever] = [
     ("Z_PARTIAL_FLUSH", "gzip", _zlib(zlib.Z_PARTIAL_FLUSH)),
     ("Z_BLOCK, default strategy", "gzip", _zlib(zlib.Z_BLOCK)),
     ("Z_BLOCK, Z_FIXED, level 9", "gzip", _zlib(zlib.Z_BLOCK, zlib.Z_FIXED, 9)),
-    ("shipped: Z_BLOCK, Z_FIXED, level 6", "gzip", _shipped("gzip")),
+    ("Z_BLOCK, Z_FIXED, level 6 (shipped until 2026-12-04)", "gzip",
+     _zlib(zlib.Z_BLOCK, zlib.Z_FIXED)),
+    ("one open fixed block, zero pad, no re-pointing", "gzip", _stream(_NoRepoint)),
+    ("one open fixed block, pad moved by re-pointing, level 9", "gzip", _stream(level=9)),
+    ("shipped: one open fixed block, pad moved by re-pointing", "gzip", _shipped("gzip")),
     ("flush, quality 1", "br", _brotli(quality=1)),
     ("flush, quality 4 (engine's)", "br", _brotli(quality=4)),
     ("shipped: flush, quality 5, lgwin 22", "br", _shipped("br")),
@@ -170,11 +198,73 @@ def _measure(flushes: list[bytes], make: Callable, zd: ZstdDict) -> tuple[int, b
     return total, ok and got == sent + flushes[-1]
 
 
+def _cpu(flushes: list[bytes], step_end: Callable) -> float:
+    step, end = step_end()
+    t0 = time.perf_counter()
+    for data in flushes[:-1]:
+        step(data)
+    step(flushes[-1])
+    end()
+    return time.perf_counter() - t0
+
+
+def _cpu_rows(fmt: str, schedules: dict[float, list[bytes]], tokens: int) -> list[dict]:
+    def ours():
+        c = new_compressor("gzip")
+        return (lambda d: c.compress(d) + c.flush()), c.finish
+
+    def plain():
+        z = zlib.compressobj(6, zlib.DEFLATED, 31, 8, zlib.Z_FIXED)
+        return (lambda d: z.compress(d) + z.flush(zlib.Z_BLOCK)), (lambda: z.flush())
+
+    rows = []
+    for w, flushes in schedules.items():
+        best = {"shipped": [], "zlib": []}
+        for _ in range(CPU_REPEATS):  # in turns, so a burst of load hits both
+            best["shipped"].append(_cpu(flushes, ours))
+            best["zlib"].append(_cpu(flushes, plain))
+        rows.append({"format": fmt, "window ms": int(w * 1000),
+                     "µs/token shipped gzip": round(min(best["shipped"]) / tokens * 1e6, 2),
+                     "µs/token zlib Z_BLOCK": round(min(best["zlib"]) / tokens * 1e6, 2)})
+    return rows
+
+
+def _sse_chunk(k: int, words: list[str]) -> bytes:
+    doc = {"id": "chatcmpl-8a7f3c2e91b4", "object": "chat.completion.chunk",
+           "created": 1764864000, "model": "smollm2-135m-instruct",
+           "choices": [{"index": 0, "delta": {"content": " " + words[k % len(words)]},
+                        "finish_reason": None}]}
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+def _sse_rows(stream: list, tokens: int) -> list[dict]:
+    corpus = json.loads((ROOT / "tests/fixtures/corpus/corpus.json").read_text("utf-8"))
+    words = " ".join(s for texts in corpus.values() for s in texts).split()[:5000]
+    timed = [(t, _sse_chunk(k, words)) for k, (t, _) in enumerate(stream)]
+    rows = []
+    for w in WINDOWS:
+        flushes = _schedule(timed, w)
+        row: dict = {"JSON-SSE, window ms": int(w * 1000)}
+        for label, open_block in (("open block", True), ("Z_BLOCK (shipped for SSE)", False)):
+            def make(ob=open_block):
+                c = new_compressor("gzip", open_block=ob)
+                return (lambda d: c.compress(d) + c.flush()), c.finish
+
+            def with_decoder(_: ZstdDict | None, m=make):
+                return (*m(), zlib.decompressobj(31).decompress)
+            size, ok = _measure(flushes, with_decoder, None)
+            best = min(_cpu(flushes, make) for _ in range(CPU_REPEATS))
+            row[f"B/token {label}"] = round(size / tokens, 2) if ok else "**not decodable**"
+            row[f"µs/token {label}"] = round(best / tokens * 1e6, 2)
+        rows.append(row)
+    return rows
+
+
 def run() -> list[dict]:
     replay = json.loads(REPLAY.read_text("utf-8"))
     stream = replay["main"]["2048"]
     tokens = sum(len(ids) for _, ids in stream)
-    rows = []
+    rows, cpu = [], []
     for fmt in ENCODERS:
         samples = [b"".join(f for _, f in _frames(s, fmt)) for s in replay["train"]]
         zd = ZstdDict.from_bytes(train_dictionary(samples))
@@ -187,7 +277,8 @@ def run() -> list[dict]:
                 row[f"B/token {int(w * 1000)} ms"] = round(size / tokens, 2)
                 row[f"decodable {int(w * 1000)} ms"] = "yes" if ok else "**no**"
             rows.append(row)
-    return rows
+        cpu += _cpu_rows(fmt, schedules, tokens)
+    return rows + cpu + _sse_rows(stream, tokens)
 
 
 if __name__ == "__main__":

@@ -161,13 +161,26 @@ def test_flush_keeps_history(encoding, zdict):
     assert len(second) < len(first) // 4
 
 
-def test_gzip_flush_is_z_block_not_sync_flush():
-    # Z_BLOCK (GZIP_FLUSH): no empty stored block, yet the stock decoder has every byte.
-    c = new_compressor("gzip")
+@pytest.mark.parametrize("open_block", [True, False])
+def test_gzip_flush_is_not_sync_flush(open_block):
+    # No empty stored block (00 00 FF FF), yet the stock decoder has every byte.
+    c = new_compressor("gzip", open_block=open_block)
     frame = msgpack_frame([9707])
     out = c.compress(frame) + c.flush()
     assert out[:2] == b"\x1f\x8b" and not out.endswith(b"\x00\x00\xff\xff")
     assert zlib.decompressobj(31).decompress(out) == frame
+
+
+def test_gzip_for_text_streams_is_zlibs_z_block_on_fixed_blocks():
+    # open_block=False (the text APIs' SSE): byte for byte what zlib writes with Z_FIXED and
+    # Z_BLOCK; the default keeps one block open and is smaller on token frames.
+    frames = [msgpack_frame([i % 7]) for i in range(200)]
+    z = zlib.compressobj(6, zlib.DEFLATED, 31, 8, zlib.Z_FIXED)
+    text, ours = new_compressor("gzip", open_block=False), new_compressor("gzip")
+    want = b"".join(z.compress(f) + z.flush(zlib.Z_BLOCK) for f in frames) + z.flush()
+    assert b"".join(text.compress(f) + text.flush() for f in frames) + text.finish() == want
+    body = b"".join(ours.compress(f) + ours.flush() for f in frames) + ours.finish()
+    assert zlib.decompress(body, 31) == b"".join(frames) and len(body) < 0.8 * len(want)
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)

@@ -235,6 +235,31 @@ def test_a_client_never_receives_a_header_newer_than_its_version(policy_servers,
     assert resp.headers["codec-tokenizer-map"].startswith("sha256:")
 
 
+def test_gzip_keeps_one_block_open_for_codec_streams_only(serve, monkeypatch) -> None:
+    # The gzip flush rule (codec/compression.py GzipCompressor): Codec token streams keep one
+    # deflate block open, the text APIs' SSE flushes with Z_BLOCK; both decode with zlib.
+    from tokenwire.gateway.http import generation
+
+    made: list[tuple[str, bool]] = []
+    real = generation.new_compressor
+
+    def spy(encoding: str, **kw):
+        made.append((encoding, kw["open_block"]))
+        return real(encoding, **kw)
+
+    monkeypatch.setattr(generation, "new_compressor", spy)
+    up = serve(ScriptedUpstream(SIMPLE))
+    for path, body in [("/v1/completions", {"prompt": "x", "stream_format": "msgpack"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                 "stream": True})]:
+        with httpx.stream("POST", up.url + path, json=body, timeout=60,
+                          headers={"Accept-Encoding": "gzip"}) as resp:
+            assert resp.headers["content-encoding"] == "gzip"
+            raw = b"".join(resp.iter_raw())
+        assert zlib.decompress(raw, 31)
+    assert made == [("gzip", True), ("gzip", False)]
+
+
 # -- streaming: the window timer and disconnects ---------------------------------------------
 
 #: How long the held upstream waits for the client before it sends frame 3 anyway: a

@@ -8,9 +8,11 @@ Rules this module enforces (codec-spec §4):
 * One compression context spans the whole response body, never one per frame (§4.1).
 * zstd only with a pre-trained dictionary (§4.1): :class:`ZstdCompressor` cannot be built
   without a :class:`ZstdDict`, and the decompressor refuses a zstd body without one.
-* Flushing ends a block but keeps the history: gzip ``Z_BLOCK`` on fixed-Huffman blocks
-  (see :data:`GZIP_FLUSH`), brotli ``BROTLI_OPERATION_FLUSH``, zstd ``FLUSH_BLOCK``.
-  ``Z_FULL_FLUSH`` (which resets the window) is never used (§4.2). The reference engine
+* Flushing keeps the history: gzip pads its one open fixed-Huffman block to a byte
+  (:mod:`tokenwire.codec.deflate_stream`; text streams end a fixed block with ``Z_BLOCK``,
+  see :class:`GzipCompressor`), brotli ends a metablock
+  (``BROTLI_OPERATION_FLUSH``), zstd a block (``FLUSH_BLOCK``). ``Z_FULL_FLUSH`` (which
+  resets the window) is never used (§4.2). The reference engine
   never flushes mid-stream (§9.1 item 9), so a client decodes nothing until the end; the
   :class:`Coalescer` flushes at the end of every coalescing window instead (§10 item 1), so
   each frame is decodable within one window.
@@ -29,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
+from tokenwire.codec.deflate_stream import GzipStream
 from tokenwire.codec.maps import parse_hash, sha256_hash
 from tokenwire.errors import (
     DecompressionError,
@@ -57,9 +60,7 @@ __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
     "DEFAULT_WINDOW_S",
     "DICT_SIZE",
-    "GZIP_FLUSH",
     "GZIP_LEVEL",
-    "GZIP_STRATEGY",
     "GZIP_WBITS",
     "MAX_PENDING_BYTES",
     "MAX_ZSTD_WINDOW",
@@ -87,19 +88,6 @@ __all__ = [
 #: gzip level of the reference engine (codec-spec §4.2); wbits 31 = gzip header + trailer.
 GZIP_LEVEL = 6
 GZIP_WBITS = 31
-#: How a gzip window is flushed: ``Z_BLOCK`` ends the deflate block without the 4-byte empty
-#: stored block and byte alignment of ``Z_SYNC_FLUSH``, keeping up to 7 bits for the next
-#: byte. Those held bits must never carry data, or the client could not decode the last
-#: token until the next window: :data:`GZIP_STRATEGY` makes every block fixed-Huffman, whose
-#: end-of-block code is 7 bits, so the held bits are always part of it and a stock streaming
-#: inflater (zlib: Python, browsers, curl) has every byte of the block. With zlib's default
-#: strategy a large dynamic block has a shorter end-of-block code and a 5 s window left a
-#: byte undecodable (BENCHMARKS.md, "Compression at short windows"). Measured on the 2,048-token
-#: replay at 20 ms, msgpack: Z_SYNC_FLUSH 8.76, Z_PARTIAL_FLUSH 5.00, Z_BLOCK 3.78 B/token.
-GZIP_FLUSH = zlib.Z_BLOCK
-#: Fixed Huffman codes only (see :data:`GZIP_FLUSH`); zlib already picks them for every block
-#: up to a 500 ms window here, and they cost ~1% at 5 s windows.
-GZIP_STRATEGY = zlib.Z_FIXED
 #: Brotli quality. The engine uses 4. Measured at 1 id/frame, 2,048-token msgpack streams with
 #: a flush per window (50 / 100 ms): q4 6.0 / 4.35, q5 4.4 / 3.4, q6 4.3 / 3.4 B/token. q4
 #: loses 25-35% when flushed; q6 gains ~1% over q5 for more CPU, so 5.
@@ -127,8 +115,9 @@ _DECODE_SLICE = 64
 #: 100 ms 2.7/3.4/4.1, 150 ms 2.35/3.0/3.6, 300 ms 2.0/2.5/3.0, unflushed 1.5/1.4/1.7.
 #: 150 ms is the shortest window that gets gzip under 2.5 B/token; latency-sensitive callers
 #: pass a shorter one (the first frame is flushed at once either way). Those figures predate
-#: GZIP_FLUSH = Z_BLOCK: on the recorded replay of bench_compression, msgpack+gzip is now 3.8
-#: B/token at 20 ms (8.8 with Z_SYNC_FLUSH) and 0.9 at 150 ms (1.75); br and zstd unchanged.
+#: the gzip flush of GzipStream: on the recorded replay of bench_compression, msgpack+gzip is
+#: now 2.97 B/token at 20 ms (8.8 with Z_SYNC_FLUSH) and 0.72 at 150 ms (1.75); br and zstd
+#: unchanged.
 DEFAULT_WINDOW_S = 0.15
 #: Raw frame bytes a Coalescer holds before it closes the window early: a fast engine must not
 #: make the server buffer an unbounded amount, and 64 KiB is already ~4,000 one-id frames.
@@ -194,7 +183,7 @@ class Compressor(ABC):
 
     def compress_body(self, data: bytes) -> bytes:
         """A whole body at once, finished: no flush points, so a codec may code it as it
-        would a file (gzip drops the fixed-Huffman rule of :data:`GZIP_STRATEGY`)."""
+        would a file (gzip uses zlib's dynamic blocks instead of one fixed block)."""
         out = self.compress(data)
         return out + self.finish()
 
@@ -227,31 +216,62 @@ class IdentityCompressor(Compressor):
         return b""
 
 
+class _ZlibBlocks:
+    """gzip through zlib alone, each flush ending a fixed-Huffman block (``Z_BLOCK``): the
+    block's last bits are its 7-bit end-of-block code, so nothing of the data stays in the
+    compressor. Fixed codes (``Z_FIXED``) because after a dynamic block, whose end-of-block
+    code can be shorter, ``Z_BLOCK`` can hold back data bits (a 5 s window on the replay did;
+    tests/codec/test_flush_points.py). Same methods as :class:`GzipStream`."""
+
+    def __init__(self, level: int) -> None:
+        self._z = zlib.compressobj(level, zlib.DEFLATED, GZIP_WBITS, strategy=zlib.Z_FIXED)
+
+    def compress(self, data: bytes) -> bytes:
+        return self._z.compress(data)
+
+    def flush(self) -> bytes:
+        return self._z.flush(zlib.Z_BLOCK)
+
+    def finish(self) -> bytes:
+        return self._z.flush(zlib.Z_FINISH)
+
+
 class GzipCompressor(Compressor):
-    """gzip (RFC 1952) via zlib, fixed-Huffman blocks flushed with ``Z_BLOCK`` (GZIP_FLUSH)."""
+    """gzip (RFC 1952), flushed at each window without resetting the history (§4.2).
+
+    The flush rule (issue 15, BENCHMARKS.md "Compression at short windows"): a Codec token
+    stream (``open_block``, the default) goes through :class:`GzipStream`, one fixed-Huffman
+    block kept open across flushes whose pad bits begin the next code; on the 2,048-token
+    replay at 20 ms that is 2.97 B/token for msgpack where zlib's ``Z_BLOCK`` gives 3.79
+    (0.72 vs 0.90 at 150 ms), for ~3 µs more CPU per token. A text stream (the SSE of the
+    OpenAI and Anthropic APIs, ~200 bytes per token) passes ``open_block=False`` and flushes
+    with ``Z_BLOCK`` (:class:`_ZlibBlocks`): there the open block saves 2% of the bytes at
+    150 ms (8% at 20 ms) and its Python walk of zlib's many symbols costs 2-5 µs per token
+    more, 3x the CPU. A whole body
+    (:meth:`compress_body`) keeps zlib's default strategy.
+    """
 
     encoding = "gzip"
 
-    def __init__(self, *, level: int = GZIP_LEVEL) -> None:
+    def __init__(self, *, level: int = GZIP_LEVEL, open_block: bool = True) -> None:
         super().__init__()
         self._level = level
-        self._z_used = False
-        self._z = zlib.compressobj(level, zlib.DEFLATED, GZIP_WBITS, strategy=GZIP_STRATEGY)
+        self._used = False
+        self._g = GzipStream(level) if open_block else _ZlibBlocks(level)
 
     def _compress(self, data: bytes) -> bytes:
-        self._z_used = True
-        return self._z.compress(data)
+        self._used = True
+        return self._g.compress(data)
 
     def _flush(self) -> bytes:
-        self._z_used = True
-        # Z_BLOCK keeps the 32 KiB history; Z_FULL_FLUSH would reset it (§4.2).
-        return self._z.flush(GZIP_FLUSH)
+        self._used = True
+        return self._g.flush()
 
     def _finish(self) -> bytes:
-        return self._z.flush(zlib.Z_FINISH)
+        return self._g.finish()
 
     def compress_body(self, data: bytes) -> bytes:
-        if self._z_used:  # part of the body went through the streaming context already
+        if self._used:  # part of the body went through the streaming context already
             return super().compress_body(data)
         self._check_open()
         self._finished = True
@@ -318,10 +338,13 @@ if zstandard is not None:
     COMPRESSORS["zstd"] = ZstdCompressor
 
 
-def new_compressor(encoding: str, *, dictionary: ZstdDict | None = None) -> Compressor:
+def new_compressor(encoding: str, *, dictionary: ZstdDict | None = None,
+                   open_block: bool = True) -> Compressor:  # fmt: skip
     """Build the compressor for a ``Content-Encoding`` token with the engine parameters.
 
-    Raises :class:`LocalProtocolError` for an unknown or uninstalled encoding (never a silent
+    ``open_block=False`` is for text streams: gzip then flushes with zlib's ``Z_BLOCK`` (the
+    rule is in :class:`GzipCompressor`); the other codings ignore it. Raises
+    :class:`LocalProtocolError` for an unknown or uninstalled encoding (never a silent
     identity fall-through, §9.1 item 23) and for zstd without a dictionary (§4.1).
     """
     cls = COMPRESSORS.get(encoding.lower())
@@ -331,6 +354,8 @@ def new_compressor(encoding: str, *, dictionary: ZstdDict | None = None) -> Comp
         if dictionary is None:
             raise LocalProtocolError("zstd requires a ZstdDict (codec-spec §4.1)")
         return ZstdCompressor(dictionary)
+    if cls is GzipCompressor:
+        return GzipCompressor(open_block=open_block)
     return cls()
 
 

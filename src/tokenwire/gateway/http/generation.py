@@ -187,7 +187,10 @@ def start_generation(
 
     return EventResponse(
         stream, renderer, headers=headers,
-        compressor=functools.partial(new_compressor, pick.encoding, dictionary=zdict),
+        # gzip keeps one deflate block open for Codec token streams, Z_BLOCK for the text APIs'
+        # SSE (the rule and its numbers: codec/compression.py GzipCompressor).
+        compressor=functools.partial(new_compressor, pick.encoding, dictionary=zdict,
+                                     open_block=api == "codec"),
         on_failure=on_failure or _failure_response, window=state.settings.window_s,
         streaming=streaming, clock=state.clock, record=stream.observer,
     )
