@@ -363,10 +363,10 @@ class _Body(httpx.AsyncByteStream):
         data, self._start = self._start, b""
         reusable = self._keep_alive
         while True:
+            if left is not None and len(data) > left:  # bytes past the end: none can follow
+                data, reusable = data[:left], False
             if data:
                 if left is not None:
-                    if len(data) > left:  # bytes past the end: no next answer can follow
-                        data, reusable = data[:left], False
                     left -= len(data)
                 yield data
             if left == 0:
