@@ -5,13 +5,13 @@ own process, ``TOKENS`` chunks ``PACE_S`` apart; same clients; the gateway proce
 utime+stime from ``/proc`` divided by the content chunks received), at 1 and 64 concurrent
 streams, Chat SSE and Codec msgpack, for:
 
-* ``http/1.1``: ``tokenwire serve --upstream`` as shipped (uvicorn, the guarded h11
-  protocol); httpx with a pool of one connection per stream;
+* ``http/1.1``: ``tokenwire serve --upstream`` as shipped (uvicorn, the guarded httptools
+  protocol since 2026-12-04, h11 before); httpx with a pool of one connection per stream;
 * ``h2c``: the same server, httpx with ``http2=True`` and prior knowledge: every stream on
   one connection (``gateway/http/http2.py``);
-* ``http/1.1 httptools (unguarded)``: uvicorn's httptools parser instead of h11, *without*
-  the connection guard (which is an h11 subclass), to price the parser alone: what porting
-  the guard to httptools could save at most. Needs ``httptools`` importable (skipped if not).
+* ``http/1.1 httptools (unguarded)``: uvicorn's own httptools protocol, *without* the
+  connection guard: what the guard itself costs (before 2026-12-04, when the guard was an
+  h11 subclass, this row priced the parser alone). Needs ``httptools`` (a dependency now).
 * ``hypercorn ... (unguarded)``: the same app (``harden(create_app())`` over the same built
   gateway) served by hypercorn (h11 + h2) instead, HTTP/1.1 and h2c: the alternative
   server, priced without the guard it lacks. Needs ``hypercorn`` (skipped if not).
