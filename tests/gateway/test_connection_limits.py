@@ -174,6 +174,25 @@ def test_pipelined_requests_are_answered_in_order_then_the_head_deadline_runs(gu
     assert json.loads(answers[2][1])["choices"][0]["message"]["content"] == "ab"
 
 
+def test_bytes_that_do_not_parse_after_a_request_do_not_cost_its_answer(guarded) -> None:
+    """A valid request and then garbage in one write: llhttp reads the request (its answer
+    starts) and fails on the garbage in the same read. The request's answer still comes,
+    whole and marked ``connection: close``, and the connection then closes; a lone bad head
+    gets the JSON 400 at once."""
+    stack = guarded()
+    chat = json.dumps({"model": "scripted", "messages": [{"role": "user", "content": "Hi"}]})
+    post = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}"
+            f"\r\nContent-Type: application/json\r\nContent-Length: {len(chat)}\r\n\r\n"
+            f"{chat}").encode()
+    with connect_from(stack.port) as conn:
+        conn.sendall(post + b"\x00\x01 not http\r\n\r\n")
+        ((head, body),) = _responses(read_until_closed(conn))
+    assert _status(head) == 200 and b"connection: close" in head.lower()
+    assert json.loads(body)["choices"][0]["message"]["content"] == "ab"
+    alone = _request(stack.port, b"\x00\x01 not http\r\n\r\n")
+    assert alone.startswith(b"HTTP/1.1 400 ") and json.loads(_responses(alone)[0][1])["error"]
+
+
 def test_an_upgrade_that_is_not_served_is_read_on_as_http11_with_its_body(guarded) -> None:
     """llhttp stops at the end of an upgrade request's head; the guard reads the request on
     as HTTP/1.1 (RFC 9110 §7.8 lets a server ignore Upgrade), body and all, and the

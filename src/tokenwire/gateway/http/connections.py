@@ -269,6 +269,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         #: that head's headers while it is parsed again.
         self._ignored_upgrade = False
         self._replayed_headers: list[tuple[bytes, bytes]] | None = None
+        #: Bytes that do not parse arrived: nothing more is read (see _refuse).
+        self._unreadable = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
@@ -293,6 +295,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._refused is not None:
             self._refused.data(data)
             return
+        if self._unreadable:
+            return  # after bytes that do not parse, nothing more is read (see _refuse)
         if self._phase == _HEAD:
             self._head_bytes = True
         if self._sniffed is not None:
@@ -308,13 +312,26 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self._head_size += len(data)  # reset when a head completes in this read
         self._unset_keepalive_if_required()
         self._feed(data)
-        if (self._receiving is _IN_HEAD and self._head_size > MAX_HEAD_BYTES
-                and not self.transport.is_closing()):
-            self._cancel()
-            self.transport.write(_HEAD_TOO_LARGE)
-            self.transport.close()
+        if self._receiving is _IN_HEAD and self._head_size > MAX_HEAD_BYTES:
+            self._refuse(_HEAD_TOO_LARGE)
             return
         self._update()
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer a head that will not be served with ``answer`` (a bare 4xx) and close.
+        When a request before it on the connection (pipelined, or still running) has not
+        had its whole answer, that answer goes out first and the connection closes after
+        it without the refusal, which HTTP/1.1 could only send after it anyway: closing at
+        once would drop an answer the client is owed."""
+        self._cancel()
+        self._unreadable = True
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.cycle.keep_alive = False  # uvicorn closes the connection after it
+            return
+        self.transport.write(answer)
+        self.transport.close()
 
     def _feed(self, data: bytes) -> None:
         """uvicorn's parse step (its ``data_received``), with one change: an upgrade it does
@@ -334,10 +351,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._read_on_without_upgrade(data[exc.args[0]:])
 
     def send_400_response(self, msg: str) -> None:
-        self._cancel()
-        if not self.transport.is_closing():
-            self.transport.write(_BAD_REQUEST.http1)
-            self.transport.close()
+        self._refuse(_BAD_REQUEST.http1)
 
     def _read_on_without_upgrade(self, rest: bytes) -> None:
         """Parse the request again from its head, less the ``Upgrade`` header (without it
@@ -347,8 +361,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._ignored_upgrade = False
         method = self.parser.get_method()
         if method == b"CONNECT":  # a tunnel request upgrades whatever its headers say
-            self.transport.write(_CONNECT_REFUSED)
-            self.transport.close()
+            self._refuse(_CONNECT_REFUSED)
             return
         self._replayed_headers = list(self.headers)
         head = [method, b" ", self.url, b" HTTP/",
