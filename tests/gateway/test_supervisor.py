@@ -384,13 +384,13 @@ def test_a_completed_response_frees_its_place_before_its_last_body_message() -> 
     exactly the capacity (one connection per place) that request found every place held by
     answered requests and got a 429 (the bench saw 48 in 11,526). So the place must be free
     when the last body message is handed to the server; the record still closes last."""
-    from tokenwire.gateway.http.admission import AdmissionMiddleware
+    from tokenwire.gateway.http.admission import TICKET_SCOPE_KEY, AdmissionMiddleware
 
     admission = Admission(max_concurrent=1, queue_size=0)
     closed: list[str] = []
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        scope["tokenwire.ticket"].on_release = lambda: closed.append("record")
+        scope[TICKET_SCOPE_KEY].on_release = lambda: closed.append("record")
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{", "more_body": True})
         await send({"type": "http.response.body", "body": b"}"})
