@@ -248,7 +248,7 @@ class RequestRecord:
     """
 
     __slots__ = (
-        "_api", "_attempts", "_c_heartbeats", "_c_tokens", "_done", "_encoding",
+        "_api", "_attempts", "_c_bytes", "_c_heartbeats", "_c_tokens", "_done", "_encoding",
         "_fallback_reason", "_fallbacks", "_first_output_s", "_heartbeats", "_model",
         "_model_l", "_notes", "_obs", "_outcome", "_queue_wait_s", "_request_id", "_retries",
         "_retry_class", "_retry_code", "_retry_wait_s", "_served_model", "_started", "_stream",
@@ -275,6 +275,8 @@ class RequestRecord:
         m, child = obs._m, obs._child
         self._c_tokens = child(m.completion_tokens, self._api, self._model_l)
         self._c_heartbeats = child(m.heartbeats, self._api)
+        #: wire_bytes' children by encoding: a write looks up one string, no tuple key.
+        self._c_bytes: dict[str, Any] = {}
         self._queue_wait_s: float | None = None
         self._first_output_s: float | None = None
         self._attempts = 0
@@ -426,7 +428,10 @@ class RequestRecord:
                 if not n:
                     return
             enc = encoding if isinstance(encoding, str) and encoding in ENCODINGS else OTHER
-            child = self._obs._child(self._obs._m.wire_bytes, self._api, enc)
+            child = self._c_bytes.get(enc)  # at most one child per vocabulary entry
+            if child is None:
+                child = self._c_bytes[enc] = self._obs._child(self._obs._m.wire_bytes,
+                                                              self._api, enc)
             self._encoding = enc
             self._wire_bytes += n
             child.inc(n)
