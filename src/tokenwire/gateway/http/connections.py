@@ -145,12 +145,17 @@ _SERVER_FULL = _refusal(503, "Service Unavailable", "server_error", "server_busy
 #: it), is a JSON error in the OpenAI shape.
 _BAD_REQUEST = _refusal(400, "Bad Request", "invalid_request_error", "invalid_request",
                         "Invalid HTTP request received.", retry=False)
-_TIMEOUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\n"
-            b"connection: close\r\n\r\n")
-_CONNECT_REFUSED = (b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\n"
-                    b"connection: close\r\n\r\n")
-_HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\n"
-                   b"connection: close\r\n\r\n")
+
+
+def _bare(status: int, reason: str) -> bytes:
+    """A bodyless answer that closes the connection."""
+    return (f"HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\n"
+            "connection: close\r\n\r\n").encode()
+
+
+_TIMEOUT = _bare(408, "Request Timeout")
+_CONNECT_REFUSED = _bare(405, "Method Not Allowed")
+_HEAD_TOO_LARGE = _bare(431, "Request Header Fields Too Large")
 
 
 @dataclass(frozen=True, slots=True)
