@@ -239,16 +239,23 @@ def window(target: Target, up_pid: int, concurrency: int = CONCURRENCY,
     results = [json.loads(p.communicate()[0]) for p in procs]
     if any(r["late"] for r in results):
         raise RuntimeError(f"{target.name}: a client was not running when the window opened")
-    errors: dict[str, int] = {}
-    examples: dict[str, str] = {}
-    for r in results:
-        for kind, n in r["errors"].items():
-            errors[kind] = errors.get(kind, 0) + n
-            examples.setdefault(kind, r["examples"][kind])
+    errors, examples = _merge_errors(results)
     return {"latencies": [t for r in results for t in r["latencies"]], "errors": errors,
             "examples": examples, "gateway_cpu": cpu[0], "upstream_cpu": cpu[1],
             "client_cpu": sum(cpu[2:]), "idle": (idle1[0] - idle0[0], idle1[1] - idle0[1]),
             "concurrency": concurrency, "clients": clients}
+
+
+def _merge_errors(parts: list[dict]) -> tuple[dict[str, int], dict[str, str]]:
+    """Error counts by kind summed over ``parts`` (clients, or windows), with the first
+    example of each kind."""
+    errors: dict[str, int] = {}
+    examples: dict[str, str] = {}
+    for part in parts:
+        for kind, n in part["errors"].items():
+            errors[kind] = errors.get(kind, 0) + n
+            examples.setdefault(kind, part["examples"][kind])
+    return errors, examples
 
 
 def row(name: str, windows: list[dict], has_gateway: bool) -> dict:
@@ -256,12 +263,7 @@ def row(name: str, windows: list[dict], has_gateway: bool) -> dict:
     percentiles and CPU per request over all of them, every error counted."""
     latencies = sorted(t for w in windows for t in w["latencies"])
     ok = len(latencies)
-    errors: dict[str, int] = {}
-    examples: dict[str, str] = {}
-    for w in windows:
-        for kind, n in w["errors"].items():
-            errors[kind] = errors.get(kind, 0) + n
-            examples.setdefault(kind, w["examples"][kind])
+    errors, examples = _merge_errors(windows)
     rates = [len(w["latencies"]) / SECONDS for w in windows]
 
     def per_request(key: str) -> float | None:
