@@ -181,8 +181,7 @@ class GzipStream:
     # -- public API ---------------------------------------------------------------------------
 
     def compress(self, data: bytes) -> bytes:
-        if self._finished:
-            self._check_open()
+        self._check_open()
         if data:
             self._crc = zlib.crc32(data, self._crc)
             self._size += len(data)
@@ -196,8 +195,7 @@ class GzipStream:
 
     def flush(self) -> bytes:
         """Everything compressed so far, decodable now; the 32 KiB history is kept."""
-        if self._finished:
-            self._check_open()
+        self._check_open()
         raw = self._z.flush(zlib.Z_BLOCK)
         if raw:
             self._read(raw)
@@ -350,13 +348,9 @@ class GzipStream:
         if not raw:  # the reader stopped only where it needed more bits
             return
         i, end = 0, len(raw)
-        if self._state == _FIXED:  # the usual case: zlib's symbols, then its end-of-block
-            i = self._read_fixed(raw, 0)
-            if self._state == _FIXED:
-                return
         while True:
             state = self._state
-            if state == _FIXED:
+            if state == _FIXED:  # the usual case: zlib's symbols, then its end-of-block
                 i = self._read_fixed(raw, i)
                 if self._state == _FIXED:
                     return
