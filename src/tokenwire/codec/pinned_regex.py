@@ -338,7 +338,8 @@ def _pin(pattern: str, numeric: Numeric, spell: bool = True) -> tuple[str, froze
             if spell:
                 out.append(spell_class(category_ranges(name, numeric), negated=negated))
         elif kind == "cp":
-            out.append(_spell(value, _META))  # type: ignore[arg-type]
+            if spell:  # (a code point past U+10FFFF has no spelling: the compile refuses it)
+                out.append(_spell(value, _META))  # type: ignore[arg-type]
         else:
             out.append(value)  # type: ignore[arg-type]
         i = nxt
