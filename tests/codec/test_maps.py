@@ -303,3 +303,11 @@ def test_max_id_is_computed_once_and_counts_specials() -> None:
     tmap = load_map_bytes(_doc(special_tokens={"<s>": 7}))
     assert tmap.max_id == 7 and tmap._derived["max_id"] == 7
     assert load_map_bytes(_doc(vocab={})).max_id == -1
+
+
+def test_keys_by_id_keeps_the_last_key_of_an_id_and_marks_holes() -> None:
+    # Issue 15 fills the list with a plain loop: the same table as the map(__setitem__) pass.
+    tmap = load_map_bytes(_doc(vocab={"a": 0, "b": 2, "c": 2, "d": 4}, vocab_size=4))
+    assert tmap.keys_by_id() == ["a", None, "c", None, "d"]
+    assert tmap.keys_by_id() is tmap._derived["keys_by_id"]  # computed once
+    assert load_map_bytes(_doc(vocab={"a": 0, "z": 10**6})).keys_by_id() is None  # too sparse

@@ -301,3 +301,102 @@ def smollm2_hf_pattern():  # type: ignore[no-untyped-def]
 
     tmap = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
     return tmap, hf_tokenizer(tmap)
+
+
+# --- spelled when first needed (a fresh process's first load, issue 15) ----------------------
+
+#: Patterns for the names-only walk: the programs' regexes, and classes the rewriter pins, or
+#: copies as written (nested, POSIX, ranges to a set, unknown names, unterminated...).
+NAME_PATTERNS = [
+    GPT2_LIKE, r"\p{N}", r"\P{L}+", r"\p{^L}", r"\P{^N}", r"\pL\pN", r"[^\S\p{L}]",
+    r"[\p{L}[a-z]]", r"[[:alpha:]]", r"[\w\p{N}]", r"[\p{L}-z]", r"[a-\p{L}]", r"[z-a]",
+    r"\p{Greek}", r"[\p{Greek}\s]",
+    r"[]a\p{P}]", r"[^]\p{S}]", r"[\p{Lu}\x{41}-\x{5a}\u00e9\U0001F600]", "[\\p{M}", r"\p{L",
+    r"abc\\", "\\", r"\d\D\s\S", r"[\d\s]+(?!\S)", r"(?i:'s|'t)|[^\r\n\p{L}\p{N}]?\p{L}+",
+]
+
+
+def _program_regexes() -> list[str]:
+    from tokenwire.codec.pretok import _OpList
+
+    out = []
+    for _, program in PROGRAM_CASES:
+        for stage in program.get("stages", [program]):
+            if "ops" in stage:
+                ops = _OpList(stage["ops"])
+                out += [ops.alternation, ops.v1_regex(), ops.gap_regex()]
+                out += [r for r in [ops.digit_segment_regex()] if r is not None]
+    return out
+
+
+@pytest.mark.parametrize("numeric", ["regex", "rust"])
+def test_names_without_spelling_are_the_names_the_spelling_pins(numeric: str) -> None:
+    for source in NAME_PATTERNS + _program_regexes():
+        assert pinned_regex._pinned_names(source) == pinned_regex._pin(source, numeric)[1], source
+
+
+def test_a_pinned_regex_spells_its_pattern_when_first_read() -> None:
+    compiled = PinnedRegex(r"\p{N}|[^\s\p{L}]+", "rust")
+    assert compiled._pattern is None  # not spelled by building it
+    assert compiled.findall("a 12 ü!") == regex.findall(r"\p{N}|[^\s\p{L}]+", "a 12 ü!")
+    assert compiled._pattern is None  # nor by an undisputed text
+    assert compiled.pattern == pin(r"\p{N}|[^\s\p{L}]+", "rust")
+
+
+@pytest.mark.parametrize(("name", "program"), PROGRAM_CASES, ids=[n for n, _ in PROGRAM_CASES])
+def test_single_regex_read_late_is_the_pinned_single_regex(name: str, program: dict) -> None:
+    pt = compile_program(program)
+    single = pt._single
+    assert isinstance(single, PinnedRegex) and single._pattern is None
+    assert pt.single_regex == pin(single.source, single._numeric)
+    assert pt.single_regex == compile_program(program).single_regex  # a second build agrees
+
+
+def test_a_map_shipping_another_pattern_next_to_its_program_uses_the_programs() -> None:
+    """The bundled SmolLM2 map ships the program's pinned single regex as its
+    ``pre_tokenizer_pattern``; the tokenizer never trusts that copy (it spells the program's
+    own, lazily), so a map whose copy differs, or has none, encodes the same."""
+    from tokenwire.codec.maps import load_map_bytes
+    from tokenwire.codec.tokenizer import _pre_tokenizer
+
+    tmap = load_map_file(bundled_map_path("huggingfacetb/smollm2"))
+    doc = json.loads(tmap.raw)
+    texts = ["Hello 12 world", "a\u0558b \U000190b6濺 1x", "  4 ünï"]
+    want = [Tokenizer.from_map(tmap, "python").encode(t) for t in texts]
+    for pattern in (r"\S+", None):
+        if pattern is None:
+            del doc["pre_tokenizer_pattern"]
+        else:
+            doc["pre_tokenizer_pattern"] = pattern
+        other = load_map_bytes(json.dumps(doc).encode())
+        assert _pre_tokenizer(other).single_regex == tmap.pre_tokenizer_pattern
+        for backend in ("python", "tiktoken"):
+            assert [Tokenizer.from_map(other, backend).encode(t) for t in texts] == want
+
+
+def test_merged_tables_equal_the_generic_merge() -> None:
+    from itertools import chain
+
+    from tokenwire.codec.unicode_tables import RANGES, RUST_NUMERIC
+
+    for name, cats in pinned_regex.CATEGORY_GROUPS.items():
+        flat = chain.from_iterable(zip(RANGES[c][::2], RANGES[c][1::2], strict=True) for c in cats)
+        assert category_ranges(name) == pinned_regex._merge(flat), name
+    rust = RUST_NUMERIC["N"]
+    rust_pairs = zip(rust[::2], rust[1::2], strict=True)
+    assert category_ranges("N", "rust") == pinned_regex._merge(rust_pairs)
+    # Overlapping or misordered tables are not paired blindly: they take the generic merge.
+    assert pinned_regex._merge_flat([(0, 10), (2, 3)]) == ((0, 10),)
+    assert pinned_regex._merge_flat([(0, 3, 8, 9), (4, 5)]) == ((0, 5), (8, 9))
+    assert pinned_regex._merge_flat([(5, 9), (0, 6)]) == ((0, 9),)
+
+
+@pytest.mark.parametrize("numeric", ["regex", "rust"])
+def test_a_prefix_of_the_code_space_is_read_from_the_unmerged_tables(numeric: str) -> None:
+    bounds = (*pinned_regex.PREFIX_BOUNDS, 1, 0x41, 0x5B, 0xAA, 0xD800, 0xE000, 0x10000, 0x10FFFF)
+    for name in [*pinned_regex.CATEGORY_GROUPS, "WS"]:
+        for bound in bounds:
+            ranges = tuple((lo, min(hi, bound - 1)) for lo, hi in category_ranges(name, numeric)
+                           if lo < bound)  # fmt: skip
+            assert pinned_regex._text_below(name, numeric, bound) == (
+                pinned_regex._ranges_text(ranges)), (name, bound)

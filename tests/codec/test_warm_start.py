@@ -10,6 +10,7 @@ run the builds and check the fast path takes over.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import sys
@@ -286,9 +287,12 @@ def _byte_level_map(merges: list[str], extra: dict[str, int] | None = None) -> T
     (["a b", "c\nd e"], {"ab": 256, "ab\nc": 256, "de": 257}, False),  # cut by a newline
     (["a b", "b c"], {"far": 10**6}, False),  # ids too sparse for the id -> key list
 ])  # fmt: skip
+@pytest.mark.parametrize("chunk", [1, 2, tokenizer._ALIGN_CHUNK])  # faults on a slice's edge
 def test_starter_ranks_on_and_off_the_aligned_layout(
-    held: _HeldBack, merges: list[str], extra: dict[str, int] | None, aligned: bool
-) -> None:
+    held: _HeldBack, merges: list[str], extra: dict[str, int] | None, aligned: bool, chunk: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    monkeypatch.setattr(tokenizer, "_ALIGN_CHUNK", chunk)
     tmap = _byte_level_map(merges, extra)
     assert (tokenizer._aligned_base(tmap) is not None) is aligned
     kind = tokenizer._AlignedPairRanks if aligned else tokenizer._JoinedPairRanks
@@ -296,3 +300,17 @@ def test_starter_ranks_on_and_off_the_aligned_layout(
     warm, python = Tokenizer.from_map(tmap, defer=held), Tokenizer.from_map(tmap, "python")
     for text in ("abc abcabc", "bcab cba", "a b c"):
         assert warm.encode(text) == python.encode(text)
+
+
+@pytest.mark.parametrize("where", [0, 4095, 4096, 30_000, -1])
+def test_a_real_map_off_its_layout_in_any_slice_is_refused(where: int) -> None:
+    """The aligned check compares slice by slice (issue 15): one product moved off its id,
+    in the first, a middle or the last slice, or on a slice's edge, is found."""
+    tmap = _map("huggingfacetb/smollm2")
+    assert tokenizer._aligned_base(tmap) == 252
+    merges = list(tmap.merges)
+    k = where % len(merges)
+    a, b = merges[k].split(" ", 1)
+    merges[k] = f"{a} {b}x"  # the line's product is no longer the key with id base + k
+    moved = dataclasses.replace(tmap, merges=merges)
+    assert tokenizer._aligned_base(moved) is None

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import deque
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -148,15 +147,20 @@ class TokenizerMap:
 
     def keys_by_id(self) -> list[str | None] | None:
         """id -> vocab key as a list (``None`` at a hole; of keys sharing an id, the last,
-        as the decode tables have it), filled in one C-level pass the first time it is
-        asked for (measured 1/3 faster than a dict); ``None`` when the ids are too sparse
-        for a list. The starter paths that encode and decode while the fast ones are built
-        share it (issue 15: tokenizer.py ``_aligned_base``, detokenizer.py ``_Starter``)."""
+        as the decode tables have it), filled the first time it is asked for (measured 1/3
+        faster than a dict); ``None`` when the ids are too sparse for a list. The starter
+        paths that encode and decode while the fast ones are built share it (issue 15:
+        tokenizer.py ``_aligned_base``, detokenizer.py ``_Starter``)."""
         if "keys_by_id" not in self._derived:
             size, vocab, table = self.max_id + 1, self.vocab, None
             if size <= _MAX_SLOTS_PER_KEY * len(vocab) + 1024:
                 table = [None] * size
-                deque(map(table.__setitem__, vocab.values(), vocab), maxlen=0)
+                # A plain loop: Python 3.11 specialises `table[i] = key` for a list and an
+                # int, 2-3x faster in a fresh process than the C-level
+                # map(table.__setitem__, ...), which calls through a method wrapper
+                # (cl100k: ~2 ms against ~6; issue 15, BENCHMARKS.md "Third pass").
+                for key, i in vocab.items():
+                    table[i] = key
             self._derived["keys_by_id"] = table
         return self._derived["keys_by_id"]
 

@@ -40,10 +40,11 @@ from __future__ import annotations
 import array
 import os
 import re
-from bisect import bisect_right
-from collections.abc import Callable, Iterable, Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache, partial
 from itertools import chain
+from operator import gt, le
 
 import regex
 
@@ -105,6 +106,24 @@ def _merge(ranges: Iterable[tuple[int, int]]) -> Ranges:
     return tuple(out)
 
 
+def _merge_flat(flats: Sequence[tuple[int, ...]]) -> Ranges:
+    """:func:`_merge` of the flat ``(first, last, first, last, ...)`` tables of
+    :mod:`~tokenwire.codec.unicode_tables`, faster: their ranges do not overlap (the
+    categories of a group partition their code points), so sorting the firsts and the lasts
+    apart pairs them as sorting the ranges would, and ints sort ~10x faster than tuples
+    (the tuple sort was ~2 ms of a fresh process's first non-ASCII encode, issue 15).
+    Exact whatever the tables hold: strictly interleaved sorted firsts and lasts can only
+    come from those very ranges; anything else takes :func:`_merge`."""
+    firsts = sorted(chain.from_iterable(flat[::2] for flat in flats))
+    lasts = sorted(chain.from_iterable(flat[1::2] for flat in flats))
+    if not (all(map(le, firsts, lasts)) and all(map(gt, firsts[1:], lasts))):
+        return _merge(chain.from_iterable(zip(f[::2], f[1::2], strict=True) for f in flats))
+    # A merged range starts where a range does not touch the one before, ends likewise.
+    starts = [lo for lo, before in zip(firsts, [-2, *lasts], strict=False) if lo != before + 1]
+    ends = [hi for hi, after in zip(lasts, [*firsts[1:], -2], strict=True) if after != hi + 1]
+    return tuple(zip(starts, ends, strict=True))
+
+
 def _complement(ranges: Ranges) -> Ranges:
     """Every scalar value (surrogates excluded) not in ``ranges``."""
     out: list[tuple[int, int]] = []
@@ -126,11 +145,8 @@ def category_ranges(name: str, numeric: Numeric = "regex") -> Ranges:
     if name == "WS":
         return _merge(WHITE_SPACE_RANGES)
     if name == "N" and numeric == "rust":
-        flat_n = RUST_NUMERIC["N"]
-        return _merge(zip(flat_n[::2], flat_n[1::2], strict=True))
-    cats = CATEGORY_GROUPS[name]
-    flat = chain.from_iterable(zip(RANGES[c][::2], RANGES[c][1::2], strict=True) for c in cats)
-    return _merge(flat)
+        return _merge_flat([RUST_NUMERIC["N"]])
+    return _merge_flat([RANGES[cat] for cat in CATEGORY_GROUPS[name]])
 
 
 # -- spelling ----------------------------------------------------------------------------
@@ -219,13 +235,16 @@ def _set_ranges(negated: bool, name: str, numeric: Numeric) -> Ranges:
     return _complement(ranges) if negated else ranges
 
 
-def _parse_class(p: str, i: int, used: set[str], numeric: Numeric) -> tuple[str, int]:
-    """Rewrite the class starting at ``p[i] == "["``: (new spelling, index after it)."""
+def _parse_class(
+    p: str, i: int, used: set[str], numeric: Numeric, spell: bool = True
+) -> tuple[str, int]:
+    """Rewrite the class starting at ``p[i] == "["``: (new spelling, index after it).
+    Without ``spell``, only ``used`` and the index: the spelling is ``""``."""
     j = i + 1
     negated = p[j : j + 1] == "^"
     if negated:
         j += 1
-    items: list[tuple[int, int]] = []
+    items: list[tuple[int, int]] | None = [] if spell else None
     names: set[str] = set()
     first = True
     try:
@@ -245,21 +264,25 @@ def _parse_class(p: str, i: int, used: set[str], numeric: Numeric) -> tuple[str,
                 hi, j = _class_atom(p, j + 1, items, names, numeric)
                 if hi is None or hi < lo:
                     raise _Unpinnable
-                items.append((lo, hi))
+                lo_hi = (lo, hi)
             else:
-                items.append((lo, lo))
+                lo_hi = (lo, lo)
+            if items is not None:
+                items.append(lo_hi)
     except _Unpinnable:
         end = _class_end(p, i)
         return p[i:end], end
     used |= names
+    if items is None:
+        return "", j + 1
     return spell_class(_merge(items), negated=negated), j + 1
 
 
 def _class_atom(
-    p: str, j: int, items: list[tuple[int, int]], names: set[str], numeric: Numeric
+    p: str, j: int, items: list[tuple[int, int]] | None, names: set[str], numeric: Numeric
 ) -> tuple[int | None, int]:
     """One class item at ``p[j]``: (its code point, next index), or (None, next index) when
-    it was a whole set (``\\p{L}``), whose ranges go straight into ``items``."""
+    it was a whole set (``\\p{L}``), whose ranges go straight into ``items`` (if any)."""
     if p[j] != "\\":
         return ord(p[j]), j + 1
     kind, value, nxt = _read_escape(p, j)
@@ -268,7 +291,8 @@ def _class_atom(
     if kind == "set":
         negated, name = value  # type: ignore[misc]
         names.add(name)
-        items.extend(_set_ranges(negated, name, numeric))
+        if items is not None:
+            items.extend(_set_ranges(negated, name, numeric))
         return None, nxt
     raise _Unpinnable
 
@@ -291,14 +315,16 @@ def _class_end(p: str, i: int) -> int:
     return len(p)
 
 
-def _pin(pattern: str, numeric: Numeric) -> tuple[str, frozenset[str]]:
+def _pin(pattern: str, numeric: Numeric, spell: bool = True) -> tuple[str, frozenset[str]]:
+    """(pinned spelling, names of the classes it pinned); without ``spell`` the same walk
+    finds the names alone and the spelling is ``""`` (no ranges merged, nothing spelled)."""
     out: list[str] = []
     used: set[str] = set()
     i = 0
     while i < len(pattern):
         c = pattern[i]
         if c == "[":
-            spelled, i = _parse_class(pattern, i, used, numeric)
+            spelled, i = _parse_class(pattern, i, used, numeric, spell)
             out.append(spelled)
             continue
         if c != "\\":
@@ -309,18 +335,27 @@ def _pin(pattern: str, numeric: Numeric) -> tuple[str, frozenset[str]]:
         if kind == "set":
             negated, name = value  # type: ignore[misc]
             used.add(name)
-            out.append(spell_class(category_ranges(name, numeric), negated=negated))
+            if spell:
+                out.append(spell_class(category_ranges(name, numeric), negated=negated))
         elif kind == "cp":
-            out.append(_spell(value, _META))  # type: ignore[arg-type]
+            if spell:  # (a code point past U+10FFFF has no spelling: the compile refuses it)
+                out.append(_spell(value, _META))  # type: ignore[arg-type]
         else:
             out.append(value)  # type: ignore[arg-type]
         i = nxt
-    return "".join(out), frozenset(used)
+    return ("".join(out) if spell else ""), frozenset(used)
 
 
 @cache
 def _pin_cached(pattern: str, numeric: Numeric = "regex") -> tuple[str, frozenset[str]]:
     return _pin(pattern, numeric)
+
+
+@cache
+def _pinned_names(pattern: str) -> frozenset[str]:
+    """The names :func:`_pin` pins in ``pattern`` (``numeric`` changes ranges, not names),
+    without spelling it: what a PinnedRegex needs before its first disputed text."""
+    return _pin(pattern, "regex", spell=False)[1]
 
 
 def pin(pattern: str, numeric: Numeric = "regex") -> str:
@@ -369,6 +404,24 @@ def _ranges_text(ranges: Ranges) -> str:
     return array.array("I", cps).tobytes().decode("utf-32-le")
 
 
+def _text_below(name: str, numeric: Numeric, bound: int) -> str:
+    """The code points of ``\\p{name}`` below ``bound``, in order, as one string: from the
+    start of each flat table, without merging the whole group (:func:`category_ranges`,
+    ~1 ms of the first non-ASCII encode of a fresh process, issue 15)."""
+    if name == "WS":
+        flats: list[tuple[int, ...]] = [tuple(chain.from_iterable(WHITE_SPACE_RANGES))]
+    elif name == "N" and numeric == "rust":
+        flats = [RUST_NUMERIC["N"]]
+    else:
+        flats = [RANGES[cat] for cat in CATEGORY_GROUPS[name]]
+    cps: set[int] = set()
+    for flat in flats:
+        end = 2 * ((bisect_left(flat, bound) + 1) // 2)  # the ranges that start below bound
+        for lo, hi in zip(flat[0:end:2], flat[1:end:2], strict=True):
+            cps.update(range(lo, min(hi, bound - 1) + 1))
+    return array.array("I", sorted(cps)).tobytes().decode("utf-32-le")
+
+
 @cache
 def _disputed_below(name: str, numeric: Numeric, bound: int) -> frozenset[int]:
     """:func:`disputed_code_points` among the scalars below ``bound``."""
@@ -377,9 +430,8 @@ def _disputed_below(name: str, numeric: Numeric, bound: int) -> frozenset[int]:
         theirs = regex.sub(r"\S+", "", every)
     else:
         theirs = regex.sub(rf"\P{{{name}}}+", "", every)
-    ranges = tuple((lo, min(hi, bound - 1)) for lo, hi in category_ranges(name, numeric)
-                   if lo < bound)  # fmt: skip
-    ours = _ranges_text(ranges)
+    ours = _ranges_text(category_ranges(name, numeric)) if bound > _MAX_CP else (
+        _text_below(name, numeric, bound))  # fmt: skip
     if theirs == ours:
         return frozenset()
     return frozenset(map(ord, theirs)) ^ frozenset(map(ord, ours))
@@ -465,19 +517,33 @@ class PinnedRegex:
     ``pattern`` is the pinned spelling (what tiktoken and other engines are given). Matching
     uses the module's own tables when the text has no code point they dispute, else the
     pinned compilation; the two give the same matches on every text by construction.
+
+    The spelling is made when first asked for (by the pinned compilation, or by whoever
+    reads ``pattern``: the tiktoken build, on the builder thread after a deferred load):
+    merging and spelling the ranges was ~3-10 ms of a fresh process's first map load
+    (issue 15), and a text needs it only if it holds a disputed code point. Until then only
+    the names of the pinned classes are known, from the same walk without the ranges.
     """
 
-    __slots__ = ("_exact", "_fast", "_key", "_names", "_numeric", "pattern", "source")
+    __slots__ = ("_exact", "_fast", "_key", "_names", "_numeric", "_pattern", "source")
 
     def __init__(self, source: str, numeric: Numeric = "regex") -> None:
         self.source = source
         self._numeric = numeric
-        self.pattern, self._names = _pin_cached(source, numeric)
+        self._pattern: str | None = None
+        self._names = _pinned_names(source)
         self._key = (self._names, numeric)
         if self._names:
             _in_use.add(self._key)
         self._fast = regex.compile(source)
         self._exact: regex.Pattern[str] | None = None
+
+    @property
+    def pattern(self) -> str:
+        """The pinned spelling (made on first use; a race spells twice, alike)."""
+        if self._pattern is None:
+            self._pattern = _pin_cached(self.source, self._numeric)[0]
+        return self._pattern
 
     def compiled_for(self, text: str) -> regex.Pattern[str]:
         if not self._names or text.isascii():

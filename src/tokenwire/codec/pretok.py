@@ -58,7 +58,7 @@ from typing import Any
 
 import regex
 
-from tokenwire.codec.pinned_regex import Numeric, PinnedRegex, pin
+from tokenwire.codec.pinned_regex import Numeric, PinnedRegex
 from tokenwire.codec.pretok_ops import CompiledOp, compile_op
 from tokenwire.codec.unicode_classes import ASCII_PUNCT_CLASS, CJK_CLASS, WHITE_SPACE, WS_CLASS
 from tokenwire.errors import UnsupportedProgram
@@ -92,18 +92,25 @@ Splitter = Callable[[str], list[str]]
 class PreTokenizer:
     """A compiled pre-tokenizer: ``split(text)`` and, when one exists, ``single_regex``."""
 
-    __slots__ = ("_split", "_stages", "single_regex", "source")
+    __slots__ = ("_single", "_split", "_stages", "source")
 
-    def __init__(self, split: Splitter, single_regex: str | None, source: Any,
+    def __init__(self, split: Splitter, single_regex: str | PinnedRegex | None, source: Any,
                  *, stages: Splitter | None = None) -> None:
         self._split = split
         # The program run as written, when ``split`` is a faster equal (the single regex).
         self._stages = split if stages is None else stages
-        #: One regex whose findall() equals ``split()``, or None. Its classes are pinned
-        #: to Unicode 16.0.0 and spelled alike for every engine (tokenwire.codec.pinned_regex).
-        self.single_regex = single_regex
+        # A PinnedRegex of the single regex's source: spelled when first read (most loads
+        # never read it before ready; the tiktoken build does, on the builder thread).
+        self._single = single_regex
         #: The program dict or pattern string this was compiled from.
         self.source = source
+
+    @property
+    def single_regex(self) -> str | None:
+        """One regex whose findall() equals ``split()``, or None. Its classes are pinned
+        to Unicode 16.0.0 and spelled alike for every engine (tokenwire.codec.pinned_regex)."""
+        single = self._single
+        return single.pattern if isinstance(single, PinnedRegex) else single
 
     def split(self, text: str) -> list[str]:
         """The pieces of ``text``, in order (they concatenate back to ``text``, except for
@@ -225,12 +232,12 @@ def _compile_v1(program: Mapping[str, Any]) -> PreTokenizer:
             raise UnsupportedProgram("op 'metaspace_split' must be the only op of a v1 program")
         return PreTokenizer(_metaspace_splitter(ops[0]), None, program)
     oplist = _OpList(ops)
-    single = pin(oplist.v1_regex())
     pattern = oplist.pattern
-    if oplist.exhaustive:
-        return PreTokenizer(pattern.findall, single, program)
+    if oplist.exhaustive:  # the alternation is the v1 regex
+        return PreTokenizer(pattern.findall, pattern, program)
     # Where no op matches, the `[\s\S]` branch takes one scalar: the v1 fallback.
-    return PreTokenizer(PinnedRegex(oplist.v1_regex()).findall, single, program,
+    single = PinnedRegex(oplist.v1_regex())
+    return PreTokenizer(single.findall, single, program,
                         stages=lambda t: _isolate(pattern, t, gaps_as_scalars=True))
 
 
@@ -325,7 +332,7 @@ def _compile_v2(program: Mapping[str, Any]) -> PreTokenizer:
     if single is None:
         return PreTokenizer(split, None, program)
     one = PinnedRegex(*single)  # the module's own tables unless the text has a disputed cp
-    return PreTokenizer(one.findall, pin(*single), program, stages=split)
+    return PreTokenizer(one.findall, one, program, stages=split)
 
 
 # -- entry points ----------------------------------------------------------------------

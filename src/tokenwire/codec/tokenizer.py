@@ -219,28 +219,37 @@ class _AlignedPairRanks(Mapping[tuple[str, str], int]):
         return len(self._merges)
 
 
+#: Merge lines compared per slice by :func:`_aligned_base`: the joined strings of a slice
+#: stay in the CPU cache between the passes over them (one join of the whole list is ~2 MB
+#: on cl100k); measured ~1/4 faster than joining everything at once (issue 15).
+_ALIGN_CHUNK = 4096
+
+
 def _aligned_base(tmap: TokenizerMap) -> int | None:
     """``base`` if every ``merges[k]``, its spaces taken out, is the vocab key with id
-    ``base + k``; else ``None``. The two sides are compared as two joined strings: nothing
-    is hashed (hashing and inserting every line is what the dict costs), and the id -> key
-    list is the starter decoder's. A newline inside a line fails the count, so equal joined
-    strings cut into equal pieces; the keys need no count of their own (taking the spaces
-    out leaves the newlines where they were, so equal strings have the same ones), which
-    saves a pass over ~0.9 MB (SmolLM2; twice that on cl100k) on the ready path."""
+    ``base + k``; else ``None``. The two sides are compared as joined strings, slice by
+    slice: nothing is hashed (hashing and inserting every line is what the dict costs),
+    and the id -> key list is the starter decoder's. A newline inside a line fails the
+    count, so equal joined strings cut into equal pieces; the keys need no count of their
+    own (taking the spaces out leaves the newlines where they were, so equal strings have
+    the same ones), which saves a pass over ~0.9 MB (SmolLM2; twice that on cl100k) on
+    the ready path."""
     merges, by_id = tmap.merges, tmap.keys_by_id()
     if not merges or by_id is None:
         return None
     base = tmap.vocab.get(merges[0].replace(" ", ""))
     if base is None or base + len(merges) > len(by_id):
         return None
-    try:
-        keys = "\n".join(by_id[base : base + len(merges)])  # type: ignore[arg-type]
-    except TypeError:  # a hole in the ids
-        return None
-    lines = "\n".join(merges)
-    if lines.count("\n") != len(merges) - 1:
-        return None
-    return base if lines.replace(" ", "") == keys else None
+    for lo in range(0, len(merges), _ALIGN_CHUNK):
+        chunk = merges[lo : lo + _ALIGN_CHUNK]
+        try:
+            keys = "\n".join(by_id[base + lo : base + lo + len(chunk)])  # type: ignore[arg-type]
+        except TypeError:  # a hole in the ids
+            return None
+        lines = "\n".join(chunk)
+        if lines.count("\n") != len(chunk) - 1 or lines.replace(" ", "") != keys:
+            return None
+    return base
 
 
 def _starter_ranks(tmap: TokenizerMap) -> Mapping[tuple[str, str], int]:
