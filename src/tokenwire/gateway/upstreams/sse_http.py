@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
 from collections import Counter
@@ -35,7 +36,11 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 from tokenwire.gateway.upstreams.failures import MALFORMED, failure_from_exception, read_capped
-from tokenwire.gateway.upstreams.http_transport import UpstreamClient, upstream_transport
+from tokenwire.gateway.upstreams.http_transport import (
+    UpstreamClient,
+    stream_post,
+    upstream_transport,
+)
 from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
 
 __all__ = [
@@ -155,12 +160,9 @@ class SSEUpstreamStream:
                               message="the upstream stream ended without a terminal event"))
 
     async def _exchange(self) -> None:
-        if isinstance(self._body, bytes):
-            sent: dict[str, Any] = {"content": self._body, "headers": {
-                **self._headers, "Content-Type": "application/json"}}
-        else:
-            sent = {"json": self._body, "headers": self._headers}
-        async with self._client.stream("POST", parsed_url(self._url), **sent) as resp:
+        body = self._body if isinstance(self._body, bytes) else json_body(self._body)
+        headers = {**self._headers, "Content-Type": "application/json"}
+        async with stream_post(self._client, parsed_url(self._url), body, headers) as resp:
             if resp.status_code >= 400:
                 body = await read_capped(resp)
                 self._end(self._classify_http(resp.status_code, resp.headers, body))
@@ -186,6 +188,12 @@ class SSEUpstreamStream:
                 if await self._put_all(self.parser.on_sse(sse)):
                     return
             await self._put_all(self.parser.on_eof())
+
+
+def json_body(value: Any) -> bytes:
+    """A JSON value as the request body, exactly as httpx's ``json=`` encodes it."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode()
 
 
 @functools.lru_cache(maxsize=1024)
