@@ -37,7 +37,8 @@ import asyncio
 import re
 import select
 import urllib.request
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import httptools
@@ -359,42 +360,76 @@ async def _read_head(conn: _Connection, timeout: float | None,
 
 class _Body(httpx.AsyncByteStream):
     """A response body read off its connection: ``length`` bytes (``None``: up to the
-    connection's end), each read yielded as it comes."""
+    connection's end).
+
+    :meth:`read` is the one reader (``__aiter__`` is a loop over it). It may be cancelled
+    at any time without losing a byte (the bytes stay in the connection's buffer until a
+    read returns), which is what lets an SSE stream read its body in its consumer's task
+    (``sse_http.SSEUpstreamStream``): the supervisor's timer cancels that wait for each
+    heartbeat. The read timeout counts silence across such cancelled reads, from the last
+    bytes that came, as one uninterrupted read would."""
 
     def __init__(self, transport: LeanTransport, key: _Key, conn: _Connection,
                  request: httpx.Request | None, read_timeout: float | None, *, start: bytes,
                  keep_alive: bool, length: int | None = None) -> None:
         self._transport, self._key, self._conn = transport, key, conn
         self._request, self._timeout = request, read_timeout
-        self._start, self._keep_alive, self._length = start, keep_alive, length
+        self._start, self._keep_alive, self._left = start, keep_alive, length
+        self._reusable = keep_alive
         self._done = False  # the connection went back to the pool or was closed
+        self._silent_since: float | None = None  # waiting for bytes since (loop time)
+
+    @property
+    def ended(self) -> bool:
+        """The body's end has been read: the next :meth:`read` returns ``b""`` at once."""
+        return self._done or self._left == 0
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, request, left = self._conn, self._request, self._length
-        data, self._start = self._start, b""
-        reusable = self._keep_alive
+        while data := await self.read():
+            yield data
+
+    async def read(self) -> bytes:
+        """The next bytes of the body; ``b""`` once it ended. The call after the one that
+        reached the end gives the connection back (or :meth:`close`)."""
         while True:
-            if left is not None and len(data) > left:  # bytes past the end: none can follow
-                data, reusable = data[:left], False
-            if data:
-                if left is not None:
-                    left -= len(data)
-                yield data
-            if left == 0:
-                # Pooled only once the reader came back for more (read to the end), as
-                # httpcore does: a reader that stops at its last event closes the response
-                # instead, and the connection closes with it.
-                self._finish(reusable)
-                return
-            data = await _read(conn, self._timeout, request)
+            if self.ended:
+                self._finish(self._reusable_at_end())
+                return b""
+            data = self._start or await self._read()
+            self._start = b""
             if not data:
-                if left is None:  # the body ran to the connection's end, as it said it would
+                if self._left is None:  # the body ran to the connection's end, as it said
                     self._finish(False)
-                    return
-                conn.close()
+                    return b""
+                self._conn.close()
                 raise httpx.RemoteProtocolError(
                     "peer closed connection without sending complete message body: "
-                    f"{left} bytes missing", request=request)
+                    f"{self._left} bytes missing", request=self._request)
+            if (data := self._frame(data)):
+                return data
+
+    def _reusable_at_end(self) -> bool:
+        return self._reusable
+
+    def _frame(self, data: bytes) -> bytes:
+        """The body's part of ``data``, as read off the connection."""
+        left = self._left
+        if left is not None:
+            if len(data) > left:  # bytes past the end: none can follow
+                data, self._reusable = data[:left], False
+            self._left = left - len(data)
+        return data
+
+    async def _read(self) -> bytes:
+        timeout = self._timeout
+        if timeout is not None:
+            now = self._conn._loop.time()
+            if self._silent_since is None:
+                self._silent_since = now
+            timeout = max(0.0, self._silent_since + timeout - now)
+        data = await _read(self._conn, timeout, self._request)
+        self._silent_since = None
+        return data
 
     def _finish(self, reusable: bool) -> None:
         if not self._done:
@@ -403,13 +438,15 @@ class _Body(httpx.AsyncByteStream):
                 self._conn.close()
             self._transport._release(self._key, self._conn)
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
+        """Reading stops: the connection is pooled if the body's end was read; else it
+        carries the rest of an answer nobody will read, so it closes (and the upstream sees
+        the disconnect)."""
         if not self._done:
-            # Closed before its end: the connection carries the rest of an answer nobody
-            # will read, so it closes (and the upstream sees the disconnect).
-            self._done = True
-            self._conn.close()
-            self._transport._release(self._key, self._conn)
+            self._finish(self.ended and self._reusable_at_end())
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 class _ChunkedBody(_Body):
@@ -418,28 +455,34 @@ class _ChunkedBody(_Body):
     def __init__(self, *args: Any, start: bytes, keep_alive: bool) -> None:
         super().__init__(*args, start=start, keep_alive=keep_alive)
         self._decoder = ChunkedDecoder()
+        self._pieces: deque[bytes] = deque()  # decoded chunks not returned yet: one a read
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, request, decoder = self._conn, self._request, self._decoder
-        data, self._start = self._start, b""
+    @property
+    def ended(self) -> bool:
+        return self._done or (self._decoder.done and not self._pieces)
+
+    def _reusable_at_end(self) -> bool:
+        return self._keep_alive and not self._decoder.extra
+
+    async def read(self) -> bytes:
         while True:
-            if data:
-                try:
-                    pieces = decoder.feed(data)
-                except ChunkedError as exc:
-                    conn.close()
-                    raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-                for piece in pieces:
-                    yield piece
-                if decoder.done:  # the reader came back: pooled (see _Body)
-                    self._finish(self._keep_alive and not decoder.extra)
-                    return
-            data = await _read(conn, self._timeout, request)
+            if self._pieces:  # each chunk as the upstream framed it, as httpcore gave them
+                return self._pieces.popleft()
+            if self.ended:
+                self._finish(self._reusable_at_end())
+                return b""
+            data = self._start or await self._read()
+            self._start = b""
             if not data:
-                conn.close()
+                self._conn.close()
                 raise httpx.RemoteProtocolError("peer closed connection without sending "
                                                 "complete message body: incomplete chunked "
-                                                "read", request=request)
+                                                "read", request=self._request)
+            try:
+                self._pieces.extend(self._decoder.feed(data))
+            except ChunkedError as exc:
+                self._conn.close()
+                raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
 
 
 async def _read(conn: _Connection, timeout: float | None,
@@ -656,8 +699,15 @@ class LeanAnswer:
                                   stream=self._body).aiter_bytes()
         return self._body.__aiter__()
 
+    def reader(self) -> _Body | None:
+        """The body itself, when nothing needs decoding (its reads are cancel-safe)."""
+        return None if self._head.encoded else self._body
+
+    def close(self) -> None:
+        self._body.close()
+
     async def aclose(self) -> None:
-        await self._body.aclose()
+        self._body.close()
 
 
 def post_fields(defaults: httpx.Headers, url: httpx.URL, headers: Mapping[str, str],
@@ -684,20 +734,25 @@ class stream_post:  # a lower-case name: used as ``async with``, like ``client.s
     adapters POST. On an :class:`UpstreamClient` over the lean transport the answer is a
     :class:`LeanAnswer`; on any other client (httpx's transport, a test's
     ``MockTransport``) it is ``client.stream``'s ``httpx.Response``. Either way the answer
-    is closed on exit (an unfinished body closes its connection)."""
+    is closed on exit (an unfinished body closes its connection), or by :meth:`aclose`;
+    :meth:`reader` reads its body with cancel-safe reads."""
 
     def __init__(self, client: httpx.AsyncClient, url: httpx.URL, body: bytes,
                  headers: Mapping[str, str]) -> None:
         self._client, self._url, self._body, self._headers = client, url, body, headers
         self._answer: LeanAnswer | None = None
-        self._httpx: Any = None
+        self._httpx: Any = None  # client.stream's context manager
+        self._response: httpx.Response | None = None
+        self._closed = False
 
     async def __aenter__(self) -> LeanAnswer | httpx.Response:
         lean = getattr(self._client, "lean", None)
         if lean is None:
-            self._httpx = self._client.stream("POST", self._url, content=self._body,
-                                              headers=self._headers)
-            return await self._httpx.__aenter__()
+            manager = self._client.stream("POST", self._url, content=self._body,
+                                          headers=self._headers)
+            self._response = await manager.__aenter__()
+            self._httpx = manager  # entered: exited by aclose
+            return self._response
         client = self._client
         self._answer = await lean.post(
             self._url, post_fields(client.headers, self._url, self._headers, len(self._body)),
@@ -705,7 +760,85 @@ class stream_post:  # a lower-case name: used as ``async with``, like ``client.s
         return self._answer
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._httpx is not None:
-            await self._httpx.__aexit__(*exc)
-        elif self._answer is not None:
-            await self._answer.aclose()
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the answer (once): pooled if its body's end was read, else closed."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._answer is not None:
+            self._answer.close()
+        elif self._httpx is not None:
+            await self._httpx.__aexit__(None, None, None)
+
+    def reader(self) -> _Body | _Pump:
+        """The answer's body for an SSE stream: the lean body itself, else (httpx's
+        response, or a body with a Content-Encoding) a :class:`_Pump` over its bytes."""
+        if self._answer is not None and (body := self._answer.reader()) is not None:
+            return body
+        resp = self._answer if self._answer is not None else self._response
+        assert resp is not None, "reader() before the answer's head"
+        return _Pump(resp.aiter_bytes(), self.aclose)
+
+
+class _Pump:
+    """Cancel-safe reads of an async iterator of body bytes (httpx's decoded body): a task
+    reads ahead, at most :data:`MAX_BUFFERED_BYTES`, then waits for the reader. Only
+    answers the lean transport cannot hand over as they are come this way (a test's
+    ``MockTransport``, a proxy's httpx transport, a ``Content-Encoding``)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes],
+                 closer: Callable[[], Awaitable[None]]) -> None:
+        self._chunks, self._closer = chunks, closer
+        self._buffered: deque[bytes] = deque()
+        self._size = 0
+        self._at_end = False
+        self._error: BaseException | None = None
+        self._wake: asyncio.Future[None] | None = None  # the reader, waiting for bytes
+        self._room: asyncio.Future[None] | None = None  # the task, waiting for room
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async for chunk in self._chunks:
+                self._buffered.append(chunk)
+                self._size += len(chunk)
+                _resolve(self._wake)
+                while self._size > MAX_BUFFERED_BYTES:
+                    self._room = asyncio.get_running_loop().create_future()
+                    await self._room
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the reader raises it (httpx's errors)
+            self._error = exc
+        finally:
+            self._at_end = True
+            _resolve(self._wake)
+            await self._closer()
+
+    @property
+    def ended(self) -> bool:
+        return self._at_end and not self._buffered and self._error is None
+
+    async def read(self) -> bytes:
+        while not self._buffered:
+            if self._error is not None:
+                raise self._error
+            if self._at_end:
+                return b""
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
+        data = self._buffered.popleft()
+        self._size -= len(data)
+        _resolve(self._room)
+        return data
+
+    def close(self) -> None:
+        if not self._task.done():
+            self._task.cancel()  # its cleanup closes the answer
+
+
+def _resolve(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)
