@@ -82,7 +82,8 @@ class BodyReader(Protocol):
         """The next bytes, ``b""`` at the end (the connection is then given back)."""
 
     def close(self) -> None:
-        """Stop before the end: the connection closes (the upstream sees it)."""
+        """Stop reading: the connection is pooled if the end was read, else closed (the
+        upstream sees the disconnect)."""
 
 
 class SSEUpstreamStream:
