@@ -88,3 +88,66 @@ def test_a_whole_body_is_neither_rendered_nor_stored_nor_sent_after_the_disconne
     stream, renderer, sent, stored = asyncio.run(_serve(streaming=False))
     assert stream.cancelled == 1
     assert sent == [] and stored == [] and renderer.rendered == []
+
+
+# -- a window's events taken at once ------------------------------------------------------------
+
+
+class TextRenderer(Renderer):
+    def on_event(self, event: Event) -> list[bytes]:
+        self.rendered.append(event)
+        return [event.text.encode()] if isinstance(event, TokenDelta) else [b"|end"]
+
+
+def test_a_window_wakes_the_writer_once_and_the_terminal_ends_it_early() -> None:
+    """With a supervised stream (``settled``/``ready``) the writer does not wake for each
+    event of an open window: it sleeps to the deadline, woken early by the terminal, and the
+    bytes are those of the event-by-event writer, each sent within its window."""
+    import random
+    import zlib
+
+    import looptime
+
+    from tests.gateway.test_supervisor import EOS, REQUEST, Script, tokens
+    from tokenwire.codec.compression import new_compressor
+    from tokenwire.gateway.supervision.admission import Admission
+    from tokenwire.gateway.supervision.supervisor import SupervisedStream
+
+    texts = [f"w{i}" for i in range(10)]
+    sent: list[tuple[float, dict]] = []
+    calls = {"next_event": 0, "settled": 0}
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        ticket = Admission().reserve(loop.time())
+        stream = SupervisedStream(Script([[*tokens(*texts, gap=0.1), (0.1, EOS)]]), REQUEST,
+                                  ticket, rng=random.Random(1))
+        for name in calls:  # count the writer's wake-ups, as instance attributes
+            method = getattr(stream, name)
+
+            def counted(method=method, name=name):
+                calls[name] += 1
+                return method()
+            setattr(stream, name, counted)
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.Event().wait()
+            return {}
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append((round(loop.time(), 6), message))
+
+        app = EventResponse(stream, TextRenderer(), headers=[], on_failure=lambda f: (500, [], b""),
+                            compressor=lambda: new_compressor("gzip"), window=1.0,
+                            clock=loop.time)
+        await app({"type": "http"}, receive, send)
+
+    with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
+        runner.run(go())
+    bodies = [(t, m["body"]) for t, m in sent if m["type"] == "http.response.body"]
+    # The first token at once (0.1 s); the rest of the window ends with the terminal at 1.1 s,
+    # before the window's deadline (1.2 s).
+    assert [t for t, _ in bodies] == [0.1, 1.1]
+    assert zlib.decompress(b"".join(b for _, b in bodies), wbits=31) == \
+        ("".join(texts) + "|end").encode()
+    assert calls == {"next_event": 2, "settled": 1}  # not one wake-up per token

@@ -459,3 +459,51 @@ def test_an_upstream_without_a_limit_keeps_max_concurrent_as_the_bound() -> None
     assert (limited.runnable, limited.capacity) == (4, 6)
     bigger = Admission(max_concurrent=4, queue_size=2, limits={1: 8, 2: 8}, all_limited=True)
     assert (bigger.runnable, bigger.capacity) == (4, 6)  # no more than max_concurrent runs
+
+
+# -- a window's reader: settled() and ready() ----------------------------------------------------
+
+
+def test_settled_waits_for_the_terminal_and_ready_gives_the_window_in_order() -> None:
+    """A writer coalescing a window waits in ``settled()`` instead of waking per event; the
+    events it then takes are exactly ``next_event``'s, in order."""
+    async def go():
+        script = Script([[*tokens("a", "b", "c", gap=1.0), (1.0, EOS)]])
+        stream = supervise(script)
+        first = await stream.next_event()  # starts the task, as the writer's first read
+        await stream.settled()
+        woke_at = now()
+        return first, woke_at, stream.ready()
+
+    first, woke_at, rest = run(go())
+    assert first == TokenDelta(ids=(0,), text="a")
+    assert woke_at == 4.0  # at the terminal, not at any token before it
+    assert rest == [TokenDelta(ids=(1,), text="b"), TokenDelta(ids=(2,), text="c"), EOS]
+
+
+def test_settled_returns_once_half_the_buffer_is_waiting() -> None:
+    """A fast upstream must not wait for a slow window: half the buffer wakes the reader."""
+    async def go():
+        texts = [str(i) for i in range(100)]
+        script = Script([[*tokens(*texts, gap=0.5), (0.0, EOS)]])
+        stream = supervise(script)
+        await stream.next_event()
+        await stream.settled()
+        return now(), stream.ready()
+
+    woke_at, taken = run(go())
+    assert len(taken) == 32 and woke_at == 16.5  # token 32, the 32nd queued, came at 16.5 s
+    assert [e.text for e in taken] == [str(i) for i in range(1, 33)]
+
+
+def test_a_cancelled_stream_settles_at_once_and_ends_its_window_with_abort() -> None:
+    async def go():
+        script = Script([[*tokens("a", "b"), (float("inf"), EOS)]])
+        stream = supervise(script)
+        await stream.next_event()
+        await asyncio.sleep(0.1)  # "b" is queued
+        stream.cancel()
+        await asyncio.wait_for(stream.settled(), 1.0)  # a safety net: it returns at once
+        return stream.ready()
+
+    assert run(go()) == [TokenDelta(ids=(1,), text="b"), Finish(reason=FinishKind.ABORT)]

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping
 __all__ = [
     "BODY_KEYS_BY_KIND",
     "HEADERS_BY_KIND",
+    "HINT_HEADER_NAMES",
     "MAX_AFFINITY_CHARS",
     "MAX_TURN_STATE_CHARS",
     "TURN_STATE_HEADER",
@@ -98,6 +99,8 @@ BODY_KEYS_BY_KIND: dict[str, tuple[str, ...]] = {"responses": ("prompt_cache_key
 #: Client header names collected as hints (lower case). ``x-tokenwire-affinity`` is the
 #: explicit key of a replica pool (``routing/pool.py``); no upstream kind is sent it.
 _HINT_HEADERS = ("session-id", "thread-id", "x-session-id", "x-tokenwire-affinity")
+#: Every header :func:`affinity_hints` reads, as an ASGI scope names them (lower-case bytes).
+HINT_HEADER_NAMES = frozenset(n.encode() for n in (*_HINT_HEADERS, TURN_STATE_HEADER.lower()))
 #: Body keys collected as hints: ``previous_response_id`` (a Responses body) only picks the
 #: replica that produced that response; it is never forwarded as a hint.
 _HINT_BODY_KEYS = ("prompt_cache_key", "previous_response_id")

@@ -20,7 +20,11 @@ import pytest
 
 from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import connection_fault, failure_from_exception
-from tokenwire.gateway.upstreams.http_transport import LeanTransport, upstream_transport
+from tokenwire.gateway.upstreams.http_transport import (
+    LeanTransport,
+    stream_post,
+    upstream_transport,
+)
 from tokenwire.gateway.upstreams.sse_http import http_client
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -555,3 +559,112 @@ def test_a_head_request_reads_no_body_and_keeps_its_connection() -> None:
 
     _run(main)
 
+
+
+# -- stream_post: the SSE adapters' POST, without httpx's request and response -------------------
+
+
+def _fields(request: bytes) -> list[bytes]:
+    """A request head's field lines, lower-cased and sorted (the order is not a contract)."""
+    return sorted(line.lower() for line in request.split(b"\r\n\r\n")[0].split(b"\r\n")[1:])
+
+
+def test_stream_post_sends_the_head_and_body_httpx_sends() -> None:
+    """The same client headers (httpx's defaults and the upstream's auth), a request header
+    replacing one of them, a new one, and the body: the lean path's request is httpx's own
+    transport's, field for field."""
+    requests: list[bytes] = []
+
+    async def main():
+        server = Server(lambda r, w: _record(r, w, requests))
+        url = await server.start()
+        config = UpstreamConfig(name="u", kind="openai", base_url=url)
+        target, body = httpx.URL(url + "/v1/chat?x=1"), b'{"m":"\xc3\xa9"}'
+        headers = {"Content-Type": "application/json", "user-agent": "mine", "X-Extra": "1"}
+        defaults = {"Authorization": "Bearer k", "X-Config": "c"}
+        for transport in (None, httpx.AsyncHTTPTransport()):
+            async with http_client(config, defaults, transport) as client:
+                assert (client.lean is None) == (transport is not None)
+                async with stream_post(client, target, body, headers) as resp:
+                    assert resp.status_code == 200
+                    assert b"".join([c async for c in resp.aiter_bytes()]) == b"ok"
+        await server.stop()
+
+    _run(main)
+    lean, reference = requests
+    assert lean.startswith(b"POST /v1/chat?x=1 HTTP/1.1\r\n")
+    assert _fields(lean) == _fields(reference)
+    assert lean.endswith(b'\r\n\r\n{"m":"\xc3\xa9"}') and reference.endswith(lean[-10:])
+    assert b"user-agent: mine" in _fields(lean) and b"authorization: bearer k" in _fields(lean)
+
+
+def test_stream_post_refuses_a_header_that_would_split_the_head() -> None:
+    requests: list[bytes] = []
+
+    async def main():
+        server = Server(lambda r, w: _record(r, w, requests))
+        url = await server.start()
+        async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
+                               {}, None) as client:
+            with pytest.raises(httpx.LocalProtocolError):
+                async with stream_post(client, httpx.URL(url), b"{}",
+                                       {"x-a": "v\r\nx-injected: 1"}):
+                    pass
+            async with stream_post(client, httpx.URL(url), b"{}", {}) as resp:
+                assert resp.status_code == 200
+        await server.stop()
+
+    _run(main)
+    assert len(requests) == 1 and b"injected" not in requests[0]
+
+
+def test_stream_post_reuses_its_connection_and_decodes_a_content_encoding() -> None:
+    import gzip
+    answers = [_chunk(b"data: a\n\n") + b"0\r\n\r\n",
+               _chunk(gzip.compress(b"data: zipped\n\n")) + b"0\r\n\r\n"]
+
+    async def handler(reader, writer):
+        for i, body in enumerate(answers):
+            await _read_request(reader)
+            coding = b"content-encoding: gzip\r\n" if i else b""
+            writer.write(CHUNKED_HEAD[:-2] + coding + b"\r\n" + body)
+            await writer.drain()
+        await reader.read()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        seen = []
+        async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
+                               {}, None) as client:
+            for _ in answers:
+                async with stream_post(client, httpx.URL(url), b"{}", {}) as resp:
+                    assert resp.headers["content-type"] == "text/event-stream"
+                    seen.append(b"".join([c async for c in resp.aiter_bytes()]))
+        await server.stop()
+        assert seen == [b"data: a\n\n", b"data: zipped\n\n"]
+        assert server.accepts == 1
+
+    _run(main)
+
+
+def test_stream_post_times_out_a_silent_upstream_with_httpx_exception() -> None:
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        await writer.drain()
+        await reader.read()  # then nothing: the body never comes
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        config = UpstreamConfig(name="u", kind="openai", base_url=url, read_timeout_s=0.2)
+        async with http_client(config, {}, None) as client:
+            async with stream_post(client, httpx.URL(url), b"{}", {}) as resp:
+                with pytest.raises(httpx.ReadTimeout) as caught:
+                    async for _ in resp.aiter_bytes():
+                        pass
+        await server.stop()
+        assert failure_from_exception(caught.value, started=True).code == "read_timeout"
+
+    _run(main)

@@ -154,8 +154,9 @@ def start_generation(
     ``on_failure`` builds the error response for a failure before any byte was sent: an
     API with its own error shape (Anthropic Messages) passes one; the default is OpenAI's."""
     check_inputs(served, gen)
+    path = request.scope["path"]  # not ``request.url``: a URL object parsed for one string
     gen = check_model_limits(served, gen, prompt_field="prompt_ids"
-                             if request.url.path.endswith("/codec") else "prompt")
+                             if path.endswith("/codec") else "prompt")
     cv = client_version(request)
     policy = state.policy_for(served)
     gen = msgspec.structs.replace(
@@ -174,7 +175,7 @@ def start_generation(
         server_supports=tuple(c for c in _PREFERENCE if c in COMPRESSORS),
     )
     zdict = zdict if pick.encoding == "zstd" else None
-    api = "codec" if isinstance(renderer, CodecStreamRenderer) else api_for_path(request.url.path)
+    api = "codec" if isinstance(renderer, CodecStreamRenderer) else api_for_path(path)
     stream = state.supervise(request, served, gen, streaming=streaming, api=api)
 
     def headers() -> list[tuple[str, str]]:  # at the head: a fallback may serve by then

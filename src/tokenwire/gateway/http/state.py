@@ -20,7 +20,7 @@ from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.safety_policy import BannedTokenPolicy, SafetyPolicyDescriptor, hash_policy
 from tokenwire.errors import ConfigError
-from tokenwire.gateway.affinity import affinity_hints
+from tokenwire.gateway.affinity import HINT_HEADER_NAMES, affinity_hints
 from tokenwire.gateway.context_window import ContextSource
 from tokenwire.gateway.http.admission import ticket_of
 from tokenwire.gateway.http.limits import LEASE_SCOPE_KEY
@@ -49,8 +49,9 @@ def _with_header_hints(gen: GenerationRequest, request: Request | None) -> Gener
     affinity key): every API's requests pick replicas by them (``routing/pool.py``). A
     WebSocket ``response.create`` (no ``request``) already carries its upgrade's headers'
     hints (``http/responses_ws.py`` parses it with them)."""
-    if request is None:
-        return gen
+    if request is None or not any(name in HINT_HEADER_NAMES
+                                  for name, _ in request.scope["headers"]):
+        return gen  # most requests carry none: Starlette's lookups scan every header per name
     given = dict(gen.affinity)
     extra = tuple((k, v) for k, v in affinity_hints({}, request.headers) if k not in given)
     return msgspec.structs.replace(gen, affinity=gen.affinity + extra) if extra else gen

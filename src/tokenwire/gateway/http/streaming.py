@@ -79,6 +79,12 @@ def _usage_header(events: list[Event]) -> Headers:
     return [] if usage is None else [(USAGE_SOURCE_HEADER, usage.source.value)]
 
 
+#: How far inside the open window the events taken at its deadline are placed
+#: (:meth:`EventResponse._take_ready`): far above the clock's resolution, far below any
+#: window.
+_BEFORE_DEADLINE_S = 1e-6
+
+
 class EventResponse:
     """ASGI app for one generation (STYLE §6 item 13: plain ASGI, no BaseHTTPMiddleware)."""
 
@@ -234,15 +240,47 @@ class EventResponse:
                 if deadline != self._window_deadline:
                     self._window_deadline = deadline
                     self._window_until = asyncio.get_running_loop().time() + (deadline - now)
-                event = await waits.wait(self._next, self._window_until)
-                if event is not EXPIRED:
-                    return event  # type: ignore[return-value]
+                settled = getattr(self._stream, "settled", None)
+                if settled is None:
+                    event = await waits.wait(self._next, self._window_until)
+                    if event is not EXPIRED:
+                        return event  # type: ignore[return-value]
+                elif await waits.wait(settled, self._window_until) is not EXPIRED:
+                    # A terminal or a backlog: what is queued goes into the window now.
+                    terminal = await self._take_ready(coalescer, send, deadline)
+                    if terminal is not None:
+                        return terminal
+                    continue
                 # Re-derived if ``clock`` says the window is still open (the two clocks
                 # differ by their resolution): the next wait is then a real one, never a spin.
                 self._window_deadline = None
+                if settled is not None:  # the window's events, then its flush
+                    terminal = await self._take_ready(coalescer, send, deadline)
+                    if terminal is not None:
+                        return terminal
             out = coalescer.poll(self._clock())
             if out:
                 await self._body(send, out, more=True)
+
+    async def _take_ready(self, coalescer: Coalescer, send: Send,
+                          deadline: float) -> Event | None:
+        """Feed the open window every event the stream has queued (it came before the
+        window's deadline, so it counts as inside it, whenever this task got to run); the
+        terminal, if one came, is returned for the body's end."""
+        at = min(self._clock(), deadline - _BEFORE_DEADLINE_S)
+        out = b""
+        for event in self._stream.ready():  # type: ignore[attr-defined]
+            if is_terminal(event):
+                self._terminal_seen = True
+                if out:
+                    await self._body(send, out, more=True)
+                return event
+            chunks = self._renderer.on_event(event)
+            if chunks:
+                out += coalescer.add(b"".join(chunks), at)
+        if out:
+            await self._body(send, out, more=True)
+        return None
 
     async def _body(self, send: Send, data: bytes, *, more: bool) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": more})

@@ -227,6 +227,9 @@ class SupervisedStream:
         self.observer = observer
         self._rng = rng or _JITTER
         self._queue: asyncio.Queue[Event] = asyncio.Queue(_BUFFERED_EVENTS)
+        #: The writer waiting in :meth:`settled`, and whether a terminal is queued.
+        self._attention: asyncio.Future[None] | None = None
+        self._terminal_queued = False
         self._task: asyncio.Task[None] | None = None
         self._upstream_stream: EventStream | None = None
         self._published = False
@@ -254,6 +257,41 @@ class SupervisedStream:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return await self._queue.get()
 
+    def ready(self) -> list[Event]:
+        """Every event queued now, without waiting (what a writer takes at its window's
+        deadline: :meth:`settled`). Reads as :meth:`next_event` does, in order."""
+        out = []
+        while not self._queue.empty():
+            out.append(self._queue.get_nowait())
+        if self._cancelled and not (out and is_terminal(out[-1])):
+            out.append(Finish(reason=FinishKind.ABORT))  # as next_event ends a cancelled one
+        return out
+
+    async def settled(self) -> None:
+        """Return when the reader should take what is queued before it meant to: a terminal
+        is queued, or the queue is half full (a fast upstream must not wait for a slow
+        reader's window). A writer that coalesces a window's events waits here until the
+        window's deadline instead of waking for each event (``http/streaming.py``): one
+        task wake-up per window instead of one per token (BENCHMARKS.md, "Session of
+        2026-12-04 (2)")."""
+        if self._terminal_queued or self._cancelled or \
+                self._queue.qsize() >= _BUFFERED_EVENTS // 2:
+            return
+        waiter = self._attention = asyncio.get_running_loop().create_future()
+        try:
+            await waiter
+        finally:
+            self._attention = None
+
+    def _queued(self, event: Event) -> None:
+        """An event went into the queue: wake a :meth:`settled` reader if it should look."""
+        if is_terminal(event):
+            self._terminal_queued = True
+        elif self._queue.qsize() < _BUFFERED_EVENTS // 2:
+            return
+        if self._attention is not None and not self._attention.done():
+            self._attention.set_result(None)
+
     def abort(self, failure: Failure) -> None:
         """End the request with ``failure`` now (the server is shutting down): the upstream
         attempt is cancelled and the client gets ``failure`` as the stream's terminal, so a
@@ -269,6 +307,7 @@ class SupervisedStream:
         except asyncio.QueueFull:  # a stalled reader: make room, the terminal must get in
             self._queue.get_nowait()
             self._queue.put_nowait(failure)
+        self._queued(failure)
         self._obs.finished(outcome="failed", status=failure.status,
                            failure_class=failure.failure_class.value, code=failure.code)
 
@@ -283,6 +322,7 @@ class SupervisedStream:
             self._ticket.release_slot()
         if self._queue.empty():  # a reader still waiting gets the documented ending
             self._queue.put_nowait(Finish(reason=FinishKind.ABORT))
+        self._queued(Finish(reason=FinishKind.ABORT))  # a reader in settled() looks now
         if not self._ended:
             self._ended = True
             self._obs.finished(outcome="cancelled", status=499, code="client_disconnected")
@@ -552,6 +592,7 @@ class SupervisedStream:
 
     async def _put(self, event: Event) -> None:
         await self._queue.put(event)
+        self._queued(event)
         self._last_sent = asyncio.get_running_loop().time()
 
     # -- time ------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ import asyncio
 import re
 import select
 import urllib.request
-from collections.abc import AsyncIterator
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import httptools
@@ -45,8 +46,8 @@ import httpx
 
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
 
-__all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanTransport",
-           "UpstreamClient", "upstream_transport"]
+__all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanAnswer",
+           "LeanTransport", "UpstreamClient", "post_fields", "stream_post", "upstream_transport"]
 
 #: An idle pooled connection is dropped after this long. It must be shorter than the
 #: upstreams' own idle timeout: uvicorn (so vLLM and our own scripted upstreams), llama.cpp's
@@ -90,6 +91,13 @@ class UpstreamClient(httpx.AsyncClient):
     user's upstream session (or a CDN's affinity cookie) on everyone's requests. Reading
     them was also a urllib request and response built per request, a tenth of the upstream
     client's CPU per short request (BENCHMARKS.md, "Session of 2026-12-04: the request path")."""
+
+    def __init__(self, *args: Any, transport: httpx.AsyncBaseTransport | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, transport=transport, **kwargs)
+        #: The lean transport, when it is this client's: :class:`stream_post` then skips
+        #: httpx's request and response objects (``None``: httpx's path, e.g. a proxy's).
+        self.lean = transport if isinstance(transport, LeanTransport) else None
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -236,14 +244,15 @@ _VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x
 _TARGET = re.compile(rb"[\x21-\x7e\x80-\xff]+")
 
 
-def _request_bytes(request: httpx.Request, body: bytes) -> bytes:
-    """The request as it goes on the wire: head and body in one write."""
-    target = request.url.raw_path
+def _request_bytes(method: bytes, target: bytes, fields: Iterable[tuple[bytes, bytes]],
+                   body: bytes, request: httpx.Request | None = None) -> bytes:
+    """The request as it goes on the wire: head and body in one write. ``request`` is only
+    named in the errors (the lean path has none)."""
     if not _TARGET.fullmatch(target):
         raise httpx.LocalProtocolError(f"invalid request target {target!r}", request=request)
-    parts = [request.method.encode("ascii"), b" ", target, b" HTTP/1.1\r\n"]
+    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
     chunked = False
-    for name, value in request.headers.raw:
+    for name, value in fields:
         if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
             raise httpx.LocalProtocolError(f"invalid request header {name!r}",
                                            request=request)
@@ -272,6 +281,7 @@ class _Head:
         self.keep_alive = False
         self.length: int | None = None  # Content-Length, when the head gives one
         self.chunked = False
+        self.encoded = False  # a Content-Encoding other than identity: httpx decodes it
 
     def on_status(self, status: bytes) -> None:
         self.reason += status
@@ -281,7 +291,7 @@ class _Head:
         self.headers.append((name, value.rstrip(b" \t")))
 
 
-def _parse_head(raw: bytes, conn: _Connection, request: httpx.Request) -> _Head:
+def _parse_head(raw: bytes, conn: _Connection, request: httpx.Request | None) -> _Head:
     """``raw``: a whole head, through its blank line (llhttp is strict: CRLF line ends, so
     the first blank line is the end). The body is framed by the caller, not by llhttp."""
     head = _Head()
@@ -310,11 +320,13 @@ def _parse_head(raw: bytes, conn: _Connection, request: httpx.Request) -> _Head:
             head.chunked = True
         elif lower == b"content-length":  # llhttp checked digits and duplicates
             head.length = int(value)
+        elif lower == b"content-encoding":
+            head.encoded = head.encoded or value.strip().lower() not in (b"", b"identity")
     return head
 
 
 async def _read_head(conn: _Connection, timeout: float | None,
-                     request: httpx.Request) -> tuple[_Head, bytes]:
+                     request: httpx.Request | None) -> tuple[_Head, bytes]:
     """The final response head (1xx heads skipped, as h11 did) and the bytes after it."""
     buf, searched = b"", 0
     while True:
@@ -348,42 +360,76 @@ async def _read_head(conn: _Connection, timeout: float | None,
 
 class _Body(httpx.AsyncByteStream):
     """A response body read off its connection: ``length`` bytes (``None``: up to the
-    connection's end), each read yielded as it comes."""
+    connection's end).
+
+    :meth:`read` is the one reader (``__aiter__`` is a loop over it). It may be cancelled
+    at any time without losing a byte (the bytes stay in the connection's buffer until a
+    read returns), which is what lets an SSE stream read its body in its consumer's task
+    (``sse_http.SSEUpstreamStream``): the supervisor's timer cancels that wait for each
+    heartbeat. The read timeout counts silence across such cancelled reads, from the last
+    bytes that came, as one uninterrupted read would."""
 
     def __init__(self, transport: LeanTransport, key: _Key, conn: _Connection,
-                 request: httpx.Request, read_timeout: float | None, *, start: bytes,
+                 request: httpx.Request | None, read_timeout: float | None, *, start: bytes,
                  keep_alive: bool, length: int | None = None) -> None:
         self._transport, self._key, self._conn = transport, key, conn
         self._request, self._timeout = request, read_timeout
-        self._start, self._keep_alive, self._length = start, keep_alive, length
+        self._start, self._keep_alive, self._left = start, keep_alive, length
+        self._reusable = keep_alive
         self._done = False  # the connection went back to the pool or was closed
+        self._silent_since: float | None = None  # waiting for bytes since (loop time)
+
+    @property
+    def ended(self) -> bool:
+        """The body's end has been read: the next :meth:`read` returns ``b""`` at once."""
+        return self._done or self._left == 0
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, request, left = self._conn, self._request, self._length
-        data, self._start = self._start, b""
-        reusable = self._keep_alive
+        while data := await self.read():
+            yield data
+
+    async def read(self) -> bytes:
+        """The next bytes of the body; ``b""`` once it ended. The call after the one that
+        reached the end gives the connection back (or :meth:`close`)."""
         while True:
-            if left is not None and len(data) > left:  # bytes past the end: none can follow
-                data, reusable = data[:left], False
-            if data:
-                if left is not None:
-                    left -= len(data)
-                yield data
-            if left == 0:
-                # Pooled only once the reader came back for more (read to the end), as
-                # httpcore does: a reader that stops at its last event closes the response
-                # instead, and the connection closes with it.
-                self._finish(reusable)
-                return
-            data = await _read(conn, self._timeout, request)
+            if self.ended:
+                self._finish(self._reusable_at_end())
+                return b""
+            data = self._start or await self._read()
+            self._start = b""
             if not data:
-                if left is None:  # the body ran to the connection's end, as it said it would
+                if self._left is None:  # the body ran to the connection's end, as it said
                     self._finish(False)
-                    return
-                conn.close()
+                    return b""
+                self._conn.close()
                 raise httpx.RemoteProtocolError(
                     "peer closed connection without sending complete message body: "
-                    f"{left} bytes missing", request=request)
+                    f"{self._left} bytes missing", request=self._request)
+            if (data := self._frame(data)):
+                return data
+
+    def _reusable_at_end(self) -> bool:
+        return self._reusable
+
+    def _frame(self, data: bytes) -> bytes:
+        """The body's part of ``data``, as read off the connection."""
+        left = self._left
+        if left is not None:
+            if len(data) > left:  # bytes past the end: none can follow
+                data, self._reusable = data[:left], False
+            self._left = left - len(data)
+        return data
+
+    async def _read(self) -> bytes:
+        timeout = self._timeout
+        if timeout is not None:
+            now = self._conn._loop.time()
+            if self._silent_since is None:
+                self._silent_since = now
+            timeout = max(0.0, self._silent_since + timeout - now)
+        data = await _read(self._conn, timeout, self._request)
+        self._silent_since = None
+        return data
 
     def _finish(self, reusable: bool) -> None:
         if not self._done:
@@ -392,13 +438,15 @@ class _Body(httpx.AsyncByteStream):
                 self._conn.close()
             self._transport._release(self._key, self._conn)
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
+        """Reading stops: the connection is pooled if the body's end was read; else it
+        carries the rest of an answer nobody will read, so it closes (and the upstream sees
+        the disconnect)."""
         if not self._done:
-            # Closed before its end: the connection carries the rest of an answer nobody
-            # will read, so it closes (and the upstream sees the disconnect).
-            self._done = True
-            self._conn.close()
-            self._transport._release(self._key, self._conn)
+            self._finish(self.ended and self._reusable_at_end())
+
+    async def aclose(self) -> None:
+        self.close()
 
 
 class _ChunkedBody(_Body):
@@ -407,31 +455,38 @@ class _ChunkedBody(_Body):
     def __init__(self, *args: Any, start: bytes, keep_alive: bool) -> None:
         super().__init__(*args, start=start, keep_alive=keep_alive)
         self._decoder = ChunkedDecoder()
+        self._pieces: deque[bytes] = deque()  # decoded chunks not returned yet: one a read
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn, request, decoder = self._conn, self._request, self._decoder
-        data, self._start = self._start, b""
+    @property
+    def ended(self) -> bool:
+        return self._done or (self._decoder.done and not self._pieces)
+
+    def _reusable_at_end(self) -> bool:
+        return self._keep_alive and not self._decoder.extra
+
+    async def read(self) -> bytes:
         while True:
-            if data:
-                try:
-                    pieces = decoder.feed(data)
-                except ChunkedError as exc:
-                    conn.close()
-                    raise httpx.RemoteProtocolError(str(exc), request=request) from exc
-                for piece in pieces:
-                    yield piece
-                if decoder.done:  # the reader came back: pooled (see _Body)
-                    self._finish(self._keep_alive and not decoder.extra)
-                    return
-            data = await _read(conn, self._timeout, request)
+            if self._pieces:  # each chunk as the upstream framed it, as httpcore gave them
+                return self._pieces.popleft()
+            if self.ended:
+                self._finish(self._reusable_at_end())
+                return b""
+            data = self._start or await self._read()
+            self._start = b""
             if not data:
-                conn.close()
+                self._conn.close()
                 raise httpx.RemoteProtocolError("peer closed connection without sending "
                                                 "complete message body: incomplete chunked "
-                                                "read", request=request)
+                                                "read", request=self._request)
+            try:
+                self._pieces.extend(self._decoder.feed(data))
+            except ChunkedError as exc:
+                self._conn.close()
+                raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
 
 
-async def _read(conn: _Connection, timeout: float | None, request: httpx.Request) -> bytes:
+async def _read(conn: _Connection, timeout: float | None,
+                request: httpx.Request | None) -> bytes:
     try:
         return await conn.read(timeout)
     except TimeoutError as exc:
@@ -458,9 +513,30 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._reaper: asyncio.Task[None] | None = None  # while connections are idle
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        url = request.url
+        data = _request_bytes(request.method.encode("ascii"), url.raw_path, request.headers.raw,
+                              await request.aread(), request)
+        head, stream = await self._send(url, data, request.method == "HEAD",
+                                        request.extensions.get("timeout", {}), request)
+        return httpx.Response(head.status, headers=head.headers, stream=stream,
+                              extensions={"http_version": b"HTTP/1.1",
+                                          "reason_phrase": head.reason})
+
+    async def post(self, url: httpx.URL, fields: list[tuple[bytes, bytes]], body: bytes,
+                   timeouts: dict[str, float | None]) -> LeanAnswer:
+        """POST ``body`` with the head ``fields`` (see :func:`post_fields`): the answer's
+        head and body, with no httpx ``Request`` or ``Response`` built (the SSE adapters'
+        requests, :class:`stream_post`)."""
+        data = _request_bytes(b"POST", url.raw_path, fields, body)
+        return LeanAnswer(*await self._send(url, data, False, timeouts, None))
+
+    async def _send(self, url: httpx.URL, data: bytes, head_only: bool,
+                    timeouts: dict[str, float | None],
+                    request: httpx.Request | None) -> tuple[_Head, _Body]:
+        """Send ``data`` (a whole request) on a connection of the pool: the response head and
+        its body's stream, which gives the connection back when it ends or closes."""
         if self._closed:
             raise RuntimeError("the transport is closed")
-        timeouts = request.extensions.get("timeout", {})
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._max)
         slots = self._slots
@@ -469,12 +545,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
                 await slots.acquire()
         except TimeoutError as exc:
             raise httpx.PoolTimeout("no free upstream connection", request=request) from exc
-        key = (request.url.scheme, request.url.host, request.url.port
-               or (443 if request.url.scheme == "https" else 80))
+        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         conn: _Connection | None = None
         try:
             conn = self._reuse(key) or await self._connect(key, request, timeouts)
-            return await self._exchange(key, conn, request, timeouts)
+            return await self._exchange(key, conn, data, head_only, timeouts, request)
         except BaseException:
             if conn is not None:
                 self._drop(conn)
@@ -498,7 +573,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
         conn.close()
         self._open.discard(conn)
 
-    async def _connect(self, key: _Key, request: httpx.Request,
+    async def _connect(self, key: _Key, request: httpx.Request | None,
                        timeouts: dict[str, float | None]) -> _Connection:
         scheme, host, port = key
         loop = asyncio.get_running_loop()
@@ -518,9 +593,9 @@ class LeanTransport(httpx.AsyncBaseTransport):
         self._open.add(conn)
         return conn
 
-    async def _exchange(self, key: _Key, conn: _Connection, request: httpx.Request,
-                        timeouts: dict[str, float | None]) -> httpx.Response:
-        data = _request_bytes(request, await request.aread())
+    async def _exchange(self, key: _Key, conn: _Connection, data: bytes, head_only: bool,
+                        timeouts: dict[str, float | None],
+                        request: httpx.Request | None) -> tuple[_Head, _Body]:
         try:
             await conn.write(data, timeouts.get("write"))
         except TimeoutError as exc:
@@ -531,16 +606,14 @@ class LeanTransport(httpx.AsyncBaseTransport):
         read_timeout = timeouts.get("read")
         head, rest = await _read_head(conn, read_timeout, request)
         args = (self, key, conn, request, read_timeout)
-        if request.method == "HEAD" or head.status in (204, 304):  # RFC 9112 §6.3: no body
+        if head_only or head.status in (204, 304):  # RFC 9112 §6.3: no body
             stream = _Body(*args, start=b"", keep_alive=head.keep_alive and not rest,
                            length=0)
         elif head.chunked:
             stream = _ChunkedBody(*args, start=rest, keep_alive=head.keep_alive)
         else:
             stream = _Body(*args, start=rest, keep_alive=head.keep_alive, length=head.length)
-        return httpx.Response(head.status, headers=head.headers, stream=stream,
-                              extensions={"http_version": b"HTTP/1.1",
-                                          "reason_phrase": head.reason})
+        return head, stream
 
     def _release(self, key: _Key, conn: _Connection) -> None:
         """A request's connection is done: pooled when it can carry another, else closed."""
@@ -593,3 +666,179 @@ class LeanTransport(httpx.AsyncBaseTransport):
             conn.close()
         self._open.clear()
         self._idle.clear()
+
+
+# -- a streamed POST without httpx's objects ------------------------------------------------
+
+
+class LeanAnswer:
+    """An answer read by :meth:`LeanTransport.post`: the part of ``httpx.Response`` the SSE
+    adapters read (``status_code``, ``headers``, ``aiter_bytes``, ``aclose``).
+
+    Why (BENCHMARKS.md, "Session of 2026-12-04 (2)"): per upstream request, httpx built a
+    ``Request`` (its ``Headers`` normalised and merged twice) and a ``Response``, and every
+    body chunk crossed four nested async generators (the response's decoder and chunker,
+    ``aiter_raw``, the client's stream wrapper) before reaching the SSE decoder. Here a
+    chunk comes straight from the body's own iterator, and a body with a
+    ``Content-Encoding`` still goes through httpx's decoders."""
+
+    def __init__(self, head: _Head, body: _Body) -> None:
+        self.status_code = head.status
+        self._head, self._body = head, body
+        self._headers: httpx.Headers | None = None
+
+    @property
+    def headers(self) -> httpx.Headers:
+        if self._headers is None:
+            self._headers = httpx.Headers(self._head.headers)
+        return self._headers
+
+    def aiter_bytes(self) -> AsyncIterator[bytes]:
+        if self._head.encoded:
+            return httpx.Response(self.status_code, headers=self.headers,
+                                  stream=self._body).aiter_bytes()
+        return self._body.__aiter__()
+
+    def reader(self) -> _Body | None:
+        """The body itself, when nothing needs decoding (its reads are cancel-safe)."""
+        return None if self._head.encoded else self._body
+
+    def close(self) -> None:
+        self._body.close()
+
+    async def aclose(self) -> None:
+        self._body.close()
+
+
+def post_fields(defaults: httpx.Headers, url: httpx.URL, headers: Mapping[str, str],
+                length: int) -> list[tuple[bytes, bytes]]:
+    """The head httpx would send for ``client.stream("POST", url, content=<length bytes>,
+    headers=headers)``: ``Host``, the client's headers (``defaults``: its own ``Accept``,
+    ``User-Agent``... and the upstream's auth), each replaced by a request header of the
+    same name, the other request headers, then ``Content-Length``. Values are encoded as
+    httpx encodes them (ASCII); :func:`_request_bytes` checks every name and value."""
+    given = {name.lower(): (name.encode("ascii"), value.encode("ascii"))
+             for name, value in headers.items()}
+    fields = [] if "host" in given else [(b"Host", url.netloc)]
+    for name, value in defaults.raw:
+        replaced = given.pop(name.decode("latin-1").lower(), None)
+        fields.append(replaced or (name, value))
+    fields += given.values()
+    if not any(name.lower() == b"content-length" for name, _ in fields):
+        fields.append((b"Content-Length", b"%d" % length))
+    return fields
+
+
+class stream_post:  # a lower-case name: used as ``async with``, like ``client.stream``
+    """``async with stream_post(client, url, body, headers) as answer``: the one way the SSE
+    adapters POST. On an :class:`UpstreamClient` over the lean transport the answer is a
+    :class:`LeanAnswer`; on any other client (httpx's transport, a test's
+    ``MockTransport``) it is ``client.stream``'s ``httpx.Response``. Either way the answer
+    is closed on exit (an unfinished body closes its connection), or by :meth:`aclose`;
+    :meth:`reader` reads its body with cancel-safe reads."""
+
+    def __init__(self, client: httpx.AsyncClient, url: httpx.URL, body: bytes,
+                 headers: Mapping[str, str]) -> None:
+        self._client, self._url, self._body, self._headers = client, url, body, headers
+        self._answer: LeanAnswer | None = None
+        self._httpx: Any = None  # client.stream's context manager
+        self._response: httpx.Response | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> LeanAnswer | httpx.Response:
+        lean = getattr(self._client, "lean", None)
+        if lean is None:
+            manager = self._client.stream("POST", self._url, content=self._body,
+                                          headers=self._headers)
+            self._response = await manager.__aenter__()
+            self._httpx = manager  # entered: exited by aclose
+            return self._response
+        client = self._client
+        self._answer = await lean.post(
+            self._url, post_fields(client.headers, self._url, self._headers, len(self._body)),
+            self._body, client.timeout.as_dict())
+        return self._answer
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the answer (once): pooled if its body's end was read, else closed."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._answer is not None:
+            self._answer.close()
+        elif self._httpx is not None:
+            await self._httpx.__aexit__(None, None, None)
+
+    def reader(self) -> _Body | _Pump:
+        """The answer's body for an SSE stream: the lean body itself, else (httpx's
+        response, or a body with a Content-Encoding) a :class:`_Pump` over its bytes."""
+        if self._answer is not None and (body := self._answer.reader()) is not None:
+            return body
+        resp = self._answer if self._answer is not None else self._response
+        assert resp is not None, "reader() before the answer's head"
+        return _Pump(resp.aiter_bytes(), self.aclose)
+
+
+class _Pump:
+    """Cancel-safe reads of an async iterator of body bytes (httpx's decoded body): a task
+    reads ahead, at most :data:`MAX_BUFFERED_BYTES`, then waits for the reader. Only
+    answers the lean transport cannot hand over as they are come this way (a test's
+    ``MockTransport``, a proxy's httpx transport, a ``Content-Encoding``)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes],
+                 closer: Callable[[], Awaitable[None]]) -> None:
+        self._chunks, self._closer = chunks, closer
+        self._buffered: deque[bytes] = deque()
+        self._size = 0
+        self._at_end = False
+        self._error: BaseException | None = None
+        self._wake: asyncio.Future[None] | None = None  # the reader, waiting for bytes
+        self._room: asyncio.Future[None] | None = None  # the task, waiting for room
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            async for chunk in self._chunks:
+                self._buffered.append(chunk)
+                self._size += len(chunk)
+                _resolve(self._wake)
+                while self._size > MAX_BUFFERED_BYTES:
+                    self._room = asyncio.get_running_loop().create_future()
+                    await self._room
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the reader raises it (httpx's errors)
+            self._error = exc
+        finally:
+            self._at_end = True
+            _resolve(self._wake)
+            await self._closer()
+
+    @property
+    def ended(self) -> bool:
+        return self._at_end and not self._buffered and self._error is None
+
+    async def read(self) -> bytes:
+        while not self._buffered:
+            if self._error is not None:
+                raise self._error
+            if self._at_end:
+                return b""
+            self._wake = asyncio.get_running_loop().create_future()
+            await self._wake
+        data = self._buffered.popleft()
+        self._size -= len(data)
+        _resolve(self._room)
+        return data
+
+    def close(self) -> None:
+        if not self._task.done():
+            self._task.cancel()  # its cleanup closes the answer
+
+
+def _resolve(waiter: asyncio.Future[None] | None) -> None:
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)

@@ -9,8 +9,8 @@ headers the HTTP adapter sends (the upstream's key as ``Authorization``, the con
 headers, the request's affinity headers) plus ``OpenAI-Beta: responses_websockets=2026-02-06``,
 then one ``response.create`` text message per request. Every message read is one Responses
 event, fed to the same :class:`~.responses_upstream.ResponsesStreamParser` as an SSE event's
-data, into the same queued stream (:class:`SocketStream` is an
-:class:`~.sse_http.SSEUpstreamStream` whose exchange is the socket's): so usage, ids, error
+data, with the same end (:class:`SocketStream`, which hands the request to an
+:class:`~.sse_http.SSEUpstreamStream` when the upgrade is refused): so usage, ids, error
 classification, retries, heartbeats, deadlines and metrics are the HTTP path's, unchanged.
 
 Continuing on the socket: the upstream socket remembers its own last completed response
@@ -50,14 +50,22 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 from websockets.protocol import State
 
-from tokenwire.gateway.ir import Failure, FailureClass
+from tokenwire.gateway.ir import (
+    Event,
+    Failure,
+    FailureClass,
+    Finish,
+    FinishKind,
+    Heartbeat,
+    is_terminal,
+)
 from tokenwire.gateway.upstreams.failures import (
     MALFORMED,
     connection_fault,
@@ -90,6 +98,9 @@ BETA_HEADER, BETA_VALUE = "OpenAI-Beta", "responses_websockets=2026-02-06"
 MAX_MESSAGE_BYTES = DEFAULT_MAX_EVENT_BYTES
 #: Messages the socket buffers unread (a slow client); the library's default bound, named.
 MAX_QUEUED_MESSAGES = 16
+#: Events read off the socket but not yet by the client: a full queue means a slow client,
+#: and the task waits (back-pressure reaches the upstream socket).
+MAX_QUEUED_EVENTS = 256
 #: Waiting for the upstream's close handshake when we close: shutdown must not hang on it.
 CLOSE_TIMEOUT_S = 2.0
 #: Upgrade answers that mean "no WebSocket here" (the session switches to HTTP for good);
@@ -318,26 +329,101 @@ def _failure(cls: FailureClass, message: str, code: str | None = None) -> Failur
                    code=code, message=f"upstream {message}")
 
 
-class SocketStream(SSEUpstreamStream):
-    """One generation over the client socket's :class:`UpstreamSocket`, or over HTTP once
-    the upstream refused the upgrade: the SSE stream's queue, parser and end, another
-    exchange (module docstring)."""
+class SocketStream:
+    """One generation over the client socket's :class:`UpstreamSocket`
+    (:class:`~tokenwire.gateway.ir.EventStream`), or over the upstream's HTTP API (an
+    :class:`~.sse_http.SSEUpstreamStream` with the same request, parser and end) once the
+    upstream refused the upgrade (module docstring).
+
+    A task reads the socket's messages and queues their events: a cancelled wait loses
+    nothing, a slow client makes the task wait (at most :data:`MAX_QUEUED_EVENTS` queued),
+    and :meth:`cancel` cancels the task, which stops the response upstream."""
 
     def __init__(self, *, socket: UpstreamSocket, read_timeout_s: float,
                  **http: Any) -> None:
-        super().__init__(**http)
         self._socket, self._read_timeout = socket, read_timeout_s
+        self._http = http  # what the HTTP stream is built from, if the upgrade is refused
+        self._body, self.parser = http["body"], http["parser"]
+        self._headers = dict(http.get("headers") or {})
+        self._on_done: Callable[[], None] = http.get("on_done", lambda: None)
+        self._queue: asyncio.Queue[Event] = asyncio.Queue(MAX_QUEUED_EVENTS)
+        self._task: asyncio.Task[None] | None = None
+        self._finished = False  # a terminal has been queued (or is pending)
+        self._pending: Event | None = None  # the terminal, when it met a full queue
+        self._seen_bytes = False
+        #: The HTTP stream serving the request after a refused upgrade; read once the
+        #: task queued :data:`_OVER_HTTP`.
+        self._over_http: SSEUpstreamStream | None = None
+        self._switched = False
 
-    async def _exchange(self) -> None:
-        sock = self._socket
-        if not sock.refused:
-            async with sock.lock:
-                try:
-                    await self._over_socket()
-                    return
-                except _Refused:
-                    pass
-        await super()._exchange()  # the upstream's HTTP API, with the whole request
+    async def next_event(self) -> Event:
+        if self._switched:
+            return await self._over_http.next_event()  # type: ignore[union-attr]
+        if self._task is None and not self._finished:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        if self._pending is not None and self._queue.empty():
+            event, self._pending = self._pending, None
+            return event
+        event = await self._queue.get()
+        if event is _OVER_HTTP:
+            self._switched = True
+            return await self._over_http.next_event()  # type: ignore[union-attr]
+        return event
+
+    def cancel(self) -> None:
+        if self._over_http is not None:
+            self._over_http.cancel()
+            return
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+        self._end(Finish(reason=FinishKind.ABORT))
+
+    def _end(self, terminal: Event) -> None:
+        """Queue the terminal without waiting (it goes after what is queued); at most one."""
+        if self._finished:
+            return
+        self._finished = True
+        try:
+            self._queue.put_nowait(terminal)
+        except asyncio.QueueFull:  # the reader drains the queue first, then gets it
+            self._pending = terminal
+        self._on_done()
+
+    async def _put_all(self, events: list[Event]) -> bool:
+        """Queue ``events`` (waiting while the queue is full); True once the stream ended."""
+        for event in events:
+            if self._finished:
+                break
+            if is_terminal(event):
+                self._end(event)
+            else:
+                await self._queue.put(event)
+        return self._finished
+
+    async def _run(self) -> None:
+        try:
+            sock = self._socket
+            if not sock.refused:
+                async with sock.lock:
+                    try:
+                        await self._over_socket()
+                        return
+                    except _Refused:
+                        pass
+            # The upstream's HTTP API, with the whole request: nothing was queued yet.
+            self._over_http = SSEUpstreamStream(**self._http)
+            self._queue.put_nowait(_OVER_HTTP)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug here must still end the stream
+            log.error("upstream socket stream failed: %s", type(exc).__name__)
+            self._end(Failure(failure_class=FailureClass.INTERNAL, status=500,
+                              message=f"upstream internal error: {type(exc).__name__}"))
+        finally:
+            if self._over_http is None:
+                self._end(Failure(failure_class=FailureClass.UPSTREAM, status=502,
+                                  message="the upstream stream ended without a terminal "
+                                          "event"))
 
     def _whole_body(self) -> dict[str, Any]:
         body = self._body
@@ -457,6 +543,10 @@ class SocketStream(SSEUpstreamStream):
                                "Responses events are JSON text)", MALFORMED))
         self._socket.discard()
         return None
+
+
+#: Queued by :class:`SocketStream`'s task when the HTTP stream serves the request.
+_OVER_HTTP: Final = Heartbeat()
 
 
 def _close_reason(exc: ConnectionClosed) -> str:

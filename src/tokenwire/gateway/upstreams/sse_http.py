@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import os
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, Self
 
@@ -35,11 +36,15 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 from tokenwire.gateway.upstreams.failures import MALFORMED, failure_from_exception, read_capped
-from tokenwire.gateway.upstreams.http_transport import UpstreamClient, upstream_transport
+from tokenwire.gateway.upstreams.http_transport import (
+    UpstreamClient,
+    stream_post,
+    upstream_transport,
+)
 from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
 
 __all__ = [
-    "MAX_QUEUED_EVENTS",
+    "BodyReader",
     "FailedStream",
     "HttpClassifier",
     "SSEUpstreamStream",
@@ -51,10 +56,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Events produced but not yet read; the reader is the client connection, so a full queue
-#: means a slow client, and the reading task waits (back-pressure reaches the upstream socket).
-MAX_QUEUED_EVENTS = 256
 
 # -- the HTTP side of one generation ------------------------------------------------------------
 
@@ -69,18 +70,41 @@ class StreamParser(Protocol):
 HttpClassifier = Callable[[int, httpx.Headers, bytes], Failure]
 
 
+class BodyReader(Protocol):
+    """An answer's body as an SSE stream reads it: :meth:`read` may be cancelled at any
+    time without losing a byte."""
+
+    @property
+    def ended(self) -> bool:
+        """The body's end was read: :meth:`read` returns ``b""`` without waiting."""
+
+    async def read(self) -> bytes:
+        """The next bytes, ``b""`` at the end (the connection is then given back)."""
+
+    def close(self) -> None:
+        """Stop reading: the connection is pooled if the end was read, else closed (the
+        upstream sees the disconnect)."""
+
+
 class SSEUpstreamStream:
     """One generation over one SSE response (:class:`~tokenwire.gateway.ir.EventStream`).
 
-    ``submit`` must not block, so the request starts on the first :meth:`next_event`, in a
-    task that reads the body and queues events: a cancelled wait then loses nothing. The
-    queue is bounded (:data:`MAX_QUEUED_EVENTS`): a slow client makes the task wait, and the
-    wait reaches the upstream socket. :meth:`cancel` cancels that task, which closes the
-    upstream response (the upstream sees the disconnect and stops generating), and the stream
-    ends with ``ABORT``. The task stops parsing at the first terminal event, then reads the
-    body's end within bounds (:func:`_drain_for_reuse`) so that its connection can carry the
-    next request. With ``slots``,
-    the request waits for one of them before it is sent (the adapter's concurrency cap).
+    ``submit`` must not block, so the request starts on the first :meth:`next_event`: a
+    task sends it (with ``slots``, after waiting for one of them: the adapter's concurrency
+    cap) and reads the answer's head. From there the body is read by :meth:`next_event`
+    itself, in its caller's task, one read per call while no event is ready. Every wait in
+    it can be cancelled without losing anything (the supervisor's timer cancels it for each
+    heartbeat): the opening task is waited for, never cancelled, and a body read keeps its
+    bytes in the connection's buffer until it returns (:class:`BodyReader`). Nothing is read
+    that was not asked for, so a slow client leaves bytes in the socket, and back-pressure
+    reaches the upstream. Until issue 15 a task read the whole body into a queue of events:
+    every token crossed that queue and woke one more task (BENCHMARKS.md, "Session of
+    2026-12-04 (2)").
+
+    :meth:`cancel` closes the upstream response (the upstream sees the disconnect and stops
+    generating), and the stream ends with ``ABORT``. Parsing stops at the first terminal
+    event; the body's end is then read within bounds (:func:`_drain_for_reuse`) so that
+    its connection can carry the next request.
     """
 
     def __init__(self, *, client: httpx.AsyncClient, url: str, body: Any, parser: StreamParser,
@@ -92,78 +116,60 @@ class SSEUpstreamStream:
         self._headers = dict(headers or {})
         self.parser, self._classify_http, self._on_done = parser, classify_http, on_done
         self._slots = slots
-        self._queue: asyncio.Queue[Event] = asyncio.Queue(MAX_QUEUED_EVENTS)
-        self._task: asyncio.Task[None] | None = None
-        self._finished = False  # a terminal has been queued (or is pending)
-        self._pending: Event | None = None  # the terminal, when it met a full queue
+        self._holding_slot = False
+        self._ready: deque[Event] = deque()  # events parsed, not yet returned
+        self._opening: asyncio.Task[None] | None = None
+        self._post: stream_post | None = None
+        self._reader: BodyReader | None = None  # once the head said "an SSE body follows"
+        self._decoder = SSEDecoder()
+        self._finished = False  # the terminal is in ``_ready`` (or was returned)
         self._seen_bytes = False
 
     async def next_event(self) -> Event:
-        if self._task is None and not self._finished:
-            self._task = asyncio.get_running_loop().create_task(self._run())
-        if self._pending is not None and self._queue.empty():
-            event, self._pending = self._pending, None
-            return event
-        return await self._queue.get()
+        ready = self._ready
+        while not ready:
+            if self._finished:  # read after the terminal: nothing more will come
+                return Finish(reason=FinishKind.ABORT)
+            reader = self._reader
+            if reader is None:
+                if self._opening is None:
+                    self._opening = asyncio.get_running_loop().create_task(self._open())
+                await asyncio.wait((self._opening,))  # waited for, never cancelled with us
+                if self._reader is None and not self._finished:  # a bug: never a hang
+                    self._end(_broken_stream())
+                continue
+            try:
+                data = await reader.read()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._fail(exc)
+                continue
+            self._feed(data)
+        return ready.popleft()
 
     def cancel(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-        self._end(Finish(reason=FinishKind.ABORT))
-
-    def _end(self, terminal: Event) -> None:
-        """Queue the terminal without waiting (it goes after what is queued); at most one."""
         if self._finished:
             return
-        self._finished = True
+        if self._opening is not None and not self._opening.done():
+            self._opening.cancel()  # its cleanup closes what it opened
+        self._end(Finish(reason=FinishKind.ABORT))
+        self._close_answer()
+
+    # -- opening: the request and the answer's head, in a task ----------------------------
+
+    async def _open(self) -> None:
         try:
-            self._queue.put_nowait(terminal)
-        except asyncio.QueueFull:  # the reader drains the queue first, then gets it
-            self._pending = terminal
-        self._on_done()
-
-    async def _put_all(self, events: list[Event]) -> bool:
-        """Queue ``events`` (waiting while the queue is full); True once the stream ended."""
-        for event in events:
-            if self._finished:
-                break
-            if is_terminal(event):
-                self._end(event)
-            else:
-                await self._queue.put(event)
-        return self._finished
-
-    async def _run(self) -> None:
-        try:
-            if self._slots is None:
-                await self._exchange()
-            else:
-                async with self._slots:
-                    await self._exchange()
-        except asyncio.CancelledError:
-            raise
-        except httpx.HTTPError as exc:
-            self._end(failure_from_exception(exc, started=self._seen_bytes))
-        except RemoteProtocolError as exc:  # the SSE decoder: an oversized or cut-off line
-            self._end(_transport_failure(FailureClass.UPSTREAM, "malformed event stream", exc,
-                                         code=MALFORMED))
-        except Exception as exc:  # a bug here must still end the stream
-            log.error("upstream stream handler failed: %s", type(exc).__name__)
-            self._end(_transport_failure(FailureClass.INTERNAL, "internal error", exc, 500))
-        finally:
-            self._end(Failure(failure_class=FailureClass.UPSTREAM, status=502,
-                              message="the upstream stream ended without a terminal event"))
-
-    async def _exchange(self) -> None:
-        if isinstance(self._body, bytes):
-            sent: dict[str, Any] = {"content": self._body, "headers": {
-                **self._headers, "Content-Type": "application/json"}}
-        else:
-            sent = {"json": self._body, "headers": self._headers}
-        async with self._client.stream("POST", parsed_url(self._url), **sent) as resp:
+            if self._slots is not None:
+                await self._slots.acquire()
+                self._holding_slot = True
+            body = self._body if isinstance(self._body, bytes) else json_body(self._body)
+            headers = {**self._headers, "Content-Type": "application/json"}
+            self._post = post = stream_post(self._client, parsed_url(self._url), body, headers)
+            resp = await post.__aenter__()
             if resp.status_code >= 400:
-                body = await read_capped(resp)
-                self._end(self._classify_http(resp.status_code, resp.headers, body))
+                data = await read_capped(resp)
+                self._end(self._classify_http(resp.status_code, resp.headers, data))
                 return
             ctype = resp.headers.get("content-type", "")
             if "text/event-stream" not in ctype:
@@ -172,20 +178,108 @@ class SSEUpstreamStream:
                 return
             # A parser that reads the response head (the Responses turn state) says so.
             on_head = getattr(self.parser, "on_head", None)
-            if on_head is not None and await self._put_all(on_head(resp.headers)):
+            if on_head is not None and self._put_all(on_head(resp.headers)):
                 return
-            decoder = SSEDecoder()
-            chunks = resp.aiter_bytes()
-            async for chunk in chunks:
+            self._reader = post.reader()
+        except asyncio.CancelledError:
+            if self._post is not None:
+                await self._post.aclose()
+            raise
+        except Exception as exc:
+            self._fail(exc)
+        if self._finished and self._post is not None:  # answered without an SSE body
+            await self._post.aclose()
+
+    # -- the body, in the caller's task -----------------------------------------------------
+
+    def _feed(self, data: bytes) -> None:
+        """Parse what one read returned (``b""``: the body's end)."""
+        try:
+            if data:
                 self._seen_bytes = True
-                for sse in decoder.feed(chunk):
-                    if await self._put_all(self.parser.on_sse(sse)):
-                        await _drain_for_reuse(chunks)
+                for sse in self._decoder.feed(data):
+                    if self._put_all(self.parser.on_sse(sse)):
+                        self._after_terminal()
                         return
-            for sse in decoder.feed_eof():
-                if await self._put_all(self.parser.on_sse(sse)):
+                return
+            for sse in self._decoder.feed_eof():
+                if self._put_all(self.parser.on_sse(sse)):
                     return
-            await self._put_all(self.parser.on_eof())
+            if not self._put_all(self.parser.on_eof()):
+                self._end(_broken_stream())
+        except Exception as exc:
+            self._fail(exc)
+
+    def _put_all(self, events: list[Event]) -> bool:
+        """Make ``events`` ready, up to a terminal; True once the stream ended."""
+        for event in events:
+            if self._finished:
+                break
+            if is_terminal(event):
+                self._end(event)
+            else:
+                self._ready.append(event)
+        return self._finished
+
+    def _after_terminal(self) -> None:
+        """Parsing stopped at the terminal: the connection is pooled if the body's end was
+        read with it (the common case), else the end is read in a task of its own (the
+        terminal goes out now), within bounds, so that it can carry the next request."""
+        reader = self._reader
+        if reader is None or reader.ended:
+            self._close_answer()
+            return
+        drain = asyncio.get_running_loop().create_task(_drain_for_reuse(reader))
+        _DRAINS.add(drain)  # the loop keeps only a weak reference to a task
+        drain.add_done_callback(_DRAINS.discard)
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def _fail(self, exc: Exception) -> None:
+        if isinstance(exc, httpx.HTTPError):
+            failure = failure_from_exception(exc, started=self._seen_bytes)
+        elif isinstance(exc, RemoteProtocolError):  # the SSE decoder: oversized or cut off
+            failure = _transport_failure(FailureClass.UPSTREAM, "malformed event stream", exc,
+                                         code=MALFORMED)
+        else:  # a bug here must still end the stream
+            log.error("upstream stream handler failed: %s", type(exc).__name__)
+            failure = _transport_failure(FailureClass.INTERNAL, "internal error", exc, 500)
+        self._end(failure)
+        self._close_answer()
+
+    def _end(self, terminal: Event) -> None:
+        """Make the terminal ready (after what is ready), at most once; the slot and the
+        adapter's count go back. The answer is closed by the caller (or drained)."""
+        if self._finished:
+            return
+        self._finished = True
+        self._ready.append(terminal)
+        if self._holding_slot:
+            self._holding_slot = False
+            self._slots.release()  # type: ignore[union-attr]
+        self._on_done()
+
+    def _close_answer(self) -> None:
+        """Stop reading the body: its connection is pooled if the body's end was read, else
+        closed (the upstream sees the disconnect). Before there is a body, the opening task
+        closes what it opened."""
+        if self._reader is not None:
+            self._reader.close()
+
+
+#: Drains in progress (:meth:`SSEUpstreamStream._after_terminal`).
+_DRAINS: set[asyncio.Task[None]] = set()
+
+
+def _broken_stream() -> Failure:
+    return Failure(failure_class=FailureClass.UPSTREAM, status=502,
+                   message="the upstream stream ended without a terminal event")
+
+
+def json_body(value: Any) -> bytes:
+    """A JSON value as the request body, exactly as httpx's ``json=`` encodes it."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
+                      allow_nan=False).encode()
 
 
 @functools.lru_cache(maxsize=1024)
@@ -205,20 +299,20 @@ DRAIN_MAX_BYTES = 64 * 1024
 DRAIN_MAX_S = 0.25
 
 
-async def _drain_for_reuse(chunks: Any) -> None:
+async def _drain_for_reuse(reader: BodyReader) -> None:
     """Read what follows the terminal so the connection can be reused; never raises (the
     client already has its terminal) and never waits past :data:`DRAIN_MAX_S`."""
     seen = 0
     try:
         async with asyncio.timeout(DRAIN_MAX_S):
-            async for chunk in chunks:
-                seen += len(chunk)
+            while data := await reader.read():
+                seen += len(data)
                 if seen > DRAIN_MAX_BYTES:
                     break
     except (TimeoutError, httpx.HTTPError):
-        pass  # the response's close then closes the connection
+        pass
     finally:
-        await chunks.aclose()
+        reader.close()  # a no-op once the end was read: the connection is pooled
 
 
 class FailedStream:
