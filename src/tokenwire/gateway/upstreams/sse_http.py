@@ -112,9 +112,8 @@ class SSEUpstreamStream:
                 return Finish(reason=FinishKind.ABORT)
             reader = self._reader
             if reader is None:
-                if self._opening is None:
-                    self._opening = asyncio.get_running_loop().create_task(self._open())
-                await asyncio.wait((self._opening,))  # waited for, never cancelled with us
+                self.start()
+                await asyncio.wait((self._opening,))  # type: ignore[arg-type]  # waited for, never cancelled with us
                 if self._reader is None and not self._finished:  # a bug: never a hang
                     self._end(_broken_stream())
                 continue
@@ -127,6 +126,11 @@ class SSEUpstreamStream:
                 continue
             self._feed(data)
         return ready.popleft()
+
+    def start(self) -> None:
+        """Send the request now (its task), before the first :meth:`next_event`."""
+        if self._opening is None and not self._finished:
+            self._opening = asyncio.get_running_loop().create_task(self._open())
 
     def cancel(self) -> None:
         if self._finished:
