@@ -99,12 +99,11 @@ class TextRenderer(Renderer):
         return [event.text.encode()] if isinstance(event, TokenDelta) else [b"|end"]
 
 
-def test_a_window_wakes_the_writer_once_and_the_terminal_ends_it_early() -> None:
-    """With a supervised stream (``settled``/``ready``) the writer does not wake for each
-    event of an open window: it sleeps to the deadline, woken early by the terminal, and the
-    bytes are those of the event-by-event writer, each sent within its window."""
+def _supervised(texts: list[str], *, streaming: bool) -> tuple[list, dict[str, int]]:
+    """A real supervised stream of ``texts`` (0.1 s apart, then the end) through the
+    writer, with gzip and a 1 s window, on a looptime loop: the messages sent, each with
+    the loop time it went at, and how often the writer called each read of the stream."""
     import random
-    import zlib
 
     import looptime
 
@@ -113,7 +112,6 @@ def test_a_window_wakes_the_writer_once_and_the_terminal_ends_it_early() -> None
     from tokenwire.gateway.supervision.admission import Admission
     from tokenwire.gateway.supervision.supervisor import SupervisedStream
 
-    texts = [f"w{i}" for i in range(10)]
     sent: list[tuple[float, dict]] = []
     calls = {"next_event": 0, "settled": 0}
 
@@ -137,17 +135,37 @@ def test_a_window_wakes_the_writer_once_and_the_terminal_ends_it_early() -> None
         async def send(message: dict[str, Any]) -> None:
             sent.append((round(loop.time(), 6), message))
 
-        app = EventResponse(stream, TextRenderer(), headers=[], on_failure=lambda f: (500, [], b""),
-                            compressor=lambda: new_compressor("gzip"), window=1.0,
-                            clock=loop.time)
+        app = EventResponse(stream, TextRenderer(), headers=[], streaming=streaming,
+                            on_failure=lambda f: (500, [], b""), window=1.0, clock=loop.time,
+                            compressor=lambda: new_compressor("gzip"))
         await app({"type": "http"}, receive, send)
 
     with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
         runner.run(go())
-    bodies = [(t, m["body"]) for t, m in sent if m["type"] == "http.response.body"]
+    return [(t, m["body"]) for t, m in sent if m["type"] == "http.response.body"], calls
+
+
+def test_a_window_wakes_the_writer_once_and_the_terminal_ends_it_early() -> None:
+    """With a supervised stream (``settled``/``ready``) the writer does not wake for each
+    event of an open window: it sleeps to the deadline, woken early by the terminal, and the
+    bytes are those of the event-by-event writer, each sent within its window."""
+    import zlib
+
+    texts = [f"w{i}" for i in range(10)]
+    bodies, calls = _supervised(texts, streaming=True)
     # The first token at once (0.1 s); the rest of the window ends with the terminal at 1.1 s,
     # before the window's deadline (1.2 s).
     assert [t for t, _ in bodies] == [0.1, 1.1]
     assert zlib.decompress(b"".join(b for _, b in bodies), wbits=31) == \
         ("".join(texts) + "|end").encode()
     assert calls == {"next_event": 2, "settled": 1}  # not one wake-up per token
+
+
+def test_a_whole_body_waits_once_for_the_terminal() -> None:
+    import zlib
+
+    texts = [f"w{i}" for i in range(10)]
+    bodies, calls = _supervised(texts, streaming=False)
+    assert [t for t, _ in bodies] == [1.1]
+    assert zlib.decompress(bodies[0][1], wbits=31) == ("".join(texts) + "|end").encode()
+    assert calls == {"next_event": 1, "settled": 1}  # the first read, then the terminal

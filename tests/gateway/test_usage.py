@@ -428,3 +428,46 @@ def test_request_log_and_metrics_use_the_counts_the_client_got(openai_gateway):
                for s in fam.samples if s.labels.get("model") == "m"}
     assert samples["tokenwire_prompt_tokens_total"] == usage["prompt_tokens"]
     assert samples["tokenwire_completion_tokens_total"] == usage["completion_tokens"]
+
+
+# -- the prompt counted after the request went out ---------------------------------------------
+
+
+def test_the_request_goes_out_before_the_prompt_is_counted(smollm2_map: TokenizerMap) -> None:
+    """Counting tokenizes the whole rendered prompt (milliseconds on a long context): the
+    metered stream first has its upstream send the request (``start()``, then one loop turn
+    for its task to write it), so the count overlaps the upstream's work instead of
+    delaying the first token."""
+    import asyncio
+
+    from tokenwire.gateway.usage import MeteredStream
+
+    order: list[str] = []
+
+    class Upstream:
+        def start(self) -> None:
+            order.append("start")
+            asyncio.get_running_loop().call_soon(order.append, "request written")
+
+        async def next_event(self) -> Finish:
+            order.append("next_event")
+            return Finish(reason=FinishKind.EOS)
+
+        def cancel(self) -> None:
+            pass
+
+    class Counting(PromptCounter):
+        def count(self, request: GenerationRequest) -> int | None:
+            order.append("count")
+            return super().count(request)
+
+    meter = UsageMeter(GenerationRequest(prompt=HELLO, model="m"), Counting(smollm2_map))
+
+    async def main() -> list:
+        stream = MeteredStream(Upstream(), meter)
+        return [await stream.next_event(), await stream.next_event()]
+
+    first, second = asyncio.run(main())
+    assert order == ["start", "request written", "count", "next_event"]
+    assert isinstance(first, Usage) and first.source is UsageSource.GATEWAY
+    assert isinstance(second, Usage | Finish)

@@ -59,6 +59,7 @@ __all__ = [
     "is_terminal",
     "kind_of",
     "replica_of",
+    "start_early",
 ]
 
 
@@ -519,7 +520,9 @@ class EventStream(Protocol):
     """One running generation, as seen from the event loop.
 
     Optional: ``replica``, the replica of a pool (``routing/pool.py``) running it (default
-    None); read it with :func:`replica_of`."""
+    None); read it with :func:`replica_of`. ``start()``: begin the work at once, before the
+    first :meth:`next_event` (an HTTP upstream sends its request); call it with
+    :func:`start_early`."""
 
     replica: Any = None
 
@@ -580,3 +583,13 @@ def fails_over(upstream: object, failure: Failure, avoid: frozenset[str],
 def replica_of(stream: object) -> Any:
     """``stream.replica``, or the protocol's default (None: not a pool's)."""
     return getattr(stream, "replica", EventStream.replica)
+
+
+def start_early(stream: object) -> bool:
+    """Have ``stream`` begin its work now (its optional ``start()``); False if it has none
+    (it begins at its first ``next_event``, the protocol's default)."""
+    start = getattr(stream, "start", None)
+    if start is None:
+        return False
+    start()
+    return True

@@ -54,6 +54,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     Usage,
     is_terminal,
+    start_early,
 )
 
 __all__ = [
@@ -274,6 +275,9 @@ class RetokenizingStream:
         self.retokenizer = retokenizer
         self._queued: list[Event] = []
         self._failed: Failure | None = None
+
+    def start(self) -> None:
+        start_early(self._inner)
 
     async def next_event(self) -> Event:
         if self._queued:

@@ -22,6 +22,7 @@ A figure the upstream did report always wins; when any figure is ours the source
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from tokenwire.gateway.ir import (
     Usage,
     UsageSource,
     is_terminal,
+    start_early,
 )
 from tokenwire.gateway.retokenize import tokenizer_for
 
@@ -250,9 +252,21 @@ class MeteredStream:
         self._meter = meter
         self._queued: list[Event] = []
         self._begun = False
+        self._started = False
+
+    def start(self) -> None:
+        start_early(self._inner)
 
     async def next_event(self) -> Event:
         if not self._begun:  # the prompt's count first: a heartbeat may open the stream
+            if not self._started:
+                # The request goes out first (one loop turn runs its task up to the write),
+                # and the prompt is counted while the upstream works: counting tokenizes the
+                # rendered prompt, milliseconds on an agent's long context (BENCHMARKS.md,
+                # "Session of 2026-12-04 (2)"), which the first token no longer waits for.
+                self._started = True
+                if start_early(self._inner):
+                    await asyncio.sleep(0)
             self._begun = True
             self._queued = self._meter.start()
         while not self._queued:

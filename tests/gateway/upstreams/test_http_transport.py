@@ -20,12 +20,9 @@ import pytest
 
 from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import connection_fault, failure_from_exception
-from tokenwire.gateway.upstreams.http_transport import (
-    LeanTransport,
-    stream_post,
-    upstream_transport,
-)
+from tokenwire.gateway.upstreams.http_transport import LeanTransport, upstream_transport
 from tokenwire.gateway.upstreams.sse_http import http_client
+from tokenwire.gateway.upstreams.stream_post import stream_post
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 CHUNKED_HEAD = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"

@@ -154,6 +154,20 @@ class EventResponse:
             self._terminal_seen = True
         return event
 
+    async def _all_events(self) -> list[Event]:
+        """Every event through the terminal. A supervised stream is waited on once for its
+        terminal (``settled``/``ready``) instead of once per event."""
+        events = [await self._next()]  # (the first read starts a supervised stream's task)
+        settled = getattr(self._stream, "settled", None)
+        while not is_terminal(events[-1]):
+            if settled is None:
+                events.append(await self._next())
+                continue
+            await settled()
+            events += self._stream.ready()  # type: ignore[attr-defined]
+        self._terminal_seen = True
+        return events
+
     async def _send_whole(self, send: Send, status: int, headers: Headers, body: bytes) -> None:
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         raw.append((b"content-length", str(len(body)).encode()))
@@ -166,9 +180,7 @@ class EventResponse:
         self._count("identity", body)  # error bodies are never content-coded
 
     async def _whole_body(self, send: Send) -> None:
-        events = [await self._next()]
-        while not is_terminal(events[-1]):
-            events.append(await self._next())
+        events = await self._all_events()
         if self.disconnected:  # nobody to render, store or send for
             return
         if isinstance(events[-1], Failure):

@@ -38,7 +38,7 @@ import re
 import select
 import urllib.request
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import httptools
@@ -47,7 +47,7 @@ import httpx
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
 
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanAnswer",
-           "LeanTransport", "UpstreamClient", "post_fields", "stream_post", "upstream_transport"]
+           "LeanTransport", "UpstreamClient", "upstream_transport"]
 
 #: An idle pooled connection is dropped after this long. It must be shorter than the
 #: upstreams' own idle timeout: uvicorn (so vLLM and our own scripted upstreams), llama.cpp's
@@ -95,7 +95,7 @@ class UpstreamClient(httpx.AsyncClient):
     def __init__(self, *args: Any, transport: httpx.AsyncBaseTransport | None = None,
                  **kwargs: Any) -> None:
         super().__init__(*args, transport=transport, **kwargs)
-        #: The lean transport, when it is this client's: :class:`stream_post` then skips
+        #: The lean transport, when it is this client's: ``stream_post`` then skips
         #: httpx's request and response objects (``None``: httpx's path, e.g. a proxy's).
         self.lean = transport if isinstance(transport, LeanTransport) else None
 
@@ -526,7 +526,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
                    timeouts: dict[str, float | None]) -> LeanAnswer:
         """POST ``body`` with the head ``fields`` (see :func:`post_fields`): the answer's
         head and body, with no httpx ``Request`` or ``Response`` built (the SSE adapters'
-        requests, :class:`stream_post`)."""
+        requests, :mod:`.stream_post`)."""
         data = _request_bytes(b"POST", url.raw_path, fields, body)
         return LeanAnswer(*await self._send(url, data, False, timeouts, None))
 
@@ -708,137 +708,3 @@ class LeanAnswer:
 
     async def aclose(self) -> None:
         self._body.close()
-
-
-def post_fields(defaults: httpx.Headers, url: httpx.URL, headers: Mapping[str, str],
-                length: int) -> list[tuple[bytes, bytes]]:
-    """The head httpx would send for ``client.stream("POST", url, content=<length bytes>,
-    headers=headers)``: ``Host``, the client's headers (``defaults``: its own ``Accept``,
-    ``User-Agent``... and the upstream's auth), each replaced by a request header of the
-    same name, the other request headers, then ``Content-Length``. Values are encoded as
-    httpx encodes them (ASCII); :func:`_request_bytes` checks every name and value."""
-    given = {name.lower(): (name.encode("ascii"), value.encode("ascii"))
-             for name, value in headers.items()}
-    fields = [] if "host" in given else [(b"Host", url.netloc)]
-    for name, value in defaults.raw:
-        replaced = given.pop(name.decode("latin-1").lower(), None)
-        fields.append(replaced or (name, value))
-    fields += given.values()
-    if not any(name.lower() == b"content-length" for name, _ in fields):
-        fields.append((b"Content-Length", b"%d" % length))
-    return fields
-
-
-class stream_post:  # a lower-case name: used as ``async with``, like ``client.stream``
-    """``async with stream_post(client, url, body, headers) as answer``: the one way the SSE
-    adapters POST. On an :class:`UpstreamClient` over the lean transport the answer is a
-    :class:`LeanAnswer`; on any other client (httpx's transport, a test's
-    ``MockTransport``) it is ``client.stream``'s ``httpx.Response``. Either way the answer
-    is closed on exit (an unfinished body closes its connection), or by :meth:`aclose`;
-    :meth:`reader` reads its body with cancel-safe reads."""
-
-    def __init__(self, client: httpx.AsyncClient, url: httpx.URL, body: bytes,
-                 headers: Mapping[str, str]) -> None:
-        self._client, self._url, self._body, self._headers = client, url, body, headers
-        self._answer: LeanAnswer | None = None
-        self._httpx: Any = None  # client.stream's context manager
-        self._response: httpx.Response | None = None
-        self._closed = False
-
-    async def __aenter__(self) -> LeanAnswer | httpx.Response:
-        lean = getattr(self._client, "lean", None)
-        if lean is None:
-            manager = self._client.stream("POST", self._url, content=self._body,
-                                          headers=self._headers)
-            self._response = await manager.__aenter__()
-            self._httpx = manager  # entered: exited by aclose
-            return self._response
-        client = self._client
-        self._answer = await lean.post(
-            self._url, post_fields(client.headers, self._url, self._headers, len(self._body)),
-            self._body, client.timeout.as_dict())
-        return self._answer
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Close the answer (once): pooled if its body's end was read, else closed."""
-        if self._closed:
-            return
-        self._closed = True
-        if self._answer is not None:
-            self._answer.close()
-        elif self._httpx is not None:
-            await self._httpx.__aexit__(None, None, None)
-
-    def reader(self) -> _Body | _Pump:
-        """The answer's body for an SSE stream: the lean body itself, else (httpx's
-        response, or a body with a Content-Encoding) a :class:`_Pump` over its bytes."""
-        if self._answer is not None and (body := self._answer.reader()) is not None:
-            return body
-        resp = self._answer if self._answer is not None else self._response
-        assert resp is not None, "reader() before the answer's head"
-        return _Pump(resp.aiter_bytes(), self.aclose)
-
-
-class _Pump:
-    """Cancel-safe reads of an async iterator of body bytes (httpx's decoded body): a task
-    reads ahead, at most :data:`MAX_BUFFERED_BYTES`, then waits for the reader. Only
-    answers the lean transport cannot hand over as they are come this way (a test's
-    ``MockTransport``, a proxy's httpx transport, a ``Content-Encoding``)."""
-
-    def __init__(self, chunks: AsyncIterator[bytes],
-                 closer: Callable[[], Awaitable[None]]) -> None:
-        self._chunks, self._closer = chunks, closer
-        self._buffered: deque[bytes] = deque()
-        self._size = 0
-        self._at_end = False
-        self._error: BaseException | None = None
-        self._wake: asyncio.Future[None] | None = None  # the reader, waiting for bytes
-        self._room: asyncio.Future[None] | None = None  # the task, waiting for room
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def _run(self) -> None:
-        try:
-            async for chunk in self._chunks:
-                self._buffered.append(chunk)
-                self._size += len(chunk)
-                _resolve(self._wake)
-                while self._size > MAX_BUFFERED_BYTES:
-                    self._room = asyncio.get_running_loop().create_future()
-                    await self._room
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # the reader raises it (httpx's errors)
-            self._error = exc
-        finally:
-            self._at_end = True
-            _resolve(self._wake)
-            await self._closer()
-
-    @property
-    def ended(self) -> bool:
-        return self._at_end and not self._buffered and self._error is None
-
-    async def read(self) -> bytes:
-        while not self._buffered:
-            if self._error is not None:
-                raise self._error
-            if self._at_end:
-                return b""
-            self._wake = asyncio.get_running_loop().create_future()
-            await self._wake
-        data = self._buffered.popleft()
-        self._size -= len(data)
-        _resolve(self._room)
-        return data
-
-    def close(self) -> None:
-        if not self._task.done():
-            self._task.cancel()  # its cleanup closes the answer
-
-
-def _resolve(waiter: asyncio.Future[None] | None) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)

@@ -36,15 +36,11 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
 from tokenwire.gateway.upstreams.failures import MALFORMED, failure_from_exception, read_capped
-from tokenwire.gateway.upstreams.http_transport import (
-    UpstreamClient,
-    stream_post,
-    upstream_transport,
-)
+from tokenwire.gateway.upstreams.http_transport import UpstreamClient, upstream_transport
 from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
+from tokenwire.gateway.upstreams.stream_post import BodyReader, stream_post
 
 __all__ = [
-    "BodyReader",
     "FailedStream",
     "HttpClassifier",
     "SSEUpstreamStream",
@@ -68,22 +64,6 @@ class StreamParser(Protocol):
 
 #: ``(status, headers, body) -> Failure`` for a non-2xx answer.
 HttpClassifier = Callable[[int, httpx.Headers, bytes], Failure]
-
-
-class BodyReader(Protocol):
-    """An answer's body as an SSE stream reads it: :meth:`read` may be cancelled at any
-    time without losing a byte."""
-
-    @property
-    def ended(self) -> bool:
-        """The body's end was read: :meth:`read` returns ``b""`` without waiting."""
-
-    async def read(self) -> bytes:
-        """The next bytes, ``b""`` at the end (the connection is then given back)."""
-
-    def close(self) -> None:
-        """Stop reading: the connection is pooled if the end was read, else closed (the
-        upstream sees the disconnect)."""
 
 
 class SSEUpstreamStream:
@@ -132,9 +112,8 @@ class SSEUpstreamStream:
                 return Finish(reason=FinishKind.ABORT)
             reader = self._reader
             if reader is None:
-                if self._opening is None:
-                    self._opening = asyncio.get_running_loop().create_task(self._open())
-                await asyncio.wait((self._opening,))  # waited for, never cancelled with us
+                self.start()
+                await asyncio.wait((self._opening,))  # type: ignore[arg-type]  # waited for, never cancelled with us
                 if self._reader is None and not self._finished:  # a bug: never a hang
                     self._end(_broken_stream())
                 continue
@@ -147,6 +126,11 @@ class SSEUpstreamStream:
                 continue
             self._feed(data)
         return ready.popleft()
+
+    def start(self) -> None:
+        """Send the request now (its task), before the first :meth:`next_event`."""
+        if self._opening is None and not self._finished:
+            self._opening = asyncio.get_running_loop().create_task(self._open())
 
     def cancel(self) -> None:
         if self._finished:
