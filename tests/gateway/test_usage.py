@@ -461,13 +461,16 @@ def test_the_request_goes_out_before_the_prompt_is_counted(smollm2_map: Tokenize
             order.append("count")
             return super().count(request)
 
-    meter = UsageMeter(GenerationRequest(prompt=HELLO, model="m"), Counting(smollm2_map))
-
-    async def main() -> list:
+    async def main(prompt) -> list:
+        meter = UsageMeter(GenerationRequest(prompt=prompt, model="m"), Counting(smollm2_map))
         stream = MeteredStream(Upstream(), meter)
         return [await stream.next_event(), await stream.next_event()]
 
-    first, second = asyncio.run(main())
+    first, second = asyncio.run(main(PromptText(text="a long prompt, counted by tokenizing")))
     assert order == ["start", "request written", "count", "next_event"]
     assert isinstance(first, Usage) and first.source is UsageSource.GATEWAY
     assert isinstance(second, Usage | Finish)
+    # A count that tokenizes nothing (ids) takes no loop turn: the request starts as ever.
+    order.clear()
+    asyncio.run(main(PromptIds(ids=(1, 2, 3))))
+    assert order == ["count", "next_event"]

@@ -142,6 +142,13 @@ class PromptCounter:
         self.tmap = tmap
         self.format = fmt
 
+    def tokenizes(self, request: GenerationRequest) -> bool:
+        """Whether :meth:`count` would tokenize text (else it answers at once)."""
+        prompt = request.prompt
+        return isinstance(prompt, PromptText) or (
+            not isinstance(prompt, PromptIds) and self.format is not None
+            and self.format.chat_template is not None)
+
     def count(self, request: GenerationRequest) -> int | None:
         prompt = request.prompt
         if isinstance(prompt, PromptIds):
@@ -229,6 +236,10 @@ class UsageMeter:
             reasoning_tokens=rep.reasoning_tokens if rep.reasoning_tokens is not None
             else (ours.reasoning_tokens if rep.completion_tokens is None else None))
 
+    def counts_text(self) -> bool:
+        """Whether :meth:`start` will tokenize the prompt (not yet counted, and text)."""
+        return not self._prompt_counted and self._counter.tokenizes(self._request)
+
     def start(self) -> list[Event]:
         """Before the upstream's first event: the prompt's count, when it can be known
         (Anthropic's ``message_start`` shows it; the final ``Usage`` repeats it)."""
@@ -265,7 +276,7 @@ class MeteredStream:
                 # rendered prompt, milliseconds on an agent's long context (BENCHMARKS.md,
                 # "Session of 2026-12-04 (2)"), which the first token no longer waits for.
                 self._started = True
-                if start_early(self._inner):
+                if self._meter.counts_text() and start_early(self._inner):
                     await asyncio.sleep(0)
             self._begun = True
             self._queued = self._meter.start()

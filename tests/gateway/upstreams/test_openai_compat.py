@@ -9,6 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.gateway.upstreams.fakes import (
     Reply,
@@ -43,7 +45,7 @@ from tokenwire.gateway.ir import (
     Usage,
 )
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig, UpstreamState
-from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
+from tokenwire.gateway.upstreams.openai_compat import ChunkParser, OpenAICompatUpstream
 
 SMOL = load_map_file(Path(__file__).resolve().parents[2] / "fixtures" / "maps" /
                      "huggingfacetb" / "smollm2.json")
@@ -409,3 +411,64 @@ def test_api_key_is_sent_as_bearer_and_never_in_repr_or_failures(monkeypatch):
     assert seen == ["Bearer sk-secret-123"]
     assert "sk-secret" not in repr(up) and "sk-secret" not in json.dumps(
         [str(e) for e in out])
+
+
+# -- the plain-chunk read (ChunkParser._plain) against the general one -----------------------
+
+_ANY = st.none() | st.booleans() | st.integers(-2, 2) | st.text(max_size=3) | \
+    st.lists(st.integers(0, 5), max_size=2) | st.dictionaries(st.text(max_size=2),
+                                                                st.integers(), max_size=1)
+
+
+def _maybe(key: str, values: st.SearchStrategy) -> st.SearchStrategy:
+    """``{key: value}`` or ``{}`` (the key absent)."""
+    return st.one_of(st.just({}), values.map(lambda v: {key: v}))
+
+
+def _merged(*parts: st.SearchStrategy) -> st.SearchStrategy:
+    return st.tuples(*parts).map(lambda ds: {k: v for d in ds for k, v in d.items()})
+
+
+_DELTA = _merged(_maybe("content", st.none() | st.text(max_size=4) | _ANY),
+                 _maybe("role", st.just("assistant")),
+                 _maybe("reasoning_content", st.none() | st.text(max_size=2)),
+                 _maybe("tool_calls", st.none() | st.just([]) | st.just(
+                     [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{"}}])))
+_CHOICE = _merged(_maybe("index", st.sampled_from([0, 1, None, "0"])),
+                  _maybe("delta", _DELTA | st.none() | _ANY),
+                  _maybe("text", st.none() | st.text(max_size=3) | _ANY),
+                  _maybe("finish_reason", st.sampled_from([None, "", "stop", "length",
+                                                            "tool_calls", 3])),
+                  _maybe("stop_reason", st.sampled_from([None, "</s>", 7])),
+                  _maybe("logprobs", st.none() | st.just({"content": []})),
+                  _maybe("token_ids", st.none() | st.just([5, 6])))
+_CHUNK = _merged(_maybe("choices", st.lists(_CHOICE | _ANY, max_size=2) | st.none() | _ANY),
+                 _maybe("usage", st.none() | st.just({"prompt_tokens": 3,
+                                                       "completion_tokens": 1})),
+                 _maybe("error", st.none() | st.just({"message": "boom"})),
+                 _maybe("object", st.sampled_from(["chat.completion.chunk", "error"])),
+                 _maybe("tokens", st.none() | st.just([1])),
+                 _maybe("id", st.just("chatcmpl-1")))
+
+
+def _general(parser: ChunkParser, data: str) -> list:
+    parser._plain = lambda data: None  # type: ignore[method-assign]
+    return parser.on_data(data)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_CHUNK, min_size=1, max_size=4))
+def test_the_plain_chunk_read_gives_the_general_reads_events(chunks: list[dict]) -> None:
+    """Whatever the chunks hold, reading them with the plain-chunk shortcut gives the
+    events and the end (finish, usage) that the general read alone gives."""
+    request = GenerationRequest(prompt=ChatPrompt(messages=(
+        ChatMessage(role="user", content="hi"),)), model="m")
+    config = UpstreamConfig(name="up", kind="openai", base_url="http://127.0.0.1:9/v1",
+                            models=(ModelRoute(name="m"),))
+    up = OpenAICompatUpstream.from_config(config)
+    fast, general = ChunkParser(request, up), ChunkParser(request, up)
+    for chunk in chunks:
+        data = json.dumps(chunk)
+        assert fast.on_data(data) == _general(general, data), data
+    assert fast.on_data("[DONE]") == _general(general, "[DONE]")
+    asyncio.run(up.aclose())

@@ -147,6 +147,38 @@ _FINISH = {"stop": FinishKind.EOS, "length": FinishKind.LENGTH,
 _json = msgspec.json.Decoder()
 
 
+class _PlainDelta(msgspec.Struct):
+    """A chat chunk's ``delta`` as :meth:`ChunkParser._plain` reads it: ``content``, and
+    the fields whose presence sends the chunk to the general path."""
+
+    content: str | None = None
+    reasoning_content: Any = None
+    reasoning: Any = None
+    tool_calls: Any = None
+
+
+class _PlainChoice(msgspec.Struct):
+    index: Any = 0
+    delta: _PlainDelta | None = None
+    text: Any = None
+    logprobs: Any = None
+    finish_reason: Any = None
+    stop_reason: Any = None
+    token_ids: Any = None
+    tokens: Any = None
+
+
+class _PlainChunk(msgspec.Struct):
+    choices: list[_PlainChoice] | None = None
+    usage: Any = None
+    error: Any = msgspec.UNSET  # an "error" key, even null, is the general path's to read
+    object: Any = None
+    tokens: Any = None
+
+
+_decode_plain = msgspec.json.Decoder(_PlainChunk).decode
+
+
 #: The ``[upstreams.options]`` of an OpenAI-compatible upstream that take one of a few
 #: words, each with its choices (the first is the default).
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -443,6 +475,9 @@ class ChunkParser:
         self._any = True
         if data.strip() == "[DONE]":
             return self._terminal()
+        plain = self._plain(data)
+        if plain is not None:
+            return plain
         try:
             chunk = _json.decode(data)
         except msgspec.DecodeError:
@@ -455,13 +490,51 @@ class ChunkParser:
             err = chunk.get("error", chunk)
             return [classify_error(err if isinstance(err, dict) else {"message": str(err)},
                                    status=None)]
+        choices = chunk.get("choices") or ()
+        if not isinstance(choices, list | tuple):  # (a number here once crashed the parser)
+            return self._fail("upstream sent a chunk whose choices are not a list", MALFORMED)
         out: list[Event] = []
         usage = openai_usage(chunk.get("usage"))
         if usage is not None:
             self._usage = usage
-        for choice in chunk.get("choices") or ():
+        for choice in choices:
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 out += self._choice(choice, chunk)
+        return out
+
+    def _plain(self, data: str) -> list[Event] | None:
+        """The events of a plain chunk (text, or a finish, and nothing else), decoded into
+        :class:`_PlainChunk`; ``None`` for any other chunk, which the general path reads
+        (tool calls, reasoning, logprobs, ids, usage, errors, or a shape msgspec refuses).
+        Nearly every chunk of a stream is plain: this read is ~4x cheaper than the
+        dict's (BENCHMARKS.md, "Session of 2026-12-04 (2)") and gives the same events."""
+        try:
+            chunk = _decode_plain(data)
+        except msgspec.DecodeError:  # not JSON, not an object, an unexpected type
+            return None
+        if chunk.choices is None or chunk.usage is not None or chunk.error is not msgspec.UNSET \
+                or chunk.object == "error" or chunk.tokens is not None:
+            return None
+        out: list[Event] = []
+        for choice in chunk.choices:
+            delta = choice.delta
+            if choice.logprobs is not None or choice.token_ids is not None \
+                    or choice.tokens is not None:
+                return None
+            if delta is not None:  # chat
+                if delta.reasoning_content is not None or delta.reasoning is not None \
+                        or delta.tool_calls is not None or choice.text is not None:
+                    return None
+                text = delta.content
+            elif isinstance(choice.text, str | None):  # completions
+                text = choice.text
+            else:
+                return None
+            if choice.index != 0:
+                continue  # other choices are not asked for, as on the general path
+            out += self._tokens(text or "", None)
+            if choice.finish_reason:
+                self._finish = _finish(choice.finish_reason, choice.stop_reason)
         return out
 
     def on_eof(self) -> list[Event]:
