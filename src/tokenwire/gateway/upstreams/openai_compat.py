@@ -506,8 +506,8 @@ class ChunkParser:
         """The events of a plain chunk (text, or a finish, and nothing else), decoded into
         :class:`_PlainChunk`; ``None`` for any other chunk, which the general path reads
         (tool calls, reasoning, logprobs, ids, usage, errors, or a shape msgspec refuses).
-        Nearly every chunk of a stream is plain: this read is ~4x cheaper than the
-        dict's (BENCHMARKS.md, "Session of 2026-12-04 (2)") and gives the same events."""
+        Nearly every chunk of a stream is plain: this read costs about half the dict's
+        (BENCHMARKS.md, "Session of 2026-12-04 (2)") and gives the same events."""
         try:
             chunk = _decode_plain(data)
         except msgspec.DecodeError:  # not JSON, not an object, an unexpected type
