@@ -47,15 +47,26 @@ def _start(tree: str, up_port: int, port: int, extra: list[str]) -> subprocess.P
     return proc
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_tree_arguments(parser: argparse.ArgumentParser) -> None:
+    """The two sides of an A/B: ``--a`` / ``--b`` (trees holding tokenwire/) and
+    ``--a-args`` / ``--b-args`` (more ``tokenwire serve`` flags for one side)."""
     parser.add_argument("--a", required=True, help="the 'before' tree (holds tokenwire/)")
     parser.add_argument("--b", required=True, help="the 'after' tree")
     parser.add_argument("--a-args", default="", help="more `tokenwire serve` flags for A")
     parser.add_argument("--b-args", default="", help="more `tokenwire serve` flags for B")
+
+
+def sides_of(args: argparse.Namespace) -> tuple[tuple[str, str, list[str]], ...]:
+    """``(name, tree, serve flags)`` for A and B, from :func:`add_tree_arguments`' values."""
+    return (("A", args.a, shlex.split(args.a_args)), ("B", args.b, shlex.split(args.b_args)))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_tree_arguments(parser)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    sides = (("A", args.a, shlex.split(args.a_args)), ("B", args.b, shlex.split(args.b_args)))
+    sides = sides_of(args)
     procs: list[subprocess.Popen] = []
     ratios: dict[tuple[str, str, int], list[float]] = {}
     try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shlex
 import statistics
 import sys
 import time
@@ -46,14 +45,11 @@ async def load(port: int, total: int) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--a", required=True, help="the 'before' tree (holds tokenwire/)")
-    parser.add_argument("--b", required=True, help="the 'after' tree")
-    parser.add_argument("--a-args", default="", help="more `tokenwire serve` flags for A")
-    parser.add_argument("--b-args", default="", help="more `tokenwire serve` flags for B")
+    ab.add_tree_arguments(parser)
     parser.add_argument("--requests", type=int, default=4000, help="measured, per round")
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
-    sides = (("A", args.a, shlex.split(args.a_args)), ("B", args.b, shlex.split(args.b_args)))
+    sides = ab.sides_of(args)
     seen: dict[str, list[tuple[float, float]]] = {"A": [], "B": []}
     procs: list = []
     try:
