@@ -129,6 +129,35 @@ def test_any_chunking_yields_the_same_events(lines, data):
 
 
 @settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.tuples(_LINE, _EOL), min_size=1, max_size=4), max_size=12))
+def test_one_chunk_per_event_yields_what_a_byte_at_a_time_does(events):
+    # Each event its own chunk, as upstreams send tokens: whole ``data: ...\n\n`` chunks
+    # take the single-event path, the rest the line walk; byte by byte takes neither.
+    chunks = [b"".join(a + b for a, b in lines) + b"\n" for lines in events]
+    dec = SSEDecoder()
+    out: list[SSEEvent] = []
+    for chunk in chunks:
+        out += dec.feed(chunk)
+    assert out + dec.feed_eof() == byte_by_byte(b"".join(chunks))
+
+
+def test_single_event_chunks_keep_the_limits_and_the_last_id():
+    dec = SSEDecoder()
+    assert dec.feed(b"id: 7\n\n") == []
+    assert dec.feed(b"data: x\n\n") == [SSEEvent("message", "x", "7")]
+    assert dec.feed(b"data: \n\n") == [SSEEvent("message", "", "7")]
+    small = SSEDecoder(max_line_bytes=16, max_event_bytes=8)
+    small.feed(b": ping\n\n")
+    with pytest.raises(FrameTooLarge):
+        small.feed(b"data: " + b"x" * 11 + b"\n\n")  # line 17 bytes
+    tight = SSEDecoder(max_event_bytes=8)
+    tight.feed(b": a\n\n")
+    assert tight.feed(b"data: " + b"x" * 7 + b"\n\n") == [SSEEvent("message", "x" * 7)]
+    with pytest.raises(FrameTooLarge):
+        tight.feed(b"data: " + b"x" * 8 + b"\n\n")  # with its joining newline, 9 bytes
+
+
+@settings(max_examples=200, deadline=None)
 @given(st.binary(max_size=200))
 def test_arbitrary_bytes_yield_events_or_remote_protocol_error(data):
     for parse in (whole, byte_by_byte):

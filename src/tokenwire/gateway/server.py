@@ -28,6 +28,7 @@ from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError, ConfigErrors, ListenError
 from tokenwire.gateway.config import GatewayConfig, map_for_model
 from tokenwire.gateway.context_window import ContextSource, first_known
+from tokenwire.gateway.heap import settle_after_startup
 from tokenwire.gateway.http.app import create_app
 from tokenwire.gateway.http.connections import ConnectionLimits, guarded_protocol
 from tokenwire.gateway.http.http2 import ALPN_PROTOCOLS, H2Limits
@@ -248,6 +249,7 @@ def run(plan: ServingPlan, *, log_level: str = "info",
     raise_fd_limit(settings)
     sock = sock or listen_socket(settings.host, settings.port)
     plan.engine.start()
+    settle_after_startup()
     try:
         config = uvicorn.Config(harden(create_app(plan.state), settings), host=settings.host,
                                 port=settings.port, log_level=log_level, ws=UVICORN_WS,
@@ -518,16 +520,20 @@ async def build_gateway(
 async def serve_gateway(
     cfg: GatewayConfig, settings: ServerSettings, *, log_level: str = "info",
     sockets: list[Any] | None = None, on_ready: Callable[[Gateway, Any], None] | None = None,
+    settle_heap: bool = False,
 ) -> None:
     """Build the gateway and serve it in the running loop until the server exits.
 
     ``on_ready(gateway, uvicorn_server)`` runs once the gateway is built and its socket is
     bound (the banner; tests keep the server to stop it). ``sockets``: pre-bound sockets
-    (else :func:`listen_socket` binds ``settings.host:port``).
+    (else :func:`listen_socket` binds ``settings.host:port``). ``settle_heap``: the process
+    serves only this gateway (``tokenwire serve``): :func:`~.heap.settle_after_startup`.
     """
     import uvicorn
 
     gw = await build_gateway(cfg, settings)
+    if settle_heap:
+        settle_after_startup()
     raise_fd_limit(settings)
     try:
         sockets = sockets or [listen_socket(settings.host, settings.port)]
@@ -563,7 +569,8 @@ def run_gateway(
     """Build the gateway and serve it in one event loop until interrupted (the loop
     ``settings.event_loop`` names: :func:`serving_loop_factory`)."""
     with asyncio.Runner(loop_factory=serving_loop_factory(settings.event_loop)) as runner:
-        runner.run(serve_gateway(cfg, settings, log_level=log_level, on_ready=on_ready))
+        runner.run(serve_gateway(cfg, settings, log_level=log_level, on_ready=on_ready,
+                                 settle_heap=True))
 
 
 def serving_loop_factory(choice: str = "auto") -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -200,9 +200,8 @@ class UsageMeter:
             case Usage():
                 self._reported = event
                 return [event] if event.completion_tokens is None else []
-            case TokenDelta(ids=ids, text=text):
-                self._ids += len(ids)
-                self._text.append(text)
+            case TokenDelta():
+                self.on_delta(event)
             case ReasoningDelta(text=text):
                 self._reasoning.append(text)
             case ToolCallDelta(name=name, arguments=arguments):
@@ -213,6 +212,11 @@ class UsageMeter:
         elif self._reported is not None and is_terminal(event):
             out.append(self._reported)  # a failure keeps what the upstream reported
         return [*out, event]
+
+    def on_delta(self, event: TokenDelta) -> None:
+        """A token delta, counted (it is passed on unchanged: :meth:`on_event`)."""
+        self._ids += len(event.ids)
+        self._text.append(event.text)
 
     def final(self) -> Usage:
         """The counts to report: the upstream's figures, ours for the ones it left out."""
@@ -281,7 +285,11 @@ class MeteredStream:
             self._begun = True
             self._queued = self._meter.start()
         while not self._queued:
-            self._queued = self._meter.on_event(await self._inner.next_event())
+            event = await self._inner.next_event()
+            if type(event) is TokenDelta:  # nearly every event: counted and passed on as is
+                self._meter.on_delta(event)
+                return event
+            self._queued = self._meter.on_event(event)
         return self._queued.pop(0)
 
     def cancel(self) -> None:

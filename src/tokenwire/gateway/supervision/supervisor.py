@@ -68,6 +68,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.routing.fallbacks import FallbackPlan
 from tokenwire.gateway.supervision.admission import Ticket
+from tokenwire.gateway.supervision.handoff import Handoff
 from tokenwire.gateway.supervision.retry import GiveUp, RetryPolicy, RetryState
 from tokenwire.gateway.wakeups import EXPIRED, DeadlineWaits
 
@@ -226,7 +227,7 @@ class SupervisedStream:
         #: The record the response writer reports wire bytes to (None: nobody listens).
         self.observer = observer
         self._rng = rng or _JITTER
-        self._queue: asyncio.Queue[Event] = asyncio.Queue(_BUFFERED_EVENTS)
+        self._queue: Handoff[Event] = Handoff(_BUFFERED_EVENTS)
         #: The writer waiting in :meth:`settled`, and whether a terminal is queued.
         self._attention: asyncio.Future[None] | None = None
         self._terminal_queued = False
@@ -249,7 +250,7 @@ class SupervisedStream:
     # -- the EventStream interface ---------------------------------------------------------
 
     async def next_event(self) -> Event:
-        if self._cancelled and self._queue.empty():
+        if self._cancelled and not len(self._queue):
             return Finish(reason=FinishKind.ABORT)
         # Started by the first read (the constructor may run outside the loop), never after
         # abort() already ended the request.
@@ -260,9 +261,7 @@ class SupervisedStream:
     def ready(self) -> list[Event]:
         """Every event queued now, without waiting (what a writer takes at its window's
         deadline: :meth:`settled`). Reads as :meth:`next_event` does, in order."""
-        out = []
-        while not self._queue.empty():
-            out.append(self._queue.get_nowait())
+        out = self._queue.take_all()
         if self._cancelled and not (out and is_terminal(out[-1])):
             out.append(Finish(reason=FinishKind.ABORT))  # as next_event ends a cancelled one
         return out
@@ -275,7 +274,7 @@ class SupervisedStream:
         task wake-up per window instead of one per token (BENCHMARKS.md, "Session of
         2026-12-04 (2)")."""
         if self._terminal_queued or self._cancelled or \
-                self._queue.qsize() >= _BUFFERED_EVENTS // 2:
+                len(self._queue) >= _BUFFERED_EVENTS // 2:
             return
         waiter = self._attention = asyncio.get_running_loop().create_future()
         try:
@@ -287,7 +286,7 @@ class SupervisedStream:
         """An event went into the queue: wake a :meth:`settled` reader if it should look."""
         if is_terminal(event):
             self._terminal_queued = True
-        elif self._queue.qsize() < _BUFFERED_EVENTS // 2:
+        elif len(self._queue) < _BUFFERED_EVENTS // 2:
             return
         if self._attention is not None and not self._attention.done():
             self._attention.set_result(None)
@@ -302,11 +301,7 @@ class SupervisedStream:
             self._task.cancel()
         self._ticket.release_slot()
         self._ended = True
-        try:
-            self._queue.put_nowait(failure)
-        except asyncio.QueueFull:  # a stalled reader: make room, the terminal must get in
-            self._queue.get_nowait()
-            self._queue.put_nowait(failure)
+        self._queue.force(failure)  # a stalled reader's oldest event makes room for it
         self._queued(failure)
         self._obs.finished(outcome="failed", status=failure.status,
                            failure_class=failure.failure_class.value, code=failure.code)
@@ -320,8 +315,8 @@ class SupervisedStream:
             self._task.cancel()
         else:
             self._ticket.release_slot()
-        if self._queue.empty():  # a reader still waiting gets the documented ending
-            self._queue.put_nowait(Finish(reason=FinishKind.ABORT))
+        if not len(self._queue):  # a reader still waiting gets the documented ending
+            self._queue.force(Finish(reason=FinishKind.ABORT))
         self._queued(Finish(reason=FinishKind.ABORT))  # a reader in settled() looks now
         if not self._ended:
             self._ended = True

