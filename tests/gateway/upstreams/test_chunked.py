@@ -43,6 +43,18 @@ def test_each_chunk_is_its_own_piece() -> None:
     assert ChunkedDecoder().feed(b"2\r\nab\r\n3\r\ncde\r\n1\r\n") == [b"ab", b"cde"]
 
 
+@pytest.mark.parametrize("step", [1, 5, 13, 64, 10_000])
+def test_many_chunks_in_one_read_or_cut_anywhere_are_the_same_pieces(step: int) -> None:
+    events = [b"data: {\"n\": %d}\n\n" % i * (i % 3 + 1) for i in range(40)]
+    wire = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    dec, pieces = ChunkedDecoder(), []
+    for i in range(0, len(wire), step):
+        pieces += dec.feed(wire[i:i + step])
+    assert dec.done and b"".join(pieces) == b"".join(events) == _h11_body(wire)
+    if step >= len(wire):
+        assert pieces == events  # each chunk its own piece, also when all came in one read
+
+
 def test_bytes_after_the_end_are_kept_apart() -> None:
     dec = ChunkedDecoder()
     assert dec.feed(b"2\r\nok\r\n0\r\n\r\nHTTP/1.1") == [b"ok"]
