@@ -94,3 +94,32 @@ def test_a_body_that_does_not_end_after_its_terminal_closes_its_connection(
         assert server.accepts == 2
 
     _run(main)
+
+
+def test_a_wait_cancelled_while_the_request_opens_leaves_the_request_running() -> None:
+    """The supervisor's heartbeat timer may cancel ``next_event`` while the request is still
+    being answered: only that wait ends; the request goes on and the next wait reads it."""
+    answered = CHUNKED_HEAD + b"".join(_chunk(c) for c in BODY) + b"0\r\n\r\n"
+
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await release.wait()  # the head comes only after the first wait was cancelled
+        writer.write(answered)
+        await writer.drain()
+
+    async def main():
+        server = Server(late)
+        url = await server.start()
+        up = _upstream(url)
+        stream = up.submit(REQUEST)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(stream.next_event(), 0.2)
+        release.set()
+        events = await collect(stream)
+        await up.aclose()
+        await server.stop()
+        assert _text(events) == "Hello world" and isinstance(events[-1], Finish)
+        assert server.accepts == 1  # the same request, not a new one
+
+    release = asyncio.Event()
+    _run(main)

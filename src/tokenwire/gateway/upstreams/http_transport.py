@@ -540,11 +540,15 @@ class LeanTransport(httpx.AsyncBaseTransport):
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._max)
         slots = self._slots
-        try:
-            async with asyncio.timeout(timeouts.get("pool")):
-                await slots.acquire()
-        except TimeoutError as exc:
-            raise httpx.PoolTimeout("no free upstream connection", request=request) from exc
+        if not slots.locked():  # a free connection: taken at once, no pool timer to arm
+            await slots.acquire()
+        else:
+            try:
+                async with asyncio.timeout(timeouts.get("pool")):
+                    await slots.acquire()
+            except TimeoutError as exc:
+                raise httpx.PoolTimeout("no free upstream connection", request=request) \
+                    from exc
         key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         conn: _Connection | None = None
         try:

@@ -112,7 +112,7 @@ class SSEUpstreamStream:
             reader = self._reader
             if reader is None:
                 self.start()
-                await asyncio.wait((self._opening,))  # type: ignore[arg-type]  # waited for, never cancelled with us
+                await _finished(self._opening)  # type: ignore[arg-type]
                 if self._reader is None and not self._finished:  # a bug: never a hang
                     self._end(_broken_stream())
                 continue
@@ -252,6 +252,17 @@ class SSEUpstreamStream:
 
 #: Drains in progress (:meth:`SSEUpstreamStream._after_terminal`).
 _DRAINS: set[asyncio.Task[None]] = set()
+
+
+async def _finished(task: asyncio.Task[None]) -> None:
+    """Wait for ``task`` to end; cancelling this wait cancels only the wait, never the task
+    (``asyncio.wait``'s guarantee, for one future instead of its sets and callbacks on the
+    way to the first token)."""
+    if task.done():
+        return
+    ended = asyncio.get_running_loop().create_future()
+    task.add_done_callback(lambda _: ended.done() or ended.set_result(None))
+    await ended
 
 
 def _broken_stream() -> Failure:
