@@ -23,7 +23,9 @@ from tokenwire.gateway.ir import (
     FinishKind,
     PromptIds,
     PromptText,
+    ResponseMeta,
     TokenDelta,
+    TokenLogprob,
     ToolCallDelta,
     Usage,
 )
@@ -273,3 +275,30 @@ def test_heartbeats_are_sse_comments_on_chat_and_completions_and_empty_frames_on
     codec = CodecStreamRenderer(StreamFormat.MSGPACK)
     (frame,) = frames_msgpack.FrameDecoder().feed(b"".join(codec.on_event(Heartbeat())))
     assert frame.ids == () and not frame.done
+
+
+_DELTA_TEXT = st.lists(st.sampled_from(
+    ['a', ' ', '"', '\\', '\n', '\x00', 'é', '😀', '\u2028', '\x00tokenwire content\x00']),
+    max_size=6).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    _DELTA_TEXT.map(lambda t: TokenDelta(ids=(1,), text=t)),
+    st.just(TokenDelta(ids=(2,), text="", logprobs=(
+        TokenLogprob(token="x", bytes=(120,), logprob=-0.5),))),
+    st.just(TokenDelta(ids=(3,), text="y", logprobs=(
+        TokenLogprob(token="y", bytes=(121,), logprob=-1.0),))),
+    st.sampled_from(["other-model", "\x00tokenwire content\x00"]).map(
+        lambda m: ResponseMeta(model=m))), max_size=12),
+    st.sampled_from(["c", "\x00tokenwire content\x00"]))
+def test_a_text_delta_chunk_is_the_envelope_s_bytes_whatever_the_text(events, cid) -> None:
+    """The chat renderer's text-delta chunk (``_content_chunk``: the envelope encoded once
+    around a marker) is byte for byte what encoding each chunk's envelope gives, through
+    held-back logprobs, a model that changes mid-stream, and ids or text holding the
+    marker."""
+    fast = ChatRenderer(completion_id=cid, model="m", created=1, stream=True)
+    slow = ChatRenderer(completion_id=cid, model="m", created=1, stream=True)
+    for event in [*events, Finish(reason=FinishKind.EOS)]:
+        slow._content_frame = False  # every chunk through the envelope's encoding
+        assert fast.on_event(event) == slow.on_event(event)

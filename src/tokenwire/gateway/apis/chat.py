@@ -253,6 +253,10 @@ def _reasoning_effort(value: Any) -> str | None:
                       param="reasoning_effort")
 
 
+#: Stands for a delta's content while its chunk's envelope is encoded (``_content_chunk``).
+_FRAME_MARKER = "\x00tokenwire content\x00"
+
+
 class ChatRenderer:
     """IR -> Chat Completions SSE chunks or one ``chat.completion`` JSON body."""
 
@@ -271,8 +275,15 @@ class ChatRenderer:
         self._pending: list[TokenLogprob] = []
         self._logprobs: list[TokenLogprob] = []
         self.done = False
+        #: The bytes around a text delta's content, once the stream has started: see
+        #: :meth:`_content_chunk` (None: not made yet; False: this stream cannot use them).
+        self._content_frame: tuple[bytes, bytes] | bool | None = None
 
     def on_event(self, event: Event) -> list[bytes]:
+        if type(event) is TokenDelta and event.text and self._started \
+                and not (event.logprobs or self._pending):
+            self._text.append(event.text)  # nearly every event of a stream
+            return [self._content_chunk(event.text)]
         match event:
             case TokenDelta(text=text, logprobs=logprobs) if text or logprobs:
                 self._logprobs += logprobs
@@ -290,6 +301,7 @@ class ChatRenderer:
                 self._usage = event
             case ResponseMeta(model=model) if model:  # a fallback model serves the request
                 self._model = model
+                self._content_frame = None
             case Finish(reason=reason):
                 self.done = True
                 return self._finish(openai_finish_reason(reason, chat=True))
@@ -323,6 +335,24 @@ class ChatRenderer:
                   "finish_reason": None}
         out.append(sse_data(self._envelope([choice], "chat.completion.chunk")))
         return out
+
+    def _content_chunk(self, text: str) -> bytes:
+        """``_delta({"content": text})``'s bytes, without building and encoding its envelope
+        per token: the envelope is encoded once around a marker, and each token's chunk is
+        its two sides with the text's JSON between (the chunk render was ~5 % of a token's
+        CPU at 64 streams). A stream whose id or model would hold the marker uses
+        :meth:`_delta` (a test compares the two on arbitrary text)."""
+        frame = self._content_frame
+        if frame is None:
+            marker = json_bytes(_FRAME_MARKER)
+            whole = sse_data(self._envelope([{"index": 0, "delta": {"content": _FRAME_MARKER},
+                                              "logprobs": None, "finish_reason": None}],
+                                            "chat.completion.chunk"))
+            head, _, tail = whole.partition(marker)
+            frame = self._content_frame = (head, tail) if whole.count(marker) == 1 else False
+        if frame is False:
+            return b"".join(self._delta({"content": text}))
+        return frame[0] + json_bytes(text) + frame[1]  # type: ignore[index]
 
     def _take_pending(self) -> dict[str, Any] | None:
         if not self._pending:
