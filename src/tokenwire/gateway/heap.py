@@ -3,7 +3,7 @@
 Why (BENCHMARKS.md, "Session of 2026-12-04 (3)"): a built gateway holds ~50,000 container
 objects that live as long as the process (tokenizer maps, their tables, routes, compiled
 patterns). CPython's full collection walks every one of them: measured at 64 streams, one
-took 17-30 ms, a pause every stream in the loop shares. :func:`gc.freeze` moves what
+took 22-30 ms, a pause every stream in the loop shares. :func:`gc.freeze` moves what
 start-up built into a generation the collector never walks (CPython's documented use of
 it: after start-up, before serving). Then the youngest generation's threshold is raised
 from 700 to :data:`GEN0_THRESHOLD` container allocations: a request's objects mostly die

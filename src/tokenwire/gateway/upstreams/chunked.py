@@ -77,8 +77,8 @@ class ChunkedDecoder:
                 pos = line_end + 2
                 data_end = pos + self._left
                 if self._state == _DATA and data_end + 2 <= end:
-                    # The whole chunk and its CRLF are here (a read at 64 streams holds ~4
-                    # events): taken in this step, not in two more turns of the loop.
+                    # The whole chunk and its CRLF are here (the common case: an upstream
+                    # writes a chunk at a time): taken in this step, not in two more turns.
                     if buf[data_end:data_end + 2] != b"\r\n":
                         raise ChunkedError("chunk data is not followed by CRLF")
                     out.append(buf[pos:data_end])
