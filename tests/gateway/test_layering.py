@@ -67,7 +67,7 @@ def test_gateway_modules_declare_all(name: str) -> None:
 #: import its own layer and any layer below; ``apis`` and ``upstreams`` share a rank but
 #: never import each other (the test above). Modules directly in ``gateway/`` are named.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("ir", "affinity", "stops", "defaults", "request_fields", "wakeups"),
+    ("ir", "affinity", "stops", "defaults", "request_fields", "wakeups", "heap"),
     ("retokenize", "usage", "context_window", "supervision.retry", "state", "observability"),
     ("upstreams", "apis"),
     ("routing",),
