@@ -24,7 +24,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
-__all__ = ["EXPIRED", "DeadlineWaits"]
+__all__ = ["EXPIRED", "DeadlineWaits", "wake"]
 
 T = TypeVar("T")
 
@@ -115,3 +115,11 @@ class DeadlineWaits:
         # Only here, with the task suspended inside wait(): see the module docstring.
         self._fired = True
         task.cancel()
+
+
+def wake(waiter: asyncio.Future[None] | None) -> None:
+    """Resolve the future a side waits on, if one does and it is not done yet (cancelled
+    with its waiter, or already woken): the one-line hand-off of the gateway's own
+    producer/consumer pairs (``supervision/handoff.py``, ``upstreams/stream_post.py``)."""
+    if waiter is not None and not waiter.done():
+        waiter.set_result(None)

@@ -20,6 +20,8 @@ import asyncio
 from collections import deque
 from typing import Generic, TypeVar
 
+from tokenwire.gateway.wakeups import wake
+
 __all__ = ["Handoff"]
 
 T = TypeVar("T")
@@ -49,14 +51,14 @@ class Handoff(Generic[T]):
             finally:
                 self._getter = None
         item = items.popleft()
-        _wake(self._putter)
+        wake(self._putter)
         return item
 
     def take_all(self) -> list[T]:
         """Every queued item, oldest first, without waiting."""
         out = list(self._items)
         self._items.clear()
-        _wake(self._putter)
+        wake(self._putter)
         return out
 
     async def put(self, item: T) -> None:
@@ -68,7 +70,7 @@ class Handoff(Generic[T]):
             finally:
                 self._putter = None
         self._items.append(item)
-        _wake(self._getter)
+        wake(self._getter)
 
     def force(self, item: T) -> None:
         """Add ``item`` now; when the buffer is full the oldest item makes room (a stalled
@@ -76,9 +78,4 @@ class Handoff(Generic[T]):
         if len(self._items) >= self._maxsize:
             self._items.popleft()
         self._items.append(item)
-        _wake(self._getter)
-
-
-def _wake(waiter: asyncio.Future[None] | None) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
+        wake(self._getter)

@@ -70,7 +70,7 @@ from tokenwire.gateway.routing.fallbacks import FallbackPlan
 from tokenwire.gateway.supervision.admission import Ticket
 from tokenwire.gateway.supervision.handoff import Handoff
 from tokenwire.gateway.supervision.retry import GiveUp, RetryPolicy, RetryState
-from tokenwire.gateway.wakeups import EXPIRED, DeadlineWaits
+from tokenwire.gateway.wakeups import EXPIRED, DeadlineWaits, wake
 
 __all__ = [
     "DEFAULT_HEARTBEAT_S",
@@ -288,8 +288,7 @@ class SupervisedStream:
             self._terminal_queued = True
         elif len(self._queue) < _BUFFERED_EVENTS // 2:
             return
-        if self._attention is not None and not self._attention.done():
-            self._attention.set_result(None)
+        wake(self._attention)
 
     def abort(self, failure: Failure) -> None:
         """End the request with ``failure`` now (the server is shutting down): the upstream

@@ -72,7 +72,7 @@ from tokenwire.gateway.upstreams.failures import (
     failure_from_response,
 )
 from tokenwire.gateway.upstreams.sse import DEFAULT_MAX_EVENT_BYTES, SSEEvent
-from tokenwire.gateway.upstreams.sse_http import SSEUpstreamStream
+from tokenwire.gateway.upstreams.sse_http import SSEUpstreamStream, broken_stream
 
 __all__ = [
     "BETA_HEADER",
@@ -421,9 +421,7 @@ class SocketStream:
                               message=f"upstream internal error: {type(exc).__name__}"))
         finally:
             if self._over_http is None:
-                self._end(Failure(failure_class=FailureClass.UPSTREAM, status=502,
-                                  message="the upstream stream ended without a terminal "
-                                          "event"))
+                self._end(broken_stream())
 
     def _whole_body(self) -> dict[str, Any]:
         body = self._body

@@ -46,6 +46,7 @@ __all__ = [
     "StreamParser",
     "TextUpstream",
     "api_key_from_env",
+    "broken_stream",
     "http_client",
     "probe_models",
 ]
@@ -114,7 +115,7 @@ class SSEUpstreamStream:
                 self.start()
                 await _finished(self._opening)  # type: ignore[arg-type]
                 if self._reader is None and not self._finished:  # a bug: never a hang
-                    self._end(_broken_stream())
+                    self._end(broken_stream())
                 continue
             try:
                 data = await reader.read()
@@ -189,7 +190,7 @@ class SSEUpstreamStream:
                 if self._put_all(self.parser.on_sse(sse)):
                     return
             if not self._put_all(self.parser.on_eof()):
-                self._end(_broken_stream())
+                self._end(broken_stream())
         except Exception as exc:
             self._fail(exc)
 
@@ -265,7 +266,8 @@ async def _finished(task: asyncio.Task[None]) -> None:
     await ended
 
 
-def _broken_stream() -> Failure:
+def broken_stream() -> Failure:
+    """An upstream stream that ended without its terminal event (a 502, retryable)."""
     return Failure(failure_class=FailureClass.UPSTREAM, status=502,
                    message="the upstream stream ended without a terminal event")
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import httpx
 
 from tokenwire.gateway.upstreams.http_transport import MAX_BUFFERED_BYTES, LeanAnswer
+from tokenwire.gateway.wakeups import wake
 
 __all__ = ["BodyReader", "post_fields", "stream_post"]
 
@@ -132,7 +133,7 @@ class _Pump:
             async for chunk in self._chunks:
                 self._buffered.append(chunk)
                 self._size += len(chunk)
-                _resolve(self._wake)
+                wake(self._wake)
                 while self._size > MAX_BUFFERED_BYTES:
                     self._room = asyncio.get_running_loop().create_future()
                     await self._room
@@ -142,7 +143,7 @@ class _Pump:
             self._error = exc
         finally:
             self._at_end = True
-            _resolve(self._wake)
+            wake(self._wake)
             await self._closer()
 
     @property
@@ -159,14 +160,9 @@ class _Pump:
             await self._wake
         data = self._buffered.popleft()
         self._size -= len(data)
-        _resolve(self._room)
+        wake(self._room)
         return data
 
     def close(self) -> None:
         if not self._task.done():
             self._task.cancel()  # its cleanup closes the answer
-
-
-def _resolve(waiter: asyncio.Future[None] | None) -> None:
-    if waiter is not None and not waiter.done():
-        waiter.set_result(None)
