@@ -20,7 +20,11 @@ import pytest
 
 from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import connection_fault, failure_from_exception
-from tokenwire.gateway.upstreams.http_transport import LeanTransport, upstream_transport
+from tokenwire.gateway.upstreams.http_transport import (
+    LeanTransport,
+    _Connection,
+    upstream_transport,
+)
 from tokenwire.gateway.upstreams.sse_http import http_client
 from tokenwire.gateway.upstreams.stream_post import stream_post
 
@@ -663,5 +667,38 @@ def test_stream_post_times_out_a_silent_upstream_with_httpx_exception() -> None:
                         pass
         await server.stop()
         assert failure_from_exception(caught.value, started=True).code == "read_timeout"
+
+    _run(main)
+
+
+def test_one_timer_serves_a_connection_s_timed_waits() -> None:
+    """A streamed body waits once per chunk: the timer the first wait armed stays armed for
+    the later waits (their deadlines are later), and when it fires early for the wait in
+    progress it is re-armed for that wait's own deadline; only that one fails the wait."""
+    async def main():
+        conn = _Connection(asyncio.get_running_loop())
+        first = asyncio.ensure_future(conn.read(100.0))
+        await asyncio.sleep(0)
+        armed = conn._timer
+        assert armed is not None
+        conn.data_received(b"a")
+        assert await first == b"a"
+        second = asyncio.ensure_future(conn.read(100.0))
+        await asyncio.sleep(0)
+        assert conn._timer is armed  # a later deadline: nothing re-armed
+        until = conn._until
+        assert until > conn._timer_at
+
+        armed.cancel()
+        conn._on_timer()  # the first wait's deadline comes, during the second wait
+        assert not second.done()
+        assert conn._timer is not None and conn._timer_at == until
+
+        conn._timer.cancel()
+        conn._on_timer()  # the second wait's own deadline
+        with pytest.raises(TimeoutError):
+            await second
+        conn.close()
+        assert conn._timer is None
 
     _run(main)

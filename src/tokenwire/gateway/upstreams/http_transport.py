@@ -34,6 +34,7 @@ proxy. HTTP/2 to upstreams is not offered by either (httpx's ``http2`` is off he
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import select
 import urllib.request
@@ -119,6 +120,11 @@ class _Connection(asyncio.Protocol):
         self._writable = True
         self._waiter: asyncio.Future[None] | None = None
         self.idle_since = 0.0
+        # One timer for the connection's timed waits (see _wait): the deadline it was armed
+        # for, and the deadline of the wait in progress (inf: none, or an untimed one).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._until = math.inf
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
@@ -209,28 +215,50 @@ class _Connection(asyncio.Protocol):
             await self._wait(timeout)
 
     async def _wait(self, timeout: float | None) -> None:
-        # One future and (with a timeout) one timer per wait: the cost httpcore + anyio paid
-        # as a cancel scope, a task-group check and a stream wrapper per read.
+        """Until :meth:`_wake`, or ``TimeoutError`` after ``timeout`` seconds.
+
+        One future per wait (httpcore + anyio paid a cancel scope, a task-group check and a
+        stream wrapper per read), and one timer per connection rather than per wait: a
+        streamed body waits once per chunk, each wait's deadline later than the last, so the
+        timer armed by the first wait stays armed, and is re-armed only when it fires
+        before the deadline of the wait in progress (or a wait asks for an earlier one). A
+        timer per wait was a heap push and a cancel per token (BENCHMARKS.md, "Session of
+        2026-12-05")."""
         waiter = self._waiter = self._loop.create_future()
         if timeout is None:
+            self._until = math.inf
             await waiter
             return
-        timer = self._loop.call_later(timeout, _expire, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
+        until = self._until = self._loop.time() + timeout
+        if self._timer is None or until < self._timer_at:
+            self._arm(until)
+        await waiter
+
+    def _arm(self, until: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = until
+        self._timer = self._loop.call_at(until, self._on_timer)
+
+    def _on_timer(self) -> None:
+        armed_for, self._timer, self._timer_at = self._timer_at, None, math.inf
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._until == math.inf:
+            return  # nobody waits under a deadline now: the next timed wait arms its own
+        if self._until > armed_for:  # the wait in progress began later: its deadline is
+            self._arm(self._until)
+            return
+        waiter.set_exception(TimeoutError())
 
     def close(self) -> None:
+        if self._timer is not None:  # (it would keep this connection for a timeout)
+            self._timer.cancel()
+            self._timer = None
+            self._timer_at = math.inf
         if not self.closed:
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 # -- the request head ----------------------------------------------------------------------
