@@ -245,13 +245,15 @@ class _Connection(asyncio.Protocol):
         waiter = self._waiter
         if waiter is None or waiter.done() or self._until == math.inf:
             return  # nobody waits under a deadline now: the next timed wait arms its own
-        if self._until > armed_for:  # the wait in progress began later: its deadline is
+        if self._until > armed_for:  # the wait in progress began later, so ends later
             self._arm(self._until)
             return
         waiter.set_exception(TimeoutError())
 
     def close(self) -> None:
-        if self._timer is not None:  # (it would keep this connection for a timeout)
+        waiter = self._waiter
+        if self._timer is not None and (waiter is None or waiter.done()):
+            # Nobody waits: a live timer would only keep this connection for a timeout.
             self._timer.cancel()
             self._timer = None
             self._timer_at = math.inf
