@@ -683,7 +683,7 @@ def test_one_timer_serves_a_connection_s_timed_waits() -> None:
         assert armed is not None
         conn.data_received(b"a")
         assert await first == b"a"
-        second = asyncio.ensure_future(conn.read(100.0))
+        second = asyncio.ensure_future(conn.read(200.0))
         await asyncio.sleep(0)
         assert conn._timer is armed  # a later deadline: nothing re-armed
         until = conn._until
