@@ -36,6 +36,8 @@ FORMATS = ((None, {}, "chat SSE"), ("msgpack", {"Codec-Client-Version": "0.5"}, 
 
 
 def _start(tree: str, up_port: int, port: int, extra: list[str]) -> subprocess.Popen:
+    if not (Path(tree) / "tokenwire").is_dir():  # else the installed package runs, silently
+        raise SystemExit(f"{tree} holds no tokenwire/ package")
     env = {**os.environ, "PYTHONPATH": str(Path(tree).resolve())}
     most = str(max(c for c, _ in bu.LOADS))
     argv = [sys.executable, "-m", "tokenwire.cli.main", "serve", "--upstream",

@@ -5,9 +5,10 @@ streams of 64 tokens, a few waves each). A change worth a few per cent of a toke
 needs more waves at one load, and both orders: here each round starts ``tokenwire serve``
 from each tree in turn (B first in odd rounds, so neither side always follows the other),
 in front of one scripted upstream streaming ``--tokens`` chunks per answer, runs
-``--waves`` waves of ``--streams`` concurrent Chat SSE streams after two warm-up waves,
-and reads both processes' CPU. It prints the gateway's CPU per request, its ratio to the
-upstream's and the median time to first content per round, then the medians per tree.
+``--waves`` waves of ``--streams`` concurrent Chat SSE streams (``--format msgpack``:
+Codec frames) after two warm-up waves, and reads both processes' CPU. It prints the
+gateway's CPU per request, its ratio to the upstream's and the median time to first
+content per round, then the medians per tree.
 Short streams (``--tokens 8``) weigh the per-request path; long ones the per-token path.
 
     PYTHONPATH=src .venv/bin/python -m bench.ab_streams --a /tmp/before --b src \\
@@ -25,16 +26,17 @@ from bench import ab_gateway as ab
 from bench import bench_upstreams as bu
 
 
-def _measure(tree: str, extra: list[str], up, up_port: int, streams: int,
-             waves: int) -> tuple[float, float, float]:
+def _measure(tree: str, extra: list[str], up, up_port: int, streams: int, waves: int,
+             fmt: str | None) -> tuple[float, float, float]:
     """(gateway CPU µs per request, gateway CPU / upstream CPU, median TTFT ms)."""
     port = bu._free_port()
     tw = ab._start(tree, up_port, port, extra)
+    headers = {"Codec-Client-Version": "0.5"} if fmt else {}
     try:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
-        asyncio.run(bu._phase(url, None, {}, streams, 2))  # warm-up
+        asyncio.run(bu._phase(url, fmt, headers, streams, 2))  # warm-up
         gw0, up0 = bu._cpu_seconds(tw.pid), bu._cpu_seconds(up.pid)
-        ttfts, _ = asyncio.run(bu._phase(url, None, {}, streams, waves))
+        ttfts, _ = asyncio.run(bu._phase(url, fmt, headers, streams, waves))
         gw, upstream = bu._cpu_seconds(tw.pid) - gw0, bu._cpu_seconds(up.pid) - up0
     finally:
         bu.stop_all([tw])
@@ -49,7 +51,10 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=bu.TOKENS, help="chunks per answer")
     parser.add_argument("--waves", type=int, default=10, help="measured waves per turn")
     parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--format", choices=("chat", "msgpack"), default="chat",
+                        help="Chat SSE, or Codec msgpack frames (ids retokenized)")
     args = parser.parse_args()
+    fmt = None if args.format == "chat" else args.format
     sides = (("A", args.a, shlex.split(args.a_args)), ("B", args.b, shlex.split(args.b_args)))
     results: dict[str, list[tuple[float, float, float]]] = {"A": [], "B": []}
     procs = []
@@ -57,7 +62,7 @@ def main() -> int:
         up, up_port = bu.start_upstream(procs, args.tokens)
         for rnd in range(args.rounds):
             for name, tree, extra in (sides if rnd % 2 == 0 else sides[::-1]):
-                row = _measure(tree, extra, up, up_port, args.streams, args.waves)
+                row = _measure(tree, extra, up, up_port, args.streams, args.waves, fmt)
                 results[name].append(row)
                 print(f"round {rnd} {name}: gateway {row[0]:.0f} µs/request, "
                       f"x upstream {row[1]:.2f}, TTFT p50 {row[2]:.2f} ms", flush=True)

@@ -507,3 +507,116 @@ def test_a_cancelled_stream_settles_at_once_and_ends_its_window_with_abort() -> 
         return stream.ready()
 
     assert run(go()) == [TokenDelta(ids=(1,), text="b"), Finish(reason=FinishKind.ABORT)]
+
+
+# -- events pushed by the upstream's connection (push_to) --------------------------------------
+
+
+@dataclass
+class PushScript(Script):
+    """One attempt whose events arrive from loop callbacks (as an upstream connection's
+    ``data_received`` would parse them), offered to the supervisor's sink while nothing is
+    queued, as ``sse_http.SSEUpstreamStream.push_to`` does."""
+
+    plays: list[_PushPlay] = field(default_factory=list)
+
+    def submit(self, request: GenerationRequest) -> _PushPlay:  # type: ignore[override]
+        self.started_at.append(now())
+        play = _PushPlay(self.attempts[0])
+        self.plays.append(play)
+        return play
+
+
+class _PushPlay:
+    def __init__(self, steps: list[Step]) -> None:
+        self.sink: Callable[[Event], bool] | None = None
+        self.ready: list[Event] = []
+        self.taken: list[Event] = []
+        self._waiter: asyncio.Future[None] | None = None
+        at = 0.0
+        for delay, event in steps:
+            at += delay
+            asyncio.get_running_loop().call_later(at, self._arrive, event)
+
+    def push_to(self, sink: Callable[[Event], bool]) -> bool:
+        self.sink = sink
+        return True
+
+    def _arrive(self, event: Event) -> None:
+        if not isinstance(event, Finish) and not self.ready and self.sink is not None \
+                and self.sink(event):
+            self.taken.append(event)
+            return
+        self.ready.append(event)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def next_event(self) -> Event:
+        while not self.ready:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return self.ready.pop(0)
+
+    def cancel(self) -> None:
+        pass
+
+
+def test_pushed_deltas_reach_the_client_in_order_without_the_attempt_task() -> None:
+    """The first output and the terminal go through the attempt's task; every delta after
+    the first is taken by the sink as it arrives, in order, with the same idle restarts."""
+    async def go():
+        script = PushScript([[*tokens("a", "b", "c", "d", gap=1.0), (1.0, EOS)]])
+        stream = supervise(script)
+        return await collect(stream), script.plays[0].taken
+
+    got, taken = run(go())
+    assert [(t, e) for t, e in got] == [(1.0, TokenDelta(ids=(0,), text="a")),
+                                        (2.0, TokenDelta(ids=(1,), text="b")),
+                                        (3.0, TokenDelta(ids=(2,), text="c")),
+                                        (4.0, TokenDelta(ids=(3,), text="d")), (5.0, EOS)]
+    assert [e.text for e in taken] == ["b", "c", "d"]
+
+
+def test_a_full_hand_off_refuses_pushes_and_loses_or_reorders_nothing() -> None:
+    """A client that does not read: the hand-off fills (64), the sink refuses, the stream
+    keeps what follows for the attempt's task, which waits for room; the reader then gets
+    every event once, in order."""
+    async def go():
+        texts = [str(i) for i in range(200)]
+        script = PushScript([[*tokens(*texts, gap=0.01), (0.01, EOS)]])
+        stream = supervise(script)
+        first = await stream.next_event()
+        await asyncio.sleep(10.0)  # everything has arrived; nobody read
+        rest = await collect(stream)
+        return [first] + [e for _, e in rest], script.plays[0].taken
+
+    events, taken = run(go())
+    assert [e.text for e in events[:-1]] == [str(i) for i in range(200)]
+    assert events[-1] == EOS
+    assert 0 < len(taken) < 199  # some pushed, the rest through the task once full
+
+
+def test_a_heartbeat_between_pushed_deltas_keeps_its_place() -> None:
+    """The attempt's task wakes for the heartbeat due at 15 s (its timer cancels the wait
+    the pushes happen under) and waits again: the delta at 21 s is pushed, after it."""
+    async def go():
+        script = PushScript([[*tokens("a"), (20.0, TokenDelta(ids=(1,), text="b")),
+                              (1.0, EOS)]])
+        stream = supervise(script, timing=Timing(heartbeat_s=15.0))
+        sink_calls: list[bool] = []
+        got = [await stream.next_event()]
+        real = script.plays[0].sink
+        assert real is not None
+
+        def spy(event: Event) -> bool:
+            took = real(event)
+            sink_calls.append(took)
+            return took
+        script.plays[0].sink = spy
+        got += [e for _, e in await collect(stream)]
+        return got, sink_calls
+
+    got, calls = run(go())
+    assert [type(e).__name__ for e in got] == ["TokenDelta", "Heartbeat", "TokenDelta",
+                                               "Finish"]
+    assert calls == [True]  # "b": taken by the sink, the task waiting again by then

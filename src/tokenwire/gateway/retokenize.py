@@ -36,6 +36,7 @@ such piece structure that we can rely on, so their text is held and encoded once
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from weakref import WeakKeyDictionary
 
@@ -275,9 +276,36 @@ class RetokenizingStream:
         self.retokenizer = retokenizer
         self._queued: list[Event] = []
         self._failed: Failure | None = None
+        self._sink: Callable[[Event], bool] | None = None
+        #: A pushed delta already fed to the retokenizer, and what it made, that the sink
+        #: refused: the inner stream gives the delta to next_event, which gives out this.
+        self._refused: tuple[Event, Event] | None = None
 
     def start(self) -> None:
         start_early(self._inner)
+
+    def push_to(self, sink: Callable[[Event], bool]) -> bool:
+        """Text deltas get their ids as the inner stream parses them and go to ``sink``
+        (``sse_http.SSEUpstreamStream.push_to``); False when the inner stream cannot push."""
+        push_to = getattr(self._inner, "push_to", None)
+        if push_to is None:
+            return False
+        self._sink = sink
+        return bool(push_to(self._offer))
+
+    def _offer(self, event: Event) -> bool:
+        if self._queued or self._failed is not None or self._refused is not None \
+                or type(event) is not TokenDelta or event.ids or not event.text:
+            return False  # next_event's to handle, in order
+        try:
+            out = self._with_ids(event)  # the retokenizer moves on: never fed twice
+        except RetokenizeFailed as exc:
+            self._fail(exc)  # the inner stream ends: next_event gives out the failure
+            return True
+        if self._sink(out):  # type: ignore[misc]
+            return True
+        self._refused = (event, out)
+        return False
 
     async def next_event(self) -> Event:
         if self._queued:
@@ -285,12 +313,21 @@ class RetokenizingStream:
         if self._failed is not None:
             return self._failed
         event = await self._inner.next_event()
+        if self._failed is not None:  # failed on a pushed delta while we waited
+            return self._failed
+        refused = self._refused
+        if refused is not None and event is refused[0]:
+            self._refused = None
+            return refused[1]
         try:
             return self._with_ids(event)
         except RetokenizeFailed as exc:  # the stream ends with our failure, the upstream stops
-            self._failed = retokenize_failure(exc)
-            self._inner.cancel()
-            return self._failed
+            return self._fail(exc)
+
+    def _fail(self, exc: RetokenizeFailed) -> Failure:
+        self._failed = retokenize_failure(exc)
+        self._inner.cancel()
+        return self._failed
 
     def _with_ids(self, event: Event) -> Event:
         if isinstance(event, TokenDelta) and not event.ids and event.text:

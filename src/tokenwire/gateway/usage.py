@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,6 +269,7 @@ class MeteredStream:
         self._queued: list[Event] = []
         self._begun = False
         self._started = False
+        self._sink: Callable[[Event], bool] | None = None
 
     def start(self) -> None:
         start_early(self._inner)
@@ -291,6 +293,24 @@ class MeteredStream:
                 return event
             self._queued = self._meter.on_event(event)
         return self._queued.pop(0)
+
+    def push_to(self, sink: Callable[[Event], bool]) -> bool:
+        """Text and id deltas go to ``sink`` as the inner stream parses them, counted here
+        (``sse_http.SSEUpstreamStream.push_to``); False when the inner stream cannot push."""
+        push_to = getattr(self._inner, "push_to", None)
+        if push_to is None:
+            return False
+        self._sink = sink
+        return bool(push_to(self._offer))
+
+    def _offer(self, event: Event) -> bool:
+        # Only once the prompt's count went out, and only deltas: every other event is the
+        # meter's to see in next_event (it may add events of its own).
+        if type(event) is not TokenDelta or not self._begun or self._queued \
+                or not self._sink(event):  # type: ignore[misc]
+            return False
+        self._meter.on_delta(event)
+        return True
 
     def cancel(self) -> None:
         self._inner.cancel()

@@ -22,6 +22,7 @@ from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import connection_fault, failure_from_exception
 from tokenwire.gateway.upstreams.http_transport import (
     LeanTransport,
+    _ChunkedBody,
     _Connection,
     upstream_transport,
 )
@@ -700,5 +701,108 @@ def test_one_timer_serves_a_connection_s_timed_waits() -> None:
             await second
         conn.close()
         assert conn._timer is None
+
+    _run(main)
+
+
+# -- a body pushed in its connection's callback (_ChunkedBody.listen) ------------------------
+
+
+def _pushed_body(timeout: float | None = 100.0) -> tuple[LeanTransport, _Connection,
+                                                         _ChunkedBody]:
+    transport = LeanTransport(max_connections=1)
+    conn = _Connection(asyncio.get_running_loop())
+    body = _ChunkedBody(transport, ("http", "up", 80), conn, None, timeout, start=b"",
+                        keep_alive=True)
+    return transport, conn, body
+
+
+def test_a_pushed_body_hands_each_chunk_over_and_wakes_its_reader_only_at_the_end() -> None:
+    async def main():
+        transport, conn, body = _pushed_body()
+        assert body.can_listen()
+        pieces: list[bytes] = []
+        body.listen(pieces.append)
+        waiting = asyncio.ensure_future(body.wait_pushed())
+        await asyncio.sleep(0)
+        conn.data_received(_chunk(b"a"))
+        conn.data_received(_chunk(b"b") + _chunk(b"c")[:3])  # a chunk split across reads
+        await asyncio.sleep(0)
+        assert pieces == [b"a", b"b"] and not waiting.done()
+        conn.data_received(_chunk(b"c")[3:] + b"0\r\n\r\n")
+        await asyncio.wait_for(waiting, 5)  # the end wakes it (a safety net, not a timing)
+        assert pieces == [b"a", b"b", b"c"] and conn.listener is None
+        assert await body.read() == b""  # the end, as read() gives it: the connection pooled
+        assert conn in transport._idle[("http", "up", 80)]
+        await transport.aclose()
+
+    _run(main)
+
+
+def test_listen_none_wakes_the_reader_and_later_bytes_wait_in_the_buffer() -> None:
+    async def main():
+        transport, conn, body = _pushed_body()
+        pieces: list[bytes] = []
+        body.listen(pieces.append)
+        waiting = asyncio.ensure_future(body.wait_pushed())
+        await asyncio.sleep(0)
+        body.listen(None)
+        await asyncio.wait_for(waiting, 5)
+        conn.data_received(_chunk(b"late"))
+        assert pieces == [] and not body.can_listen()  # buffered: read() takes it
+        assert await body.read() == b"late"
+        await transport.aclose()
+
+    _run(main)
+
+
+def test_a_pushed_body_times_out_after_silence_since_its_last_bytes() -> None:
+    """The connection's timer, armed when the wait began, fires: bytes came since, so it is
+    re-armed for the silence that began with them; when that passes, ReadTimeout."""
+    async def main():
+        transport, conn, body = _pushed_body(timeout=100.0)
+        body.listen(lambda piece: None)
+        waiting = asyncio.ensure_future(body.wait_pushed())
+        await asyncio.sleep(0)
+        armed_for = conn._timer_at
+        conn.data_received(_chunk(b"a"))
+        assert conn._until > armed_for
+        conn._timer.cancel()
+        conn._on_timer()  # the first deadline: not silent that long
+        assert not waiting.done() and conn._timer_at == conn._until
+        conn._timer.cancel()
+        conn._on_timer()  # silent for the whole read timeout
+        with pytest.raises(httpx.ReadTimeout):
+            await waiting
+        assert conn.closed
+        await transport.aclose()
+
+    _run(main)
+
+
+@pytest.mark.parametrize("end", ["eof", "lost", "bad_framing"])
+def test_a_pushed_body_that_breaks_fails_as_a_read_would(end: str) -> None:
+    async def main():
+        transport, conn, body = _pushed_body()
+        body.listen(lambda piece: None)
+        waiting = asyncio.ensure_future(body.wait_pushed())
+        await asyncio.sleep(0)
+        conn.data_received(_chunk(b"a"))
+        if end == "eof":
+            conn.eof_received()
+        elif end == "lost":
+            conn.connection_lost(ConnectionResetError("reset"))
+        else:
+            conn.data_received(b"zz\r\n")
+        if end == "bad_framing":
+            with pytest.raises(httpx.RemoteProtocolError):
+                await asyncio.wait_for(waiting, 5)
+            await transport.aclose()
+            return
+        await asyncio.wait_for(waiting, 5)  # woken: the reader sees the end itself
+        assert not body.can_listen()
+        with pytest.raises(httpx.RemoteProtocolError if end == "eof" else httpx.ReadError):
+            await body.read()
+        await transport.aclose()
 
     _run(main)

@@ -72,6 +72,14 @@ class Handoff(Generic[T]):
         self._items.append(item)
         wake(self._getter)
 
+    def offer(self, item: T) -> bool:
+        """Add ``item`` if there is room now; False (nothing added) when the buffer is full."""
+        if len(self._items) >= self._maxsize:
+            return False
+        self._items.append(item)
+        wake(self._getter)
+        return True
+
     def force(self, item: T) -> None:
         """Add ``item`` now; when the buffer is full the oldest item makes room (a stalled
         reader still gets the stream's terminal)."""

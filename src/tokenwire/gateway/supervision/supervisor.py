@@ -33,6 +33,12 @@ upstream's own, so the APIs render it without knowing what it did (DESIGN.md: N 
    is held instead. When no model serves it, the client gets the routed model's own failure
    (as without fallbacks), with the targets that could not take the request named.
 
+An upstream stream that can push (``push_to``: the SSE adapters over the lean transport,
+through the usage meter) hands each delta after the first output to
+:meth:`~SupervisedStream._push` as its connection's callback parses it, while the task waits
+for the next event: the same forwarding, without waking the task per token. Everything else
+(facts, terminals, a full hand-off, anything while the task is busy) is left to the task.
+
 :meth:`~SupervisedStream.cancel` (the client went away) cancels the task: an upstream
 attempt in flight is cancelled (its adapter closes the connection), a queued request leaves
 the line without touching an upstream, and the slot is given back at once.
@@ -235,6 +241,10 @@ class SupervisedStream:
         self._upstream_stream: EventStream | None = None
         self._published = False
         self._held: list[Event] = []
+        #: The attempt's task waits for its upstream's next event: an event pushed now
+        #: (:meth:`_push`) is the next one it would have forwarded.
+        self._listening = False
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._cancelled = False
         self._ended = False
         #: Upstream attempts made (for tests, logs and the fault-injection report).
@@ -494,12 +504,20 @@ class SupervisedStream:
             return Failure(failure_class=FailureClass.CAPACITY, message=str(exc), status=503,
                            code="upstream_busy")
         self._upstream_stream = stream
+        self._loop = loop
+        push_to = getattr(stream, "push_to", None)
+        if push_to is not None:
+            push_to(self._push)
         # One timer for the attempt, re-armed when a heartbeat or deadline is due, not one
         # per event: the wake only moves later with each event (gateway/wakeups.py).
         waits = DeadlineWaits()
         try:
             while True:
-                event = await waits.wait(stream.next_event, self._next_wake())
+                self._listening = True
+                try:
+                    event = await waits.wait(stream.next_event, self._next_wake())
+                finally:
+                    self._listening = False
                 if event is EXPIRED:
                     await self._on_timer(queued=False)
                     continue
@@ -552,6 +570,27 @@ class SupervisedStream:
             # retokenized stream carries its text and its ids in separate deltas.
             self._obs.tokens(len(event.ids) if self._request.want_ids else int(bool(event.text)))
         await self._put(event)
+
+    def _push(self, event: Event) -> bool:
+        """An upstream event handed over as it is parsed, in the upstream connection's
+        callback (the stream's ``push_to``; why: ``http_transport._ChunkedBody.listen``).
+        Taken (True) when it is what :meth:`_attempt` would forward at once after its wait,
+        without waiting: a text or id delta, after the first output, with room in the
+        hand-off, while the attempt's task waits for the next event. Anything else is left
+        to the stream (False), which then gives it, and all after it, to :meth:`_attempt`:
+        facts, terminals, the first output, a full hand-off (the client's back-pressure)
+        and everything while the task is busy with a heartbeat or a flush."""
+        if not self._listening or type(event) is not TokenDelta or not self._published \
+                or self._ended or self._cancelled or not (event.ids or event.text):
+            return False
+        if not self._queue.offer(event):
+            return False  # full: the task waits for room (the client's back-pressure)
+        now = self._loop.time()  # type: ignore[union-attr]
+        self._idle_deadline = now + self._timing.idle_timeout_s
+        self._obs.tokens(len(event.ids) if self._request.want_ids else int(bool(event.text)))
+        self._queued(event)
+        self._last_sent = now
+        return True
 
     async def _flush_held(self) -> None:
         held, self._held = self._held, []

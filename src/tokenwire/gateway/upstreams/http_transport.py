@@ -23,7 +23,9 @@ What it keeps from httpcore's behaviour, so the adapters and their failure mappi
   closes its connection, so the upstream sees the disconnect and stops generating; a
   complete one goes back to the pool (idle at most :data:`KEEPALIVE_EXPIRY_S`, and never
   reused once its socket is readable: the upstream closed it);
-* back-pressure: reading pauses while :data:`MAX_BUFFERED_BYTES` wait unread;
+* back-pressure: reading pauses while :data:`MAX_BUFFERED_BYTES` wait unread (a chunked
+  body may also be pushed to its reader as it arrives, :meth:`_ChunkedBody.listen`, which
+  the reader stops as soon as it cannot take more);
 * TLS with httpx's own default context (certifi, ``SSL_CERT_FILE`` / ``SSL_CERT_DIR``).
 
 Proxies: httpx reads ``HTTP(S)_PROXY`` only for its own transport, so
@@ -35,17 +37,16 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import select
 import urllib.request
 from collections import deque
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import httptools
 import httpx
 
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
+from tokenwire.gateway.upstreams.http_heads import Head, parse_head, request_bytes
 
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanAnswer",
            "LeanTransport", "UpstreamClient", "upstream_transport"]
@@ -125,6 +126,9 @@ class _Connection(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self._until = math.inf
+        #: Takes what arrives instead of the buffer, while set and nothing is buffered (a
+        #: body pushed to its reader: :meth:`_ChunkedBody.listen`).
+        self.listener: Callable[[bytes], None] | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
@@ -132,6 +136,10 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        listener = self.listener
+        if listener is not None and not self._chunks:
+            listener(data)
+            return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > MAX_BUFFERED_BYTES and not self._reading_paused:
@@ -251,6 +259,7 @@ class _Connection(asyncio.Protocol):
         waiter.set_exception(TimeoutError())
 
     def close(self) -> None:
+        self.listener = None
         waiter = self._waiter
         if self._timer is not None and (waiter is None or waiter.done()):
             # Nobody waits: a live timer would only keep this connection for a timeout.
@@ -263,100 +272,8 @@ class _Connection(asyncio.Protocol):
                 self.transport.close()
 
 
-# -- the request head ----------------------------------------------------------------------
-
-#: What h11 checked of every request head this transport wrote before: a header name is an
-#: RFC 9110 token; a value holds no control character but tab and neither starts nor ends
-#: with whitespace; the target has no whitespace or control character. A value that breaks
-#: them would be a caller's text spliced into the head as headers of its own.
-_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x7e\x80-\xff])?)?")
-_TARGET = re.compile(rb"[\x21-\x7e\x80-\xff]+")
-
-
-def _request_bytes(method: bytes, target: bytes, fields: Iterable[tuple[bytes, bytes]],
-                   body: bytes, request: httpx.Request | None = None) -> bytes:
-    """The request as it goes on the wire: head and body in one write. ``request`` is only
-    named in the errors (the lean path has none)."""
-    if not _TARGET.fullmatch(target):
-        raise httpx.LocalProtocolError(f"invalid request target {target!r}", request=request)
-    parts = [method, b" ", target, b" HTTP/1.1\r\n"]
-    chunked = False
-    for name, value in fields:
-        if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
-            raise httpx.LocalProtocolError(f"invalid request header {name!r}",
-                                           request=request)
-        chunked = chunked or (name.lower() == b"transfer-encoding"
-                              and value.lower() == b"chunked")
-        parts += [name, b": ", value, b"\r\n"]
-    parts.append(b"\r\n")
-    if chunked:  # httpx's framing of a streamed request body, which ``aread`` joined
-        parts += [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
-        parts.append(b"0\r\n\r\n")
-    else:
-        parts.append(body)
-    return b"".join(parts)
-
-
-# -- the response head ---------------------------------------------------------------------
-
-
-class _Head:
-    """A response head as llhttp reads it (the callbacks of ``HttpResponseParser``)."""
-
-    def __init__(self) -> None:
-        self.reason = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.status = 0
-        self.keep_alive = False
-        self.length: int | None = None  # Content-Length, when the head gives one
-        self.chunked = False
-        self.encoded = False  # a Content-Encoding other than identity: httpx decodes it
-
-    def on_status(self, status: bytes) -> None:
-        self.reason += status
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        # llhttp keeps the trailing whitespace RFC 9110 §5.5 excludes from a value.
-        self.headers.append((name, value.rstrip(b" \t")))
-
-
-def _parse_head(raw: bytes, conn: _Connection, request: httpx.Request | None) -> _Head:
-    """``raw``: a whole head, through its blank line (llhttp is strict: CRLF line ends, so
-    the first blank line is the end). The body is framed by the caller, not by llhttp."""
-    head = _Head()
-    parser = httptools.HttpResponseParser(head)
-    try:
-        parser.feed_data(raw)
-    except httptools.HttpParserUpgrade as exc:  # a 101: no upgrade was asked for
-        conn.close()
-        raise httpx.RemoteProtocolError(
-            f"unexpected {parser.get_status_code()} Switching Protocols",
-            request=request) from exc
-    except httptools.HttpParserError as exc:
-        conn.close()
-        raise httpx.RemoteProtocolError(f"invalid response head: {exc}",
-                                        request=request) from exc
-    head.status = parser.get_status_code()
-    # False when the body runs to the connection's end (no length, not chunked).
-    head.keep_alive = parser.should_keep_alive()
-    for name, value in head.headers:
-        lower = name.lower()
-        if lower == b"transfer-encoding":
-            if value.lower() != b"chunked":  # h11's rule: the one coding it can frame
-                conn.close()
-                raise httpx.RemoteProtocolError(
-                    f"unsupported Transfer-Encoding {value!r}", request=request)
-            head.chunked = True
-        elif lower == b"content-length":  # llhttp checked digits and duplicates
-            head.length = int(value)
-        elif lower == b"content-encoding":
-            head.encoded = head.encoded or value.strip().lower() not in (b"", b"identity")
-    return head
-
-
 async def _read_head(conn: _Connection, timeout: float | None,
-                     request: httpx.Request | None) -> tuple[_Head, bytes]:
+                     request: httpx.Request | None) -> tuple[Head, bytes]:
     """The final response head (1xx heads skipped, as h11 did) and the bytes after it."""
     buf, searched = b"", 0
     while True:
@@ -379,7 +296,7 @@ async def _read_head(conn: _Connection, timeout: float | None,
         if end + 4 > MAX_HEAD_BYTES:
             conn.close()
             raise httpx.RemoteProtocolError("response head too large", request=request)
-        head = _parse_head(buf[:end + 4], conn, request)
+        head = parse_head(buf[:end + 4], conn.close, request)
         buf, searched = buf[end + 4:], 0
         if not 100 <= head.status < 200:
             return head, buf
@@ -464,6 +381,7 @@ class _Body(httpx.AsyncByteStream):
     def _finish(self, reusable: bool) -> None:
         if not self._done:
             self._done = True
+            self._conn.listener = None  # (the next request's body is not ours)
             if not reusable:
                 self._conn.close()
             self._transport._release(self._key, self._conn)
@@ -486,6 +404,8 @@ class _ChunkedBody(_Body):
         super().__init__(*args, start=start, keep_alive=keep_alive)
         self._decoder = ChunkedDecoder()
         self._pieces: deque[bytes] = deque()  # decoded chunks not returned yet: one a read
+        self._on_piece: Callable[[bytes], None] | None = None  # while pushed (listen)
+        self._error: httpx.HTTPError | None = None  # a pushed chunk broke the framing
 
     @property
     def ended(self) -> bool:
@@ -494,8 +414,81 @@ class _ChunkedBody(_Body):
     def _reusable_at_end(self) -> bool:
         return self._keep_alive and not self._decoder.extra
 
+    # -- push: the body handed over in the connection's callback ---------------------------
+    #
+    # Why (BENCHMARKS.md, "Session of 2026-12-05"): read by :meth:`read`, every chunk of a
+    # streamed answer woke its reader's task and climbed a dozen coroutine frames to reach
+    # the parser. Pushed, the connection's ``data_received`` decodes it and hands the pieces
+    # to ``on_piece`` at once (``sse_http.SSEUpstreamStream`` parses them there and passes
+    # the events on without a task switch). The reader's task waits in :meth:`wait_pushed`
+    # meanwhile, and is woken only by what it must see itself: ``listen(None)`` (the
+    # listener wants the task), the end of the connection, or the read timeout, which
+    # counts silence from the last pushed bytes as :meth:`read` does.
+
+    def can_listen(self) -> bool:
+        """Nothing is waiting to be read by :meth:`read` (the head's leftover, decoded
+        pieces, buffered bytes) and the body and its connection are open."""
+        conn = self._conn
+        return not (self._start or self._pieces or self._done or self._decoder.done
+                    or conn._chunks or conn._eof or conn.closed)
+
+    def listen(self, on_piece: Callable[[bytes], None] | None) -> None:
+        """Hand each decoded chunk to ``on_piece`` as it arrives (``None``: stop, and wake
+        the task in :meth:`wait_pushed`; later bytes are buffered for :meth:`read`)."""
+        self._on_piece = on_piece
+        conn = self._conn
+        if on_piece is None:
+            conn.listener = None
+            conn._wake()
+        elif not self._done:
+            conn.listener = self._pushed
+
+    async def wait_pushed(self) -> None:
+        """Wait while the body is pushed: until ``listen(None)``, the connection's end (the
+        next :meth:`read` reports it) or the read timeout (``httpx.ReadTimeout``, as
+        :meth:`read` raises it); cancellable at any time without losing a byte."""
+        conn = self._conn
+        timeout = self._timeout
+        if timeout is not None:
+            now = conn._loop.time()
+            if self._silent_since is None:
+                self._silent_since = now
+            timeout = max(0.0, self._silent_since + timeout - now)
+        try:
+            await conn._wait(timeout)
+        except TimeoutError as exc:
+            conn.close()
+            raise httpx.ReadTimeout("timed out waiting for the upstream",
+                                    request=self._request) from exc
+        if self._error is not None:
+            raise self._error
+
+    def _pushed(self, data: bytes) -> None:
+        """The connection's listener: ``data`` arrived."""
+        conn = self._conn
+        if self._timeout is not None:  # the silence restarts: the wait's deadline moves on
+            self._silent_since = now = conn._loop.time()
+            conn._until = now + self._timeout
+        try:
+            pieces = self._decoder.feed(data)
+        except ChunkedError as exc:
+            conn.close()
+            self._error = httpx.RemoteProtocolError(str(exc), request=self._request)
+            self.listen(None)
+            return
+        on_piece = self._on_piece
+        if on_piece is None:  # (never: the listener is cleared with it)
+            self._pieces.extend(pieces)
+            return
+        for piece in pieces:  # each chunk as the upstream framed it, as read() gives them
+            on_piece(piece)
+        if self._decoder.done and not self._done:
+            self.listen(None)  # the end: read() returns b"" and pools the connection
+
     async def read(self) -> bytes:
         while True:
+            if self._error is not None:
+                raise self._error
             if self._pieces:  # each chunk as the upstream framed it, as httpcore gave them
                 return self._pieces.popleft()
             if self.ended:
@@ -544,7 +537,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
-        data = _request_bytes(request.method.encode("ascii"), url.raw_path, request.headers.raw,
+        data = request_bytes(request.method.encode("ascii"), url.raw_path, request.headers.raw,
                               await request.aread(), request)
         head, stream = await self._send(url, data, request.method == "HEAD",
                                         request.extensions.get("timeout", {}), request)
@@ -557,12 +550,12 @@ class LeanTransport(httpx.AsyncBaseTransport):
         """POST ``body`` with the head ``fields`` (see :func:`post_fields`): the answer's
         head and body, with no httpx ``Request`` or ``Response`` built (the SSE adapters'
         requests, :mod:`.stream_post`)."""
-        data = _request_bytes(b"POST", url.raw_path, fields, body)
+        data = request_bytes(b"POST", url.raw_path, fields, body)
         return LeanAnswer(*await self._send(url, data, False, timeouts, None))
 
     async def _send(self, url: httpx.URL, data: bytes, head_only: bool,
                     timeouts: dict[str, float | None],
-                    request: httpx.Request | None) -> tuple[_Head, _Body]:
+                    request: httpx.Request | None) -> tuple[Head, _Body]:
         """Send ``data`` (a whole request) on a connection of the pool: the response head and
         its body's stream, which gives the connection back when it ends or closes."""
         if self._closed:
@@ -629,7 +622,7 @@ class LeanTransport(httpx.AsyncBaseTransport):
 
     async def _exchange(self, key: _Key, conn: _Connection, data: bytes, head_only: bool,
                         timeouts: dict[str, float | None],
-                        request: httpx.Request | None) -> tuple[_Head, _Body]:
+                        request: httpx.Request | None) -> tuple[Head, _Body]:
         try:
             await conn.write(data, timeouts.get("write"))
         except TimeoutError as exc:
@@ -716,7 +709,7 @@ class LeanAnswer:
     chunk comes straight from the body's own iterator, and a body with a
     ``Content-Encoding`` still goes through httpx's decoders."""
 
-    def __init__(self, head: _Head, body: _Body) -> None:
+    def __init__(self, head: Head, body: _Body) -> None:
         self.status_code = head.status
         self._head, self._body = head, body
         self._headers: httpx.Headers | None = None

@@ -81,6 +81,12 @@ class SSEUpstreamStream:
     every token crossed that queue and woke one more task (BENCHMARKS.md, "Session of
     2026-12-04 (2)").
 
+    With a sink (:meth:`push_to`: the supervisor's, through the usage meter) the body is
+    pushed instead while nothing is ready: the connection's callback decodes and parses
+    what arrives, and each event the sink takes never wakes this task. The first event
+    the sink leaves, a terminal or the body's end hands the body back to :meth:`next_event`
+    (later bytes wait in the connection's buffer, so back-pressure still works).
+
     :meth:`cancel` closes the upstream response (the upstream sees the disconnect and stops
     generating), and the stream ends with ``ABORT``. Parsing stops at the first terminal
     event; the body's end is then read within bounds (:func:`_drain_for_reuse`) so that
@@ -104,6 +110,18 @@ class SSEUpstreamStream:
         self._decoder = SSEDecoder()
         self._finished = False  # the terminal is in ``_ready`` (or was returned)
         self._seen_bytes = False
+        #: Takes events as they are parsed, while nothing is ready (``push_to``).
+        self._sink: Callable[[Event], bool] | None = None
+        self._listening: Any = None  # the body while it is pushed to us (its ``listen``)
+
+    def push_to(self, sink: Callable[[Event], bool]) -> bool:
+        """Offer each non-terminal event to ``sink`` as it is parsed, in the upstream
+        connection's callback, before it is queued for :meth:`next_event`: ``sink`` returns
+        True when it took the event (then :meth:`next_event` never returns it), False to
+        leave it (and every later one) to :meth:`next_event`. Only while nothing is queued,
+        so the order is kept. See ``http_transport._ChunkedBody.listen`` for why."""
+        self._sink = sink
+        return True
 
     async def next_event(self) -> Event:
         ready = self._ready
@@ -116,6 +134,18 @@ class SSEUpstreamStream:
                 await _finished(self._opening)  # type: ignore[arg-type]
                 if self._reader is None and not self._finished:  # a bug: never a hang
                     self._end(broken_stream())
+                continue
+            if self._sink is not None and getattr(reader, "can_listen", _never)():
+                # Pushed: the connection's callback parses what comes (_on_piece) and the
+                # sink takes it; this task wakes for what the sink leaves, or the body's end.
+                self._listening = reader
+                reader.listen(self._on_piece)  # type: ignore[attr-defined]
+                try:
+                    await reader.wait_pushed()  # type: ignore[attr-defined]
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    self._fail(exc)
                 continue
             try:
                 data = await reader.read()
@@ -194,15 +224,30 @@ class SSEUpstreamStream:
         except Exception as exc:
             self._fail(exc)
 
+    def _on_piece(self, data: bytes) -> None:
+        """A chunk of the body, pushed by its connection (``b""``: never, the end is read)."""
+        if self._finished:
+            return  # the rest after a terminal: the body's end is read by _after_terminal
+        self._feed(data)
+        if self._ready and self._listening is not None:  # what the sink left: the task's
+            self._unlisten()
+
+    def _unlisten(self) -> None:
+        reader, self._listening = self._listening, None
+        if reader is not None:
+            reader.listen(None)
+
     def _put_all(self, events: list[Event]) -> bool:
-        """Make ``events`` ready, up to a terminal; True once the stream ended."""
+        """Make ``events`` ready, up to a terminal; True once the stream ended. While nothing
+        is ready, the sink (``push_to``) is offered each event first."""
+        ready, sink = self._ready, self._sink
         for event in events:
             if self._finished:
                 break
             if is_terminal(event):
                 self._end(event)
-            else:
-                self._ready.append(event)
+            elif ready or sink is None or not sink(event):
+                ready.append(event)
         return self._finished
 
     def _after_terminal(self) -> None:
@@ -237,6 +282,7 @@ class SSEUpstreamStream:
         if self._finished:
             return
         self._finished = True
+        self._unlisten()  # what follows the terminal is read (drained) by a task
         self._ready.append(terminal)
         if self._holding_slot:
             self._holding_slot = False
@@ -264,6 +310,10 @@ async def _finished(task: asyncio.Task[None]) -> None:
     ended = asyncio.get_running_loop().create_future()
     task.add_done_callback(lambda _: ended.done() or ended.set_result(None))
     await ended
+
+
+def _never() -> bool:
+    return False
 
 
 def broken_stream() -> Failure:

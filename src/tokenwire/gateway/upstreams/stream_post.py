@@ -45,7 +45,7 @@ def post_fields(defaults: httpx.Headers, url: httpx.URL, headers: Mapping[str, s
     headers=headers)``: ``Host``, the client's headers (``defaults``: its own ``Accept``,
     ``User-Agent``... and the upstream's auth), each replaced by a request header of the
     same name, the other request headers, then ``Content-Length``. Values are encoded as
-    httpx encodes them (ASCII); ``http_transport._request_bytes`` checks every name and value."""
+    httpx encodes them (ASCII); ``http_heads.request_bytes`` checks every name and value."""
     given = {name.lower(): (name.encode("ascii"), value.encode("ascii"))
              for name, value in headers.items()}
     fields = [] if "host" in given else [(b"Host", url.netloc)]
