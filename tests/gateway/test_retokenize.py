@@ -245,3 +245,42 @@ def test_a_failed_encode_is_not_remembered(tmap):
             r.feed("bad \ud800 text here ")
             r.flush()
     assert tok.calls >= 2 and not any("\ud800" in text for text in retokenize._ids_memo(tok))
+
+
+class _PushEvents(_Events):
+    """An inner stream that pushes (``sse_http.SSEUpstreamStream.push_to``'s contract):
+    each arriving event is offered to the sink while nothing is ready, else kept."""
+
+    def __init__(self):
+        super().__init__([])
+        self.sink = None
+
+    def push_to(self, sink):
+        self.sink = sink
+        return True
+
+    def arrive(self, event) -> bool:
+        if not self.events and not isinstance(event, Finish) and self.sink(event):
+            return True
+        self.events.append(event)
+        return False
+
+
+def test_pushed_deltas_get_their_ids_once_even_when_the_sink_refuses_one(tmap):
+    """The third delta is fed to the retokenizer and refused by the sink: the inner stream
+    keeps it, and next_event gives out what it was turned into, not a second feed."""
+    texts = ["Hel", "lo wor", "ld, again", " and on"]
+    inner = _PushEvents()
+    r = Retokenizer(tmap)
+    stream = RetokenizingStream(inner, r)
+    sunk: list = []
+    stream.push_to(lambda e: len(sunk) < 2 and not sunk.append(e))
+    taken = [inner.arrive(TokenDelta(text=t)) for t in texts]
+    inner.arrive(Usage(prompt_tokens=3, completion_tokens=4))
+    inner.arrive(Finish(reason=FinishKind.EOS))
+    assert taken == [True, True, False, False]  # after a refusal nothing more is offered
+    out = sunk + _drain(stream)
+    assert [i for e in out if isinstance(e, TokenDelta) for i in e.ids] == _whole(
+        tmap, "".join(texts))
+    assert "".join(e.text for e in out if isinstance(e, TokenDelta)) == "".join(texts)
+    assert isinstance(out[-2], Usage) and isinstance(out[-1], Finish)

@@ -562,19 +562,22 @@ class _PushPlay:
 
 
 def test_pushed_deltas_reach_the_client_in_order_without_the_attempt_task() -> None:
-    """The first output and the terminal go through the attempt's task; every delta after
-    the first is taken by the sink as it arrives, in order, with the same idle restarts."""
+    """Facts and the terminal go through the attempt's task; every delta is taken by the
+    sink as it arrives, in order, the first one after the facts held before it."""
     async def go():
-        script = PushScript([[*tokens("a", "b", "c", "d", gap=1.0), (1.0, EOS)]])
+        count = Usage(prompt_tokens=3, completion_tokens=None)
+        script = PushScript([[(0.5, count), *tokens("a", "b", "c", "d", gap=1.0),
+                              (1.0, EOS)]])
         stream = supervise(script)
-        return await collect(stream), script.plays[0].taken
+        return await collect(stream), script.plays[0].taken, count
 
-    got, taken = run(go())
-    assert [(t, e) for t, e in got] == [(1.0, TokenDelta(ids=(0,), text="a")),
-                                        (2.0, TokenDelta(ids=(1,), text="b")),
-                                        (3.0, TokenDelta(ids=(2,), text="c")),
-                                        (4.0, TokenDelta(ids=(3,), text="d")), (5.0, EOS)]
-    assert [e.text for e in taken] == ["b", "c", "d"]
+    got, taken, count = run(go())
+    assert [(t, e) for t, e in got] == [(1.5, count),
+                                        (1.5, TokenDelta(ids=(0,), text="a")),
+                                        (2.5, TokenDelta(ids=(1,), text="b")),
+                                        (3.5, TokenDelta(ids=(2,), text="c")),
+                                        (4.5, TokenDelta(ids=(3,), text="d")), (5.5, EOS)]
+    assert [e.text for e in taken] == ["a", "b", "c", "d"]
 
 
 def test_a_full_hand_off_refuses_pushes_and_loses_or_reorders_nothing() -> None:

@@ -56,7 +56,7 @@ async def _read_all(stream, pulled: list[Event]) -> None:
 async def _waiting_pushed(stream) -> None:
     """Until the stream's reader waits with its body pushed (bounded: a safety net)."""
     for _ in range(1000):
-        if stream._listening is not None:
+        if stream._pushing is not None:
             return
         await asyncio.sleep(0.005)
     raise AssertionError("the stream never waited with its body pushed")

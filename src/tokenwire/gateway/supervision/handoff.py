@@ -72,6 +72,10 @@ class Handoff(Generic[T]):
         self._items.append(item)
         wake(self._getter)
 
+    def room(self) -> int:
+        """How many items :meth:`offer` would take now."""
+        return self._maxsize - len(self._items)
+
     def offer(self, item: T) -> bool:
         """Add ``item`` if there is room now; False (nothing added) when the buffer is full."""
         if len(self._items) >= self._maxsize:

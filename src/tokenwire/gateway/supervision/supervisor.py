@@ -575,16 +575,25 @@ class SupervisedStream:
         """An upstream event handed over as it is parsed, in the upstream connection's
         callback (the stream's ``push_to``; why: ``http_transport._ChunkedBody.listen``).
         Taken (True) when it is what :meth:`_attempt` would forward at once after its wait,
-        without waiting: a text or id delta, after the first output, with room in the
-        hand-off, while the attempt's task waits for the next event. Anything else is left
-        to the stream (False), which then gives it, and all after it, to :meth:`_attempt`:
-        facts, terminals, the first output, a full hand-off (the client's back-pressure)
+        without waiting: a text or id delta (the first output with the facts held before
+        it), with room in the hand-off, while the attempt's task waits for the next event.
+        Anything else is left to the stream (False), which then gives it, and all after it,
+        to :meth:`_attempt`: facts, terminals, a full hand-off (the client's back-pressure)
         and everything while the task is busy with a heartbeat or a flush."""
-        if not self._listening or type(event) is not TokenDelta or not self._published \
-                or self._ended or self._cancelled or not (event.ids or event.text):
+        if not self._listening or type(event) is not TokenDelta or self._ended \
+                or self._cancelled or not (event.ids or event.text):
             return False
-        if not self._queue.offer(event):
+        queue = self._queue
+        if queue.room() <= len(self._held):
             return False  # full: the task waits for room (the client's back-pressure)
+        if not self._published:  # as _forward publishes: the held facts first
+            self._published = True
+            self._obs.first_output()
+            held, self._held = self._held, []
+            for fact in held:
+                queue.offer(fact)
+                self._queued(fact)
+        queue.offer(event)
         now = self._loop.time()  # type: ignore[union-attr]
         self._idle_deadline = now + self._timing.idle_timeout_s
         self._obs.tokens(len(event.ids) if self._request.want_ids else int(bool(event.text)))

@@ -112,7 +112,7 @@ class SSEUpstreamStream:
         self._seen_bytes = False
         #: Takes events as they are parsed, while nothing is ready (``push_to``).
         self._sink: Callable[[Event], bool] | None = None
-        self._listening: Any = None  # the body while it is pushed to us (its ``listen``)
+        self._pushing: Any = None  # the body while it is pushed to us (its ``listen``)
 
     def push_to(self, sink: Callable[[Event], bool]) -> bool:
         """Offer each non-terminal event to ``sink`` as it is parsed, in the upstream
@@ -138,7 +138,7 @@ class SSEUpstreamStream:
             if self._sink is not None and getattr(reader, "can_listen", _never)():
                 # Pushed: the connection's callback parses what comes (_on_piece) and the
                 # sink takes it; this task wakes for what the sink leaves, or the body's end.
-                self._listening = reader
+                self._pushing = reader
                 reader.listen(self._on_piece)  # type: ignore[attr-defined]
                 try:
                     await reader.wait_pushed()  # type: ignore[attr-defined]
@@ -229,11 +229,11 @@ class SSEUpstreamStream:
         if self._finished:
             return  # the rest after a terminal: the body's end is read by _after_terminal
         self._feed(data)
-        if self._ready and self._listening is not None:  # what the sink left: the task's
+        if self._ready and self._pushing is not None:  # what the sink left: the task's
             self._unlisten()
 
     def _unlisten(self) -> None:
-        reader, self._listening = self._listening, None
+        reader, self._pushing = self._pushing, None
         if reader is not None:
             reader.listen(None)
 
