@@ -806,3 +806,24 @@ def test_a_pushed_body_that_breaks_fails_as_a_read_would(end: str) -> None:
         await transport.aclose()
 
     _run(main)
+
+
+def test_take_start_decodes_what_came_with_the_head_once() -> None:
+    async def main():
+        transport = LeanTransport(max_connections=1)
+        conn = _Connection(asyncio.get_running_loop())
+        body = _ChunkedBody(transport, ("http", "up", 80), conn, None, 100.0,
+                            start=_chunk(b"a") + _chunk(b"b")[:2], keep_alive=True)
+        assert not body.can_listen()  # the head's leftover comes first
+        assert body.take_start() == [b"a"]
+        assert body.take_start() == [] and body.can_listen()
+        conn.data_received(_chunk(b"b")[2:])
+        assert await body.read() == b"b"  # the rest of the split chunk, as read() gives it
+
+        broken = _ChunkedBody(transport, ("http", "up", 80), _Connection(
+            asyncio.get_running_loop()), None, 100.0, start=b"zz\r\n", keep_alive=True)
+        with pytest.raises(httpx.RemoteProtocolError):
+            broken.take_start()
+        await transport.aclose()
+
+    _run(main)

@@ -425,6 +425,18 @@ class _ChunkedBody(_Body):
     # listener wants the task), the end of the connection, or the read timeout, which
     # counts silence from the last pushed bytes as :meth:`read` does.
 
+    def take_start(self) -> list[bytes]:
+        """The decoded chunks of the bytes that came with the head (the first :meth:`read`'s
+        otherwise), at once."""
+        start, self._start = self._start, b""
+        if not start:
+            return []
+        try:
+            return self._decoder.feed(start)
+        except ChunkedError as exc:
+            self._conn.close()
+            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+
     def can_listen(self) -> bool:
         """Nothing is waiting to be read by :meth:`read` (the head's leftover, decoded
         pieces, buffered bytes) and the body and its connection are open."""

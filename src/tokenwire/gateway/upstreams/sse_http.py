@@ -194,7 +194,16 @@ class SSEUpstreamStream:
             on_head = getattr(self.parser, "on_head", None)
             if on_head is not None and self._put_all(on_head(resp.headers)):
                 return
-            self._reader = post.reader()
+            self._reader = reader = post.reader()
+            take_start = getattr(reader, "take_start", None)
+            if self._sink is not None and take_start is not None:
+                # What came with the head (the first tokens, as often as not) is parsed here,
+                # where the head was read: a sink takes it without a wake-up of the task that
+                # waits for this one (on the way to the first token).
+                for piece in take_start():
+                    self._feed(piece)
+                    if self._finished:
+                        break
         except asyncio.CancelledError:
             if self._post is not None:
                 await self._post.aclose()
