@@ -284,3 +284,15 @@ def test_pushed_deltas_get_their_ids_once_even_when_the_sink_refuses_one(tmap):
         tmap, "".join(texts))
     assert "".join(e.text for e in out if isinstance(e, TokenDelta)) == "".join(texts)
     assert isinstance(out[-2], Usage) and isinstance(out[-1], Finish)
+
+
+def test_pushed_deltas_with_upstream_ids_pass_untouched(tmap):
+    tok = Tokenizer.from_map(tmap)
+    inner = _PushEvents()
+    r = Retokenizer(tmap, tokenizer=tok)
+    stream = RetokenizingStream(inner, r)
+    sunk: list = []
+    stream.push_to(lambda e: not sunk.append(e))
+    delta = TokenDelta(ids=(1, 2), text="ab")
+    assert inner.arrive(delta)
+    assert sunk == [delta] and tok.calls == 0 and r.calls == 0

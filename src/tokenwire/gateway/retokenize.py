@@ -285,8 +285,9 @@ class RetokenizingStream:
         start_early(self._inner)
 
     def push_to(self, sink: Callable[[Event], bool]) -> bool:
-        """Text deltas get their ids as the inner stream parses them and go to ``sink``
-        (``sse_http.SSEUpstreamStream.push_to``); False when the inner stream cannot push."""
+        """Deltas get their ids (if they have none) as the inner stream parses them and go
+        to ``sink`` (``sse_http.SSEUpstreamStream.push_to``); False when the inner stream
+        cannot push."""
         push_to = getattr(self._inner, "push_to", None)
         if push_to is None:
             return False
@@ -295,7 +296,7 @@ class RetokenizingStream:
 
     def _offer(self, event: Event) -> bool:
         if self._queued or self._failed is not None or self._refused is not None \
-                or type(event) is not TokenDelta or event.ids or not event.text:
+                or type(event) is not TokenDelta:
             return False  # next_event's to handle, in order
         try:
             out = self._with_ids(event)  # the retokenizer moves on: never fed twice

@@ -34,10 +34,11 @@ upstream's own, so the APIs render it without knowing what it did (DESIGN.md: N 
    (as without fallbacks), with the targets that could not take the request named.
 
 An upstream stream that can push (``push_to``: the SSE adapters over the lean transport,
-through the usage meter) hands each delta after the first output to
+through the retokenizer and the usage meter) hands each text or id delta to
 :meth:`~SupervisedStream._push` as its connection's callback parses it, while the task waits
-for the next event: the same forwarding, without waking the task per token. Everything else
-(facts, terminals, a full hand-off, anything while the task is busy) is left to the task.
+for the next event: the same forwarding (the first output after the facts held before it),
+without waking the task per token. Everything else (facts, terminals, a full hand-off,
+anything while the task is busy) is left to the task.
 
 :meth:`~SupervisedStream.cancel` (the client went away) cancels the task: an upstream
 attempt in flight is cancelled (its adapter closes the connection), a queued request leaves
