@@ -58,6 +58,7 @@ __all__ = [
     "free_slot",
     "is_terminal",
     "kind_of",
+    "push_through",
     "replica_of",
     "start_early",
 ]
@@ -583,6 +584,14 @@ def fails_over(upstream: object, failure: Failure, avoid: frozenset[str],
 def replica_of(stream: object) -> Any:
     """``stream.replica``, or the protocol's default (None: not a pool's)."""
     return getattr(stream, "replica", EventStream.replica)
+
+
+def push_through(stream: object, offer: Callable[[Event], bool]) -> bool:
+    """Have ``stream`` offer its events to ``offer`` as they arrive (its optional
+    ``push_to``: ``upstreams/sse_http.SSEUpstreamStream.push_to`` says how); False if it
+    cannot (it gives every event through ``next_event``, the protocol's default)."""
+    push_to = getattr(stream, "push_to", None)
+    return push_to is not None and bool(push_to(offer))
 
 
 def start_early(stream: object) -> bool:

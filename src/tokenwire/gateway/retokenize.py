@@ -55,6 +55,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     Usage,
     is_terminal,
+    push_through,
     start_early,
 )
 
@@ -288,11 +289,8 @@ class RetokenizingStream:
         """Deltas get their ids (if they have none) as the inner stream parses them and go
         to ``sink`` (``sse_http.SSEUpstreamStream.push_to``); False when the inner stream
         cannot push."""
-        push_to = getattr(self._inner, "push_to", None)
-        if push_to is None:
-            return False
         self._sink = sink
-        return bool(push_to(self._offer))
+        return push_through(self._inner, self._offer)
 
     def _offer(self, event: Event) -> bool:
         if self._queued or self._failed is not None or self._refused is not None \

@@ -48,6 +48,7 @@ from tokenwire.gateway.ir import (
     Usage,
     UsageSource,
     is_terminal,
+    push_through,
     start_early,
 )
 from tokenwire.gateway.retokenize import tokenizer_for
@@ -297,11 +298,8 @@ class MeteredStream:
     def push_to(self, sink: Callable[[Event], bool]) -> bool:
         """Text and id deltas go to ``sink`` as the inner stream parses them, counted here
         (``sse_http.SSEUpstreamStream.push_to``); False when the inner stream cannot push."""
-        push_to = getattr(self._inner, "push_to", None)
-        if push_to is None:
-            return False
         self._sink = sink
-        return bool(push_to(self._offer))
+        return push_through(self._inner, self._offer)
 
     def _offer(self, event: Event) -> bool:
         # Only once the prompt's count went out, and only deltas: every other event is the

@@ -71,6 +71,7 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     Usage,
     is_terminal,
+    push_through,
     replica_of,
 )
 from tokenwire.gateway.routing.fallbacks import FallbackPlan
@@ -506,9 +507,7 @@ class SupervisedStream:
                            code="upstream_busy")
         self._upstream_stream = stream
         self._loop = loop
-        push_to = getattr(stream, "push_to", None)
-        if push_to is not None:
-            push_to(self._push)
+        push_through(stream, self._push)
         # One timer for the attempt, re-armed when a heartbeat or deadline is due, not one
         # per event: the wake only moves later with each event (gateway/wakeups.py).
         waits = DeadlineWaits()
