@@ -120,6 +120,7 @@ class DeadlineWaits:
 def wake(waiter: asyncio.Future[None] | None) -> None:
     """Resolve the future a side waits on, if one does and it is not done yet (cancelled
     with its waiter, or already woken): the one-line hand-off of the gateway's own
-    producer/consumer pairs (``supervision/handoff.py``, ``upstreams/stream_post.py``)."""
+    producer/consumer pairs (``supervision/handoff.py``, ``upstreams/stream_post.py``,
+    ``upstreams/http_transport.py``)."""
     if waiter is not None and not waiter.done():
         waiter.set_result(None)

@@ -561,15 +561,22 @@ class SupervisedStream:
                                 event.source.value)
             return
         if not self._published:
-            self._published = True
-            self._obs.first_output()
+            self._publish()
             await self._flush_held()
         if isinstance(event, TokenDelta):
-            # Ids when the client gets ids; else one per text delta (the usage the upstream
-            # reports at the end corrects the count). Counting both would count twice: a
-            # retokenized stream carries its text and its ids in separate deltas.
-            self._obs.tokens(len(event.ids) if self._request.want_ids else int(bool(event.text)))
+            self._count_tokens(event)
         await self._put(event)
+
+    def _publish(self) -> None:
+        """The first output goes out: nothing is retried from here on."""
+        self._published = True
+        self._obs.first_output()
+
+    def _count_tokens(self, event: TokenDelta) -> None:
+        # Ids when the client gets ids; else one per text delta (the usage the upstream
+        # reports at the end corrects the count). Counting both would count twice: a
+        # retokenized stream carries its text and its ids in separate deltas.
+        self._obs.tokens(len(event.ids) if self._request.want_ids else int(bool(event.text)))
 
     def _push(self, event: Event) -> bool:
         """An upstream event handed over as it is parsed, in the upstream connection's
@@ -586,19 +593,17 @@ class SupervisedStream:
         queue = self._queue
         if queue.room() <= len(self._held):
             return False  # full: the task waits for room (the client's back-pressure)
+        now = self._loop.time()  # type: ignore[union-attr]
         if not self._published:  # as _forward publishes: the held facts first
-            self._published = True
-            self._obs.first_output()
+            self._publish()
             held, self._held = self._held, []
             for fact in held:
                 queue.offer(fact)
-                self._queued(fact)
+                self._sent(fact, now)
         queue.offer(event)
-        now = self._loop.time()  # type: ignore[union-attr]
         self._idle_deadline = now + self._timing.idle_timeout_s
-        self._obs.tokens(len(event.ids) if self._request.want_ids else int(bool(event.text)))
-        self._queued(event)
-        self._last_sent = now
+        self._count_tokens(event)
+        self._sent(event, now)
         return True
 
     async def _flush_held(self) -> None:
@@ -634,8 +639,12 @@ class SupervisedStream:
 
     async def _put(self, event: Event) -> None:
         await self._queue.put(event)
+        self._sent(event, asyncio.get_running_loop().time())
+
+    def _sent(self, event: Event, now: float) -> None:
+        """``event`` went into the hand-off at ``now`` (the heartbeats count from it)."""
         self._queued(event)
-        self._last_sent = asyncio.get_running_loop().time()
+        self._last_sent = now
 
     # -- time ------------------------------------------------------------------------------
 

@@ -47,6 +47,7 @@ import httpx
 
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
 from tokenwire.gateway.upstreams.http_heads import Head, parse_head, request_bytes
+from tokenwire.gateway.wakeups import wake
 
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanAnswer",
            "LeanTransport", "UpstreamClient", "upstream_transport"]
@@ -170,8 +171,7 @@ class _Connection(asyncio.Protocol):
 
     def _wake(self) -> None:
         waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        wake(waiter)
 
     # -- what the transport calls ---------------------------------------------------------
 
