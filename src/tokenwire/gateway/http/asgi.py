@@ -9,10 +9,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["ASGIApp", "Message", "Receive", "Scope", "Send"]
+__all__ = ["CORK_EXTENSION", "ASGIApp", "Cork", "Message", "Receive", "Scope", "Send"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: ``scope["extensions"][CORK_EXTENSION]``, offered by the HTTP/1.1 server on a TCP socket
+#: (``connections.py``): ``cork(True)`` holds what the response writes until ``cork(False)``
+#: sends it in as few segments as possible (Linux ``TCP_CORK``, as nginx sends a head with
+#: its file). A streamed response corks its head until its first body is written
+#: (``streaming.py``: why, in BENCHMARKS.md "Session of 2026-12-05 (2)").
+CORK_EXTENSION = "tokenwire.cork"
+Cork = Callable[[bool], None]

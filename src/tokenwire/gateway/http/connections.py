@@ -33,6 +33,12 @@ h11 validates every header of every request and response in Python, about a sixt
 gateway's CPU per short request in a profile; llhttp does the same checks in C. Measured
 A/B in BENCHMARKS.md ("Session of 2026-12-04: the request path").
 
+One more thing the protocol offers the app: the socket's cork (``asgi.CORK_EXTENSION``), so a
+response's head and first body leave in one segment. Written one after the other, the head
+woke the client, which then ran on the gateway's core and read the head (~0.3 ms, cold)
+before the gateway could write the body: the first token waited for it (BENCHMARKS.md,
+"Session of 2026-12-05 (2)").
+
 HTTP/2 (issue 15): a connection whose TLS negotiated ``h2`` (ALPN), or whose first bytes are
 the HTTP/2 preface, is handed to :class:`~tokenwire.gateway.http.http2.H2Protocol`, which
 keeps its slot in the same table and the same deadlines (``http2.py``). A refused
@@ -52,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import socket
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,6 +67,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from tokenwire.gateway.http.asgi import CORK_EXTENSION
 from tokenwire.gateway.http.http2 import H2_PREFACE, H2Limits, H2Protocol, H2Refusal
 from tokenwire.gateway.settings import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -245,6 +253,9 @@ class ConnectionTable:
             del self._per_address[address]
 
 
+#: Linux's option; elsewhere (no ``TCP_CORK``) the extension is not offered.
+_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
+
 _HEAD, _BODY, _APP = "head", "body", "app"
 #: Where the client's current request is, from the parser's callbacks: nothing of it yet,
 #: part of its head, or its body (the head done, the message not yet complete).
@@ -276,6 +287,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._replayed_headers: list[tuple[bytes, bytes]] | None = None
         #: Bytes that do not parse arrived: nothing more is read (see _refuse).
         self._unreadable = False
+        #: The TCP socket the app may cork (:meth:`_set_cork`), None when it cannot.
+        self._socket: Any = None
+        self._cork_ext: dict[str, Any] | None = None  # the scope's extension, made once
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
@@ -289,6 +303,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if admit.victim is not None:
             admit.victim.evict()
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if _TCP_CORK is not None and sock is not None \
+                and sock.family in (socket.AF_INET, socket.AF_INET6):
+            self._socket = sock
+            self._cork_ext = {CORK_EXTENSION: self._set_cork}
         if alpn_h2:
             self._become_h2(b"")
             return
@@ -407,7 +426,21 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         elif self.parser.should_upgrade() and not self._should_upgrade():
             self._ignored_upgrade = True  # read again as HTTP/1.1: see _feed
             return
+        if self._cork_ext is not None:  # uvicorn's HTTP scope has no extensions of its own
+            self.scope["extensions"] = self._cork_ext
         super().on_headers_complete()
+
+    def _set_cork(self, on: bool) -> None:
+        """The app's cork (``asgi.CORK_EXTENSION``). A socket that refuses it (closed under
+        the response) is never corked again; the kernel sends corked bytes after 200 ms at
+        the latest in any case."""
+        sock = self._socket
+        if sock is None:
+            return
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, on)
+        except OSError:
+            self._socket = None
 
     def on_message_complete(self) -> None:
         self._receiving = _NOTHING

@@ -45,6 +45,8 @@ import h2.events
 import h2.exceptions
 import h2.settings
 
+from tokenwire.gateway.http.asgi import CORK_EXTENSION
+
 __all__ = [
     "ALPN_PROTOCOLS",
     "H2_PREFACE",
@@ -152,6 +154,15 @@ class _Stream:
         self.deadline: asyncio.TimerHandle | None = None
         self.close_after = False
         self.end_delivered = False
+        #: The response head waits in h2's buffer for the first body (``asgi``'s cork; any
+        #: other stream's write on the connection sends it as well).
+        self.corked = False
+        scope["extensions"] = {CORK_EXTENSION: self.cork}
+
+    def cork(self, on: bool) -> None:
+        self.corked = on
+        if not on:
+            self.proto._flush()
 
     async def run(self, app: Callable[..., Any]) -> None:
         try:
@@ -444,7 +455,8 @@ class H2Protocol(asyncio.Protocol):
         if self._closing or stream.id not in self.streams:
             return
         self.conn.send_headers(stream.id, out)
-        self._flush()
+        if not stream.corked:
+            self._flush()
 
     async def send_body(self, stream: _Stream, data: bytes, *, end: bool) -> None:
         view = memoryview(data)

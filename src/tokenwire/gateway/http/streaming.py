@@ -20,6 +20,9 @@ Other rules kept here:
   body with ``Content-Length``; the disconnect watch still applies.
 * ``headers`` may be a function, called when the head goes out: the model serving the
   request is known only then (a fallback before the head changes it; README "Fallbacks").
+* The head leaves with the first body, in one segment, when the server offers its socket's
+  cork (``asgi.CORK_EXTENSION``). Written alone, it woke the client, which read it on the
+  gateway's core before the gateway could write the first token.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from tokenwire.codec.compression import Coalescer, Compressor
+from tokenwire.gateway.http.asgi import CORK_EXTENSION, Cork
 from tokenwire.gateway.ir import (
     Event,
     EventStream,
@@ -122,18 +126,34 @@ class EventResponse:
         # The open window's deadline (``clock``) and the same instant in the loop's time.
         self._window_deadline: float | None = None
         self._window_until = 0.0
+        self._cork: Cork | None = None  # the socket's, while it holds the head
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        extensions = scope.get("extensions")
+        cork = extensions.get(CORK_EXTENSION) if extensions else None
         watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive))
         try:
             if self._streaming:
-                await self._stream_body(send)
+                await self._stream_body(send, cork)
             else:
-                await self._whole_body(send)
+                await self._whole_body(send, cork)
         finally:
+            self._uncork()
             watcher.cancel()
             if not self._terminal_seen:  # disconnect, send failure or cancellation
                 self._stream.cancel()
+
+    def _cork_head(self, cork: Cork | None) -> None:
+        """Hold what is written from now until :meth:`_uncork` (the head, then a body)."""
+        if cork is not None:
+            cork(True)
+            self._cork = cork
+
+    def _uncork(self) -> None:
+        """Send what the cork held; a no-op when nothing is corked (every later write)."""
+        cork, self._cork = self._cork, None
+        if cork is not None:
+            cork(False)
 
     def _head(self) -> Headers:
         return self._headers() if callable(self._headers) else list(self._headers)
@@ -168,23 +188,26 @@ class EventResponse:
         self._terminal_seen = True
         return events
 
-    async def _send_whole(self, send: Send, status: int, headers: Headers, body: bytes) -> None:
+    async def _send_whole(self, send: Send, status: int, headers: Headers, body: bytes,
+                          cork: Cork | None) -> None:
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         raw.append((b"content-length", str(len(body)).encode()))
+        self._cork_head(cork)
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": body, "more_body": False})
+        self._uncork()
 
-    async def _send_failure(self, send: Send, failure: Failure) -> None:
+    async def _send_failure(self, send: Send, failure: Failure, cork: Cork | None) -> None:
         status, headers, body = self._on_failure(failure)
-        await self._send_whole(send, status, headers, body)
+        await self._send_whole(send, status, headers, body, cork)
         self._count("identity", body)  # error bodies are never content-coded
 
-    async def _whole_body(self, send: Send) -> None:
+    async def _whole_body(self, send: Send, cork: Cork | None) -> None:
         events = await self._all_events()
         if self.disconnected:  # nobody to render, store or send for
             return
         if isinstance(events[-1], Failure):
-            await self._send_failure(send, events[-1])
+            await self._send_failure(send, events[-1], cork)
             return
         renderer = self._renderer
         body = b"".join(chunk for ev in events for chunk in renderer.on_event(ev))
@@ -192,10 +215,10 @@ class EventResponse:
             await self._before_send()
         comp = self._new_compressor()
         data = comp.compress_body(body)
-        await self._send_whole(send, 200, self._head() + _usage_header(events), data)
+        await self._send_whole(send, 200, self._head() + _usage_header(events), data, cork)
         self._count(comp.encoding, data)
 
-    async def _stream_body(self, send: Send) -> None:
+    async def _stream_body(self, send: Send, cork: Cork | None) -> None:
         event = await self._next()
         held: list[Event] = []
         # Facts (an early prompt count too) and message boundaries, not output: a failure
@@ -204,9 +227,10 @@ class EventResponse:
             held.append(event)
             event = await self._next()
         if isinstance(event, Failure):
-            await self._send_failure(send, event)
+            await self._send_failure(send, event, cork)
             return
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._head()]
+        self._cork_head(cork)  # until the first body is written (or __call__ ends)
         await send({"type": "http.response.start", "status": 200, "headers": raw})
         comp = self._new_compressor()
         coalescer = Coalescer(comp, window=self._window)
@@ -222,6 +246,7 @@ class EventResponse:
                     return
                 if out:
                     await self._body(send, out, more=True)
+                self._uncork()  # the head, with the first body if it made one
                 event = await self._next_in_window(coalescer, send, waits)
         except Exception as exc:  # after the headers: report in-stream (never a 500)
             log.error("generation stream failed after the response started: %s",
