@@ -1,4 +1,4 @@
-"""A generation's response head leaves with its first body (``asgi.CORK_EXTENSION``).
+"""A streamed generation's response head leaves with its first body (``asgi.CORK_EXTENSION``).
 
 Written alone, the head woke the client, which read it on the gateway's core before the
 gateway could write the first token (BENCHMARKS.md, "Session of 2026-12-05 (2)"). The check:
@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-
-from tokenwire.gateway.ir import Failure, FailureClass
 
 from .raw_sockets import CLOSE_WAIT_S, EVENT_LOOPS, connect_from, read_until_closed
 from .test_hardening import KEY, SIMPLE, Scripted, serve_stack, stop_stacks
@@ -100,23 +98,6 @@ def test_a_streamed_answer_s_head_waits_for_its_first_token(served) -> None:
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200 ") and b"text/event-stream" in head
     assert b'"content":"a"' in body and b"data: [DONE]" in body
-
-
-def test_a_whole_answer_s_head_leaves_with_its_body(served) -> None:
-    port, peek = served(SIMPLE)
-    answer = _exchange(port, peek, _chat(stream=False))
-    assert peek.head_out_before_body is False
-    head, _, body = answer.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200 ")
-    assert json.loads(body)["choices"][0]["message"]["content"] == "ab"
-
-
-def test_an_error_before_any_output_is_corked_too(served) -> None:
-    port, peek = served([(0.0, Failure(failure_class=FailureClass.INVALID_REQUEST,
-                                       message="bad prompt", status=400))])
-    answer = _exchange(port, peek, _chat(stream=True))
-    assert peek.head_out_before_body is False
-    assert answer.startswith(b"HTTP/1.1 400 ") and b"bad prompt" in answer
 
 
 def test_the_peek_sees_a_head_written_alone(served) -> None:

@@ -20,9 +20,10 @@ Other rules kept here:
   body with ``Content-Length``; the disconnect watch still applies.
 * ``headers`` may be a function, called when the head goes out: the model serving the
   request is known only then (a fallback before the head changes it; README "Fallbacks").
-* The head leaves with the first body, in one segment, when the server offers its socket's
-  cork (``asgi.CORK_EXTENSION``). Written alone, it woke the client, which read it on the
-  gateway's core before the gateway could write the first token.
+* A stream's head leaves with its first body, in one segment, when the server offers its
+  socket's cork (``asgi.CORK_EXTENSION``). Written alone, it woke the client, which read it
+  on the gateway's core before the gateway could write the first token. A whole body and
+  an error follow their head at once and are not corked.
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class EventResponse:
             if self._streaming:
                 await self._stream_body(send, cork)
             else:
-                await self._whole_body(send, cork)
+                await self._whole_body(send)
         finally:
             self._uncork()
             watcher.cancel()
@@ -188,26 +189,26 @@ class EventResponse:
         self._terminal_seen = True
         return events
 
-    async def _send_whole(self, send: Send, status: int, headers: Headers, body: bytes,
-                          cork: Cork | None) -> None:
+    async def _send_whole(self, send: Send, status: int, headers: Headers, body: bytes) -> None:
+        # Not corked: the body follows its head at once (no work between the two writes),
+        # and two more system calls per answer cost 4 % of the requests a second
+        # (BENCHMARKS.md, "Session of 2026-12-05 (2)").
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
         raw.append((b"content-length", str(len(body)).encode()))
-        self._cork_head(cork)
         await send({"type": "http.response.start", "status": status, "headers": raw})
         await send({"type": "http.response.body", "body": body, "more_body": False})
-        self._uncork()
 
-    async def _send_failure(self, send: Send, failure: Failure, cork: Cork | None) -> None:
+    async def _send_failure(self, send: Send, failure: Failure) -> None:
         status, headers, body = self._on_failure(failure)
-        await self._send_whole(send, status, headers, body, cork)
+        await self._send_whole(send, status, headers, body)
         self._count("identity", body)  # error bodies are never content-coded
 
-    async def _whole_body(self, send: Send, cork: Cork | None) -> None:
+    async def _whole_body(self, send: Send) -> None:
         events = await self._all_events()
         if self.disconnected:  # nobody to render, store or send for
             return
         if isinstance(events[-1], Failure):
-            await self._send_failure(send, events[-1], cork)
+            await self._send_failure(send, events[-1])
             return
         renderer = self._renderer
         body = b"".join(chunk for ev in events for chunk in renderer.on_event(ev))
@@ -215,7 +216,7 @@ class EventResponse:
             await self._before_send()
         comp = self._new_compressor()
         data = comp.compress_body(body)
-        await self._send_whole(send, 200, self._head() + _usage_header(events), data, cork)
+        await self._send_whole(send, 200, self._head() + _usage_header(events), data)
         self._count(comp.encoding, data)
 
     async def _stream_body(self, send: Send, cork: Cork | None) -> None:
@@ -227,7 +228,7 @@ class EventResponse:
             held.append(event)
             event = await self._next()
         if isinstance(event, Failure):
-            await self._send_failure(send, event, cork)
+            await self._send_failure(send, event)
             return
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self._head()]
         self._cork_head(cork)  # until the first body is written (or __call__ ends)
