@@ -10,7 +10,10 @@ per streamed token of the gateway process, for chat streams at 1 and 64 concurre
   ``tokenwire serve --upstream URL --upstream-max-concurrent 64`` (the real CLI: models
   discovered, the SmolLM2 map found by the HF alias), read as Chat JSON-SSE and as Codec
   msgpack frames (ids retokenized by the gateway), with the default 150 ms coalescing
-  window and with ``--coalesce-ms 0``; LiteLLM's proxy (``litellm --config``), installed in its
+  window and with ``--coalesce-ms 0``; Codec msgpack again in front of the same upstream
+  answering as vLLM does (``owned_by: "vllm"``, ``token_ids`` on each chunk when asked
+  with ``return_token_ids``), so the ids come from the upstream and nothing waits for the
+  next chunk; LiteLLM's proxy (``litellm --config``), installed in its
   own venv ``.bench-venv-litellm`` (created here if missing: ~50 s, ~750 MB); Portkey's
   open-source gateway (the npm package ``@portkey-ai/gateway``, a bundled Node server run as
   ``node build/start-server.js --headless``), installed with npm into ``.bench-peers/portkey``
@@ -18,7 +21,10 @@ per streamed token of the gateway process, for chat streams at 1 and 64 concurre
   ``x-portkey-provider: openai`` and ``x-portkey-custom-host`` headers; its
   ``@hono/node-server`` is overridden to ``PORTKEY_NODE_SERVER`` (why: at that constant).
 * TTFT: request sent -> first chunk with content (first frame with ids for msgpack) at the
-  client (httpx in this process). Added TTFT = a target's median minus direct's median.
+  client (httpx in this process). Added TTFT = a target's median minus direct's median, and
+  at 1 stream direct's median of streams run just before the target's (the same 30, seconds
+  apart, not minutes: on this shared machine the same phase moves by +-0.4 ms between
+  minutes, more than the 1 ms aim can take).
 * CPU per token: the gateway's process tree's utime+stime from ``/proc/<pid>/stat`` before
   and after a phase, divided by the content chunks the clients received. The upstream's own
   CPU is read the same way in the same phase, so ``cpu_x_upstream`` (gateway CPU / upstream
@@ -74,10 +80,14 @@ How to read it. Each target is its own process in front of the same scripted ups
 **ratios within one phase**: `cpu_x_upstream` is the target's CPU over the upstream's CPU for
 the same streams (issue 15 aims at <= 1.5 at 1 and 64 streams), `x_direct` is throughput
 over direct's at the same concurrency (aim >= 0.95 at 64), `added_ttft_p50_ms` the median
-time to first content minus direct's (aim <= 1 ms at 1 stream). At 64 streams the client,
-the upstream and the target share 2 cores, so added TTFT there is mostly queueing for the
-CPU. A row with `failed` is a peer that could not stream here, with its answer. "The hot
-path (issue 15)" below says what the profile showed and what changed.
+time to first content minus direct's (aim <= 1 ms at 1 stream; there direct's streams run
+again just before each target's, `direct_ttft_p50_ms`). The Codec rows over a text-only
+upstream wait for each word's end before its ids are final (one chunk, 5 ms here); the row
+"ids from the upstream" is the same Codec stream when the upstream sends ids, as vLLM
+does. At 64 streams the client, the upstream and the target share 2 cores, so added TTFT
+there is mostly queueing for the CPU. A row with `failed` is a peer that could not stream
+here, with its answer. "The hot path (issue 15)" below says what the profile showed and
+what changed.
 
 The `rps` table: short non-streamed chats (4 words) at saturation, 64 connections from one
 lean client process, three rounds of a 5 s window per target in turn (`requests_per_s` the
@@ -92,18 +102,25 @@ stream (it always does), so `upstream_cpu_us_per_request` differs by target.
 # -- the scripted upstream (in its own process: ``--serve-upstream PORT TOKENS PACE_S``) -----
 
 
-def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S):
+def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S,
+                 word_ids: list[list[int]] | None = None):
     """A pure-ASGI OpenAI chat server: ``tokens`` word chunks, ``pace_s`` apart; or, to a
-    request that does not ask for a stream, the same words at once as one chat.completion."""
+    request that does not ask for a stream, the same words at once as one chat.completion.
+    With ``word_ids`` (each word's token ids) it answers as vLLM: ``owned_by: "vllm"``, and
+    ``token_ids`` on each chunk of a request with ``return_token_ids``."""
     models = json.dumps({"object": "list", "data": [
-        {"id": MODEL, "object": "model", "owned_by": "scripted"}]}).encode()
+        {"id": MODEL, "object": "model",
+         "owned_by": "scripted" if word_ids is None else "vllm"}]}).encode()
     usage = {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": tokens + 5}
 
-    def chunk(delta: dict, finish: str | None, model: str) -> bytes:
+    def chunk(delta: dict, finish: str | None, model: str,
+              ids: list[int] | None = None) -> bytes:
+        choice: dict = {"index": 0, "delta": delta, "finish_reason": finish}
+        if ids is not None:
+            choice["token_ids"] = ids
         return b"data: " + json.dumps({
             "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0,
-            "model": model, "choices": [{"index": 0, "delta": delta,
-                                         "finish_reason": finish}]}).encode() + b"\n\n"
+            "model": model, "choices": [choice]}).encode() + b"\n\n"
 
     async def app(scope, receive, send):
         if scope["type"] != "http":
@@ -126,9 +143,12 @@ def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S):
             return
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream")]})
-        out = [chunk({"role": "assistant", "content": ""}, None, model)]
+        with_ids = word_ids is not None and request.get("return_token_ids") is True
+        out = [chunk({"role": "assistant", "content": ""}, None, model,
+                     [] if with_ids else None)]
         for i in range(tokens):
-            out.append(chunk({"content": f" word{i % 10}"}, None, model))
+            out.append(chunk({"content": f" word{i % 10}"}, None, model,
+                             word_ids[i % 10] if with_ids else None))  # type: ignore[index]
             await send({"type": "http.response.body", "body": b"".join(out),
                         "more_body": True})
             out = []
@@ -153,6 +173,15 @@ def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S):
         await send({"type": "http.response.body", "body": body})
 
     return app
+
+
+def _word_ids() -> list[list[int]]:
+    """SmolLM2's ids of " word0" ... " word9" (the bundled map, as the gateway has it)."""
+    from tokenwire.codec.maps import bundled_map_path, load_map_file
+    from tokenwire.gateway.retokenize import tokenizer_for
+
+    tokenizer = tokenizer_for(load_map_file(bundled_map_path("huggingfacetb/smollm2")))
+    return [list(tokenizer.encode(f" word{i}")) for i in range(10)]
 
 
 def answer_text(tokens: int) -> str:
@@ -184,13 +213,14 @@ def _wait_http(url: str, proc: subprocess.Popen, timeout: float, headers=None) -
 
 
 def start_upstream(procs: list[subprocess.Popen], tokens: int = TOKENS,
-                   pace_s: float = PACE_S) -> tuple[subprocess.Popen, int]:
+                   pace_s: float = PACE_S, *, ids: bool = False,
+                   ) -> tuple[subprocess.Popen, int]:
     """This module's scripted upstream, streaming ``tokens`` chunks per answer ``pace_s``
     apart, in its own process on a free port (appended to ``procs``), once it answers
-    ``/v1/models``: the process and its port."""
+    ``/v1/models``: the process and its port. ``ids``: it answers as vLLM, with ids."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, __file__, "--serve-upstream", str(port),
-                             str(tokens), str(pace_s)])
+                             str(tokens), str(pace_s), *(["ids"] if ids else [])])
     procs.append(proc)
     _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 30)
     return proc, port
@@ -350,11 +380,18 @@ async def _phase(url: str, fmt: str | None, headers: dict[str, str], concurrency
 
 
 def _measure(target: str, base: str, pid: int | None, fmt: str | None,
-             headers: dict[str, str], up_pid: int) -> list[dict]:
+             headers: dict[str, str], up_pid: int, direct: str | None = None) -> list[dict]:
+    """A target's rows; ``direct`` (the upstream's base URL): direct's 1-stream phase runs
+    again just before the target's, for its TTFT baseline (``direct_ttft_p50_ms``)."""
     rows = []
     url = base + "/v1/chat/completions"
     asyncio.run(_phase(url, fmt, headers, 1, 3))  # warm-up (connections, imports, caches)
     for concurrency, rounds in LOADS:
+        baseline = None
+        if direct is not None and concurrency == 1:
+            before, _ = asyncio.run(_phase(direct + "/v1/chat/completions", None, {}, 1,
+                                           rounds))
+            baseline = round(statistics.median(before) * 1e3, 2)
         cpu0 = _cpu_seconds(pid) if pid else 0.0
         up0 = _cpu_seconds(up_pid)
         t0 = time.perf_counter()
@@ -373,6 +410,8 @@ def _measure(target: str, base: str, pid: int | None, fmt: str | None,
             "cpu_x_upstream": round(cpu / up_cpu, 2) if cpu is not None and up_cpu > 0
             else None,
         })
+        if baseline is not None:
+            rows[-1]["direct_ttft_p50_ms"] = baseline
     return rows
 
 
@@ -382,7 +421,8 @@ def _added(rows: list[dict]) -> None:
         if "failed" in r:
             continue
         base = direct[r["concurrency"]]
-        r["added_ttft_p50_ms"] = round(r["ttft_p50_ms"] - base["ttft_p50_ms"], 2)
+        r["added_ttft_p50_ms"] = round(
+            r["ttft_p50_ms"] - r.get("direct_ttft_p50_ms", base["ttft_p50_ms"]), 2)
         r["x_direct"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2)
 
 
@@ -394,17 +434,28 @@ def run(*, with_litellm: bool = True, with_portkey: bool = True,
     tw_port = _free_port()
     try:
         up, up_port = start_upstream(procs)
-        rows = _measure("direct", f"http://127.0.0.1:{up_port}", None, None, {}, up.pid)
+        direct = f"http://127.0.0.1:{up_port}"
+        rows = _measure("direct", direct, None, None, {}, up.pid)
+        codec = {"Codec-Client-Version": "0.5"}
         for label, window_ms in (("", None), (", --coalesce-ms 0", 0)):
             tw = _start_tokenwire(up_port, tw_port, window_ms)
             procs.append(tw)
             tw_base = f"http://127.0.0.1:{tw_port}"
             rows += _measure(f"tokenwire (chat SSE{label})", tw_base, tw.pid, None, {},
-                             up.pid)
+                             up.pid, direct)
             rows += _measure(f"tokenwire (Codec msgpack{label})", tw_base, tw.pid, "msgpack",
-                             {"Codec-Client-Version": "0.5"}, up.pid)
+                             codec, up.pid, direct)
             tw.terminate()
             tw.wait(15)
+        # The same Codec stream when the upstream sends the ids (vLLM's return_token_ids).
+        ids_up, ids_port = start_upstream(procs, ids=True)
+        tw = _start_tokenwire(ids_port, tw_port, None)
+        procs.append(tw)
+        rows += _measure("tokenwire (Codec msgpack, ids from the upstream)",
+                         f"http://127.0.0.1:{tw_port}", tw.pid, "msgpack", codec, ids_up.pid,
+                         f"http://127.0.0.1:{ids_port}")
+        tw.terminate()
+        tw.wait(15)
         if with_litellm:
             rows += _litellm_rows(up_port, up.pid, procs)
         if with_portkey:
@@ -443,7 +494,7 @@ def _litellm_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> l
         auth = {"Authorization": f"Bearer {MASTER_KEY}"}
         _wait_http(f"http://127.0.0.1:{port}/v1/models", proc, 180, headers=auth)
         return _measure("litellm proxy", f"http://127.0.0.1:{port}", proc.pid, None, auth,
-                        up_pid)
+                        up_pid, f"http://127.0.0.1:{up_port}")
 
 
 def _portkey_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> list[dict]:
@@ -454,7 +505,7 @@ def _portkey_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> l
     target = PORTKEY_LABEL
     try:
         return _measure(target, f"http://127.0.0.1:{port}", proc.pid, None,
-                        _portkey_headers(up_port), up_pid)
+                        _portkey_headers(up_port), up_pid, f"http://127.0.0.1:{up_port}")
     except httpx.HTTPStatusError as exc:
         # A peer that cannot stream here is a finding, recorded as such (not a crash of
         # the whole run): its status and body say why.
@@ -462,18 +513,20 @@ def _portkey_rows(up_port: int, up_pid: int, procs: list[subprocess.Popen]) -> l
                  f"{exc.response.status_code}: {exc.response.text[:120]}"}]
 
 
-def _serve_upstream(port: int, tokens: int, pace_s: float) -> None:
+def _serve_upstream(port: int, tokens: int, pace_s: float, ids: bool = False) -> None:
     import uvicorn
 
     # The reference stays what the aims were set against: asyncio's loop and h11, whatever
     # is installed (uvicorn's "auto" would pick uvloop/httptools and move the baseline).
-    uvicorn.run(upstream_app(tokens, pace_s), host="127.0.0.1", port=port, log_level="warning",
+    uvicorn.run(upstream_app(tokens, pace_s, _word_ids() if ids else None), host="127.0.0.1",
+                port=port, log_level="warning",
                 lifespan="off", access_log=False, loop="asyncio", http="h11")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "--serve-upstream":
-        _serve_upstream(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]))
+    if len(sys.argv) in (5, 6) and sys.argv[1] == "--serve-upstream":
+        _serve_upstream(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]),
+                        ids=sys.argv[5:] == ["ids"])
     else:
         for row in run(with_litellm="--no-litellm" not in sys.argv,
                        with_portkey="--no-portkey" not in sys.argv,

@@ -17,10 +17,11 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-#: ``scope["extensions"][CORK_EXTENSION]``, offered by the HTTP/1.1 server on a TCP socket
-#: (``connections.py``): ``cork(True)`` holds what the response writes until ``cork(False)``
-#: sends it in as few segments as possible (Linux ``TCP_CORK``, as nginx sends a head with
-#: its file). A streamed response corks its head until its first body is written
-#: (``streaming.py``: why, in BENCHMARKS.md "Session of 2026-12-05 (2)").
+#: ``scope["extensions"][CORK_EXTENSION]``, offered by the server: ``cork(True)`` holds what
+#: the response writes until ``cork(False)`` sends it in as few segments as possible. Over
+#: HTTP/1.1 on a TCP socket that is Linux's ``TCP_CORK`` (``connections.py``; nginx sends a
+#: head with its file so), over HTTP/2 the HEADERS frame kept in h2's buffer (``http2.py``).
+#: A streamed response corks its head until its first body is written (``streaming.py``;
+#: why, in BENCHMARKS.md "Session of 2026-12-05 (2)").
 CORK_EXTENSION = "tokenwire.cork"
 Cork = Callable[[bool], None]

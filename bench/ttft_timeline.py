@@ -1,0 +1,285 @@
+"""Where the time to the first token goes, across processes: client, gateway, upstream.
+
+``bench_upstreams`` says how much tokenwire adds to the first token; this says where. One
+client (httpx, as in ``bench_upstreams``) alternates three targets in front of the same
+scripted upstream: the upstream directly, a byte relay (the least any extra process can
+add on this machine), and ``tokenwire serve``. Every process stamps the same clock
+(``time.perf_counter``, the system's monotonic clock), so the marks line up:
+
+* the client: request sent (t0), response head returned, first content line;
+* the upstream (its ASGI app wrapped): app called, head sent, first body sent;
+* tokenwire (a few functions wrapped, nothing else changed): request bytes arrived, the
+  upstream request written (start, end), the upstream's head arrived, the client's head
+  and first body handed to the server (start, end).
+
+Printed: each mark's median, in ms after t0, per target. Used in BENCHMARKS.md "Session of
+2026-12-05 (2)", where it showed a write of the gateway waiting while the process it woke
+ran on the gateway's own core.
+
+    PYTHONPATH=src .venv/bin/python -m bench.ttft_timeline [--rounds 80] [--tokens 64]
+        [--pace 0.005]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import bench_upstreams as bu
+
+_pc = time.perf_counter
+
+
+class _Marks:
+    """One row of first-occurrence marks per request, dumped as JSON on SIGUSR2."""
+
+    def __init__(self, out: str) -> None:
+        self.rows: list[dict[str, float]] = []
+        signal.signal(signal.SIGUSR2, lambda *_: Path(out).write_text(json.dumps(self.rows)))
+
+    def begin(self, name: str) -> None:
+        self.rows.append({name: _pc()})
+
+    def mark(self, name: str) -> None:
+        if self.rows and name not in self.rows[-1]:
+            self.rows[-1][name] = _pc()
+
+
+# -- the instrumented processes (each run as ``python -m bench.ttft_timeline --serve-...``) --
+
+
+def _serve_gateway(out: str, argv: list[str]) -> None:
+    from uvicorn.protocols.http import httptools_impl
+
+    from tokenwire.cli.main import main
+    from tokenwire.gateway.http import connections
+    from tokenwire.gateway.upstreams import http_transport
+
+    marks = _Marks(out)
+    arrived = connections.GuardedHttpToolsProtocol.data_received
+
+    def data_received(self: Any, data: bytes) -> None:
+        if data.startswith(b"POST "):
+            marks.begin("gateway: request bytes arrived")
+        arrived(self, data)
+
+    write = http_transport._Connection.write
+
+    async def upstream_write(self: Any, data: bytes, timeout: float | None) -> None:
+        marks.mark("gateway: upstream request write")
+        await write(self, data, timeout)
+        marks.mark("gateway: upstream request written")
+
+    upstream_data = http_transport._Connection.data_received
+
+    def upstream_received(self: Any, data: bytes) -> None:
+        if data.startswith(b"HTTP/1.1 "):
+            marks.mark("gateway: upstream head arrived")
+        upstream_data(self, data)
+
+    send = httptools_impl.RequestResponseCycle.send
+
+    async def client_send(self: Any, message: Any) -> None:
+        kind = "head" if message["type"] == "http.response.start" else "first body"
+        marks.mark(f"gateway: client {kind} send")
+        await send(self, message)
+        marks.mark(f"gateway: client {kind} sent")
+
+    connections.GuardedHttpToolsProtocol.data_received = data_received  # type: ignore
+    http_transport._Connection.write = upstream_write  # type: ignore
+    http_transport._Connection.data_received = upstream_received  # type: ignore
+    httptools_impl.RequestResponseCycle.send = client_send  # type: ignore
+    sys.argv = ["tokenwire", *argv]
+    main()
+
+
+def _serve_upstream(out: str, port: int, tokens: int, pace: float) -> None:
+    import uvicorn
+
+    marks = _Marks(out)
+    inner = bu.upstream_app(tokens, pace)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await inner(scope, receive, send)
+            return
+        marks.begin("upstream: app called")
+
+        async def timed_send(message: Any) -> None:
+            kind = "head" if message["type"] == "http.response.start" else "first body"
+            marks.mark(f"upstream: {kind} send")
+            await send(message)
+
+        await inner(scope, receive, timed_send)
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                access_log=False, loop="asyncio", http="h11")
+
+
+def _relay(up_port: int, port: int) -> None:
+    """Bytes both ways, nothing parsed (uvloop): the floor of one more process in the way."""
+    import uvloop
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self, client: Client) -> None:
+            self.client = client
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.client.transport.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.client.transport.close()
+
+    class Client(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport, self.upstream = transport, None
+            self.early: list[bytes] = []  # what came before the upstream connection
+            asyncio.get_running_loop().create_task(self.connect())
+
+        async def connect(self) -> None:
+            _, self.upstream = await asyncio.get_running_loop().create_connection(
+                lambda: Upstream(self), "127.0.0.1", up_port)
+            for data in self.early:
+                self.upstream.transport.write(data)
+
+        def data_received(self, data: bytes) -> None:
+            if self.upstream is None:
+                self.early.append(data)
+            else:
+                self.upstream.transport.write(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.upstream is not None:
+                self.upstream.transport.close()
+
+    async def serve() -> None:
+        server = await asyncio.get_running_loop().create_server(Client, "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(serve())
+
+
+# -- the client ------------------------------------------------------------------------------
+
+
+async def _one(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    body = {"model": bu.MODEL, "stream": True, "max_tokens": bu.TOKENS,
+            "messages": [{"role": "user", "content": "Say words."}]}
+    marks = {"client: request sent": _pc()}
+    async with client.stream("POST", url, json=body) as r:
+        marks["client: head returned"] = _pc()
+        async for line in r.aiter_lines():  # the whole stream, as bench_upstreams reads it
+            if "client: first content" in marks or not line.startswith("data: {"):
+                continue
+            if ((json.loads(line[6:]).get("choices") or [{}])[0].get("delta") or {}).get(
+                    "content"):
+                marks["client: first content"] = _pc()
+    return marks
+
+
+def _child(args: list[str], **kw: Any) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bench.ttft_timeline", *args], **kw)
+
+
+def run(rounds: int, tokens: int, pace: float) -> dict[str, dict[str, float]]:
+    """Median ms after the client's t0 of every mark, per target."""
+    procs: list[subprocess.Popen] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        up_out, gw_out = f"{tmp}/upstream.json", f"{tmp}/gateway.json"
+        try:
+            up_port, relay_port, gw_port = bu._free_port(), bu._free_port(), bu._free_port()
+            up = _child(["--serve-upstream", up_out, str(up_port), str(tokens), str(pace)])
+            procs.append(up)
+            bu._wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 60)
+            procs.append(_child(["--relay", str(up_port), str(relay_port)]))
+            gw = _child(["--serve-gateway", gw_out, "serve", "--upstream",
+                         f"http://127.0.0.1:{up_port}/v1", "--port", str(gw_port),
+                         "--log-level", "warning"], stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL)
+            procs.append(gw)
+            bu._wait_http(f"http://127.0.0.1:{gw_port}/health", gw, 60)
+            bu._wait_http(f"http://127.0.0.1:{relay_port}/v1/models", up, 60)
+            targets = {name: f"http://127.0.0.1:{port}/v1/chat/completions" for name, port in
+                       (("direct", up_port), ("relay", relay_port), ("tokenwire", gw_port))}
+            seen = asyncio.run(_drive(targets, rounds))
+            for proc in (up, gw):
+                proc.send_signal(signal.SIGUSR2)
+            deadline = time.monotonic() + 30
+            while not (Path(up_out).exists() and Path(gw_out).exists()):
+                assert time.monotonic() < deadline, "the marks were never written"
+                time.sleep(0.1)
+            time.sleep(0.5)  # a whole file, not one being written
+            server_rows = json.loads(Path(up_out).read_text()) + \
+                json.loads(Path(gw_out).read_text())
+        finally:
+            bu.stop_all(procs)
+    return _medians(seen, server_rows)
+
+
+async def _drive(targets: dict[str, str], rounds: int) -> list[tuple[str, dict[str, float]]]:
+    seen = []
+    async with httpx.AsyncClient(timeout=60) as client:
+        for i in range(rounds + 5):  # the first 5 rounds warm every target up
+            for name, url in targets.items():
+                marks = await _one(client, url)
+                if i >= 5:
+                    seen.append((name, marks))
+    return seen
+
+
+def _medians(seen: list[tuple[str, dict[str, float]]], server_rows: list[dict[str, float]],
+             ) -> dict[str, dict[str, float]]:
+    """Each server row belongs to the request whose client window holds its first mark."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for name, marks in seen:
+        t0, end = marks["client: request sent"], marks["client: first content"]
+        merged = dict(marks)
+        for row in server_rows:
+            if t0 <= min(row.values()) <= end:
+                merged.update(row)
+        for mark, at in merged.items():
+            found.setdefault(name, {}).setdefault(mark, []).append((at - t0) * 1e3)
+    return {name: {mark: round(statistics.median(v), 3) for mark, v in sorted(
+        marks.items(), key=lambda kv: statistics.median(kv[1]))}
+        for name, marks in found.items()}
+
+
+def main() -> None:
+    if sys.argv[1:2] in (["--serve-gateway"], ["--serve-upstream"], ["--relay"]):
+        mode, rest = sys.argv[1], sys.argv[2:]
+        if mode == "--serve-gateway":
+            _serve_gateway(rest[0], rest[1:])
+        elif mode == "--serve-upstream":
+            _serve_upstream(rest[0], int(rest[1]), int(rest[2]), float(rest[3]))
+        else:
+            _relay(int(rest[0]), int(rest[1]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=80)
+    parser.add_argument("--tokens", type=int, default=bu.TOKENS)
+    parser.add_argument("--pace", type=float, default=bu.PACE_S)
+    args = parser.parse_args()
+    for name, marks in run(args.rounds, args.tokens, args.pace).items():
+        print(f"{name} (ms after the request was sent, medians of {args.rounds})")
+        for mark, ms in marks.items():
+            print(f"  {ms:8.3f}  {mark}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    main()
