@@ -410,8 +410,7 @@ def _measure(target: str, base: str, pid: int | None, fmt: str | None,
             "cpu_x_upstream": round(cpu / up_cpu, 2) if cpu is not None and up_cpu > 0
             else None,
         })
-        if baseline is not None:
-            rows[-1]["direct_ttft_p50_ms"] = baseline
+        rows[-1]["direct_ttft_p50_ms"] = baseline  # (None: one table for every row)
     return rows
 
 
@@ -422,7 +421,7 @@ def _added(rows: list[dict]) -> None:
             continue
         base = direct[r["concurrency"]]
         r["added_ttft_p50_ms"] = round(
-            r["ttft_p50_ms"] - r.get("direct_ttft_p50_ms", base["ttft_p50_ms"]), 2)
+            r["ttft_p50_ms"] - (r.get("direct_ttft_p50_ms") or base["ttft_p50_ms"]), 2)
         r["x_direct"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2)
 
 
