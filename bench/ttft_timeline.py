@@ -60,6 +60,17 @@ class _Marks:
 # -- the instrumented processes (each run as ``python -m bench.ttft_timeline --serve-...``) --
 
 
+def _stamped(data_received: Any, prefix: bytes, stamp: Any) -> Any:
+    """A protocol's ``data_received`` that calls ``stamp()`` first when ``data`` starts so."""
+
+    def stamped(self: Any, data: bytes) -> None:
+        if data.startswith(prefix):
+            stamp()
+        data_received(self, data)
+
+    return stamped
+
+
 def _serve_gateway(out: str, argv: list[str]) -> None:
     from uvicorn.protocols.http import httptools_impl
 
@@ -68,26 +79,12 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
     from tokenwire.gateway.upstreams import http_transport
 
     marks = _Marks(out)
-    arrived = connections.GuardedHttpToolsProtocol.data_received
-
-    def data_received(self: Any, data: bytes) -> None:
-        if data.startswith(b"POST "):
-            marks.begin("gateway: request bytes arrived")
-        arrived(self, data)
-
     write = http_transport._Connection.write
 
     async def upstream_write(self: Any, data: bytes, timeout: float | None) -> None:
         marks.mark("gateway: upstream request write")
         await write(self, data, timeout)
         marks.mark("gateway: upstream request written")
-
-    upstream_data = http_transport._Connection.data_received
-
-    def upstream_received(self: Any, data: bytes) -> None:
-        if data.startswith(b"HTTP/1.1 "):
-            marks.mark("gateway: upstream head arrived")
-        upstream_data(self, data)
 
     send = httptools_impl.RequestResponseCycle.send
 
@@ -97,9 +94,13 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
         await send(self, message)
         marks.mark(f"gateway: client {kind} sent")
 
-    connections.GuardedHttpToolsProtocol.data_received = data_received  # type: ignore
-    http_transport._Connection.write = upstream_write  # type: ignore
-    http_transport._Connection.data_received = upstream_received  # type: ignore
+    client_conn, upstream_conn = connections.GuardedHttpToolsProtocol, http_transport._Connection
+    client_conn.data_received = _stamped(  # type: ignore[method-assign]
+        client_conn.data_received, b"POST ", lambda: marks.begin("gateway: request bytes arrived"))
+    upstream_conn.data_received = _stamped(  # type: ignore[method-assign]
+        upstream_conn.data_received, b"HTTP/1.1 ",
+        lambda: marks.mark("gateway: upstream head arrived"))
+    upstream_conn.write = upstream_write  # type: ignore[method-assign]
     httptools_impl.RequestResponseCycle.send = client_send  # type: ignore
     sys.argv = ["tokenwire", *argv]
     main()
