@@ -99,7 +99,7 @@ stream (it always does), so `upstream_cpu_us_per_request` differs by target.
 """
 
 
-# -- the scripted upstream (in its own process: ``--serve-upstream PORT TOKENS PACE_S``) -----
+# -- the scripted upstream (own process: ``--serve-upstream PORT TOKENS PACE_S [ids]``) -----
 
 
 def upstream_app(tokens: int = TOKENS, pace_s: float = PACE_S,
@@ -453,8 +453,9 @@ def run(*, with_litellm: bool = True, with_portkey: bool = True,
         rows += _measure("tokenwire (Codec msgpack, ids from the upstream)",
                          f"http://127.0.0.1:{tw_port}", tw.pid, "msgpack", codec, ids_up.pid,
                          f"http://127.0.0.1:{ids_port}")
-        tw.terminate()
-        tw.wait(15)
+        for proc in (tw, ids_up):
+            proc.terminate()
+            proc.wait(15)
         if with_litellm:
             rows += _litellm_rows(up_port, up.pid, procs)
         if with_portkey:
