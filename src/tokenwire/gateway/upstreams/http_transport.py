@@ -429,10 +429,13 @@ class _ChunkedBody(_Body):
         """The decoded chunks of the bytes that came with the head (the first :meth:`read`'s
         otherwise), at once."""
         start, self._start = self._start, b""
-        if not start:
-            return []
+        return self._decode(start) if start else []
+
+    def _decode(self, data: bytes) -> list[bytes]:
+        """The whole chunks ``data`` completes; bad framing closes the connection and is
+        httpx's ``RemoteProtocolError``, as httpcore reported it."""
         try:
-            return self._decoder.feed(start)
+            return self._decoder.feed(data)
         except ChunkedError as exc:
             self._conn.close()
             raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
@@ -482,10 +485,9 @@ class _ChunkedBody(_Body):
             self._silent_since = now = conn._loop.time()
             conn._until = now + self._timeout
         try:
-            pieces = self._decoder.feed(data)
-        except ChunkedError as exc:
-            conn.close()
-            self._error = httpx.RemoteProtocolError(str(exc), request=self._request)
+            pieces = self._decode(data)
+        except httpx.RemoteProtocolError as exc:  # the waiting task raises it (wait_pushed)
+            self._error = exc
             self.listen(None)
             return
         on_piece = self._on_piece
@@ -513,11 +515,7 @@ class _ChunkedBody(_Body):
                 raise httpx.RemoteProtocolError("peer closed connection without sending "
                                                 "complete message body: incomplete chunked "
                                                 "read", request=self._request)
-            try:
-                self._pieces.extend(self._decoder.feed(data))
-            except ChunkedError as exc:
-                self._conn.close()
-                raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+            self._pieces.extend(self._decode(data))
 
 
 async def _read(conn: _Connection, timeout: float | None,
