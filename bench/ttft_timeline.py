@@ -47,7 +47,13 @@ class _Marks:
 
     def __init__(self, out: str) -> None:
         self.rows: list[dict[str, float]] = []
-        signal.signal(signal.SIGUSR2, lambda *_: Path(out).write_text(json.dumps(self.rows)))
+        self._out = out
+        signal.signal(signal.SIGUSR2, lambda *_: self._dump())
+
+    def _dump(self) -> None:
+        """Written whole, then renamed: the reader never sees half a file."""
+        Path(self._out + ".part").write_text(json.dumps(self.rows))
+        os.replace(self._out + ".part", self._out)
 
     def begin(self, name: str) -> None:
         self.rows.append({name: _pc()})
@@ -224,7 +230,6 @@ def run(rounds: int, tokens: int, pace: float) -> dict[str, dict[str, float]]:
             while not (Path(up_out).exists() and Path(gw_out).exists()):
                 assert time.monotonic() < deadline, "the marks were never written"
                 time.sleep(0.1)
-            time.sleep(0.5)  # a whole file, not one being written
             server_rows = json.loads(Path(up_out).read_text()) + \
                 json.loads(Path(gw_out).read_text())
         finally:
