@@ -64,10 +64,26 @@ async def crashing_route(request: Any) -> Any:
     raise RuntimeError(SECRET_DETAIL)
 
 
+def _crashing_when_asked(endpoint: Any) -> Any:
+    """``endpoint``, with a bug that shows when the request carries ``x-test-crash``."""
+
+    async def route(request: Any) -> Any:
+        if "x-test-crash" in request.headers:
+            raise RuntimeError(SECRET_DETAIL)
+        return await endpoint(request)
+
+    return route
+
+
 def _create_app_with_a_crashing_route(state: GatewayState) -> Any:
     from starlette.routing import Route
 
-    app = create_app(state)
+    from tokenwire.gateway.http import app as app_mod
+
+    with pytest.MonkeyPatch.context() as patch:  # two inference routes, as create_app finds them
+        for name in ("chat_completions", "messages_endpoint"):
+            patch.setattr(app_mod, name, _crashing_when_asked(getattr(app_mod, name)))
+        app = create_app(state)
     app.router.routes.append(Route("/test/crash", crashing_route, methods=["POST"]))
     return app
 
@@ -335,6 +351,25 @@ def test_an_unexpected_exception_is_a_json_500_and_the_server_keeps_serving(keye
     assert _post(keyed, "/v1/completions", **auth).status_code == 200  # still serving
     assert "RuntimeError" in caplog.text
     assert SECRET_DETAIL not in caplog.text and "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+def test_a_crash_in_an_inference_route_is_one_500_in_its_api_shape(keyed, caplog, path) -> None:
+    """The inference routes skip Starlette's stack (http/dispatch.py): the crash barrier
+    answers their bugs, in the route's API shape, and the request's ticket goes back."""
+    caplog.set_level(logging.INFO)
+    auth = {"authorization": f"Bearer {KEY}"}
+    resp = _post(keyed, path, **auth, **{"x-test-crash": "1"})
+    assert resp.status_code == 500 and SECRET_DETAIL not in resp.text
+    if path == "/v1/messages":
+        assert resp.json()["type"] == "error" and resp.json()["error"]["type"] == "api_error"
+    else:
+        assert set(_error(resp, 500)) == {"message", "type", "code"}
+    assert caplog.text.count("internal error type=RuntimeError") == 1
+    assert "Traceback" not in caplog.text
+    assert _post(keyed, path, **auth).status_code == 200  # still serving
+    assert keyed.state.admission.counts() == (0, 0)  # the crashed request's ticket released
+    assert httpx.get(keyed.url + path, headers=auth).status_code == 405  # Starlette's, as before
 
 
 # -- the crash barrier alone (ASGI level) ------------------------------------------------------

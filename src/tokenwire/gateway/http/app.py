@@ -28,13 +28,12 @@ before a stream starts is rendered by :mod:`.errors`: OpenAI's JSON error body w
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 import msgspec
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
@@ -53,6 +52,7 @@ from tokenwire.gateway.apis.params import (
 )
 from tokenwire.gateway.http import wellknown
 from tokenwire.gateway.http.admission import AdmissionMiddleware
+from tokenwire.gateway.http.dispatch import GatewayApp
 from tokenwire.gateway.http.errors import exception_response
 from tokenwire.gateway.http.generation import codec_renderer, route_model, start_generation
 from tokenwire.gateway.http.limits import KeyLimitsMiddleware
@@ -281,7 +281,7 @@ def _discovery_routes(state: GatewayState) -> list[BaseRoute]:
     return list(wellknown.wellknown_routes(disc))
 
 
-def create_app(state: GatewayState) -> Starlette:
+def create_app(state: GatewayState) -> GatewayApp:
     """The ASGI app over ``state`` (the upstream must already be started)."""
     routes: list[BaseRoute] = [
         Route("/v1/completions", completions, methods=["POST"]),
@@ -311,11 +311,14 @@ def create_app(state: GatewayState) -> Starlette:
     # One renderer for every error a route raises, in its API's shape (http/errors.py).
     # Starlette's ServerErrorMiddleware sends the Exception one (the crash barrier's body,
     # instead of its plain-text 500) before re-raising; the CrashBarrier then only logs.
-    # Per-key limits first: a key over its limit is refused before it queues (http/limits.py).
-    app = Starlette(routes=routes, middleware=[
-        Middleware(KeyLimitsMiddleware, limiter=state.limiter, metrics=state.key_metrics,
-                   on_rejected=rejected),
-        Middleware(AdmissionMiddleware, admission=state.admission, on_rejected=rejected)],
+    # The inference POSTs skip Starlette's stack (http/dispatch.py): per-key limits first (a
+    # key over its limit is refused before it queues, http/limits.py), then admission.
+    app = GatewayApp(
+        routes=routes,
+        limits=functools.partial(KeyLimitsMiddleware, limiter=state.limiter,
+                                 metrics=state.key_metrics, on_rejected=rejected),
+        admission=functools.partial(AdmissionMiddleware, admission=state.admission,
+                                    on_rejected=rejected),
         exception_handlers={TokenwireError: exception_response,
                             HTTPException: exception_response,
                             Exception: internal_error_response})

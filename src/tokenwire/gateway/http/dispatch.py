@@ -1,0 +1,89 @@
+"""The inference routes, dispatched without Starlette's router and its exception layers.
+
+Every inference request (:func:`~.admission.is_inference`: a POST to one of the five
+:data:`~.admission.INFERENCE_PATHS`) used to cross Starlette's ``ServerErrorMiddleware``,
+the per-key limits, admission, ``ExceptionMiddleware``, the router (a regular expression per
+route until one matched) and two more wrappers of the route, about a dozen calls deep, on
+its way to the first token. :class:`GatewayApp` sends those requests straight to the
+limits and admission (the two layers that have a job there) and calls the endpoint; the
+rest of the app (GETs, ``/tokenize``, discovery, the WebSocket, a GET to an inference path,
+which gets its 405) still goes through Starlette's own stack. Measured in BENCHMARKS.md,
+"Session of 2026-12-05 (3)".
+
+The endpoints are the router's own (:func:`inference_endpoints` reads them from its
+routes), so each is declared once. What the folded layers did is kept:
+
+* a :class:`~tokenwire.errors.TokenwireError` or Starlette ``HTTPException`` raised before
+  the response starts is rendered by :func:`~.errors.exception_response`, as
+  ``ExceptionMiddleware`` rendered it;
+* any other exception goes up to :class:`~.security.CrashBarrier`, which sends the same
+  500 body Starlette's ``ServerErrorMiddleware`` sent (``internal_error``) and logs it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.routing import BaseRoute, Route
+
+from tokenwire.errors import TokenwireError
+from tokenwire.gateway.http.admission import INFERENCE_PATHS, AdmissionMiddleware
+from tokenwire.gateway.http.asgi import ASGIApp, Receive, Scope, Send
+from tokenwire.gateway.http.errors import exception_response
+from tokenwire.gateway.http.limits import KeyLimitsMiddleware
+
+__all__ = ["Endpoint", "GatewayApp", "inference_endpoints"]
+
+#: A route's endpoint: a request in, a response (an ASGI app) out.
+Endpoint = Callable[[Request], Awaitable[ASGIApp]]
+
+
+def inference_endpoints(routes: Sequence[BaseRoute]) -> dict[str, Endpoint]:
+    """The POST endpoint of each inference path, from the router's routes."""
+    found = {r.path: r.endpoint for r in routes
+             if isinstance(r, Route) and r.path in INFERENCE_PATHS and "POST" in (r.methods or ())}
+    missing = INFERENCE_PATHS - found.keys()
+    if missing:  # a route dropped from create_app: say so at start-up, not as a 404
+        raise RuntimeError(f"no POST route for {sorted(missing)}")
+    return found
+
+
+class GatewayApp(Starlette):
+    """Starlette, with the inference routes in front of its middleware stack.
+
+    ``limits`` and ``admission`` wrap an app and return it wrapped (the per-key limits and
+    admission middlewares, with their settings bound); only inference requests cross them,
+    as only those ever did anything in them."""
+
+    def __init__(self, *, routes: Sequence[BaseRoute],
+                 limits: Callable[[ASGIApp], KeyLimitsMiddleware],
+                 admission: Callable[[ASGIApp], AdmissionMiddleware],
+                 **kwargs: object) -> None:
+        super().__init__(routes=routes, **kwargs)  # type: ignore[arg-type]
+        self._endpoints: Mapping[str, Endpoint] = inference_endpoints(routes)
+        self._inference = limits(admission(self._endpoint))
+
+    def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        endpoints, inference = self._endpoints, self._inference
+
+        async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+            # ``is_inference``, inline: this runs for every request.
+            if scope["type"] == "http" and scope["method"] == "POST" \
+                    and scope["path"] in endpoints:
+                await inference(scope, receive, send)
+            else:
+                await stack(scope, receive, send)
+
+        return dispatch
+
+    async def _endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request = Request(scope, receive, send)
+        try:
+            response = await self._endpoints[scope["path"]](request)
+        except (TokenwireError, HTTPException) as exc:
+            response = await exception_response(request, exc)
+        await response(scope, receive, send)
