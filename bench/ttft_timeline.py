@@ -14,10 +14,11 @@ add on this machine), and ``tokenwire serve``. Every process stamps the same clo
 
 Printed: each mark's median, in ms after t0, per target. Used in BENCHMARKS.md "Session of
 2026-12-05 (2)", where it showed a write of the gateway waiting while the process it woke
-ran on the gateway's own core.
+ran on the gateway's own core, and "(3)", where ``--cpus`` pinned the gateway apart from
+the other processes, and all of them on one core.
 
     PYTHONPATH=src .venv/bin/python -m bench.ttft_timeline [--rounds 80] [--tokens 64]
-        [--pace 0.005]
+        [--pace 0.005] [--cpus 0,1]
 """
 
 from __future__ import annotations
@@ -203,9 +204,18 @@ def _child(args: list[str], **kw: Any) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bench.ttft_timeline", *args], **kw)
 
 
-def run(rounds: int, tokens: int, pace: float) -> dict[str, dict[str, float]]:
-    """Median ms after the client's t0 of every mark, per target."""
+def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = None,
+        ) -> dict[str, dict[str, float]]:
+    """Median ms after the client's t0 of every mark, per target; ``cpus`` (others,
+    gateway): the client, upstream and relay pinned to one CPU, the gateway to another (or
+    the same one)."""
     procs: list[subprocess.Popen] = []
+    pin_gateway = None
+    if cpus is not None:
+        os.sched_setaffinity(0, {cpus[0]})  # this process (the client), inherited by the rest
+
+        def pin_gateway() -> None:
+            os.sched_setaffinity(0, {cpus[1]})
     with tempfile.TemporaryDirectory() as tmp:
         up_out, gw_out = f"{tmp}/upstream.json", f"{tmp}/gateway.json"
         try:
@@ -217,7 +227,7 @@ def run(rounds: int, tokens: int, pace: float) -> dict[str, dict[str, float]]:
             gw = _child(["--serve-gateway", gw_out, "serve", "--upstream",
                          f"http://127.0.0.1:{up_port}/v1", "--port", str(gw_port),
                          "--log-level", "warning"], stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL)
+                        stderr=subprocess.DEVNULL, preexec_fn=pin_gateway)
             procs.append(gw)
             bu._wait_http(f"http://127.0.0.1:{gw_port}/health", gw, 60)
             bu._wait_http(f"http://127.0.0.1:{relay_port}/v1/models", up, 60)
@@ -279,8 +289,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=80)
     parser.add_argument("--tokens", type=int, default=bu.TOKENS)
     parser.add_argument("--pace", type=float, default=bu.PACE_S)
+    parser.add_argument("--cpus", metavar="OTHERS,GATEWAY",
+                        help="pin the client, upstream and relay to CPU OTHERS and the gateway "
+                             "to CPU GATEWAY (0,1: apart; 0,0: all on one core)")
     args = parser.parse_args()
-    for name, marks in run(args.rounds, args.tokens, args.pace).items():
+    cpus = None
+    if args.cpus:
+        others, _, gateway = args.cpus.partition(",")
+        cpus = (int(others), int(gateway))
+    for name, marks in run(args.rounds, args.tokens, args.pace, cpus).items():
         print(f"{name} (ms after the request was sent, medians of {args.rounds})")
         for mark, ms in marks.items():
             print(f"  {ms:8.3f}  {mark}")
