@@ -218,6 +218,33 @@ def test_connect_is_refused_with_405(guarded) -> None:
     assert _request(stack.port, head).startswith(b"HTTP/1.1 405 ")
 
 
+@pytest.mark.parametrize("line", [b"GET /v1/models HTTP/2.0", b"GET /v1/models HTTP/0.9",
+                                  b"GET /v1/models"])
+def test_a_request_line_of_another_http_version_is_505(guarded, line) -> None:
+    """llhttp parses ``HTTP/2.0`` written as text and an HTTP/0.9 line with no version;
+    uvicorn served both as HTTP/1.1. They get RFC 9110's 505, a JSON error, and the close;
+    an HTTP/1.0 request on the same server is still served."""
+    stack = guarded()
+    answer = _request(stack.port, line + f"\r\nHost: x\r\nAuthorization: Bearer {KEY}"
+                      "\r\n\r\n".encode())
+    assert _status(answer) == 505 and b"connection: close" in answer.lower()
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == \
+        "http_version_not_supported"
+    ok = _request(stack.port, AUTHED.replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+    assert _status(ok) == 200
+
+
+def test_a_pipelined_request_of_another_version_waits_for_the_answer_before_it(guarded) -> None:
+    """The request before it on the connection gets its whole answer, then the close (and
+    the 505 before it, if that answer was complete when the line was read)."""
+    stack = guarded()
+    keep = AUTHED.replace(b"Connection: close", b"Connection: keep-alive")
+    answer = _request(stack.port, keep + b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n")
+    (head, body), *rest = _responses(answer)
+    assert _status(head) == 200 and json.loads(body)["data"]
+    assert [_status(h) for h, _ in rest] in ([], [505])
+
+
 # -- caps ----------------------------------------------------------------------------------------
 
 

@@ -14,14 +14,15 @@ Routes:
 * ``/.well-known/codec/...`` from :mod:`.wellknown`.
 * ``GET /``: the playground page (:mod:`.playground`).
 
-The pieces live beside it in ``http/``: every inference request takes an admission ticket
-before its body is read (:mod:`.admission`), is read by :mod:`.requests` (limits, upload
-deadline, the 426 of §5.4 when the deployment mandates v0.4), and is started by
-:mod:`.generation` (routing by ``model``, the coding picked from ``Accept-Encoding``, the
+The pieces live beside it in ``http/``: the inference POSTs reach their routes without
+Starlette's router and exception layers (:mod:`.dispatch`); every inference request takes an
+admission ticket before its body is read (:mod:`.admission`), is read by :mod:`.requests`
+(limits, upload deadline, the 426 of §5.4 when the deployment mandates v0.4), and is started
+by :mod:`.generation` (routing by ``model``, the coding picked from ``Accept-Encoding``, the
 headers filtered by the client's declared version, §5.3) under the supervisor
 (:class:`~tokenwire.gateway.supervision.supervisor.SupervisedStream`: queue, retries,
-deadlines, heartbeats) that :meth:`~.state.GatewayState.supervise` creates. The Responses and
-Messages routes are :mod:`.responses_routes` and :mod:`.messages_route`. Every 4xx/5xx
+deadlines, heartbeats) that :meth:`~.state.GatewayState.supervise` creates. The Responses
+and Messages routes are :mod:`.responses_routes` and :mod:`.messages_route`. Every 4xx/5xx
 before a stream starts is rendered by :mod:`.errors`: OpenAI's JSON error body with
 ``param`` and ``code`` (Messages: Anthropic's).
 """

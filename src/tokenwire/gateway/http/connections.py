@@ -155,6 +155,21 @@ _BAD_REQUEST = _refusal(400, "Bad Request", "invalid_request_error", "invalid_re
                         "Invalid HTTP request received.", retry=False)
 
 
+#: What a request line may name on this parser (HTTP/2 arrives by its preface or ALPN). llhttp
+#: also takes ``HTTP/2.0`` written as text and an HTTP/0.9 line with no version at all, and
+#: uvicorn served both as HTTP/1.1 (the first with ``scope["http_version"] == "2.0"``); they
+#: get RFC 9110's 505 instead.
+_SERVED_VERSIONS = frozenset({"1.0", "1.1"})
+_VERSION_REFUSED = _refusal(
+    505, "HTTP Version Not Supported", "invalid_request_error", "http_version_not_supported",
+    "This server speaks HTTP/1.0, HTTP/1.1 and HTTP/2 (prior knowledge or TLS ALPN); the "
+    "request line names another version.", retry=False)
+
+
+class _UnservedVersion(Exception):
+    """Raised by the parser's callback to stop it at a head of an unserved version."""
+
+
 def _bare(status: int, reason: str) -> bytes:
     """A bodyless answer that closes the connection."""
     return (f"HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\n"
@@ -365,7 +380,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         uvicorn would run the request with its body lost."""
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
+            if isinstance(exc.__context__, _UnservedVersion):  # (httptools wraps it)
+                self._refuse(_VERSION_REFUSED.http1)
+                return
             self.logger.warning("Invalid HTTP request received.")
             self.send_400_response("Invalid HTTP request received.")
         except httptools.HttpParserUpgrade as exc:
@@ -419,6 +437,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
 
     def on_headers_complete(self) -> None:
+        if self.parser.get_http_version() not in _SERVED_VERSIONS:
+            raise _UnservedVersion  # answered in _feed: the parser stops here
         self._receiving = _IN_BODY
         self._head_size = 0
         if self._replayed_headers is not None:  # the scope holds this very list
