@@ -17,7 +17,11 @@ routes), so each is declared once. What the folded layers did is kept:
   the response starts is rendered by :func:`~.errors.exception_response`, as
   ``ExceptionMiddleware`` rendered it;
 * any other exception goes up to :class:`~.security.CrashBarrier`, which sends the same
-  500 body Starlette's ``ServerErrorMiddleware`` sent (``internal_error``) and logs it.
+  500 body Starlette's ``ServerErrorMiddleware`` sent (``internal_error``) and logs it;
+* what the returned response raises goes up there too. Starlette would have rendered a
+  ``TokenwireError`` raised by it before its head; none is: the generations' responses
+  (``streaming.py``, the Responses SSE) turn a failure before output into an error
+  response with its status themselves, and the store hook they await never raises.
 """
 
 from __future__ import annotations
