@@ -72,7 +72,8 @@ async def send_refusal(send: Send, path: str, *, status: int, retry_after_s: int
 
 
 class AdmissionMiddleware:
-    """Takes a ticket for every inference request before the route reads its body; answers
+    """Takes a ticket for every inference request (:class:`~.dispatch.GatewayApp` mounts it
+    in front of the inference routes only) before the route reads its body; answers
     429 with ``Retry-After: 1`` when none is left; frees its place as the last body message
     goes to the server, and releases the ticket when the exchange ends, however it ends
     (the route's stream owns only the slot).
@@ -87,9 +88,6 @@ class AdmissionMiddleware:
         self._on_rejected = on_rejected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not is_inference(scope):
-            await self.app(scope, receive, send)
-            return
         ticket = self.admission.reserve(asyncio.get_running_loop().time())
         if ticket is None:
             if self._on_rejected is not None:

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
 
 from tokenwire.errors import TokenwireError
-from tokenwire.gateway.http.admission import INFERENCE_PATHS, AdmissionMiddleware
+from tokenwire.gateway.http.admission import INFERENCE_PATHS, AdmissionMiddleware, is_inference
 from tokenwire.gateway.http.asgi import ASGIApp, Receive, Scope, Send
 from tokenwire.gateway.http.errors import exception_response
 from tokenwire.gateway.http.limits import KeyLimitsMiddleware
@@ -59,8 +59,8 @@ class GatewayApp(Starlette):
     """Starlette, with the inference routes in front of its middleware stack.
 
     ``limits`` and ``admission`` wrap an app and return it wrapped (the per-key limits and
-    admission middlewares, with their settings bound); only inference requests cross them,
-    as only those ever did anything in them."""
+    admission middlewares, with their settings bound); only inference requests cross them:
+    this is where ``is_inference`` is asked, once per request."""
 
     def __init__(self, *, routes: Sequence[BaseRoute],
                  limits: Callable[[ASGIApp], KeyLimitsMiddleware],
@@ -72,12 +72,10 @@ class GatewayApp(Starlette):
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
-        endpoints, inference = self._endpoints, self._inference
+        inference = self._inference
 
         async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
-            # ``is_inference``, inline: this runs for every request.
-            if scope["type"] == "http" and scope["method"] == "POST" \
-                    and scope["path"] in endpoints:
+            if is_inference(scope):  # (``inference_endpoints`` found a route for each)
                 await inference(scope, receive, send)
             else:
                 await stack(scope, receive, send)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from tokenwire.gateway.http.admission import is_inference, send_refusal
+from tokenwire.gateway.http.admission import send_refusal
 from tokenwire.gateway.http.asgi import ASGIApp, Message, Receive, Scope, Send
 from tokenwire.gateway.observability.key_metrics import KeyMetrics
 from tokenwire.gateway.state.api_keys import ANONYMOUS_KEY, KEY_SCOPE_KEY, ApiKey
@@ -110,7 +110,8 @@ def end_lease(limiter: KeyLimiter, metrics: KeyMetrics, lease: Lease) -> None:
 
 
 class KeyLimitsMiddleware:
-    """Per-key limits for every inference request (:func:`~.admission.is_inference`).
+    """Per-key limits for every inference request: :class:`~.dispatch.GatewayApp` mounts it
+    in front of the inference routes only (:func:`~.admission.is_inference`).
 
     ``on_rejected(path, status, reason)`` hears of each refusal (``key_requests``,
     ``key_tokens``, ``key_concurrent``), as the admission middleware's refusals are heard."""
@@ -123,9 +124,6 @@ class KeyLimitsMiddleware:
         self._on_rejected = on_rejected
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not is_inference(scope):
-            await self.app(scope, receive, send)
-            return
         key = key_of(scope)
         verdict, lease = await start_lease(self.limiter, self.metrics, key)
         headers = rate_limit_headers(key, verdict)
