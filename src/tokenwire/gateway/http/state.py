@@ -11,6 +11,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 import msgspec
@@ -49,8 +50,8 @@ def _with_header_hints(gen: GenerationRequest, request: Request | None) -> Gener
     affinity key): every API's requests pick replicas by them (``routing/pool.py``). A
     WebSocket ``response.create`` (no ``request``) already carries its upgrade's headers'
     hints (``http/responses_ws.py`` parses it with them)."""
-    if request is None or not any(name in HINT_HEADER_NAMES
-                                  for name, _ in request.scope["headers"]):
+    if request is None or HINT_HEADER_NAMES.isdisjoint(map(itemgetter(0),
+                                                            request.scope["headers"])):
         return gen  # most requests carry none: Starlette's lookups scan every header per name
     given = dict(gen.affinity)
     extra = tuple((k, v) for k, v in affinity_hints({}, request.headers) if k not in given)

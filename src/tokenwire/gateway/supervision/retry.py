@@ -319,11 +319,11 @@ class RetryState:
     # -- internals -------------------------------------------------------------------------
 
     def _step(self, inp: _Input) -> None:
-        key = (self._state, inp)
-        if key not in _TRANSITIONS:
+        after = _TRANSITIONS.get((self._state, inp))  # one lookup: an enum hashes in Python
+        if after is None:
             state, self._state = self._state, _State.ERROR
             raise RetryStateError(f"{inp.value} not allowed in state {state.name}")
-        self._state = _TRANSITIONS[key]
+        self._state = after
 
     def _deadline(self) -> float | None:
         """The earliest deadline bounding the next attempt."""

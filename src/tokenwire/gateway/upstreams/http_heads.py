@@ -63,6 +63,9 @@ class Head:
         self.length: int | None = None  # Content-Length, when the head gives one
         self.chunked = False
         self.encoded = False  # a Content-Encoding other than identity: httpx decodes it
+        #: Content-Type ("" when none; repeated ones joined as ``httpx.Headers.get`` joins
+        #: them): read here, the SSE adapters build no ``httpx.Headers`` for a good answer.
+        self.content_type = ""
 
     def on_status(self, status: bytes) -> None:
         self.reason += status
@@ -103,4 +106,7 @@ def parse_head(raw: bytes, close: Callable[[], None], request: httpx.Request | N
             head.length = int(value)
         elif lower == b"content-encoding":
             head.encoded = head.encoded or value.strip().lower() not in (b"", b"identity")
+        elif lower == b"content-type":
+            text = value.decode("latin-1")
+            head.content_type = f"{head.content_type}, {text}" if head.content_type else text
     return head

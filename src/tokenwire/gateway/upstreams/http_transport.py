@@ -721,6 +721,7 @@ class LeanAnswer:
 
     def __init__(self, head: Head, body: _Body) -> None:
         self.status_code = head.status
+        self.content_type = head.content_type
         self._head, self._body = head, body
         self._headers: httpx.Headers | None = None
 

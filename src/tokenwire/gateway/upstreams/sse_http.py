@@ -185,7 +185,7 @@ class SSEUpstreamStream:
                 data = await read_capped(resp)
                 self._end(self._classify_http(resp.status_code, resp.headers, data))
                 return
-            ctype = resp.headers.get("content-type", "")
+            ctype = post.content_type
             if "text/event-stream" not in ctype:
                 self._end(Failure(failure_class=FailureClass.UPSTREAM, status=502,
                                   message=f"expected text/event-stream, got {ctype!r}"))

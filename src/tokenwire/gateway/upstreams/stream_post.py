@@ -48,12 +48,14 @@ def post_fields(defaults: httpx.Headers, url: httpx.URL, headers: Mapping[str, s
     httpx encodes them (ASCII); ``http_heads.request_bytes`` checks every name and value."""
     given = {name.lower(): (name.encode("ascii"), value.encode("ascii"))
              for name, value in headers.items()}
+    framed = "content-length" in given
     fields = [] if "host" in given else [(b"Host", url.netloc)]
     for name, value in defaults.raw:
-        replaced = given.pop(name.decode("latin-1").lower(), None)
-        fields.append(replaced or (name, value))
+        lower = name.decode("latin-1").lower()
+        framed = framed or lower == "content-length"
+        fields.append(given.pop(lower, None) or (name, value))
     fields += given.values()
-    if not any(name.lower() == b"content-length" for name, _ in fields):
+    if not framed:
         fields.append((b"Content-Length", b"%d" % length))
     return fields
 
@@ -100,6 +102,14 @@ class stream_post:  # a lower-case name: used as ``async with``, like ``client.s
             self._answer.close()
         elif self._httpx is not None:
             await self._httpx.__aexit__(None, None, None)
+
+    @property
+    def content_type(self) -> str:
+        """The answer's ``Content-Type`` ("" when it has none)."""
+        if self._answer is not None:
+            return self._answer.content_type
+        assert self._response is not None, "content_type before the answer's head"
+        return self._response.headers.get("content-type", "")
 
     def reader(self) -> BodyReader:
         """The answer's body for an SSE stream: the lean body itself, else (httpx's
