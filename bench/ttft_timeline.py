@@ -1,9 +1,11 @@
 """Where the time to the first token goes, across processes: client, gateway, upstream.
 
 ``bench_upstreams`` says how much tokenwire adds to the first token; this says where. One
-client (httpx, as in ``bench_upstreams``) alternates three targets in front of the same
+client (httpx, as in ``bench_upstreams``) alternates four targets in front of the same
 scripted upstream: the upstream directly, a byte relay (the least any extra process can
-add on this machine), and ``tokenwire serve``. Every process stamps the same clock
+add on this machine), a Python floor (the least a Python gateway does: parse the request,
+send its own, parse the SSE answer and render it again, in callbacks; ``_floor``), and
+``tokenwire serve``. Every process stamps the same clock
 (``time.perf_counter``, the system's monotonic clock), so the marks line up:
 
 * the client: request sent (t0), response head returned, first content line;
@@ -28,6 +30,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -182,6 +185,101 @@ def _relay(up_port: int, port: int) -> None:
     uvloop.run(serve())
 
 
+def _floor(up_port: int, port: int) -> None:
+    """The least a Python gateway does for a streamed chat (uvloop, callbacks only, not one
+    task): parse the request (httptools, msgspec), write a request of its own on a pooled
+    upstream connection, parse the SSE answer and render every chunk again. What it leaves
+    out (checks, limits, supervision, records, compression...) is what tokenwire's extra
+    time over it buys."""
+    import httptools
+    import msgspec
+    import uvloop
+
+    decode, encode = msgspec.json.decode, msgspec.json.encode
+    idle: list[Upstream] = []
+
+    class Upstream(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            self.client: Client | None = None
+            self.parser: Any = None
+            self.pending = b""
+
+        def send(self, client: Client, data: bytes) -> None:
+            self.client, self.pending = client, b""
+            self.parser = httptools.HttpResponseParser(self)
+            self.transport.write(data)
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_body(self, body: bytes) -> None:  # llhttp took the chunked framing off
+            assert self.client is not None
+            events = (self.pending + body).split(b"\n\n")
+            self.pending = events.pop()
+            for event in events:
+                for line in event.split(b"\n"):
+                    if not line.startswith(b"data: "):
+                        continue
+                    if line == b"data: [DONE]":
+                        self.client.send(line + b"\n\n")
+                        continue
+                    chunk = decode(line[6:])
+                    self.client.send(b"data: " + encode({
+                        "id": chunk.get("id"), "object": "chat.completion.chunk",
+                        "created": chunk.get("created"), "model": chunk.get("model"),
+                        "choices": chunk.get("choices"), "usage": chunk.get("usage")}) +
+                        b"\n\n")
+
+        def on_message_complete(self) -> None:
+            assert self.client is not None
+            self.client.transport.write(b"0\r\n\r\n")
+            self.client = None
+            idle.append(self)
+
+    class Client(asyncio.Protocol):
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+            self.parser = httptools.HttpRequestParser(self)
+            self.body: list[bytes] = []
+            self.headed = False
+
+        def data_received(self, data: bytes) -> None:
+            self.parser.feed_data(data)
+
+        def on_message_begin(self) -> None:
+            self.body, self.headed = [], False
+
+        def on_body(self, body: bytes) -> None:
+            self.body.append(body)
+
+        def on_message_complete(self) -> None:
+            request = decode(b"".join(self.body))
+            body = encode({"model": request["model"], "messages": request["messages"],
+                           "stream": True, "max_tokens": request.get("max_tokens"),
+                           "stream_options": {"include_usage": True}})
+            idle.pop().send(self, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                            % (len(body), body))
+
+        def send(self, data: bytes) -> None:
+            frame = b"%x\r\n%s\r\n" % (len(data), data)
+            if not self.headed:
+                self.headed = True
+                frame = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                         b"Transfer-Encoding: chunked\r\n\r\n" + frame)
+            self.transport.write(frame)
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(4):  # one stream at a time: a connection each, to spare
+            idle.append((await loop.create_connection(Upstream, "127.0.0.1", up_port))[1])
+        server = await loop.create_server(Client, "127.0.0.1", port)
+        await server.serve_forever()
+
+    uvloop.run(serve())
+
+
 # -- the client ------------------------------------------------------------------------------
 
 
@@ -224,6 +322,8 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
             procs.append(up)
             bu._wait_http(f"http://127.0.0.1:{up_port}/v1/models", up, 60)
             procs.append(_child(["--relay", str(up_port), str(relay_port)]))
+            floor_port = bu._free_port()
+            procs.append(_child(["--floor", str(up_port), str(floor_port)]))
             gw = _child(["--serve-gateway", gw_out, "serve", "--upstream",
                          f"http://127.0.0.1:{up_port}/v1", "--port", str(gw_port),
                          "--log-level", "warning"], stdout=subprocess.DEVNULL,
@@ -231,8 +331,10 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
             procs.append(gw)
             bu._wait_http(f"http://127.0.0.1:{gw_port}/health", gw, 60)
             bu._wait_http(f"http://127.0.0.1:{relay_port}/v1/models", up, 60)
+            _wait_port(floor_port)
             targets = {name: f"http://127.0.0.1:{port}/v1/chat/completions" for name, port in
-                       (("direct", up_port), ("relay", relay_port), ("tokenwire", gw_port))}
+                       (("direct", up_port), ("relay", relay_port), ("python floor", floor_port),
+                        ("tokenwire", gw_port))}
             seen = asyncio.run(_drive(targets, rounds))
             for proc in (up, gw):
                 proc.send_signal(signal.SIGUSR2)
@@ -245,6 +347,18 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
         finally:
             bu.stop_all(procs)
     return _medians(seen, server_rows)
+
+
+def _wait_port(port: int, timeout: float = 30.0) -> None:
+    """Until something listens on ``port`` (the floor serves no GET to poll)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            time.sleep(0.1)
 
 
 async def _drive(targets: dict[str, str], rounds: int) -> list[tuple[str, dict[str, float]]]:
@@ -276,14 +390,16 @@ def _medians(seen: list[tuple[str, dict[str, float]]], server_rows: list[dict[st
 
 
 def main() -> None:
-    if sys.argv[1:2] in (["--serve-gateway"], ["--serve-upstream"], ["--relay"]):
+    if sys.argv[1:2] in (["--serve-gateway"], ["--serve-upstream"], ["--relay"], ["--floor"]):
         mode, rest = sys.argv[1], sys.argv[2:]
         if mode == "--serve-gateway":
             _serve_gateway(rest[0], rest[1:])
         elif mode == "--serve-upstream":
             _serve_upstream(rest[0], int(rest[1]), int(rest[2]), float(rest[3]))
-        else:
+        elif mode == "--relay":
             _relay(int(rest[0]), int(rest[1]))
+        else:
+            _floor(int(rest[0]), int(rest[1]))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=80)
