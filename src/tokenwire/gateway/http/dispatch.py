@@ -27,8 +27,10 @@ routes), so each is declared once. What the folded layers did is kept:
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.routing import BaseRoute, Route
@@ -39,7 +41,7 @@ from tokenwire.gateway.http.asgi import ASGIApp, Receive, Scope, Send
 from tokenwire.gateway.http.errors import exception_response
 from tokenwire.gateway.http.limits import KeyLimitsMiddleware
 
-__all__ = ["Endpoint", "GatewayApp", "inference_endpoints"]
+__all__ = ["Endpoint", "GatewayApp", "InferenceRequest", "inference_endpoints"]
 
 #: A route's endpoint: a request in, a response (an ASGI app) out.
 Endpoint = Callable[[Request], Awaitable[ASGIApp]]
@@ -83,9 +85,46 @@ class GatewayApp(Starlette):
         return dispatch
 
     async def _endpoint(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive, send)
+        request = InferenceRequest(scope, receive, send)
         try:
             response = await self._endpoints[scope["path"]](request)
         except (TokenwireError, HTTPException) as exc:
             response = await exception_response(request, exc)
         await response(scope, receive, send)
+
+
+class _IndexedHeaders(Headers):
+    """Starlette's ``Headers``, looked up by name through an index made once. Its own
+    lookups scan the whole header list for every name, and an inference request asks for
+    about eight (version, length, coding, encodings...) on the way to its first token. The
+    first value of a repeated name wins, as in Starlette's scan."""
+
+    def __init__(self, scope: Scope) -> None:
+        super().__init__(scope=scope)
+        index: dict[bytes, bytes] = {}
+        for name, value in self.raw:  # names arrive lower-case (ASGI)
+            index.setdefault(name, value)
+        self._index = index
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._index.get(key.lower().encode("latin-1"))
+        return default if value is None else value.decode("latin-1")
+
+    def __getitem__(self, key: str) -> str:
+        value = self._index.get(key.lower().encode("latin-1"))
+        if value is None:
+            raise KeyError(key)
+        return value.decode("latin-1")
+
+    def __contains__(self, key: Any) -> bool:
+        return isinstance(key, str) and key.lower().encode("latin-1") in self._index
+
+
+class InferenceRequest(Request):
+    """The request an inference endpoint gets: its headers indexed (:class:`_IndexedHeaders`)."""
+
+    @property
+    def headers(self) -> Headers:
+        if not hasattr(self, "_headers"):
+            self._headers = _IndexedHeaders(self.scope)
+        return self._headers
