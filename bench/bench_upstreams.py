@@ -21,10 +21,11 @@ per streamed token of the gateway process, for chat streams at 1 and 64 concurre
   ``x-portkey-provider: openai`` and ``x-portkey-custom-host`` headers; its
   ``@hono/node-server`` is overridden to ``PORTKEY_NODE_SERVER`` (why: at that constant).
 * TTFT: request sent -> first chunk with content (first frame with ids for msgpack) at the
-  client (httpx in this process). Added TTFT = a target's median minus direct's median, and
-  at 1 stream direct's median of streams run just before the target's (the same 30, seconds
-  apart, not minutes: on this shared machine the same phase moves by +-0.4 ms between
-  minutes, more than the 1 ms aim can take).
+  client (httpx in this process). Added TTFT = a target's median minus direct's median. At
+  1 stream both medians come from a phase of their own in which direct's streams and the
+  target's take turns, one each per round (30 rounds): on this shared machine direct's
+  median moved by up to 0.4 ms between phases a few seconds apart (1.2 vs 1.63 ms in one
+  run), more than the 1 ms aim can take, and turns put both sides in the same seconds.
 * CPU per token: the gateway's process tree's utime+stime from ``/proc/<pid>/stat`` before
   and after a phase, divided by the content chunks the clients received. The upstream's own
   CPU is read the same way in the same phase, so ``cpu_x_upstream`` (gateway CPU / upstream
@@ -80,14 +81,14 @@ How to read it. Each target is its own process in front of the same scripted ups
 **ratios within one phase**: `cpu_x_upstream` is the target's CPU over the upstream's CPU for
 the same streams (issue 15 aims at <= 1.5 at 1 and 64 streams), `x_direct` is throughput
 over direct's at the same concurrency (aim >= 0.95 at 64), `added_ttft_p50_ms` the median
-time to first content minus direct's (aim <= 1 ms at 1 stream; there direct's streams run
-again just before each target's, `direct_ttft_p50_ms`). The Codec rows over a text-only
-upstream wait for each word's end before its ids are final (one chunk, 5 ms here); the row
-"ids from the upstream" is the same Codec stream when the upstream sends ids, as vLLM
-does. At 64 streams the client, the upstream and the target share 2 cores, so added TTFT
-there is mostly queueing for the CPU. A row with `failed` is a peer that could not stream
-here, with its answer. "The hot path (issue 15)" below says what the profile showed and
-what changed.
+time to first content minus direct's (aim <= 1 ms at 1 stream; there direct's streams and
+the target's take turns in a phase of their own, `direct_ttft_p50_ms` and `ttft_p50_ms`).
+The Codec rows over a text-only upstream wait for each word's end before its ids are final
+(one chunk, 5 ms here); the row "ids from the upstream" is the same Codec stream when the
+upstream sends ids, as vLLM does. At 64 streams the client, the upstream and the target
+share 2 cores, so added TTFT there is mostly queueing for the CPU. A row with `failed` is a
+peer that could not stream here, with its answer. "The hot path (issue 15)" below says
+what the profile showed and what changed.
 
 The `rps` table: short non-streamed chats (4 words) at saturation, 64 connections from one
 lean client process, three rounds of a 5 s window per target in turn (`requests_per_s` the
@@ -379,19 +380,32 @@ async def _phase(url: str, fmt: str | None, headers: dict[str, str], concurrency
     return ttfts, tokens
 
 
+async def _in_turns(direct: str, url: str, fmt: str | None, headers: dict[str, str],
+                    rounds: int) -> tuple[list[float], list[float]]:
+    """One stream at a time, direct's and the target's in turn (``rounds`` of each): their
+    times to first content, (direct's, the target's)."""
+    limits = httpx.Limits(max_connections=4, keepalive_expiry=2.0)  # see _phase
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        before, during = [], []
+        for _ in range(rounds):
+            before.append((await _one_stream(client, direct, None, {}))[0])
+            during.append((await _one_stream(client, url, fmt, headers))[0])
+    return before, during
+
+
 def _measure(target: str, base: str, pid: int | None, fmt: str | None,
              headers: dict[str, str], up_pid: int, direct: str | None = None) -> list[dict]:
-    """A target's rows; ``direct`` (the upstream's base URL): direct's 1-stream phase runs
-    again just before the target's, for its TTFT baseline (``direct_ttft_p50_ms``)."""
+    """A target's rows; ``direct`` (the upstream's base URL): at 1 stream the TTFT columns
+    come from :func:`_in_turns` with direct's streams (``direct_ttft_p50_ms``), the CPU and
+    throughput from the target's own phase."""
     rows = []
     url = base + "/v1/chat/completions"
     asyncio.run(_phase(url, fmt, headers, 1, 3))  # warm-up (connections, imports, caches)
     for concurrency, rounds in LOADS:
-        baseline = None
+        turns = None
         if direct is not None and concurrency == 1:
-            before, _ = asyncio.run(_phase(direct + "/v1/chat/completions", None, {}, 1,
-                                           rounds))
-            baseline = round(statistics.median(before) * 1e3, 2)
+            turns = asyncio.run(_in_turns(direct + "/v1/chat/completions", url, fmt, headers,
+                                          rounds))
         cpu0 = _cpu_seconds(pid) if pid else 0.0
         up0 = _cpu_seconds(up_pid)
         t0 = time.perf_counter()
@@ -410,7 +424,13 @@ def _measure(target: str, base: str, pid: int | None, fmt: str | None,
             "cpu_x_upstream": round(cpu / up_cpu, 2) if cpu is not None and up_cpu > 0
             else None,
         })
-        rows[-1]["direct_ttft_p50_ms"] = baseline  # (None: one table for every row)
+        rows[-1]["direct_ttft_p50_ms"] = None  # (a column of every row: one table)
+        if turns is not None:
+            before, ttfts = turns
+            rows[-1].update(ttft_p50_ms=round(statistics.median(ttfts) * 1e3, 2),
+                            ttft_p90_ms=round(sorted(ttfts)[int(0.9 * (len(ttfts) - 1))] * 1e3,
+                                              2),
+                            direct_ttft_p50_ms=round(statistics.median(before) * 1e3, 2))
     return rows
 
 
