@@ -650,6 +650,40 @@ def test_stream_post_reuses_its_connection_and_decodes_a_content_encoding() -> N
     _run(main)
 
 
+@pytest.mark.parametrize("types", [[b"text/event-stream"], [], [b"text/plain", b"x/y"],
+                                   [b"text/event-stream; charset=utf-8"]])
+def test_stream_post_content_type_is_httpx_s_reading_of_the_head(types: list[bytes]) -> None:
+    """The lean answer's ``Content-Type`` is read with its head (no ``httpx.Headers``): the
+    same string httpx's ``headers.get`` gives, absent and repeated ones included."""
+    head = b"HTTP/1.1 200 OK\r\n" + b"".join(b"content-type: %s\r\n" % t for t in types) + \
+        b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n"
+
+    async def handler(reader, writer):
+        while True:
+            try:
+                await _read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(head)
+            await writer.drain()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        seen = []
+        for transport in (None, httpx.AsyncHTTPTransport()):
+            async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
+                                   {}, transport) as client:
+                post = stream_post(client, httpx.URL(url), b"{}", {})
+                async with post as resp:
+                    seen.append((post.content_type, resp.headers.get("content-type", "")))
+        await server.stop()
+        assert seen[0] == seen[1] and seen[0][0] == seen[0][1]
+        assert seen[0][0] == ", ".join(t.decode() for t in types)
+
+    _run(main)
+
+
 def test_stream_post_times_out_a_silent_upstream_with_httpx_exception() -> None:
     async def handler(reader, writer):
         await _read_request(reader)
