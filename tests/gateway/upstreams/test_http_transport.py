@@ -87,6 +87,26 @@ def answer_every_request(answer: bytes) -> Handler:
     return handler
 
 
+async def _answer_each_request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                               answer: bytes, *, piece: int = 0) -> None:
+    """Answer each request on the connection with ``answer`` (in writes of ``piece`` bytes a
+    millisecond apart, when given) until the client closes, or after one answer that says
+    ``connection: close``."""
+    step = piece or len(answer)
+    while True:
+        try:
+            await _read_request(reader)
+        except asyncio.IncompleteReadError:
+            return
+        for i in range(0, len(answer), step):
+            writer.write(answer[i:i + step])
+            await writer.drain()
+            if piece:
+                await asyncio.sleep(0.001)
+        if b"connection: close" in answer:
+            return
+
+
 def _run(main: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(main(), 30))  # the safety net, not a measurement
 
@@ -522,17 +542,7 @@ async def _record(reader, writer, requests: list[bytes]) -> None:
 ])
 def test_response_framing(answer: bytes, body: bytes, reused: bool) -> None:
     async def handler(reader, writer):
-        while True:
-            try:
-                await _read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            for i in range(0, len(answer), 7):
-                writer.write(answer[i:i + 7])
-                await writer.drain()
-                await asyncio.sleep(0.001)
-            if b"connection: close" in answer:
-                return
+        await _answer_each_request(reader, writer, answer, piece=7)
 
     async def main():
         server = Server(handler)
@@ -659,13 +669,7 @@ def test_stream_post_content_type_is_httpx_s_reading_of_the_head(types: list[byt
         b"transfer-encoding: chunked\r\n\r\n0\r\n\r\n"
 
     async def handler(reader, writer):
-        while True:
-            try:
-                await _read_request(reader)
-            except asyncio.IncompleteReadError:
-                return
-            writer.write(head)
-            await writer.drain()
+        await _answer_each_request(reader, writer, head)
 
     async def main():
         server = Server(handler)
