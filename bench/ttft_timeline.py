@@ -237,6 +237,10 @@ def _floor(up_port: int, port: int) -> None:
             self.client = None
             idle.append(self)
 
+        def connection_lost(self, exc: Exception | None) -> None:  # its keep-alive ran out
+            if self in idle:
+                idle.remove(self)
+
     class Client(asyncio.Protocol):
         def connection_made(self, transport: Any) -> None:
             self.transport = transport
@@ -258,9 +262,17 @@ def _floor(up_port: int, port: int) -> None:
             body = encode({"model": request["model"], "messages": request["messages"],
                            "stream": True, "max_tokens": request.get("max_tokens"),
                            "stream_options": {"include_usage": True}})
-            idle.pop().send(self, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                            % (len(body), body))
+            data = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(body), body))
+            if idle:
+                idle.pop().send(self, data)
+            else:  # none pooled (never on the way of a measured stream after the warm-up)
+                asyncio.get_running_loop().create_task(self._send_fresh(data))
+
+        async def _send_fresh(self, data: bytes) -> None:
+            loop = asyncio.get_running_loop()
+            (await loop.create_connection(Upstream, "127.0.0.1", up_port))[1].send(self, data)
 
         def send(self, data: bytes) -> None:
             frame = b"%x\r\n%s\r\n" % (len(data), data)
@@ -272,8 +284,6 @@ def _floor(up_port: int, port: int) -> None:
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
-        for _ in range(4):  # one stream at a time: a connection each, to spare
-            idle.append((await loop.create_connection(Upstream, "127.0.0.1", up_port))[1])
         server = await loop.create_server(Client, "127.0.0.1", port)
         await server.serve_forever()
 
