@@ -425,10 +425,10 @@ def _measure(target: str, base: str, pid: int | None, fmt: str | None,
             else None,
         })
         rows[-1]["direct_ttft_p50_ms"] = None  # (a column of every row: one table)
-        if turns is not None:
-            before, ttfts = turns
-            rows[-1].update(ttft_p50_ms=round(statistics.median(ttfts) * 1e3, 2),
-                            ttft_p90_ms=round(sorted(ttfts)[int(0.9 * (len(ttfts) - 1))] * 1e3,
+        if turns is not None:  # the TTFT columns from the turns, not the phase above
+            before, during = turns
+            rows[-1].update(ttft_p50_ms=round(statistics.median(during) * 1e3, 2),
+                            ttft_p90_ms=round(sorted(during)[int(0.9 * (len(during) - 1))] * 1e3,
                                               2),
                             direct_ttft_p50_ms=round(statistics.median(before) * 1e3, 2))
     return rows
