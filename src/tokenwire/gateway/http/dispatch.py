@@ -111,10 +111,10 @@ class _IndexedHeaders(Headers):
         return default if value is None else value.decode("latin-1")
 
     def __getitem__(self, key: str) -> str:
-        value = self._index.get(key.lower().encode("latin-1"))
+        value = self.get(key)
         if value is None:
             raise KeyError(key)
-        return value.decode("latin-1")
+        return value
 
     def __contains__(self, key: Any) -> bool:
         return isinstance(key, str) and key.lower().encode("latin-1") in self._index
