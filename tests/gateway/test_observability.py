@@ -208,6 +208,7 @@ def test_usage_counts_once_and_only_what_streaming_did_not(h: Harness) -> None:
 
 def test_streamed_tokens_reach_the_counter_in_small_batches(h: Harness) -> None:
     r = h.request()
+    r.wire_bytes("identity", 100)  # the stream's head and first body went out
 
     def counted() -> float | None:
         return h.value("tokenwire_completion_tokens_total", api="responses", model="m1")
@@ -465,7 +466,11 @@ def test_long_label_values_are_cut(h: Harness) -> None:
     assert h.value("tokenwire_requests_total", api="responses", model="x" * MAX_LABEL_CHARS,
                    outcome="completed") == 1
     assert h.value("tokenwire_upstream_attempts_total", upstream="y?" * 32) is None
-    assert h.request(upstream="y\n" * 100)._upstream_l == "y?" * (MAX_LABEL_CHARS // 2)
+    r = h.request(upstream="y\n" * 100)
+    r.attempt_started(1)
+    r.finished(outcome="completed", status=200)
+    assert h.value("tokenwire_upstream_attempts_total",
+                   upstream="y?" * (MAX_LABEL_CHARS // 2)) == 1
 
 
 # -- never raise -----------------------------------------------------------------------------
@@ -668,3 +673,56 @@ def test_the_last_bytes_after_finished_still_count(h: Harness, monkeypatch) -> N
     silent = h.request()
     silent.close()  # never said how it ended: the client went away
     assert h.records()[-1]["outcome"] == "cancelled"
+
+
+def _early_metrics(h: Harness, upstream: str = "up1") -> tuple[float, ...]:
+    """Queue waits, attempts and first tokens counted so far (0: none, or no series yet)."""
+    return (h.value("tokenwire_queue_wait_seconds_count") or 0,
+            h.value("tokenwire_upstream_attempts_total", upstream=upstream) or 0,
+            h.value("tokenwire_time_to_first_token_seconds_count", api="responses",
+                    model="m1") or 0)
+
+
+def test_what_precedes_the_first_write_is_posted_with_its_count(h: Harness) -> None:
+    """Queue wait, attempts and time to first token are held until the first write's bytes
+    are counted (they would delay the first token): none shows before, each once after."""
+    r = h.request()
+    r.admitted(0.25)
+    r.attempt_started(1)
+    h.now += 0.5
+    r.first_output()
+    r.tokens(1)
+    assert _early_metrics(h) == (0, 0, 0)
+    r.wire_bytes("identity", 120)
+    assert _early_metrics(h) == (1, 1, 1)
+    assert h.value("tokenwire_queue_wait_seconds_sum") == 0.25
+    assert h.value("tokenwire_time_to_first_token_seconds_sum", api="responses",
+                   model="m1") == 0.5
+    r.wire_bytes("identity", 10)
+    r.attempt_started(2)  # after the hold: counted at once
+    assert _early_metrics(h) == (1, 2, 1)
+    r.finished(outcome="completed", status=200)
+    assert _early_metrics(h) == (1, 2, 1)
+    assert h.records()[0]["queue_wait_ms"] == 250.0
+
+
+def test_held_metrics_are_posted_by_a_request_that_never_wrote(h: Harness) -> None:
+    r = h.request()
+    r.admitted(0.0)
+    r.attempt_started(1)
+    assert _early_metrics(h) == (0, 0, 0)
+    r.finished(outcome="cancelled", status=499)  # the client left before any byte
+    assert _early_metrics(h) == (1, 1, 0)
+
+
+def test_a_fallback_posts_the_attempts_held_for_the_routed_upstream(h: Harness) -> None:
+    r = h.request()
+    r.admitted(0.0)
+    r.attempt_started(1)
+    r.retry_scheduled("single", 0.1, FailureClass.UPSTREAM.value, "bad_gateway")
+    assert _early_metrics(h)[1] == 1  # a retry is no fast path: what was held is posted
+    r.attempt_started(2)
+    r.fallback("m1", "m2", FailureClass.UPSTREAM.value, "up2")
+    r.attempt_started(3)
+    assert h.value("tokenwire_upstream_attempts_total", upstream="up1") == 2
+    assert h.value("tokenwire_upstream_attempts_total", upstream="up2") == 1

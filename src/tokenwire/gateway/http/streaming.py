@@ -44,6 +44,7 @@ from tokenwire.gateway.ir import (
     ResponseMeta,
     Usage,
     is_terminal,
+    start_early,
 )
 from tokenwire.gateway.wakeups import EXPIRED, DeadlineWaits
 
@@ -132,6 +133,11 @@ class EventResponse:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         extensions = scope.get("extensions")
         cork = extensions.get(CORK_EXTENSION) if extensions else None
+        # The generation's task first: the loop runs ready tasks in the order they were
+        # made, and every step before the upstream request is written delays the first
+        # token (the watcher's first step cost ~0.1 ms of it; BENCHMARKS.md, "Session of
+        # 2026-12-05 (5)"). A disconnect is still seen as soon as the watcher runs.
+        start_early(self._stream)
         watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive))
         try:
             if self._streaming:
@@ -322,6 +328,8 @@ class EventResponse:
 
     async def _body(self, send: Send, data: bytes, *, more: bool) -> None:
         await send({"type": "http.response.body", "body": data, "more_body": more})
+        self._uncork()  # the first body goes out with its head before it is counted: the
+        # first count posts the record's held metrics (``observability/records.py``)
         self._count(self._encoding, data)
 
     def _count(self, encoding: str, data: bytes) -> None:

@@ -106,6 +106,8 @@ _RESERVED_NOTE_KEYS: Final = frozenset((  # the standard fields of a request rec
 #: Streamed tokens are added to the shared counter in batches of this many (see ``tokens``).
 TOKEN_FLUSH_EVERY: Final = 32
 _CANCEL_CODE: Final = "client_disconnected"
+#: A record's retries by budget before any (a log line names every budget).
+_NO_RETRIES: Final = dict.fromkeys(sorted(BUDGETS), 0)
 
 _internal_log = logging.getLogger("tokenwire.observability")
 # A library does not print by default: the CLI decides where request records go.
@@ -246,15 +248,23 @@ class RequestRecord:
     supervisor knows); the bytes of the last write, and of a whole non-streamed body, come
     after that, so the request's metrics and its one log line are written at :meth:`close`,
     when the HTTP exchange is over.
+
+    Everything the metrics learn before the first byte reaches the client (queue wait, the
+    first attempts, time to first token) is held in the record and posted with the first
+    write's byte count (:meth:`wire_bytes`), or at the first retry, fallback, heartbeat,
+    token batch or :meth:`close`, whichever comes first; so are the labels and children that
+    posting needs. Those updates sat between the request and its first token, ~0.1 ms of
+    the gateway's added time to first token at 1 stream (BENCHMARKS.md, "Session of
+    2026-12-05 (5)"); a scrape sees them one write later.
     """
 
     __slots__ = (
-        "_api", "_attempts", "_c_bytes", "_c_heartbeats", "_c_tokens", "_done", "_encoding",
-        "_fallback_reason", "_fallbacks", "_first_output_s", "_heartbeats", "_model",
-        "_model_l", "_notes", "_obs", "_outcome", "_queue_wait_s", "_request_id", "_retries",
-        "_retry_class", "_retry_code", "_retry_wait_s", "_served_model", "_started", "_stream",
-        "_tokens", "_tokens_pending", "_upstream", "_upstream_l", "_usage", "_usage_source",
-        "_wire_bytes",
+        "_api", "_api_given", "_attempts", "_attempts_held", "_c_bytes", "_c_heartbeats",
+        "_c_tokens", "_done", "_encoding", "_fallback_reason", "_fallbacks",
+        "_first_output_s", "_heartbeats", "_held", "_model", "_model_l", "_notes", "_obs",
+        "_outcome", "_queue_wait_s", "_request_id", "_retries", "_retry_class", "_retry_code",
+        "_retry_wait_s", "_served_model", "_started", "_stream", "_tokens", "_tokens_pending",
+        "_upstream", "_upstream_l", "_usage", "_usage_source", "_wire_bytes",
     )
 
     def __init__(
@@ -265,23 +275,26 @@ class RequestRecord:
         self._done = False
         self._outcome: tuple[str, int, str | None, str | None] | None = None
         self._started = _safe_clock(obs)
-        self._api = closed_value(api, APIS)
-        # Labels are bounded for series (64/64); log identifiers keep more (128 chars).
-        self._model_l = obs._model(model)
-        self._upstream_l = obs._upstream(upstream)
-        self._model = bounded_id(model)
-        self._upstream = bounded_id(upstream)
-        self._request_id = bounded_id(request_id)
+        # As given; bounded when posted or logged (``_post``, ``_log``): labels for series
+        # (64 characters, 64 values), log identifiers to 128 characters.
+        self._api_given = api
+        self._model: object = model
+        self._upstream: object = upstream
+        self._request_id: object = request_id
         self._stream = stream is True
-        m, child = obs._m, obs._child
-        self._c_tokens = child(m.completion_tokens, self._api, self._model_l)
-        self._c_heartbeats = child(m.heartbeats, self._api)
+        #: Metric updates wait for the first write (the class docstring); ``_post`` ends it.
+        self._held = True
+        self._attempts_held = 0
+        self._api = UNSPECIFIED
+        self._model_l = self._upstream_l = UNSPECIFIED
+        self._c_tokens: Any = None
+        self._c_heartbeats: Any = None
         #: wire_bytes' children by encoding: a write looks up one string, no tuple key.
         self._c_bytes: dict[str, Any] = {}
         self._queue_wait_s: float | None = None
         self._first_output_s: float | None = None
         self._attempts = 0
-        self._retries = dict.fromkeys(sorted(BUDGETS), 0)
+        self._retries: dict[str, int] | None = None  # by budget, once one is used
         self._retry_wait_s = 0.0
         self._retry_class: str | None = None
         self._retry_code: str | None = None
@@ -302,13 +315,32 @@ class RequestRecord:
         """Whether :meth:`close` has run (later calls are ignored)."""
         return self._done
 
+    def _post(self) -> None:
+        """End the hold: bound the labels, look up the children, and post what was held."""
+        self._held = False
+        obs = self._obs
+        m, child = obs._m, obs._child
+        self._api = closed_value(self._api_given, APIS)
+        self._model_l = obs._model(self._model)
+        self._upstream_l = obs._upstream(self._upstream)
+        self._c_tokens = child(m.completion_tokens, self._api, self._model_l)
+        self._c_heartbeats = child(m.heartbeats, self._api)
+        if self._queue_wait_s is not None:
+            m.queue_wait.observe(self._queue_wait_s)
+        if self._attempts_held:
+            child(m.attempts, self._upstream_l).inc(self._attempts_held)
+            self._attempts_held = 0
+        if self._first_output_s is not None:
+            child(m.ttft, self._api, self._model_l).observe(self._first_output_s)
+
     @_never_raises
     def admitted(self, waited_s: float) -> None:
         """Left the capacity queue after ``waited_s`` (0 when a slot was free); once."""
         if self._done or self._queue_wait_s is not None:
             return
         self._queue_wait_s = bounded_seconds(waited_s)
-        self._obs._m.queue_wait.observe(self._queue_wait_s)
+        if not self._held:
+            self._obs._m.queue_wait.observe(self._queue_wait_s)
 
     @_never_raises
     def attempt_started(self, attempt: int) -> None:
@@ -316,7 +348,10 @@ class RequestRecord:
         if self._done:
             return
         self._attempts = max(self._attempts + 1, min(bounded_count(attempt), 1_000_000))
-        self._obs._child(self._obs._m.attempts, self._upstream_l).inc()
+        if self._held:
+            self._attempts_held += 1
+        else:
+            self._obs._child(self._obs._m.attempts, self._upstream_l).inc()
 
     @_never_raises
     def retry_scheduled(
@@ -325,10 +360,13 @@ class RequestRecord:
         """A retry from ``budget`` after ``delay_s``, for a failure of ``failure_class``."""
         if self._done:
             return
+        if self._held:  # the attempts so far are this upstream's (a retry is no fast path)
+            self._post()
         budget_l = closed_value(budget, BUDGETS | {FAILOVER})
         delay = bounded_seconds(delay_s)
-        if budget_l in self._retries or budget_l == FAILOVER:
-            self._retries[budget_l] = self._retries.get(budget_l, 0) + 1
+        retries = self._retries = self._retries or dict(_NO_RETRIES)
+        if budget_l in retries or budget_l == FAILOVER:
+            retries[budget_l] = retries.get(budget_l, 0) + 1
         self._retry_wait_s += delay
         self._retry_class = closed_value(failure_class, FAILURE_CLASSES)
         self._retry_code = safe_code(code)
@@ -342,12 +380,14 @@ class RequestRecord:
         ``upstream``) for a failure of class ``reason``: later attempts count for it."""
         if self._done:
             return
+        if self._held:  # the attempts so far were the routed upstream's
+            self._post()
         reason_l = closed_value(reason, FAILURE_CLASSES)
         self._fallbacks += 1
         self._fallback_reason = reason_l
         self._served_model = bounded_id(to_model)
         self._upstream_l = self._obs._upstream(upstream)
-        self._upstream = bounded_id(upstream)
+        self._upstream = upstream
         self._obs._m.fallbacks.labels(self._obs._model(from_model), self._obs._model(to_model),
                                       reason_l).inc()
 
@@ -356,6 +396,8 @@ class RequestRecord:
         """A keep-alive event went to the client."""
         if self._done:
             return
+        if self._held:
+            self._post()
         self._heartbeats += 1
         self._c_heartbeats.inc()
         self._flush_tokens()  # a quiet stream's tokens become visible within one interval
@@ -367,8 +409,9 @@ class RequestRecord:
         if self._done or self._first_output_s is not None:
             return
         self._first_output_s = max(0.0, _safe_clock(self._obs) - self._started)
-        self._obs._child(self._obs._m.ttft, self._api, self._model_l).observe(
-            self._first_output_s)
+        if not self._held:
+            self._obs._child(self._obs._m.ttft, self._api, self._model_l).observe(
+                self._first_output_s)
 
     def tokens(self, n: int) -> None:
         """``n`` completion tokens were streamed (ids, or 1 per text delta without ids).
@@ -394,6 +437,8 @@ class RequestRecord:
 
     def _flush_tokens(self) -> None:
         if self._tokens_pending:
+            if self._held:
+                self._post()
             pending, self._tokens_pending = self._tokens_pending, 0
             self._c_tokens.inc(pending)
 
@@ -420,10 +465,13 @@ class RequestRecord:
 
     def wire_bytes(self, encoding: str, n: int) -> None:
         """``n`` bytes written to the client socket after content-coding (once per write,
-        i.e. per coalescing window, so counted straight into the shared counter)."""
+        i.e. per coalescing window, so counted straight into the shared counter). The first
+        write's count posts what was held (the class docstring): it comes after the write."""
         try:
             if self._done:
                 return
+            if self._held:
+                self._post()
             if type(n) is not int or not 0 < n < MAX_COUNT:
                 n = bounded_count(n)
                 if not n:
@@ -492,6 +540,8 @@ class RequestRecord:
         """
         if self._done:
             return
+        if self._held:
+            self._post()
         self._done = True
         outcome_l = outcome if outcome in OUTCOMES else "failed"
         elapsed = max(0.0, _safe_clock(self._obs) - self._started)
@@ -527,10 +577,10 @@ class RequestRecord:
             return
         fields: dict[str, Any] = {
             "event": name,
-            "request_id": self._request_id,
+            "request_id": bounded_id(self._request_id),
             "api": self._api,
-            "model": self._model,
-            "upstream": self._upstream,
+            "model": bounded_id(self._model),
+            "upstream": bounded_id(self._upstream),
             "stream": self._stream,
             "outcome": outcome,
             "status": status,
@@ -543,7 +593,7 @@ class RequestRecord:
             "queue_wait_ms": None if self._queue_wait_s is None else to_ms(self._queue_wait_s),
             "ttft_ms": None if self._first_output_s is None else to_ms(self._first_output_s),
             "attempts": self._attempts,
-            "retries": dict(self._retries),
+            "retries": dict(self._retries or _NO_RETRIES),
             "retry_wait_ms": to_ms(self._retry_wait_s),
             "heartbeats": self._heartbeats,
             "completion_tokens": self._tokens,

@@ -270,6 +270,14 @@ class SupervisedStream:
             self._task = asyncio.get_running_loop().create_task(self._run())
         return await self._queue.get()
 
+    def start(self) -> None:
+        """Begin the work now, as the first :meth:`next_event` would (``ir.start_early``):
+        a writer that creates other tasks first (``http/streaming.py``'s disconnect watch)
+        calls this before them, so the loop runs this task's steps to the upstream request
+        before theirs."""
+        if self._task is None and not self._ended and not self._cancelled:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
     def ready(self) -> list[Event]:
         """Every event queued now, without waiting (what a writer takes at its window's
         deadline: :meth:`settled`). Reads as :meth:`next_event` does, in order."""
