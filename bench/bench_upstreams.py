@@ -22,10 +22,15 @@ per streamed token of the gateway process, for chat streams at 1 and 64 concurre
   ``@hono/node-server`` is overridden to ``PORTKEY_NODE_SERVER`` (why: at that constant).
 * TTFT: request sent -> first chunk with content (first frame with ids for msgpack) at the
   client (httpx in this process). Added TTFT = a target's median minus direct's median. At
-  1 stream both medians come from a phase of their own in which direct's streams and the
-  target's take turns, one each per round (30 rounds): on this shared machine direct's
-  median moved by up to 0.4 ms between phases a few seconds apart (1.2 vs 1.63 ms in one
-  run), more than the 1 ms aim can take, and turns put both sides in the same seconds.
+  1 stream both medians come from a phase of their own in which direct and the target take
+  turns, two streams each per round (30 rounds), and the second of each two is the one
+  measured: a client streaming through one path, as in a phase of its own, without the
+  drift between phases (direct's median moved by up to 0.4 ms between phases a few seconds
+  apart on this shared machine, 1.2 vs 1.63 ms in one run). Why the second: a gateway's
+  stream right after one of direct's took 0.26-0.28 ms longer than right after one of its
+  own, while direct's did not care what came before it (BENCHMARKS.md, "Session of
+  2026-12-05 (5)"), so one stream each in turn charged the gateway for the switch. The
+  first streams give ``added_ttft_cross_p50_ms``: each measured right after the other's.
 * CPU per token: the gateway's process tree's utime+stime from ``/proc/<pid>/stat`` before
   and after a phase, divided by the content chunks the clients received. The upstream's own
   CPU is read the same way in the same phase, so ``cpu_x_upstream`` (gateway CPU / upstream
@@ -81,8 +86,10 @@ How to read it. Each target is its own process in front of the same scripted ups
 **ratios within one phase**: `cpu_x_upstream` is the target's CPU over the upstream's CPU for
 the same streams (issue 15 aims at <= 1.5 at 1 and 64 streams), `x_direct` is throughput
 over direct's at the same concurrency (aim >= 0.95 at 64), `added_ttft_p50_ms` the median
-time to first content minus direct's (aim <= 1 ms at 1 stream; there direct's streams and
-the target's take turns in a phase of their own, `direct_ttft_p50_ms` and `ttft_p50_ms`).
+time to first content minus direct's (aim <= 1 ms at 1 stream; there direct and the target
+take turns, two streams each, in a phase of their own, and the second of each two counts:
+`direct_ttft_p50_ms` and `ttft_p50_ms`; `added_ttft_cross_p50_ms` is the same from the
+first of each two, so each right after the other's stream).
 The Codec rows over a text-only upstream wait for each word's end before its ids are final
 (one chunk, 5 ms here); the row "ids from the upstream" is the same Codec stream when the
 upstream sends ids, as vLLM does. At 64 streams the client, the upstream and the target
@@ -381,16 +388,23 @@ async def _phase(url: str, fmt: str | None, headers: dict[str, str], concurrency
 
 
 async def _in_turns(direct: str, url: str, fmt: str | None, headers: dict[str, str],
-                    rounds: int) -> tuple[list[float], list[float]]:
-    """One stream at a time, direct's and the target's in turn (``rounds`` of each): their
-    times to first content, (direct's, the target's)."""
+                    rounds: int) -> dict[str, list[float]]:
+    """One stream at a time, two of direct's then two of the target's, ``rounds`` times:
+    times to first content of each kind's second stream (``direct``, ``target``: each after
+    one of its own kind) and first (``direct_cross``, ``target_cross``: each right after
+    the other's; the first round's direct one after nothing, so it is left out)."""
     limits = httpx.Limits(max_connections=4, keepalive_expiry=2.0)  # see _phase
+    out: dict[str, list[float]] = {"direct": [], "target": [], "direct_cross": [],
+                                   "target_cross": []}
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
-        before, during = [], []
-        for _ in range(rounds):
-            before.append((await _one_stream(client, direct, None, {}))[0])
-            during.append((await _one_stream(client, url, fmt, headers))[0])
-    return before, during
+        for i in range(rounds):
+            first = (await _one_stream(client, direct, None, {}))[0]
+            if i:
+                out["direct_cross"].append(first)
+            out["direct"].append((await _one_stream(client, direct, None, {}))[0])
+            out["target_cross"].append((await _one_stream(client, url, fmt, headers))[0])
+            out["target"].append((await _one_stream(client, url, fmt, headers))[0])
+    return out
 
 
 def _measure(target: str, base: str, pid: int | None, fmt: str | None,
@@ -424,13 +438,17 @@ def _measure(target: str, base: str, pid: int | None, fmt: str | None,
             "cpu_x_upstream": round(cpu / up_cpu, 2) if cpu is not None and up_cpu > 0
             else None,
         })
-        rows[-1]["direct_ttft_p50_ms"] = None  # (a column of every row: one table)
+        # (columns of every row: one table)
+        rows[-1].update(direct_ttft_p50_ms=None, added_ttft_cross_p50_ms=None)
         if turns is not None:  # the TTFT columns from the turns, not the phase above
-            before, during = turns
-            rows[-1].update(ttft_p50_ms=round(statistics.median(during) * 1e3, 2),
-                            ttft_p90_ms=round(sorted(during)[int(0.9 * (len(during) - 1))] * 1e3,
-                                              2),
-                            direct_ttft_p50_ms=round(statistics.median(before) * 1e3, 2))
+            during = turns["target"]
+            rows[-1].update(
+                ttft_p50_ms=round(statistics.median(during) * 1e3, 2),
+                ttft_p90_ms=round(sorted(during)[int(0.9 * (len(during) - 1))] * 1e3, 2),
+                direct_ttft_p50_ms=round(statistics.median(turns["direct"]) * 1e3, 2),
+                added_ttft_cross_p50_ms=round((statistics.median(turns["target_cross"])
+                                               - statistics.median(turns["direct_cross"]))
+                                              * 1e3, 2))
     return rows
 
 

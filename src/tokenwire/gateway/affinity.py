@@ -120,13 +120,13 @@ def affinity_hints(body: Mapping[str, object],
     value is kept as the client sent it (still wrapped); :func:`affinity_headers` decides.
     """
     hints: list[tuple[str, str]] = []
-    for name in _HINT_BODY_KEYS:
+    for name in _HINT_BODY_KEYS:  # (most requests carry none: absent ones cost no call)
         key = body.get(name)
-        if well_formed_id(key):
+        if key is not None and well_formed_id(key):
             hints.append((name, str(key)))
     for name in _HINT_HEADERS:
         value = headers.get(name)
-        if well_formed_id(value):
+        if value is not None and well_formed_id(value):
             hints.append((name, str(value)))
     state = headers.get(TURN_STATE_HEADER)
     if isinstance(state, str) and state.startswith(_SCOPE_PREFIX):
