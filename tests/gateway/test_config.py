@@ -59,7 +59,8 @@ BAD_FILES = [
      "context_fallbacks, keys, state"),
     ("server typo", "[server]\nprot = 1\n" + _UP,
      "{f}: [server]: unknown key 'prot'; expected one of host, port, coalesce_ms, queue_size, "
-     "max_body_bytes, legacy_finish_reason, public_url, default_model, probe, "
+     "max_body_bytes, legacy_finish_reason, public_url, compress_event_streams, "
+     "default_model, probe, "
      "health_interval_s, api_keys_env, allowed_origins, max_concurrent, idle_timeout_s, "
      "request_cap_s, heartbeat_s, retries, drain_grace_s, head_timeout_s, body_timeout_s, "
      "max_connections, max_connections_per_client, http2, tls_cert, tls_key, "

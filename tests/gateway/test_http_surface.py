@@ -248,7 +248,7 @@ def test_gzip_keeps_one_block_open_for_codec_streams_only(serve, monkeypatch) ->
         return real(encoding, **kw)
 
     monkeypatch.setattr(generation, "new_compressor", spy)
-    up = serve(ScriptedUpstream(SIMPLE))
+    up = serve(ScriptedUpstream(SIMPLE), compress_event_streams=True)
     for path, body in [("/v1/completions", {"prompt": "x", "stream_format": "msgpack"}),
                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                  "stream": True})]:
@@ -298,6 +298,39 @@ class _HeldStream:
     def cancel(self) -> None:
         pass
 
+
+
+_CHAT = {"messages": [{"role": "user", "content": "x"}], "stream": True}
+
+
+@pytest.mark.parametrize(("settings", "headers", "coding"), [
+    ({}, {}, "identity"),  # a generic client's library offers gzip: not asked for
+    ({}, {"Codec-Client-Version": "0.5"}, "gzip"),  # a Codec client: the §4.3 pick
+    ({}, {"Tokenwire-Accept-Encoding": "gzip"}, "gzip"),  # the playground's explicit choice
+    ({"compress_event_streams": True}, {}, "gzip"),  # the deployment asks for it
+])
+def test_an_apis_event_stream_is_compressed_only_when_asked(serve, settings, headers,
+                                                            coding) -> None:
+    """OpenAI's SSE to a client that declares no Codec version goes uncompressed unless the
+    deployment sets ``compress_event_streams`` (http/generation.py ``_UNCOMPRESSED``); the
+    content is the same either way, and whole bodies and Codec streams keep the pick."""
+    up = serve(ScriptedUpstream(SIMPLE), **settings)
+    with httpx.stream("POST", up.url + "/v1/chat/completions", json=_CHAT, timeout=60,
+                      headers={"Accept-Encoding": "gzip", **headers}) as resp:
+        assert resp.status_code == 200
+        assert resp.headers.get("content-encoding", "identity") == coding
+        text = b"".join(resp.iter_bytes()).decode()
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["delta"].get("content") or ""
+                   for e in events[:-1] if json.loads(e)["choices"]) == "ab"
+    whole = httpx.post(up.url + "/v1/chat/completions", json={**_CHAT, "stream": False},
+                       headers={"Accept-Encoding": "gzip"}, timeout=60)
+    assert whole.headers["content-encoding"] == "gzip"
+    codec = httpx.post(up.url + "/v1/completions", json={"prompt": "x", "stream_format":
+                                                         "msgpack"},
+                       headers={"Accept-Encoding": "gzip"}, timeout=60)
+    assert codec.headers["content-encoding"] == "gzip"
 
 def _stock_decompressor(encoding: str):
     if encoding == "gzip":

@@ -33,7 +33,8 @@ __all__ = ["auth_banner", "capacity_line", "gateway_config_from_args", "register
 
 #: Defaults of the flags a config file's [server] may also set (flag > file > default).
 _SERVER_DEFAULTS = {"host": "127.0.0.1", "port": 8080, "coalesce_ms": DEFAULT_WINDOW_S * 1000,
-                    "legacy_finish_reason": False, "public_url": ""}
+                    "legacy_finish_reason": False, "public_url": "",
+                    "compress_event_streams": False}
 #: [server] keys passed to ServerSettings as they are when given (flag > file > its default).
 _CAPACITY_KEYS = ("max_concurrent", "queue_size", "idle_timeout_s", "request_cap_s",
                   "heartbeat_s", "retries", "drain_grace_s", "head_timeout_s",
@@ -135,6 +136,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="one JSON line per request on stderr (default json)")
     p.add_argument("--legacy-finish-reason", action="store_true", default=None,
                    help="write finish_reason 'stop' like the engine forks (codec-spec §5.7)")
+    p.add_argument("--compress-event-streams", action="store_true", default=None,
+                   help="compress the OpenAI/Anthropic event streams of clients that declare "
+                        "no Codec version too (default: uncompressed, for the first token)")
     p.add_argument("--model", type=Path, help="a GGUF file (default: the bundled SmolLM2)")
     p.add_argument("--n-ctx", type=int, default=4096, help="context window (default 4096)")
     p.add_argument("--threads", type=int, help="llama.cpp threads (default: half the cores)")
@@ -249,6 +253,7 @@ def settings_from_args(args: argparse.Namespace, file_server: dict | None = None
         banned_ids=_banned(args.banned_ids),
         max_body_bytes=file_server.get("max_body_bytes", DEFAULT_MAX_BODY_BYTES),
         legacy_finish_reason=value("legacy_finish_reason"),
+        compress_event_streams=value("compress_event_streams"),
         model_path=args.model, n_ctx=args.n_ctx, n_threads=args.threads,
         public_base_url=value("public_url"),
         api_keys=keys, allowed_origins=tuple(origins), named_keys=tuple(named_keys),

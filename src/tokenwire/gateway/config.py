@@ -14,7 +14,8 @@ serves the embedded engine as before (:func:`resolve` returns ``None``). The fil
                                 # responses_websocket, ws_max_sockets,
                                 # ws_max_sockets_per_client, ws_idle_timeout_s,
                                 # ws_session_cap_s, event_loop,
-    default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s
+    default_model = "qwen"      # legacy_finish_reason, public_url, probe, health_interval_s,
+                                # compress_event_streams
     api_keys_env = "GW_KEYS"    # the variable holding the client keys (comma-separated)
     allowed_origins = ["https://app.example"]   # browser origins allowed to call
 
@@ -112,6 +113,7 @@ ENV_API_KEYS = "TOKENWIRE_API_KEYS"
 SERVER_KEYS: dict[str, tuple[type, ...]] = {
     "host": (str,), "port": (int,), "coalesce_ms": NUM, "queue_size": (int,),
     "max_body_bytes": (int,), "legacy_finish_reason": (bool,), "public_url": (str,),
+    "compress_event_streams": (bool,),
     "default_model": (str,), "probe": (bool,), "health_interval_s": NUM,
     "api_keys_env": (str,), "allowed_origins": (list,),
     "max_concurrent": (int,), "idle_timeout_s": NUM, "request_cap_s": NUM,

@@ -135,6 +135,10 @@ class ServerSettings:
     state: StateConfig | None = None
     #: Write ``stop`` instead of ``eos_token``/``stop_sequence`` like the engine forks (§5.7).
     legacy_finish_reason: bool = False
+    #: Compress the APIs' own event streams (OpenAI, Anthropic SSE) for clients that declare
+    #: no Codec version, as their ``Accept-Encoding`` allows. Off: those go uncompressed
+    #: (``http/generation.py`` says why); Codec streams and whole bodies are always picked.
+    compress_event_streams: bool = False
     model_path: Path | None = None
     n_ctx: int = 4096
     n_threads: int | None = None

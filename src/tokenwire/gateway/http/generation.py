@@ -60,6 +60,16 @@ ACCEPT_ENCODING_HEADER = "Tokenwire-Accept-Encoding"
 #: so the page counts the bytes as sent and inflates them itself (DecompressionStream).
 RAW_BODY_HEADER = "Tokenwire-Raw-Body"
 RAW_CODING_HEADER = "Tokenwire-Content-Encoding"
+#: What the picker is offered for an API's own event stream (OpenAI or Anthropic SSE, not
+#: Codec frames) to a client that declares no Codec version, unless the deployment sets
+#: ``compress_event_streams``: such clients offer gzip/br because their HTTP library always
+#: does, and a compressed token stream cost them 0.28 ms of time to first token (the
+#: gateway's compressor and the client's decoder, both cold on the first chunk; one client
+#: alternating the two, 60 rounds: +1.06 ms added over direct compressed, +0.78 not;
+#: BENCHMARKS.md, "Session of 2026-12-05 (5)") for a few KB a minute saved. Codec clients,
+#: the playground's explicit ``Tokenwire-Accept-Encoding``, Codec streams and whole bodies
+#: keep the §4.3 pick.
+_UNCOMPRESSED = "identity"
 
 
 def route_model(state: GatewayState, model: str | None, fmt: StreamFormat | None) -> ServedModel:
@@ -167,13 +177,17 @@ def start_generation(
     # Dictionary zstd only for clients that declare a Codec version: generic HTTP clients
     # (httpx, browsers) offer "zstd" too, and cannot decode a body that needs our dictionary
     # ("Dictionary mismatch"). Undeclared clients get br/gzip, which every client decodes.
-    allow_zstd = (zdict is not None and CLIENT_VERSION_HEADER in request.headers
-                  and header_allowed("Codec-Zstd-Dict", cv))
+    declared = CLIENT_VERSION_HEADER in request.headers
+    allow_zstd = zdict is not None and declared and header_allowed("Codec-Zstd-Dict", cv)
+    codec = isinstance(renderer, CodecStreamRenderer)
     chosen = request.headers.get(ACCEPT_ENCODING_HEADER)
-    pick = _pick(chosen if chosen is not None else request.headers.get("accept-encoding"),
-                 allow_zstd)
+    offered = chosen if chosen is not None else request.headers.get("accept-encoding")
+    if streaming and not codec and not declared and chosen is None \
+            and not state.settings.compress_event_streams:
+        offered = _UNCOMPRESSED  # an API's event stream to a generic client (why: there)
+    pick = _pick(offered, allow_zstd)
     zdict = zdict if pick.encoding == "zstd" else None
-    api = "codec" if isinstance(renderer, CodecStreamRenderer) else api_for_path(path)
+    api = "codec" if codec else api_for_path(path)
     stream = state.supervise(request, served, gen, streaming=streaming, api=api)
 
     def headers() -> list[tuple[str, str]]:  # at the head: a fallback may serve by then
