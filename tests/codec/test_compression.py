@@ -247,10 +247,26 @@ def test_first_frame_flushed_at_once(zdict):
     assert co.deadline is None
 
 
-def test_identity_is_never_delayed():
-    co = Coalescer(new_compressor("identity"), window=10.0, flush_first=False)
-    assert co.add(b"abc", 0.0) == b"abc"
-    assert co.add(b"def", 0.001) == b"def"
+def test_identity_is_coalesced_like_every_coding():
+    co = Coalescer(new_compressor("identity"), window=10.0)
+    assert co.add(b"abc", 0.0) == b"abc"  # the first frame at once, as for every coding
+    assert co.add(b"def", 0.001) == b""  # then one write per window
+    assert co.add(b"gh", 5.0) == b""
+    assert co.poll(9.0) == b""
+    assert co.poll(10.001) == b"defgh"
+    assert co.deadline is None
+
+
+@pytest.mark.parametrize("encoding", ["identity", "gzip"])
+def test_a_frame_added_with_flush_closes_its_window(encoding):
+    """A keep-alive goes out with what its window holds, not a window later."""
+    co = Coalescer(new_compressor(encoding), window=10.0)
+    dec = zlib.decompressobj(31).decompress if encoding == "gzip" else bytes
+    first = co.add(b"abc", 0.0)
+    assert co.add(b"def", 0.001) == b""
+    out = co.add(b": keep-alive\n\n", 5.0, flush=True)
+    assert dec(first + out) == b"abcdef: keep-alive\n\n"
+    assert co.deadline is None
 
 
 def test_pending_limit_closes_the_window_early():

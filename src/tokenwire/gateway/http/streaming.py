@@ -40,6 +40,7 @@ from tokenwire.gateway.ir import (
     Event,
     EventStream,
     Failure,
+    Heartbeat,
     MessageStart,
     ResponseMeta,
     Usage,
@@ -247,7 +248,8 @@ class EventResponse:
             while not self.disconnected:  # else the stream was cancelled: nobody to send to
                 chunks = [c for ev in held for c in self._renderer.on_event(ev)]
                 held = []
-                out = self._feed(coalescer, chunks + self._renderer.on_event(event))
+                out = self._feed(coalescer, chunks + self._renderer.on_event(event),
+                                 flush=type(event) is Heartbeat)
                 if is_terminal(event):
                     await self._body(send, out + coalescer.close(self._clock()), more=False)
                     return
@@ -264,11 +266,12 @@ class EventResponse:
         finally:
             waits.close()
 
-    def _feed(self, coalescer: Coalescer, chunks: list[bytes]) -> bytes:
+    def _feed(self, coalescer: Coalescer, chunks: list[bytes], *, flush: bool = False) -> bytes:
         # The chunks of one event go in as one unit: the Chat renderer opens with a role-only
         # chunk before the first content, and the coalescer flushes its first unit at once;
         # fed one by one, the first real content would wait a whole window.
-        return coalescer.add(b"".join(chunks), self._clock()) if chunks else b""
+        # A heartbeat closes its window: it comes after 15 s of silence to be seen now.
+        return coalescer.add(b"".join(chunks), self._clock(), flush=flush) if chunks else b""
 
     async def _next_in_window(self, coalescer: Coalescer, send: Send,
                               waits: DeadlineWaits) -> Event:
@@ -321,7 +324,7 @@ class EventResponse:
                 return event
             chunks = self._renderer.on_event(event)
             if chunks:
-                out += coalescer.add(b"".join(chunks), at)
+                out += coalescer.add(b"".join(chunks), at, flush=type(event) is Heartbeat)
         if out:
             await self._body(send, out, more=True)
         return None
