@@ -66,7 +66,7 @@ RAW_CODING_HEADER = "Tokenwire-Content-Encoding"
 #: does, and a compressed token stream cost them 0.28 ms of time to first token (the
 #: gateway's compressor and the client's decoder, both cold on the first chunk; one client
 #: alternating the two, 60 rounds: +1.06 ms added over direct compressed, +0.78 not;
-#: BENCHMARKS.md, "Session of 2026-12-05 (5)") for a few KB a minute saved. Codec clients,
+#: BENCHMARKS.md, "Session of 2026-12-05 (5)") to save ~200 bytes a token. Codec clients,
 #: the playground's explicit ``Tokenwire-Accept-Encoding``, Codec streams and whole bodies
 #: keep the §4.3 pick.
 _UNCOMPRESSED = "identity"

@@ -136,8 +136,9 @@ class EventResponse:
         cork = extensions.get(CORK_EXTENSION) if extensions else None
         # The generation's task first: the loop runs ready tasks in the order they were
         # made, and every step before the upstream request is written delays the first
-        # token (the watcher's first step cost ~0.1 ms of it; BENCHMARKS.md, "Session of
-        # 2026-12-05 (5)"). A disconnect is still seen as soon as the watcher runs.
+        # token (with the record's metrics held until the first write, ~0.1 ms of it:
+        # BENCHMARKS.md, "Session of 2026-12-05 (5)"). A disconnect is still seen as soon
+        # as the watcher runs.
         start_early(self._stream)
         watcher = asyncio.get_running_loop().create_task(self._watch_disconnect(receive))
         try:

@@ -253,9 +253,10 @@ class RequestRecord:
     first attempts, time to first token) is held in the record and posted with the first
     write's byte count (:meth:`wire_bytes`), or at the first retry, fallback, heartbeat,
     token batch or :meth:`close`, whichever comes first; so are the labels and children that
-    posting needs. Those updates sat between the request and its first token, ~0.1 ms of
-    the gateway's added time to first token at 1 stream (BENCHMARKS.md, "Session of
-    2026-12-05 (5)"); a scrape sees them one write later.
+    posting needs. Those updates sat between the request and its first token (with the
+    writer's disconnect watch, ``http/streaming.py``, ~0.1 ms of the gateway's added time to
+    first token at 1 stream: BENCHMARKS.md, "Session of 2026-12-05 (5)"); a scrape sees
+    them one write later.
     """
 
     __slots__ = (
