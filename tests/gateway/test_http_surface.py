@@ -299,7 +299,6 @@ class _HeldStream:
         pass
 
 
-
 _CHAT = {"messages": [{"role": "user", "content": "x"}], "stream": True}
 
 
@@ -331,6 +330,7 @@ def test_an_apis_event_stream_is_compressed_only_when_asked(serve, settings, hea
                                                          "msgpack"},
                        headers={"Accept-Encoding": "gzip"}, timeout=60)
     assert codec.headers["content-encoding"] == "gzip"
+
 
 def _stock_decompressor(encoding: str):
     if encoding == "gzip":
