@@ -264,18 +264,16 @@ class SupervisedStream:
     async def next_event(self) -> Event:
         if self._cancelled and not len(self._queue):
             return Finish(reason=FinishKind.ABORT)
-        # Started by the first read (the constructor may run outside the loop), never after
-        # abort() already ended the request.
-        if self._task is None and not self._ended:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self.start()  # by the first read, unless a writer started it earlier
         return await self._queue.get()
 
     def start(self) -> None:
-        """Begin the work now, as the first :meth:`next_event` would (``ir.start_early``):
+        """Begin the work now, as the first :meth:`next_event` does (``ir.start_early``):
         a writer that creates other tasks first (``http/streaming.py``'s disconnect watch)
         calls this before them, so the loop runs this task's steps to the upstream request
-        before theirs."""
-        if self._task is None and not self._ended and not self._cancelled:
+        before theirs. Never from the constructor (it may run outside the loop), never
+        after abort() already ended the request."""
+        if self._task is None and not self._ended:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     def ready(self) -> list[Event]:
