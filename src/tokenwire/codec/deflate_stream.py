@@ -38,6 +38,14 @@ incompressible data) become literals when short and our own stored blocks when l
 header and the CRC-32/ISIZE trailer (RFC 1952 §2.3) are written here, and the stream ends
 with an empty final fixed block.
 
+The first flush is the exception: while zlib has written nothing yet (a stream's first
+window, a frame or two), it is zlib's own ``Z_SYNC_FLUSH`` output as it is: its block, ended,
+then an empty stored block, so the stream is byte-aligned at a block boundary, where the
+reader and the writer above start anyway. It costs ~6 bytes once per stream (the stored
+block's marker and one more block header) and saves walking the first window in Python on
+the way to the first token, where nothing is warm: 86 -> 37 µs with the caches evicted
+(BENCHMARKS.md, "Session of 2026-12-05 (6)").
+
 Used for Codec token streams (a few bytes per flush); text streams, whose flushes carry
 hundreds of bytes, keep zlib's ``Z_BLOCK`` (the rule and its numbers: ``GzipCompressor``).
 Sans-IO and pure: bytes in, bytes out, no clock.
@@ -147,6 +155,7 @@ class GzipStream:
         self._crc = 0
         self._size = 0
         self._finished = False
+        self._walked = False  # zlib wrote something and the reader walked it (or flushed)
         # Reader of zlib's output: unread bits (LSB first) and where we are in its blocks.
         self._hold = 0
         self._hold_bits = 0
@@ -196,6 +205,8 @@ class GzipStream:
     def flush(self) -> bytes:
         """Everything compressed so far, decodable now; the 32 KiB history is kept."""
         self._check_open()
+        if not self._walked and self._size:
+            return self._first_flush()
         raw = self._z.flush(zlib.Z_BLOCK)
         if raw:
             self._read(raw)
@@ -219,6 +230,17 @@ class GzipStream:
             out = bytes(self._out) + out
             self._out.clear()
         return self._take_header() + out if self._header else out
+
+    def _first_flush(self) -> bytes:
+        """zlib's ``Z_SYNC_FLUSH`` as it is (see the module docstring). zlib's next output
+        opens a new block at a byte boundary: the reader waits for a block header with
+        nothing held, the writer has no block open and no pad, as in a new stream; only
+        the stream's bit offset and the bytes walked move."""
+        raw = self._z.flush(zlib.Z_SYNC_FLUSH)
+        self._walked = True
+        self._base = 8 * len(raw)
+        self._pos = self._size
+        return self._take_header() + raw
 
     def finish(self) -> bytes:
         """End of the body: the last data, an empty final block, CRC-32 and ISIZE."""
@@ -347,6 +369,7 @@ class GzipStream:
         """Walk zlib's raw deflate output and write its content into our block."""
         if not raw:  # the reader stopped only where it needed more bits
             return
+        self._walked = True
         i, end = 0, len(raw)
         while True:
             state = self._state

@@ -90,6 +90,9 @@ UVICORN_LIMITS: dict[str, Any] = {
     # uvicorn's access log prints the query string (``GET /health?api_key=...``); queries
     # are never logged (README, docs/security.md), and the request log records requests.
     "access_log": False,
+    # No ``server: uvicorn`` on every answer: it tells a peer what to probe for, and each
+    # header is parsed by the client on the way to its first token (h11 ~1.7 µs each, warm).
+    "server_header": False,
 }
 #: The WebSocket implementation uvicorn hands upgrades to. Without one, uvicorn logs "No
 #: supported WebSocket library detected. Please use pip install 'uvicorn[standard]'" on

@@ -610,6 +610,36 @@ def test_stream_post_sends_the_head_and_body_httpx_sends() -> None:
     assert b"user-agent: mine" in _fields(lean) and b"authorization: bearer k" in _fields(lean)
 
 
+def test_stream_post_builds_a_head_once_per_target_and_headers() -> None:
+    """The head up to Content-Length is built and checked once per (target, headers) of a
+    client; every request still carries its own body's length, other headers get their own
+    head, and a caller's own Content-Length is sent as given, never cached."""
+    requests: list[bytes] = []
+
+    async def main():
+        server = Server(lambda r, w: _record(r, w, requests))
+        url = await server.start()
+        async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
+                               {"Authorization": "Bearer k"}, None) as client:
+            target = httpx.URL(url + "/v1/chat")
+            for body, headers in ((b"{}", {"X-A": "1"}), (b'{"long":true}', {"X-A": "1"}),
+                                  (b"{}", {"X-A": "2"}), (b"abc", {"Content-Length": "3"})):
+                async with stream_post(client, target, body, headers) as resp:
+                    assert resp.status_code == 200
+            assert len(client.post_heads) == 2
+        await server.stop()
+
+    _run(main)
+    first, second, other, own = requests
+    assert first.endswith(b"\r\n\r\n{}") and second.endswith(b'\r\n\r\n{"long":true}')
+    assert b"content-length: 2" in _fields(first) and b"content-length: 13" in _fields(second)
+    assert [f for f in _fields(first) if not f.startswith(b"content-length")] == \
+        [f for f in _fields(second) if not f.startswith(b"content-length")]
+    assert b"x-a: 2" in _fields(other) and b"authorization: bearer k" in _fields(other)
+    assert [f for f in _fields(own) if f.startswith(b"content-length")] == \
+        [b"content-length: 3"]
+
+
 def test_stream_post_refuses_a_header_that_would_split_the_head() -> None:
     requests: list[bytes] = []
 

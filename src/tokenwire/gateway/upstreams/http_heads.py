@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 import httptools
 import httpx
 
-__all__ = ["Head", "parse_head", "request_bytes"]
+__all__ = ["Head", "head_bytes", "parse_head", "request_bytes"]
 
 
 # -- the request head ----------------------------------------------------------------------
@@ -25,10 +25,11 @@ _VALUE = re.compile(rb"(?:[\x21-\x7e\x80-\xff](?:[\t\x20-\x7e\x80-\xff]*[\x21-\x
 _TARGET = re.compile(rb"[\x21-\x7e\x80-\xff]+")
 
 
-def request_bytes(method: bytes, target: bytes, fields: Iterable[tuple[bytes, bytes]],
-                   body: bytes, request: httpx.Request | None = None) -> bytes:
-    """The request as it goes on the wire: head and body in one write. ``request`` is only
-    named in the errors (the lean path has none)."""
+def head_bytes(method: bytes, target: bytes, fields: Iterable[tuple[bytes, bytes]],
+               request: httpx.Request | None = None) -> tuple[bytes, bool]:
+    """The request line and ``fields``, each checked, up to (not including) the blank line
+    that ends the head; and whether they frame the body chunked. ``request`` is only named
+    in the errors (the lean path has none)."""
     if not _TARGET.fullmatch(target):
         raise httpx.LocalProtocolError(f"invalid request target {target!r}", request=request)
     parts = [method, b" ", target, b" HTTP/1.1\r\n"]
@@ -40,13 +41,17 @@ def request_bytes(method: bytes, target: bytes, fields: Iterable[tuple[bytes, by
         chunked = chunked or (name.lower() == b"transfer-encoding"
                               and value.lower() == b"chunked")
         parts += [name, b": ", value, b"\r\n"]
-    parts.append(b"\r\n")
+    return b"".join(parts), chunked
+
+
+def request_bytes(method: bytes, target: bytes, fields: Iterable[tuple[bytes, bytes]],
+                  body: bytes, request: httpx.Request | None = None) -> bytes:
+    """The request as it goes on the wire: head and body in one write."""
+    head, chunked = head_bytes(method, target, fields, request)
     if chunked:  # httpx's framing of a streamed request body, which ``aread`` joined
-        parts += [b"%x\r\n" % len(body), body, b"\r\n"] if body else []
-        parts.append(b"0\r\n\r\n")
-    else:
-        parts.append(body)
-    return b"".join(parts)
+        return b"".join([head, b"\r\n", *([b"%x\r\n" % len(body), body, b"\r\n"] if body
+                                           else []), b"0\r\n\r\n"])
+    return b"".join((head, b"\r\n", body))
 
 
 # -- the response head ---------------------------------------------------------------------

@@ -101,6 +101,9 @@ class UpstreamClient(httpx.AsyncClient):
         #: The lean transport, when it is this client's: ``stream_post`` then skips
         #: httpx's request and response objects (``None``: httpx's path, e.g. a proxy's).
         self.lean = transport if isinstance(transport, LeanTransport) else None
+        #: POST heads built and checked once per (target, headers) (``stream_post``); the
+        #: client's own headers are fixed once it is built (``sse_http.http_client``).
+        self.post_heads: dict[tuple[bytes, bytes, tuple[tuple[str, str], ...]], bytes] = {}
 
     @property
     def cookies(self) -> httpx.Cookies:
@@ -555,12 +558,11 @@ class LeanTransport(httpx.AsyncBaseTransport):
                               extensions={"http_version": b"HTTP/1.1",
                                           "reason_phrase": head.reason})
 
-    async def post(self, url: httpx.URL, fields: list[tuple[bytes, bytes]], body: bytes,
+    async def post(self, url: httpx.URL, data: bytes,
                    timeouts: dict[str, float | None]) -> LeanAnswer:
-        """POST ``body`` with the head ``fields`` (see :func:`post_fields`): the answer's
+        """Send ``data``, a whole POST to ``url`` (``stream_post.post_bytes``): the answer's
         head and body, with no httpx ``Request`` or ``Response`` built (the SSE adapters'
         requests, :mod:`.stream_post`)."""
-        data = request_bytes(b"POST", url.raw_path, fields, body)
         return LeanAnswer(*await self._send(url, data, False, timeouts, None))
 
     async def _send(self, url: httpx.URL, data: bytes, head_only: bool,

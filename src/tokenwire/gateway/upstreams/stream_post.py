@@ -17,10 +17,19 @@ from typing import Any, Protocol
 
 import httpx
 
-from tokenwire.gateway.upstreams.http_transport import MAX_BUFFERED_BYTES, LeanAnswer
+from tokenwire.gateway.upstreams.http_heads import head_bytes, request_bytes
+from tokenwire.gateway.upstreams.http_transport import (
+    MAX_BUFFERED_BYTES,
+    LeanAnswer,
+    UpstreamClient,
+)
 from tokenwire.gateway.wakeups import wake
 
-__all__ = ["BodyReader", "post_fields", "stream_post"]
+__all__ = ["BodyReader", "post_bytes", "post_fields", "stream_post"]
+
+#: Distinct (target, headers) heads an upstream client keeps (a few per upstream: its
+#: paths, and per-request keys where a caller forwards them); past it they start over.
+MAX_POST_HEADS = 64
 
 
 class BodyReader(Protocol):
@@ -40,11 +49,12 @@ class BodyReader(Protocol):
 
 
 def post_fields(defaults: httpx.Headers, url: httpx.URL, headers: Mapping[str, str],
-                length: int) -> list[tuple[bytes, bytes]]:
+                length: int | None) -> list[tuple[bytes, bytes]]:
     """The head httpx would send for ``client.stream("POST", url, content=<length bytes>,
     headers=headers)``: ``Host``, the client's headers (``defaults``: its own ``Accept``,
     ``User-Agent``... and the upstream's auth), each replaced by a request header of the
-    same name, the other request headers, then ``Content-Length``. Values are encoded as
+    same name, the other request headers, then ``Content-Length`` (``length`` None: left for
+    the caller). Values are encoded as
     httpx encodes them (ASCII); ``http_heads.request_bytes`` checks every name and value."""
     given = {name.lower(): (name.encode("ascii"), value.encode("ascii"))
              for name, value in headers.items()}
@@ -55,9 +65,31 @@ def post_fields(defaults: httpx.Headers, url: httpx.URL, headers: Mapping[str, s
         framed = framed or lower == "content-length"
         fields.append(given.pop(lower, None) or (name, value))
     fields += given.values()
-    if not framed:
+    if not framed and length is not None:
         fields.append((b"Content-Length", b"%d" % length))
     return fields
+
+
+def post_bytes(client: UpstreamClient, url: httpx.URL, headers: Mapping[str, str],
+               body: bytes) -> bytes:
+    """The whole POST as :func:`post_fields` and ``http_heads.request_bytes`` write it. Its
+    head up to ``Content-Length`` is the same for every request of a target and headers, so
+    it is built and checked once (``client.post_heads``), ~8 µs per request on the way to
+    the first token (BENCHMARKS.md, "Session of 2026-12-05 (6)"). A caller that frames the
+    body itself (its own ``Content-Length`` or ``Transfer-Encoding``) gets it built each
+    time."""
+    key = (url.raw_path, url.netloc, tuple(headers.items()))
+    head = client.post_heads.get(key)
+    if head is None:
+        fields = post_fields(client.headers, url, headers, None)
+        if any(name.lower() in (b"content-length", b"transfer-encoding") for name, _ in fields):
+            return request_bytes(b"POST", url.raw_path,
+                                 post_fields(client.headers, url, headers, len(body)), body)
+        head = head_bytes(b"POST", url.raw_path, fields)[0]
+        if len(client.post_heads) >= MAX_POST_HEADS:
+            client.post_heads.clear()
+        client.post_heads[key] = head
+    return b"%sContent-Length: %d\r\n\r\n%s" % (head, len(body), body)
 
 
 class stream_post:  # a lower-case name: used as ``async with``, like ``client.stream``
@@ -86,8 +118,8 @@ class stream_post:  # a lower-case name: used as ``async with``, like ``client.s
             return self._response
         client = self._client
         self._answer = await lean.post(
-            self._url, post_fields(client.headers, self._url, self._headers, len(self._body)),
-            self._body, client.timeout.as_dict())
+            self._url, post_bytes(client, self._url, self._headers, self._body),
+            client.timeout.as_dict())
         return self._answer
 
     async def __aexit__(self, *exc: object) -> None:
