@@ -122,14 +122,42 @@ def check_model_limits(served: ServedModel, gen: GenerationRequest, *,
     return gen
 
 
+#: Distinct heads ``GatewayState.heads`` keeps (models x client versions x codings); past
+#: it, they start over.
+MAX_HEADS = 256
+
+
 def generation_headers(
     state: GatewayState, served: ServedModel, cv: Version, renderer: Renderer, encoding: str,
     zdict: ZstdDict | None, reason_code: str, request_id: str, *, raw: bool = False,
 ) -> list[tuple[str, str]]:
-    """All response headers of a generation, filtered by the client's version (§5.3)."""
-    headers = [("Content-Type", renderer.content_type), ("Vary", VARY),
-               ("Cache-Control", "no-store"), ("X-Accel-Buffering", "no"),
-               ("X-Request-Id", request_id)]
+    """All response headers of a generation, filtered by the client's version (§5.3).
+
+    Only the request id differs between requests of one model, client version and coding:
+    the rest is built and filtered once and kept in ``state.heads`` (on the way to every
+    first token, building and filtering it took ~38 µs with the caches cold: BENCHMARKS.md,
+    "Session of 2026-12-05 (6)"). An entry is used only for the very model object it was
+    built for (a reloaded router's models are new objects)."""
+    key = (served.name, cv, renderer.content_type, isinstance(renderer, CodecStreamRenderer),
+           encoding, zdict.hash if zdict is not None else None, reason_code, raw)
+    entry = state.heads.get(key)
+    if entry is None or entry[0] is not served:
+        if len(state.heads) >= MAX_HEADS:
+            state.heads.clear()
+        entry = state.heads[key] = (served, *_static_headers(
+            state, served, cv, renderer, encoding, zdict, reason_code, raw=raw))
+    _, before, after = entry
+    return [*before, ("X-Request-Id", request_id), *after]  # (no version floor, §5.3)
+
+
+def _static_headers(
+    state: GatewayState, served: ServedModel, cv: Version, renderer: Renderer, encoding: str,
+    zdict: ZstdDict | None, reason_code: str, *, raw: bool,
+) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+    """The head of :func:`generation_headers` before and after the request id, filtered."""
+    before = [("Content-Type", renderer.content_type), ("Vary", VARY),
+              ("Cache-Control", "no-store"), ("X-Accel-Buffering", "no")]
+    headers = []
     if served.tmap is not None:
         headers.append(("Codec-Tokenizer-Map", served.tmap.hash))
     if isinstance(renderer, CodecStreamRenderer):  # where the frames' ids come from
@@ -143,7 +171,7 @@ def generation_headers(
     if state.policy_for(served) is not None:
         headers += state.safety_headers()
     headers.append(("Codec-Pick", reason_code))
-    return filter_headers(headers, cv)
+    return tuple(filter_headers(before, cv)), tuple(filter_headers(headers, cv))
 
 
 def _failure_response(failure: Failure) -> tuple[int, list[tuple[str, str]], bytes]:

@@ -104,6 +104,9 @@ class GatewayState:
     #: the gateway has a ``[state]`` connection; and their per-key-name metrics.
     limiter: KeyLimiter = field(default_factory=KeyLimiter)
     key_metrics: KeyMetrics = field(default=None)  # type: ignore[assignment]
+    #: Generations' response heads less the request id, built once per model, client
+    #: version and coding (``http/generation.py`` ``generation_headers``).
+    heads: dict[tuple[Any, ...], tuple[Any, ...]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._build_shared_state()
