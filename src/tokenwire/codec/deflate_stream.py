@@ -41,7 +41,7 @@ with an empty final fixed block.
 The first flush is the exception: while zlib has written nothing yet (a stream's first
 window, a frame or two), it is zlib's own ``Z_SYNC_FLUSH`` output as it is: its block, ended,
 then an empty stored block, so the stream is byte-aligned at a block boundary, where the
-reader and the writer above start anyway. It costs ~6 bytes once per stream (the stored
+reader and the writer above start anyway. It costs 5-6 bytes once per stream (the stored
 block's marker and one more block header) and saves walking the first window in Python on
 the way to the first token, where nothing is warm: 86 -> 37 µs with the caches evicted
 (BENCHMARKS.md, "Session of 2026-12-05 (6)").
@@ -155,7 +155,7 @@ class GzipStream:
         self._crc = 0
         self._size = 0
         self._finished = False
-        self._walked = False  # zlib wrote something and the reader walked it (or flushed)
+        self._walked = False  # zlib's output so far went through the reader (or the first flush)
         # Reader of zlib's output: unread bits (LSB first) and where we are in its blocks.
         self._hold = 0
         self._hold_bits = 0

@@ -48,10 +48,11 @@ def request_bytes(method: bytes, target: bytes, fields: Iterable[tuple[bytes, by
                   body: bytes, request: httpx.Request | None = None) -> bytes:
     """The request as it goes on the wire: head and body in one write."""
     head, chunked = head_bytes(method, target, fields, request)
-    if chunked:  # httpx's framing of a streamed request body, which ``aread`` joined
-        return b"".join([head, b"\r\n", *([b"%x\r\n" % len(body), body, b"\r\n"] if body
-                                           else []), b"0\r\n\r\n"])
-    return b"".join((head, b"\r\n", body))
+    if not chunked:
+        return b"".join((head, b"\r\n", body))
+    # httpx's framing of a streamed request body, which ``aread`` joined
+    chunk = b"%x\r\n%s\r\n" % (len(body), body) if body else b""
+    return b"".join((head, b"\r\n", chunk, b"0\r\n\r\n"))
 
 
 # -- the response head ---------------------------------------------------------------------

@@ -54,8 +54,8 @@ def post_fields(defaults: httpx.Headers, url: httpx.URL, headers: Mapping[str, s
     headers=headers)``: ``Host``, the client's headers (``defaults``: its own ``Accept``,
     ``User-Agent``... and the upstream's auth), each replaced by a request header of the
     same name, the other request headers, then ``Content-Length`` (``length`` None: left for
-    the caller). Values are encoded as
-    httpx encodes them (ASCII); ``http_heads.request_bytes`` checks every name and value."""
+    the caller). Values are encoded as httpx encodes them (ASCII); ``http_heads`` checks
+    every name and value."""
     given = {name.lower(): (name.encode("ascii"), value.encode("ascii"))
              for name, value in headers.items()}
     framed = "content-length" in given
@@ -74,8 +74,9 @@ def post_bytes(client: UpstreamClient, url: httpx.URL, headers: Mapping[str, str
                body: bytes) -> bytes:
     """The whole POST as :func:`post_fields` and ``http_heads.request_bytes`` write it. Its
     head up to ``Content-Length`` is the same for every request of a target and headers, so
-    it is built and checked once (``client.post_heads``), ~8 µs per request on the way to
-    the first token (BENCHMARKS.md, "Session of 2026-12-05 (6)"). A caller that frames the
+    it is built and checked once (``client.post_heads``): 72 -> 35 µs per request with the
+    caches cold, on the way to the first token (BENCHMARKS.md, "Session of 2026-12-05
+    (6)"). A caller that frames the
     body itself (its own ``Content-Length`` or ``Transfer-Encoding``) gets it built each
     time."""
     key = (url.raw_path, url.netloc, tuple(headers.items()))
