@@ -19,8 +19,13 @@ Printed: each mark's median, in ms after t0, per target. Used in BENCHMARKS.md "
 ran on the gateway's own core, and "(3)", where ``--cpus`` pinned the gateway apart from
 the other processes, and all of them on one core.
 
+With ``--layers`` the gateway also marks each layer the first token crosses
+(``_mark_layers``); with ``--calls N`` it counts its calls per function instead
+(``sys.setprofile``, ``_Calls``: its marks are then slowed) and prints the N most called
+of each span. Used in "Session of 2026-12-05 (7)".
+
     PYTHONPATH=src .venv/bin/python -m bench.ttft_timeline [--rounds 80] [--tokens 64]
-        [--pace 0.005] [--cpus 0,1]
+        [--pace 0.005] [--cpus 0,1] [--layers | --calls 40]
 """
 
 from __future__ import annotations
@@ -67,6 +72,48 @@ class _Marks:
             self.rows[-1][name] = _pc()
 
 
+class _Calls:
+    """Calls counted per function (``sys.setprofile``) in two spans of every request: from
+    the request's bytes to the upstream write, and from the upstream's head to the client's
+    first body; dumped beside the marks (``--calls``). A coroutine resumed counts as a call
+    again (``sys.setprofile`` reports it so): a chain of awaits that waits pays it per frame."""
+
+    def __init__(self, out: str) -> None:
+        self.counts: dict[str, dict[str, int]] = {"request": {}, "response": {}, "spans": {}}
+        self._out = out
+        self._span: dict[str, int] | None = None
+        previous = signal.getsignal(signal.SIGUSR2)
+
+        def dump(*args: Any) -> None:
+            Path(out).write_text(json.dumps(self.counts))
+            if callable(previous):
+                previous(*args)
+
+        signal.signal(signal.SIGUSR2, dump)
+
+    def start(self, span: str) -> None:
+        self._span = self.counts[span]
+        spans = self.counts["spans"]
+        spans[span] = spans.get(span, 0) + 1
+        sys.setprofile(self._count)
+
+    def stop(self) -> None:
+        sys.setprofile(None)
+        self._span = None
+
+    def _count(self, frame: Any, event: str, arg: Any) -> None:
+        if self._span is None:
+            return
+        if event == "call":
+            code = frame.f_code
+            key = f"{code.co_filename.rsplit('/site-packages/', 1)[-1]}:{code.co_name}"
+        elif event == "c_call":
+            key = f"C {getattr(arg, '__qualname__', arg)}"
+        else:
+            return
+        self._span[key] = self._span.get(key, 0) + 1
+
+
 # -- the instrumented processes (each run as ``python -m bench.ttft_timeline --serve-...``) --
 
 
@@ -89,9 +136,12 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
     from tokenwire.gateway.upstreams import http_transport
 
     marks = _Marks(out)
+    calls = _Calls(out + ".calls") if os.environ.get("TTFT_CALLS") else None
     write = http_transport._Connection.write
 
     async def upstream_write(self: Any, data: bytes, timeout: float | None) -> None:
+        if calls is not None:
+            calls.stop()
         marks.mark("gateway: upstream request write")
         await write(self, data, timeout)
         marks.mark("gateway: upstream request written")
@@ -101,19 +151,104 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
     async def client_send(self: Any, message: Any) -> None:
         kind = "head" if message["type"] == "http.response.start" else "first body"
         marks.mark(f"gateway: client {kind} send")
+        if calls is not None and kind == "first body":
+            calls.stop()
         await send(self, message)
         marks.mark(f"gateway: client {kind} sent")
 
+    def request_bytes() -> None:
+        marks.begin("gateway: request bytes arrived")
+        if calls is not None:
+            calls.start("request")
+
+    def upstream_head() -> None:
+        marks.mark("gateway: upstream head arrived")
+        if calls is not None and marks.rows and \
+                "gateway: client first body send" not in marks.rows[-1]:  # not start-up's
+            calls.start("response")
+
     client_conn, upstream_conn = connections.GuardedHttpToolsProtocol, http_transport._Connection
     client_conn.data_received = _stamped(  # type: ignore[method-assign]
-        client_conn.data_received, b"POST ", lambda: marks.begin("gateway: request bytes arrived"))
+        client_conn.data_received, b"POST ", request_bytes)
     upstream_conn.data_received = _stamped(  # type: ignore[method-assign]
-        upstream_conn.data_received, b"HTTP/1.1 ",
-        lambda: marks.mark("gateway: upstream head arrived"))
+        upstream_conn.data_received, b"HTTP/1.1 ", upstream_head)
     upstream_conn.write = upstream_write  # type: ignore[method-assign]
     httptools_impl.RequestResponseCycle.send = client_send  # type: ignore
+    if os.environ.get("TTFT_LAYERS"):
+        _mark_layers(marks)
     sys.argv = ["tokenwire", *argv]
     main()
+
+
+def _mark_layers(marks: _Marks) -> None:
+    """A mark at each layer the first token crosses (``--layers``, each ~1 µs): a class's
+    method or a module's function wrapped, marked when it is called or, ``after``, when it
+    returns; and the first bytes of the request after its head (httpx writes the body
+    separately). Names are numbered in the order a request meets them."""
+    from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+    from tokenwire.gateway.http import app, connections, dispatch, streaming
+    from tokenwire.gateway.http import requests as http_requests
+    from tokenwire.gateway.http.admission import AdmissionMiddleware
+    from tokenwire.gateway.http.limits import KeyLimitsMiddleware
+    from tokenwire.gateway.http.security import SecurityMiddleware
+    from tokenwire.gateway.http.state import GatewayState
+    from tokenwire.gateway.supervision.supervisor import SupervisedStream
+    from tokenwire.gateway.upstreams import http_transport, openai_compat, sse_http
+
+    def wrap(owner: Any, name: str, mark: str, *, after: bool = False) -> None:
+        inner = getattr(owner, name)
+        if asyncio.iscoroutinefunction(inner):
+            async def wrapped(*a: Any, **kw: Any) -> Any:
+                if not after:
+                    marks.mark(mark)
+                out = await inner(*a, **kw)
+                if after:
+                    marks.mark(mark)
+                return out
+        else:
+            def wrapped(*a: Any, **kw: Any) -> Any:  # type: ignore[misc]
+                if not after:
+                    marks.mark(mark)
+                out = inner(*a, **kw)
+                if after:
+                    marks.mark(mark)
+                return out
+        setattr(owner, name, wrapped)
+
+    # (Not the DrainGate: uvicorn reads the app's signature and a wrapped one reads as ASGI2.)
+    for owner, name, mark, after in (
+            (HttpToolsProtocol, "on_headers_complete", "00 head parsed", False),
+            (RequestResponseCycle, "run_asgi", "01 app task runs", False),
+            (ProxyHeadersMiddleware, "__call__", "02 proxy headers", False),
+            (SecurityMiddleware, "__call__", "03 security", False),
+            (KeyLimitsMiddleware, "__call__", "04 key limits", False),
+            (AdmissionMiddleware, "__call__", "05 admission", False),
+            (dispatch.GatewayApp, "_endpoint", "06 endpoint", False),
+            (http_requests, "read_body", "07 body read starts", False),
+            (app, "read_json", "08 body read and decoded", True),
+            (app, "parse_chat_request", "09 parsed", True),
+            (GatewayState, "supervise", "10 supervised", True),
+            (app, "start_generation", "11 response made", True),
+            (streaming.EventResponse, "__call__", "12 response called", False),
+            (SupervisedStream, "_run", "13 supervisor task runs", False),
+            (SupervisedStream, "_attempt", "14 attempt", False),
+            (sse_http.SSEUpstreamStream, "_open", "15 open task runs", False),
+            (http_transport, "_read_head", "16 upstream head read", True),
+            (sse_http.SSEUpstreamStream, "_feed", "17 first feed", False),
+            (openai_compat.ChunkParser, "on_sse", "18 first chunk parsed", True),
+            (SupervisedStream, "_push", "19 first event pushed", False),
+            (streaming.EventResponse, "_next", "20 writer has it", True)):
+        wrap(owner, name, f"gateway: {mark}", after=after)
+    received = connections.GuardedHttpToolsProtocol.data_received
+
+    def data_received(self: Any, data: bytes) -> None:
+        if not data.startswith(b"POST "):
+            marks.mark("gateway: request body bytes arrived")
+        received(self, data)
+
+    connections.GuardedHttpToolsProtocol.data_received = data_received  # type: ignore
 
 
 def _serve_upstream(out: str, port: int, tokens: int, pace: float) -> None:
@@ -313,10 +448,13 @@ def _child(args: list[str], **kw: Any) -> subprocess.Popen:
 
 
 def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = None,
+        calls: dict[str, Any] | None = None, layers: bool = False,
         ) -> dict[str, dict[str, float]]:
     """Median ms after the client's t0 of every mark, per target; ``cpus`` (others,
     gateway): the client, upstream and relay pinned to one CPU, the gateway to another (or
-    the same one)."""
+    the same one); ``calls``, when given, is filled with the gateway's call counts (its
+    marks are then not worth reading: the profiler slows every call); ``layers``: a mark
+    at each layer of the gateway too (each costs ~1 µs)."""
     procs: list[subprocess.Popen] = []
     pin_gateway = None
     if cpus is not None:
@@ -337,7 +475,9 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
             gw = _child(["--serve-gateway", gw_out, "serve", "--upstream",
                          f"http://127.0.0.1:{up_port}/v1", "--port", str(gw_port),
                          "--log-level", "warning"], stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, preexec_fn=pin_gateway)
+                        stderr=subprocess.DEVNULL, preexec_fn=pin_gateway,
+                        env={**os.environ, **({"TTFT_CALLS": "1"} if calls is not None else {}),
+                             **({"TTFT_LAYERS": "1"} if layers else {})})
             procs.append(gw)
             bu._wait_http(f"http://127.0.0.1:{gw_port}/health", gw, 60)
             bu._wait_http(f"http://127.0.0.1:{relay_port}/v1/models", up, 60)
@@ -354,6 +494,8 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
                 time.sleep(0.1)
             server_rows = json.loads(Path(up_out).read_text()) + \
                 json.loads(Path(gw_out).read_text())
+            if calls is not None:
+                calls.update(json.loads(Path(gw_out + ".calls").read_text()))
         finally:
             bu.stop_all(procs)
     return _medians(seen, server_rows)
@@ -418,15 +560,37 @@ def main() -> None:
     parser.add_argument("--cpus", metavar="OTHERS,GATEWAY",
                         help="pin the client, upstream and relay to CPU OTHERS and the gateway "
                              "to CPU GATEWAY (0,1: apart; 0,0: all on one core)")
+    parser.add_argument("--calls", type=int, metavar="N", default=0,
+                        help="count the gateway's calls instead (sys.setprofile) and print "
+                             "the N most called functions of each span")
+    parser.add_argument("--layers", action="store_true",
+                        help="mark the gateway's layers too (_mark_layers)")
     args = parser.parse_args()
     cpus = None
     if args.cpus:
         others, _, gateway = args.cpus.partition(",")
         cpus = (int(others), int(gateway))
-    for name, marks in run(args.rounds, args.tokens, args.pace, cpus).items():
+    calls: dict[str, Any] | None = {} if args.calls else None
+    medians = run(args.rounds, args.tokens, args.pace, cpus, calls, args.layers)
+    if calls is not None:
+        _print_calls(calls, args.calls)
+        return
+    for name, marks in medians.items():
         print(f"{name} (ms after the request was sent, medians of {args.rounds})")
         for mark, ms in marks.items():
             print(f"  {ms:8.3f}  {mark}")
+
+
+def _print_calls(calls: dict[str, Any], top: int) -> None:
+    for span, label in (("request", "request bytes -> upstream write"),
+                        ("response", "upstream head -> client first body")):
+        n = calls["spans"].get(span, 0) or 1
+        counts = calls[span]
+        python = sum(v for k, v in counts.items() if not k.startswith("C "))
+        print(f"{label}: {sum(counts.values()) / n:.0f} calls per request, "
+              f"{python / n:.0f} of them Python ({n} requests)")
+        for key, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]:
+            print(f"  {v / n:6.1f}  {key}")
 
 
 if __name__ == "__main__":
