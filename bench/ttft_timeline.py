@@ -199,22 +199,20 @@ def _mark_layers(marks: _Marks) -> None:
 
     def wrap(owner: Any, name: str, mark: str, *, after: bool = False) -> None:
         inner = getattr(owner, name)
+
+        def returned(out: Any) -> Any:
+            if after:
+                marks.mark(mark)
+            return out
+
         if asyncio.iscoroutinefunction(inner):
             async def wrapped(*a: Any, **kw: Any) -> Any:
-                if not after:
-                    marks.mark(mark)
-                out = await inner(*a, **kw)
-                if after:
-                    marks.mark(mark)
-                return out
+                after or marks.mark(mark)
+                return returned(await inner(*a, **kw))
         else:
             def wrapped(*a: Any, **kw: Any) -> Any:  # type: ignore[misc]
-                if not after:
-                    marks.mark(mark)
-                out = inner(*a, **kw)
-                if after:
-                    marks.mark(mark)
-                return out
+                after or marks.mark(mark)
+                return returned(inner(*a, **kw))
         setattr(owner, name, wrapped)
 
     # (Not the DrainGate: uvicorn reads the app's signature and a wrapped one reads as ASGI2.)
