@@ -25,7 +25,7 @@ With ``--layers`` the gateway also marks each layer the first token crosses
 of each span. Used in "Session of 2026-12-05 (7)".
 
     PYTHONPATH=src .venv/bin/python -m bench.ttft_timeline [--rounds 80] [--tokens 64]
-        [--pace 0.005] [--cpus 0,1] [--layers | --calls 40]
+        [--pace 0.005] [--cpus 0,1] [--layers | --calls 40] [--serve-args "--coalesce-ms 0"]
 """
 
 from __future__ import annotations
@@ -447,12 +447,13 @@ def _child(args: list[str], **kw: Any) -> subprocess.Popen:
 
 def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = None,
         calls: dict[str, Any] | None = None, layers: bool = False,
-        ) -> dict[str, dict[str, float]]:
+        serve_args: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
     """Median ms after the client's t0 of every mark, per target; ``cpus`` (others,
     gateway): the client, upstream and relay pinned to one CPU, the gateway to another (or
     the same one); ``calls``, when given, is filled with the gateway's call counts (its
     marks are then not worth reading: the profiler slows every call); ``layers``: a mark
-    at each layer of the gateway too (each costs ~1 µs)."""
+    at each layer of the gateway too (each costs ~1 µs); ``serve_args``: more arguments
+    for ``tokenwire serve``."""
     procs: list[subprocess.Popen] = []
     pin_gateway = None
     if cpus is not None:
@@ -472,7 +473,7 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
             procs.append(_child(["--floor", str(up_port), str(floor_port)]))
             gw = _child(["--serve-gateway", gw_out, "serve", "--upstream",
                          f"http://127.0.0.1:{up_port}/v1", "--port", str(gw_port),
-                         "--log-level", "warning"], stdout=subprocess.DEVNULL,
+                         "--log-level", "warning", *serve_args], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL, preexec_fn=pin_gateway,
                         env={**os.environ, **({"TTFT_CALLS": "1"} if calls is not None else {}),
                              **({"TTFT_LAYERS": "1"} if layers else {})})
@@ -561,6 +562,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, metavar="N", default=0,
                         help="count the gateway's calls instead (sys.setprofile) and print "
                              "the N most called functions of each span")
+    parser.add_argument("--serve-args", default="", metavar="ARGS",
+                        help="more arguments for tokenwire serve, e.g. '--coalesce-ms 0'")
     parser.add_argument("--layers", action="store_true",
                         help="mark the gateway's layers too (_mark_layers)")
     args = parser.parse_args()
@@ -569,7 +572,8 @@ def main() -> None:
         others, _, gateway = args.cpus.partition(",")
         cpus = (int(others), int(gateway))
     calls: dict[str, Any] | None = {} if args.calls else None
-    medians = run(args.rounds, args.tokens, args.pace, cpus, calls, args.layers)
+    medians = run(args.rounds, args.tokens, args.pace, cpus, calls, args.layers,
+                  tuple(args.serve_args.split()))
     if calls is not None:
         _print_calls(calls, args.calls)
         return
