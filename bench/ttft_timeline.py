@@ -80,7 +80,6 @@ class _Calls:
 
     def __init__(self, out: str) -> None:
         self.counts: dict[str, dict[str, int]] = {"request": {}, "response": {}, "spans": {}}
-        self._out = out
         self._span: dict[str, int] | None = None
         previous = signal.getsignal(signal.SIGUSR2)
 
@@ -207,11 +206,13 @@ def _mark_layers(marks: _Marks) -> None:
 
         if asyncio.iscoroutinefunction(inner):
             async def wrapped(*a: Any, **kw: Any) -> Any:
-                after or marks.mark(mark)
+                if not after:
+                    marks.mark(mark)
                 return returned(await inner(*a, **kw))
         else:
             def wrapped(*a: Any, **kw: Any) -> Any:  # type: ignore[misc]
-                after or marks.mark(mark)
+                if not after:
+                    marks.mark(mark)
                 return returned(inner(*a, **kw))
         setattr(owner, name, wrapped)
 
