@@ -20,10 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
-import time
-import zlib
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -31,42 +28,21 @@ import httpx
 from bench import ab_gateway as ab
 from bench import bench_upstreams as bu
 
-_BODY = {"model": bu.MODEL, "stream": True, "max_tokens": bu.TOKENS,
-         "messages": [{"role": "user", "content": "Say words."}]}
 Stream = Callable[[httpx.AsyncClient, str, dict[str, str]], Awaitable[float]]
 
 
-async def _sse(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
-    """Seconds to the first content delta of a Chat SSE stream (read to its end)."""
-    t0, first = time.perf_counter(), None
-    async with client.stream("POST", url, json=_BODY, headers=headers) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if first is None and line.startswith("data: {"):
-                choices = json.loads(line[6:]).get("choices") or [{}]
-                if choices[0].get("delta", {}).get("content"):
-                    first = time.perf_counter()
-    assert first is not None, "no content in the stream"
-    return first - t0
+def _first(fmt: str | None) -> Stream:
+    """Seconds to the first content of a stream read to its end, as ``bench_upstreams``
+    reads it: a Chat SSE content delta, or (``msgpack``) the first Codec frame with ids."""
+    async def stream(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
+        seconds, count = await bu._one_stream(client, url, fmt, headers)
+        assert count, "no content in the stream"
+        return seconds
+
+    return stream
 
 
-async def _codec(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> float:
-    """Seconds to the first frame with ids of a Codec msgpack stream (read to its end)."""
-    from tokenwire.codec.frames_msgpack import FrameDecoder
-
-    t0, first = time.perf_counter(), None
-    async with client.stream("POST", url, json={**_BODY, "stream_format": "msgpack"},
-                             headers=headers) as r:
-        r.raise_for_status()
-        inflate = zlib.decompressobj(31) if r.headers.get("content-encoding") == "gzip" \
-            else None
-        frames = FrameDecoder()
-        async for data in r.aiter_raw():
-            for frame in frames.feed(inflate.decompress(data) if inflate else data):
-                if first is None and frame.ids:
-                    first = time.perf_counter()
-    assert first is not None, "no frame with ids in the stream"
-    return first - t0
+_SSE, _CODEC = _first(None), _first("msgpack")
 
 
 async def _turns(targets: dict[str, tuple[Stream, str, dict[str, str]]],
@@ -110,16 +86,16 @@ def main() -> int:
         for epoch in range(args.epochs):
             gateways = []
             targets: dict[str, tuple[Stream, str, dict[str, str]]] = {
-                "direct": (_sse, f"http://127.0.0.1:{up_port}/v1/chat/completions", {})}
+                "direct": (_SSE, f"http://127.0.0.1:{up_port}/v1/chat/completions", {})}
             order = list(enumerate(trees))
             for k, tree in order if epoch % 2 == 0 else order[::-1]:  # start order too
                 port = bu._free_port()
                 gateways.append(ab._start(tree, up_port, port, []))
                 url = f"http://127.0.0.1:{port}/v1/chat/completions"
-                targets[f"{k} chat"] = (_sse, url, {})
-                targets[f"{k} codec"] = (_codec, url, codec)
+                targets[f"{k} chat"] = (_SSE, url, {})
+                targets[f"{k} codec"] = (_CODEC, url, codec)
                 if args.identity:
-                    targets[f"{k} codec identity"] = (_codec, url,
+                    targets[f"{k} codec identity"] = (_CODEC, url,
                                                       {**codec, "Accept-Encoding": "identity"})
             try:
                 epoch_seen = asyncio.run(_turns(dict(sorted(targets.items())), args.rounds))
