@@ -76,9 +76,8 @@ def post_bytes(client: UpstreamClient, url: httpx.URL, headers: Mapping[str, str
     head up to ``Content-Length`` is the same for every request of a target and headers, so
     it is built and checked once (``client.post_heads``): 72 -> 35 µs per request with the
     caches cold, on the way to the first token (BENCHMARKS.md, "Session of 2026-12-05
-    (6)"). A caller that frames the
-    body itself (its own ``Content-Length`` or ``Transfer-Encoding``) gets it built each
-    time."""
+    (6)"). A caller that frames the body itself (its own ``Content-Length`` or
+    ``Transfer-Encoding``) gets it built each time."""
     key = (url.raw_path, url.netloc, tuple(headers.items()))
     head = client.post_heads.get(key)
     if head is None:
