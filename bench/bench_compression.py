@@ -30,7 +30,8 @@ import brotli
 import zstandard
 
 from tokenwire.codec import frames_msgpack, frames_protobuf
-from tokenwire.codec.compression import Coalescer, ZstdDict, new_compressor, train_dictionary
+from tokenwire.codec.coalescer import Coalescer
+from tokenwire.codec.compression import ZstdDict, new_compressor, train_dictionary
 from tokenwire.codec.deflate_stream import GzipStream
 from tokenwire.codec.frames import Frame
 

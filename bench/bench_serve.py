@@ -33,9 +33,8 @@ from collections.abc import Sequence
 import brotli
 import zstandard
 
+from tokenwire.codec.coalescer import DEFAULT_WINDOW_S, Coalescer
 from tokenwire.codec.compression import (
-    DEFAULT_WINDOW_S,
-    Coalescer,
     ZstdDict,
     new_compressor,
     train_dictionary,

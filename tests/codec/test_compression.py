@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 
 from tests.conftest import corpus, fixture_map_path
 from tokenwire.codec import compression as comp
+from tokenwire.codec.coalescer import DEFAULT_WINDOW_S, Coalescer
 from tokenwire.codec.compression import (
     COMPRESSORS,
     DECOMPRESSORS,
     DEFAULT_MAX_DECOMPRESSED,
-    DEFAULT_WINDOW_S,
-    Coalescer,
     ZstdCompressor,
     ZstdDict,
     decompressor_for_response,

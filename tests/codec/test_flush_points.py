@@ -28,8 +28,8 @@ import pytest
 import zstandard
 
 from tokenwire.codec import frames_msgpack, frames_protobuf
+from tokenwire.codec.coalescer import Coalescer
 from tokenwire.codec.compression import (
-    Coalescer,
     Compressor,
     ZstdDict,
     new_compressor,

@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-from tokenwire.codec.compression import DEFAULT_WINDOW_S
+from tokenwire.codec.coalescer import DEFAULT_WINDOW_S
 from tokenwire.codec.versioning import VersionPolicy, VersionPolicyMode
 from tokenwire.errors import ConfigError
 

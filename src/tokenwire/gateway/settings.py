@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tokenwire.codec.compression import DEFAULT_WINDOW_S, ZstdDict
+from tokenwire.codec.coalescer import DEFAULT_WINDOW_S
+from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.safety_policy import (
     BannedTokenPolicy,
     Category,

@@ -2,7 +2,7 @@
 
 The promise this module keeps (codec-spec §10 item 1): every frame becomes decodable by the
 client within one coalescing window of being generated, for every content coding. Frames go
-through :class:`~tokenwire.codec.compression.Coalescer`, which flushes the compressor (without
+through :class:`~tokenwire.codec.coalescer.Coalescer`, which flushes the compressor (without
 resetting its history) when a window closes; the wait for the next event is bounded by the
 window's deadline, so a window closes on time even when the model pauses.
 
@@ -34,7 +34,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from tokenwire.codec.compression import Coalescer, Compressor
+from tokenwire.codec.coalescer import Coalescer
+from tokenwire.codec.compression import Compressor
 from tokenwire.gateway.http.asgi import CORK_EXTENSION, Cork
 from tokenwire.gateway.ir import (
     Event,
