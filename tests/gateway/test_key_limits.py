@@ -383,3 +383,42 @@ def test_metrics_name_keys_never_show_them(gateway) -> None:
     assert 'tokenwire_key_tokens_total{key="ci-bot"} 10.0' in text
     for secret in (SECRET, OTHER):
         assert secret not in text and digest(secret).hex() not in text
+
+
+def test_key_metrics_are_scraped_from_counts_per_key_name() -> None:
+    """The per-request families are plain counts read at scrape time (a custom collector):
+    the same samples prometheus_client's own families gave, in-flight back to 0 when a
+    request ends, no tokens series before a key is charged, and a second family of the same
+    name refused at registration as prometheus_client refuses it."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.registry import DuplicateTimeseries
+
+    from tokenwire.gateway.observability.key_metrics import KeyMetrics
+
+    registry = CollectorRegistry()
+    metrics = KeyMetrics(registry)
+
+    def samples() -> set[str]:
+        return {line for line in generate_latest(registry).decode().splitlines()
+                if line.startswith("tokenwire_key_")}
+
+    assert samples() == {"tokenwire_key_limits_local_only 0.0"}
+    metrics.admitted("ci-bot")
+    metrics.admitted("ci-bot")
+    metrics.admitted("unnamed")
+    assert samples() >= {'tokenwire_key_requests_total{key="ci-bot"} 2.0',
+                         'tokenwire_key_requests_in_flight{key="ci-bot"} 2.0',
+                         'tokenwire_key_requests_in_flight{key="unnamed"} 1.0'}
+    assert not any(s.startswith("tokenwire_key_tokens_total") for s in samples())
+    metrics.ended("ci-bot", 30)
+    metrics.ended("ci-bot", 0)
+    metrics.ended("unnamed", 12)
+    assert samples() == {'tokenwire_key_requests_total{key="ci-bot"} 2.0',
+                         'tokenwire_key_requests_total{key="unnamed"} 1.0',
+                         'tokenwire_key_tokens_total{key="ci-bot"} 30.0',
+                         'tokenwire_key_tokens_total{key="unnamed"} 12.0',
+                         'tokenwire_key_requests_in_flight{key="ci-bot"} 0.0',
+                         'tokenwire_key_requests_in_flight{key="unnamed"} 0.0',
+                         "tokenwire_key_limits_local_only 0.0"}
+    with pytest.raises(DuplicateTimeseries):
+        KeyMetrics(registry)

@@ -11,52 +11,58 @@
 
 Label values are the names of configured keys plus ``unnamed`` (the flat key list) and
 ``anonymous`` (loopback without a key): a closed set the operator chose, so no client can
-grow the registry. Every method swallows its own errors: metrics never fail a request.
+grow the registry. Metrics never fail a request: the counts a request updates are plain
+dict updates, and the calls into prometheus_client swallow their errors.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
-
-from tokenwire.gateway.observability.children import Children
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 __all__ = ["KeyMetrics"]
 
 _LIMITS: Final = frozenset({"requests", "tokens", "concurrent"})
+_REQUESTS_HELP: Final = "Requests admitted, per API key name."
+_TOKENS_HELP: Final = "Tokens charged (prompt + completion), per API key name."
+_IN_FLIGHT_HELP: Final = "Requests of the key running on this instance."
 
 
 class KeyMetrics:
-    """The per-key families on one app's registry."""
+    """The per-key families on one app's registry.
+
+    The three a request updates (requests, in flight, tokens) are plain counts per key name,
+    read by the registry when ``/metrics`` is scraped (:meth:`collect`): through
+    prometheus_client's children, an admission was two ``inc()`` calls, each a few frames
+    and a lock, ~28 µs with the caches cold on the way to every first token (BENCHMARKS.md,
+    "Session of 2026-12-05 (8)"). The two that change only on a refusal or a Redis outage
+    stay prometheus_client's own."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.requests = Counter("tokenwire_key_requests", "Requests admitted, per API key "
-                                "name.", ["key"], registry=registry)
-        self.tokens = Counter("tokenwire_key_tokens", "Tokens charged (prompt + completion), "
-                              "per API key name.", ["key"], registry=registry)
+        self._requests: dict[str, int] = {}
+        self._tokens: dict[str, int] = {}
+        self._in_flight: dict[str, int] = {}
+        registry.register(self)
         self.limited = Counter("tokenwire_key_rate_limited", "Requests refused with 429 by "
                                "the key's own limits, per API key name and limit.",
                                ["key", "limit"], registry=registry)
-        self.in_flight = Gauge("tokenwire_key_requests_in_flight", "Requests of the key "
-                               "running on this instance.", ["key"], registry=registry)
         self.local_only = Gauge("tokenwire_key_limits_local_only", "1 while Redis is "
                                 "unreachable and each instance enforces per-key limits on "
                                 "its own (N instances admit up to N x the limit).",
                                 registry=registry)
-        self._child = Children()
 
     def admitted(self, name: str) -> None:
-        with contextlib.suppress(Exception):
-            self._child(self.requests, name).inc()
-            self._child(self.in_flight, name).inc()
+        self._requests[name] = self._requests.get(name, 0) + 1
+        self._in_flight[name] = self._in_flight.get(name, 0) + 1
 
     def ended(self, name: str, tokens: int) -> None:
-        with contextlib.suppress(Exception):
-            self._child(self.in_flight, name).dec()
-            if tokens > 0:
-                self._child(self.tokens, name).inc(tokens)
+        self._in_flight[name] = self._in_flight.get(name, 0) - 1
+        if tokens > 0:
+            self._tokens[name] = self._tokens.get(name, 0) + tokens
 
     def refused(self, name: str, limit: str) -> None:
         with contextlib.suppress(Exception):
@@ -65,3 +71,29 @@ class KeyMetrics:
     def set_local_only(self, value: bool) -> None:
         with contextlib.suppress(Exception):
             self.local_only.set(1 if value else 0)
+
+    # -- the registry's side (a custom collector) ----------------------------------------
+
+    def describe(self) -> Iterator[Metric]:
+        """The families' names, without samples: the registry refuses a second family of
+        the same name at registration, as it does for its own."""
+        return self._families({}, {}, {})
+
+    def collect(self) -> Iterator[Metric]:
+        # Copies: a scrape from another thread never iterates a dict the loop is growing.
+        return self._families(dict(self._requests), dict(self._tokens),
+                              dict(self._in_flight))
+
+    @staticmethod
+    def _families(requests: dict[str, int], tokens: dict[str, int],
+                  in_flight: dict[str, int]) -> Iterator[Metric]:
+        for family, counts in (
+                (CounterMetricFamily("tokenwire_key_requests", _REQUESTS_HELP, labels=["key"]),
+                 requests),
+                (CounterMetricFamily("tokenwire_key_tokens", _TOKENS_HELP, labels=["key"]),
+                 tokens),
+                (GaugeMetricFamily("tokenwire_key_requests_in_flight", _IN_FLIGHT_HELP,
+                                   labels=["key"]), in_flight)):
+            for name, value in counts.items():
+                family.add_metric([name], value)
+            yield family
