@@ -623,3 +623,26 @@ def test_a_heartbeat_between_pushed_deltas_keeps_its_place() -> None:
     assert [type(e).__name__ for e in got] == ["TokenDelta", "Heartbeat", "TokenDelta",
                                                "Finish"]
     assert calls == [True]  # "b": taken by the sink, the task waiting again by then
+
+
+def test_each_state_supervises_with_its_own_settings_clocks() -> None:
+    """The clocks and the retry switch are made once per setting (not per request), never
+    shared across settings: two gateways with different settings each get their own."""
+    from tokenwire.gateway.http.state import GatewayState, _retry_policy
+    from tokenwire.gateway.settings import ServerSettings
+
+    class Upstream:
+        model_id = "m"
+        max_concurrent = 1
+
+    quick = GatewayState(settings=ServerSettings(heartbeat_s=1.0, idle_timeout_s=7.0),
+                         upstream=Upstream())
+    slow = GatewayState(settings=ServerSettings(heartbeat_s=9.0, retries=False),
+                        upstream=Upstream())
+    assert quick.timing(streaming=True) == Timing(heartbeat_s=1.0, idle_timeout_s=7.0,
+                                                  request_cap_s=quick.settings.request_cap_s)
+    assert quick.timing(streaming=False).heartbeat_s is None
+    assert slow.timing(streaming=True).heartbeat_s == 9.0
+    assert slow.timing(streaming=True).idle_timeout_s == slow.settings.idle_timeout_s
+    assert quick.timing(streaming=True) is quick.timing(streaming=True)  # made once
+    assert _retry_policy(True).enabled and not _retry_policy(False).enabled
