@@ -110,6 +110,78 @@ def test_the_peek_sees_a_head_written_alone(served) -> None:
     assert peek.head_out_before_body is True
 
 
+def test_a_kept_alive_connection_corks_each_of_its_streamed_answers(served) -> None:
+    """The cork belongs to one request's cycle: two streamed requests on one connection,
+    each answer whole (its head held for its own first body, then released)."""
+    port, peek = served(SIMPLE)
+    first = _chat(stream=True).replace(b"Connection: close\r\n", b"")
+    with connect_from(port) as conn:
+        peek.client = conn
+        conn.sendall(first)
+        assert peek.observed.wait(WAIT_S), "the server never wrote a body"
+        answer = b""
+        while not answer.endswith(b"0\r\n\r\n"):  # the first answer's chunked end
+            data = conn.recv(65536)
+            assert data, "the connection closed before the first answer ended"
+            answer += data
+        conn.sendall(_chat(stream=True))  # the second asks to close after its answer
+        answer += read_until_closed(conn, CLOSE_WAIT_S)
+    assert peek.head_out_before_body is False
+    assert answer.count(b"HTTP/1.1 200 ") == 2 and answer.count(b"data: [DONE]") == 2
+    assert answer.count(b'"content":"a"') == 2
+
+
+def test_the_cork_holds_a_cycle_s_writes_and_sends_them_as_one() -> None:
+    """``connections._cork`` on a stand-in cycle and transport: the writes while corked
+    leave as one write when it comes off; a close while corked sends them first; a transport
+    closed under the cork gets nothing; anything else is the transport's own."""
+    from tokenwire.gateway.http.connections import _cork
+
+    class Transport:
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+            self.closed = False
+
+        def write(self, data: bytes) -> None:
+            self.writes.append(data)
+
+        def close(self) -> None:
+            self.closed = True
+
+        def is_closing(self) -> bool:
+            return self.closed
+
+        def get_extra_info(self, name: str) -> str:
+            return f"info {name}"
+
+    class Cycle:
+        def __init__(self, transport: Transport) -> None:
+            self.transport: Any = transport
+
+    transport = Transport()
+    cycle = Cycle(transport)
+    _cork(cycle, False)  # uncorked already: nothing changes
+    assert cycle.transport is transport
+    _cork(cycle, True)
+    _cork(cycle, True)  # twice is once
+    cycle.transport.write(b"head")
+    cycle.transport.write(b"body")
+    assert transport.writes == [] and cycle.transport.get_extra_info("x") == "info x"
+    _cork(cycle, False)
+    assert transport.writes == [b"headbody"] and cycle.transport is transport
+    _cork(cycle, True)
+    cycle.transport.write(b"last")
+    cycle.transport.close()  # uvicorn closing a connection that is not kept alive
+    assert transport.writes[-1] == b"last" and transport.closed
+    gone = Transport()
+    cycle = Cycle(gone)
+    _cork(cycle, True)
+    cycle.transport.write(b"head")
+    gone.closed = True  # the client left
+    _cork(cycle, False)
+    assert gone.writes == [] and cycle.transport is gone
+
+
 # -- HTTP/2: the HEADERS frame waits in h2's buffer for the first DATA frame -------------------
 
 

@@ -33,8 +33,9 @@ h11 validates every header of every request and response in Python, about a sixt
 gateway's CPU per short request in a profile; llhttp does the same checks in C. Measured
 A/B in BENCHMARKS.md ("Session of 2026-12-04: the request path").
 
-One more thing the protocol offers the app: the socket's cork (``asgi.CORK_EXTENSION``), so a
-response's head and first body leave in one segment. Written one after the other, the head
+One more thing the protocol offers the app: a cork (``asgi.CORK_EXTENSION``, the request
+cycle's writes held in :class:`_HeldWrites`), so a response's head and first body leave in
+one write. Written one after the other, the head
 woke the client, which then ran on the gateway's core and read the head (~0.3 ms, cold)
 before the gateway could write the body: the first token waited for it (BENCHMARKS.md,
 "Session of 2026-12-05 (2)").
@@ -58,7 +59,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import socket
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -268,8 +268,49 @@ class ConnectionTable:
             del self._per_address[address]
 
 
-#: Linux's option; elsewhere (no ``TCP_CORK``) the extension is not offered.
-_TCP_CORK: int | None = getattr(socket, "TCP_CORK", None)
+class _HeldWrites:
+    """A request cycle's transport while its response is corked (``asgi.CORK_EXTENSION``):
+    what uvicorn writes is kept and goes to the socket as one write when the cork comes off
+    (:func:`_cork`), or before the cycle closes the connection. Until issue 15's eighth
+    session this was the socket's ``TCP_CORK``: two more system calls per response, ~26 µs
+    of the first token's way out with the caches cold (BENCHMARKS.md, "Session of 2026-12-05
+    (8)"). Everything else is the transport's own."""
+
+    __slots__ = ("_chunks", "transport")
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self._chunks: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self._chunks.append(data)
+
+    def release(self) -> None:
+        """Send what was kept, in one write (nothing to a closing transport)."""
+        chunks = self._chunks
+        if chunks and not self.transport.is_closing():
+            self.transport.write(b"".join(chunks))
+        chunks.clear()
+
+    def close(self) -> None:
+        self.release()
+        self.transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.transport, name)
+
+
+def _cork(cycle: Any, on: bool) -> None:
+    """The cork of one request's response (``asgi.CORK_EXTENSION``): its cycle's writes
+    held while on. Bound to the cycle, not the connection: a pipelined request's cycle is
+    made while the one before it still answers."""
+    transport = cycle.transport
+    if on:
+        if not isinstance(transport, _HeldWrites):
+            cycle.transport = _HeldWrites(transport)
+    elif isinstance(transport, _HeldWrites):
+        cycle.transport = transport.transport
+        transport.release()
 
 _HEAD, _BODY, _APP = "head", "body", "app"
 #: Where the client's current request is, from the parser's callbacks: nothing of it yet,
@@ -302,9 +343,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._replayed_headers: list[tuple[bytes, bytes]] | None = None
         #: Bytes that do not parse arrived: nothing more is read (see _refuse).
         self._unreadable = False
-        #: The TCP socket the app may cork (:meth:`_set_cork`), None when it cannot.
-        self._socket: Any = None
-        self._cork_ext: dict[str, Any] | None = None  # the scope's extension, made once
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
@@ -318,11 +356,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if admit.victim is not None:
             admit.victim.evict()
         super().connection_made(transport)
-        sock = transport.get_extra_info("socket")
-        if _TCP_CORK is not None and sock is not None \
-                and sock.family in (socket.AF_INET, socket.AF_INET6):
-            self._socket = sock
-            self._cork_ext = {CORK_EXTENSION: self._set_cork}
         if alpn_h2:
             self._become_h2(b"")
             return
@@ -446,21 +479,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         elif self.parser.should_upgrade() and not self._should_upgrade():
             self._ignored_upgrade = True  # read again as HTTP/1.1: see _feed
             return
-        if self._cork_ext is not None:  # uvicorn's HTTP scope has no extensions of its own
-            self.scope["extensions"] = self._cork_ext
         super().on_headers_complete()
-
-    def _set_cork(self, on: bool) -> None:
-        """The app's cork (``asgi.CORK_EXTENSION``). A socket that refuses it (closed under
-        the response) is never corked again; the kernel sends corked bytes after 200 ms at
-        the latest in any case."""
-        sock = self._socket
-        if sock is None:
-            return
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, _TCP_CORK, on)
-        except OSError:
-            self._socket = None
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:  # (not a WebSocket upgrade)
+            # The app's task is made, not run yet; uvicorn's HTTP scope has no extensions.
+            self.scope["extensions"] = {CORK_EXTENSION: functools.partial(_cork, cycle)}
 
     def on_message_complete(self) -> None:
         self._receiving = _NOTHING

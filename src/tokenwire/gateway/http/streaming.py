@@ -20,8 +20,8 @@ Other rules kept here:
   body with ``Content-Length``; the disconnect watch still applies.
 * ``headers`` may be a function, called when the head goes out: the model serving the
   request is known only then (a fallback before the head changes it; README "Fallbacks").
-* A stream's head leaves with its first body, in one segment, when the server offers its
-  socket's cork (``asgi.CORK_EXTENSION``). Written alone, it woke the client, which read it
+* A stream's head leaves with its first body, in one write, when the server offers its
+  cork (``asgi.CORK_EXTENSION``). Written alone, it woke the client, which read it
   on the gateway's core before the gateway could write the first token. A whole body and
   an error follow their head at once and are not corked.
 """
