@@ -35,10 +35,9 @@ A/B in BENCHMARKS.md ("Session of 2026-12-04: the request path").
 
 One more thing the protocol offers the app: a cork (``asgi.CORK_EXTENSION``, the request
 cycle's writes held in :class:`_HeldWrites`), so a response's head and first body leave in
-one write. Written one after the other, the head
-woke the client, which then ran on the gateway's core and read the head (~0.3 ms, cold)
-before the gateway could write the body: the first token waited for it (BENCHMARKS.md,
-"Session of 2026-12-05 (2)").
+one write. Written one after the other, the head woke the client, which then ran on the
+gateway's core and read the head (~0.3 ms, cold) before the gateway could write the body:
+the first token waited for it (BENCHMARKS.md, "Session of 2026-12-05 (2)").
 
 HTTP/2 (issue 15): a connection whose TLS negotiated ``h2`` (ALPN), or whose first bytes are
 the HTTP/2 preface, is handed to :class:`~tokenwire.gateway.http.http2.H2Protocol`, which
@@ -271,10 +270,11 @@ class ConnectionTable:
 class _HeldWrites:
     """A request cycle's transport while its response is corked (``asgi.CORK_EXTENSION``):
     what uvicorn writes is kept and goes to the socket as one write when the cork comes off
-    (:func:`_cork`), or before the cycle closes the connection. Until issue 15's eighth
-    session this was the socket's ``TCP_CORK``: two more system calls per response, ~26 µs
-    of the first token's way out with the caches cold (BENCHMARKS.md, "Session of 2026-12-05
-    (8)"). Everything else is the transport's own."""
+    (:func:`_cork`), or before the cycle closes the connection. It was the socket's
+    ``TCP_CORK`` until 2026-12-05: three more system calls per streamed answer (cork,
+    uncork, a second write), the cork alone ~26 µs of the first token's way out with the
+    caches cold (BENCHMARKS.md, "Session of 2026-12-05 (8)"). Everything else is the
+    transport's own."""
 
     __slots__ = ("_chunks", "transport")
 
@@ -311,6 +311,7 @@ def _cork(cycle: Any, on: bool) -> None:
     elif isinstance(transport, _HeldWrites):
         cycle.transport = transport.transport
         transport.release()
+
 
 _HEAD, _BODY, _APP = "head", "body", "app"
 #: Where the client's current request is, from the parser's callbacks: nothing of it yet,
