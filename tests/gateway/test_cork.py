@@ -132,10 +132,10 @@ def test_a_kept_alive_connection_corks_each_of_its_streamed_answers(served) -> N
 
 
 def test_the_cork_holds_a_cycle_s_writes_and_sends_them_as_one() -> None:
-    """``connections._cork`` on a stand-in cycle and transport: the writes while corked
+    """``held_writes.cork_cycle`` on a stand-in cycle and transport: the writes while corked
     leave as one write when it comes off; a close while corked sends them first; a transport
     closed under the cork gets nothing; anything else is the transport's own."""
-    from tokenwire.gateway.http.connections import _cork
+    from tokenwire.gateway.http.held_writes import cork_cycle as _cork
 
     class Transport:
         def __init__(self) -> None:

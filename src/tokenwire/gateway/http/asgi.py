@@ -20,7 +20,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: ``scope["extensions"][CORK_EXTENSION]``, offered by the server: ``cork(True)`` holds what
 #: the response writes until ``cork(False)`` sends it in as few segments as possible. Over
 #: HTTP/1.1 that is the request cycle's writes kept and joined into one (``connections.py``;
-#: Linux's ``TCP_CORK`` until it cost two system calls), over HTTP/2 the HEADERS frame kept
+#: Linux's ``TCP_CORK`` until it cost three system calls), over HTTP/2 the HEADERS frame kept
 #: in h2's buffer (``http2.py``).
 #: A streamed response corks its head until its first body is written (``streaming.py``;
 #: why, in BENCHMARKS.md "Session of 2026-12-05 (2)").

@@ -34,7 +34,7 @@ gateway's CPU per short request in a profile; llhttp does the same checks in C. 
 A/B in BENCHMARKS.md ("Session of 2026-12-04: the request path").
 
 One more thing the protocol offers the app: a cork (``asgi.CORK_EXTENSION``, the request
-cycle's writes held in :class:`_HeldWrites`), so a response's head and first body leave in
+cycle's writes held, :mod:`.held_writes`), so a response's head and first body leave in
 one write. Written one after the other, the head woke the client, which then ran on the
 gateway's core and read the head (~0.3 ms, cold) before the gateway could write the body:
 the first token waited for it (BENCHMARKS.md, "Session of 2026-12-05 (2)").
@@ -67,6 +67,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tokenwire.gateway.http.asgi import CORK_EXTENSION
+from tokenwire.gateway.http.held_writes import cork_cycle
 from tokenwire.gateway.http.http2 import H2_PREFACE, H2Limits, H2Protocol, H2Refusal
 from tokenwire.gateway.settings import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -267,52 +268,6 @@ class ConnectionTable:
             del self._per_address[address]
 
 
-class _HeldWrites:
-    """A request cycle's transport while its response is corked (``asgi.CORK_EXTENSION``):
-    what uvicorn writes is kept and goes to the socket as one write when the cork comes off
-    (:func:`_cork`), or before the cycle closes the connection. It was the socket's
-    ``TCP_CORK`` until 2026-12-05: three more system calls per streamed answer (cork,
-    uncork, a second write), the cork alone ~26 µs of the first token's way out with the
-    caches cold (BENCHMARKS.md, "Session of 2026-12-05 (8)"). Everything else is the
-    transport's own."""
-
-    __slots__ = ("_chunks", "transport")
-
-    def __init__(self, transport: Any) -> None:
-        self.transport = transport
-        self._chunks: list[bytes] = []
-
-    def write(self, data: bytes) -> None:
-        self._chunks.append(data)
-
-    def release(self) -> None:
-        """Send what was kept, in one write (nothing to a closing transport)."""
-        chunks = self._chunks
-        if chunks and not self.transport.is_closing():
-            self.transport.write(b"".join(chunks))
-        chunks.clear()
-
-    def close(self) -> None:
-        self.release()
-        self.transport.close()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
-
-
-def _cork(cycle: Any, on: bool) -> None:
-    """The cork of one request's response (``asgi.CORK_EXTENSION``): its cycle's writes
-    held while on. Bound to the cycle, not the connection: a pipelined request's cycle is
-    made while the one before it still answers."""
-    transport = cycle.transport
-    if on:
-        if not isinstance(transport, _HeldWrites):
-            cycle.transport = _HeldWrites(transport)
-    elif isinstance(transport, _HeldWrites):
-        cycle.transport = transport.transport
-        transport.release()
-
-
 _HEAD, _BODY, _APP = "head", "body", "app"
 #: Where the client's current request is, from the parser's callbacks: nothing of it yet,
 #: part of its head, or its body (the head done, the message not yet complete).
@@ -484,7 +439,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:  # (not a WebSocket upgrade)
             # The app's task is made, not run yet; uvicorn's HTTP scope has no extensions.
-            self.scope["extensions"] = {CORK_EXTENSION: functools.partial(_cork, cycle)}
+            self.scope["extensions"] = {CORK_EXTENSION: functools.partial(cork_cycle, cycle)}
 
     def on_message_complete(self) -> None:
         self._receiving = _NOTHING
