@@ -23,6 +23,7 @@ from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 __all__ = ["KeyMetrics"]
 
@@ -32,7 +33,7 @@ _TOKENS_HELP: Final = "Tokens charged (prompt + completion), per API key name."
 _IN_FLIGHT_HELP: Final = "Requests of the key running on this instance."
 
 
-class KeyMetrics:
+class KeyMetrics(Collector):
     """The per-key families on one app's registry.
 
     The three a request updates (requests, in flight, tokens) are plain counts per key name,
@@ -40,7 +41,8 @@ class KeyMetrics:
     prometheus_client's children, an admission was two ``inc()`` calls, each a few frames
     and a lock, ~28 µs with the caches cold on the way to every first token (BENCHMARKS.md,
     "Session of 2026-12-05 (8)"). The two that change only on a refusal or a Redis outage
-    stay prometheus_client's own."""
+    stay prometheus_client's own. The collector has the shape of ``metrics.py``'s
+    (``CapacityCollector``: names from the same ``_families`` with nothing to count)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self._requests: dict[str, int] = {}
