@@ -24,14 +24,26 @@ With ``--layers`` the gateway also marks each layer the first token crosses
 (``sys.setprofile``, ``_Calls``: its marks are then slowed) and prints the N most called
 of each span. Used in "Session of 2026-12-05 (7)".
 
+The client marks its two writes of each request too (httpx writes the head, then the
+body), and the gateway the read that brought the body when it came apart from the head;
+the CPU each side ran on is noted (``sched_getcpu``). After the medians, ``_split``
+prints the gateway's requests in two groups, body read with its head or apart, with their
+medians: the two differ by ~0.6 ms on this machine ("Session of 2026-12-05 (9)").
+``--raw FILE`` writes every request's marks (JSON lines) for any other cut;
+``--gateway-policy batch`` runs the gateway under ``SCHED_BATCH`` (its wake-ups then never
+preempt the running process), a diagnosis, not a setting to serve with.
+
     PYTHONPATH=src .venv/bin/python -m bench.ttft_timeline [--rounds 80] [--tokens 64]
         [--pace 0.005] [--cpus 0,1] [--layers | --calls 40] [--serve-args "--coalesce-ms 0"]
+        [--raw FILE] [--gateway-policy batch]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
+import ctypes
 import json
 import os
 import signal
@@ -49,6 +61,12 @@ import httpx
 from bench import bench_upstreams as bu
 
 _pc = time.perf_counter
+#: The CPU the calling thread runs on (glibc's ``sched_getcpu``; Python has no binding).
+_cpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
+#: Marks named so hold a CPU number, not a time: left out of times and medians.
+CPU_MARK = "cpu: "
+#: The gateway's mark of a body that arrived in a read of its own, apart from its head.
+BODY_APART = "gateway: request body bytes arrived"
 
 
 class _Marks:
@@ -65,7 +83,7 @@ class _Marks:
         os.replace(self._out + ".part", self._out)
 
     def begin(self, name: str) -> None:
-        self.rows.append({name: _pc()})
+        self.rows.append({name: _pc(), f"{CPU_MARK}gateway": float(_cpu())})
 
     def mark(self, name: str) -> None:
         if self.rows and name not in self.rows[-1]:
@@ -134,6 +152,8 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
     from tokenwire.gateway.http import connections
     from tokenwire.gateway.upstreams import http_transport
 
+    if os.environ.get("TTFT_POLICY") == "batch":
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
     marks = _Marks(out)
     calls = _Calls(out + ".calls") if os.environ.get("TTFT_CALLS") else None
     write = http_transport._Connection.write
@@ -160,6 +180,11 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
         if calls is not None:
             calls.start("request")
 
+    def any_request_bytes(self: Any, data: bytes) -> None:
+        if not data.startswith(b"POST "):  # the body, in a read of its own
+            marks.mark(BODY_APART)
+        received(self, data)
+
     def upstream_head() -> None:
         marks.mark("gateway: upstream head arrived")
         if calls is not None and marks.rows and \
@@ -167,8 +192,8 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
             calls.start("response")
 
     client_conn, upstream_conn = connections.GuardedHttpToolsProtocol, http_transport._Connection
-    client_conn.data_received = _stamped(  # type: ignore[method-assign]
-        client_conn.data_received, b"POST ", request_bytes)
+    received = _stamped(client_conn.data_received, b"POST ", request_bytes)
+    client_conn.data_received = any_request_bytes  # type: ignore[method-assign]
     upstream_conn.data_received = _stamped(  # type: ignore[method-assign]
         upstream_conn.data_received, b"HTTP/1.1 ", upstream_head)
     upstream_conn.write = upstream_write  # type: ignore[method-assign]
@@ -182,12 +207,11 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
 def _mark_layers(marks: _Marks) -> None:
     """A mark at each layer the first token crosses (``--layers``, each ~1 µs): a class's
     method or a module's function wrapped, marked when it is called or, ``after``, when it
-    returns; and the first bytes of the request after its head (httpx writes the body
-    separately). Names are numbered in the order a request meets them."""
+    returns. Names are numbered in the order a request meets them."""
     from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-    from tokenwire.gateway.http import app, connections, dispatch, streaming
+    from tokenwire.gateway.http import app, dispatch, streaming
     from tokenwire.gateway.http import requests as http_requests
     from tokenwire.gateway.http.admission import AdmissionMiddleware
     from tokenwire.gateway.http.limits import KeyLimitsMiddleware
@@ -240,14 +264,6 @@ def _mark_layers(marks: _Marks) -> None:
             (SupervisedStream, "_push", "19 first event pushed", False),
             (streaming.EventResponse, "_next", "20 writer has it", True)):
         wrap(owner, name, f"gateway: {mark}", after=after)
-    received = connections.GuardedHttpToolsProtocol.data_received
-
-    def data_received(self: Any, data: bytes) -> None:
-        if not data.startswith(b"POST "):
-            marks.mark("gateway: request body bytes arrived")
-        received(self, data)
-
-    connections.GuardedHttpToolsProtocol.data_received = data_received  # type: ignore
 
 
 def _serve_upstream(out: str, port: int, tokens: int, pace: float) -> None:
@@ -427,10 +443,38 @@ def _floor(up_port: int, port: int) -> None:
 # -- the client ------------------------------------------------------------------------------
 
 
+#: The marks of the request the client is sending (its task's context).
+_client_marks: contextvars.ContextVar[dict[str, float]] = contextvars.ContextVar("marks")
+
+
+def _mark_client_writes() -> None:
+    """httpcore writes a request's head and its body apart (one ``_send_event`` each, and an
+    empty one for its end): each write's start and return are marked, with the CPU the
+    head was written on."""
+    from httpcore._async.http11 import AsyncHTTP11Connection
+
+    inner = AsyncHTTP11Connection._send_event
+    names = {"Request": "head", "Data": "body"}
+
+    async def send_event(self: Any, event: Any, timeout: float | None = None) -> None:
+        name, marks = names.get(type(event).__name__), _client_marks.get(None)
+        if name is None or marks is None:
+            await inner(self, event, timeout)
+            return
+        marks[f"client: {name} write"] = _pc()
+        if name == "head":
+            marks[f"{CPU_MARK}client"] = float(_cpu())
+        await inner(self, event, timeout)
+        marks[f"client: {name} written"] = _pc()
+
+    AsyncHTTP11Connection._send_event = send_event  # type: ignore[method-assign]
+
+
 async def _one(client: httpx.AsyncClient, url: str) -> dict[str, float]:
     body = {"model": bu.MODEL, "stream": True, "max_tokens": bu.TOKENS,
             "messages": [{"role": "user", "content": "Say words."}]}
     marks = {"client: request sent": _pc()}
+    _client_marks.set(marks)
     async with client.stream("POST", url, json=body) as r:
         marks["client: head returned"] = _pc()
         async for line in r.aiter_lines():  # the whole stream, as bench_upstreams reads it
@@ -448,13 +492,15 @@ def _child(args: list[str], **kw: Any) -> subprocess.Popen:
 
 def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = None,
         calls: dict[str, Any] | None = None, layers: bool = False,
-        serve_args: tuple[str, ...] = ()) -> dict[str, dict[str, float]]:
-    """Median ms after the client's t0 of every mark, per target; ``cpus`` (others,
-    gateway): the client, upstream and relay pinned to one CPU, the gateway to another (or
-    the same one); ``calls``, when given, is filled with the gateway's call counts (its
-    marks are then not worth reading: the profiler slows every call); ``layers``: a mark
-    at each layer of the gateway too (each costs ~1 µs); ``serve_args``: more arguments
-    for ``tokenwire serve``."""
+        serve_args: tuple[str, ...] = (), policy: str | None = None,
+        ) -> list[tuple[str, dict[str, float]]]:
+    """Every request's marks in ms after the client's t0 (``_merged``), with its target;
+    ``cpus`` (others, gateway): the client, upstream and relay pinned to one CPU, the
+    gateway to another (or the same one); ``calls``, when given, is filled with the
+    gateway's call counts (its marks are then not worth reading: the profiler slows every
+    call); ``layers``: a mark at each layer of the gateway too (each costs ~1 µs);
+    ``serve_args``: more arguments for ``tokenwire serve``; ``policy`` ``"batch"``: the
+    gateway runs under ``SCHED_BATCH``."""
     procs: list[subprocess.Popen] = []
     pin_gateway = None
     if cpus is not None:
@@ -477,7 +523,8 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
                          "--log-level", "warning", *serve_args], stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL, preexec_fn=pin_gateway,
                         env={**os.environ, **({"TTFT_CALLS": "1"} if calls is not None else {}),
-                             **({"TTFT_LAYERS": "1"} if layers else {})})
+                             **({"TTFT_LAYERS": "1"} if layers else {}),
+                             **({"TTFT_POLICY": policy} if policy else {})})
             procs.append(gw)
             bu._wait_http(f"http://127.0.0.1:{gw_port}/health", gw, 60)
             bu._wait_http(f"http://127.0.0.1:{relay_port}/v1/models", up, 60)
@@ -498,7 +545,7 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
                 calls.update(json.loads(Path(gw_out + ".calls").read_text()))
         finally:
             bu.stop_all(procs)
-    return _medians(seen, server_rows)
+    return _merged(seen, server_rows)
 
 
 def _wait_port(port: int, timeout: float = 30.0) -> None:
@@ -515,6 +562,7 @@ def _wait_port(port: int, timeout: float = 30.0) -> None:
 
 async def _drive(targets: dict[str, str], rounds: int) -> list[tuple[str, dict[str, float]]]:
     seen = []
+    _mark_client_writes()
     async with httpx.AsyncClient(timeout=60) as client:
         for i in range(rounds + 5):  # the first 5 rounds warm every target up
             for name, url in targets.items():
@@ -524,21 +572,54 @@ async def _drive(targets: dict[str, str], rounds: int) -> list[tuple[str, dict[s
     return seen
 
 
-def _medians(seen: list[tuple[str, dict[str, float]]], server_rows: list[dict[str, float]],
-             ) -> dict[str, dict[str, float]]:
-    """Each server row belongs to the request whose client window holds its first mark."""
-    found: dict[str, dict[str, list[float]]] = {}
+def _merged(seen: list[tuple[str, dict[str, float]]], server_rows: list[dict[str, float]],
+            ) -> list[tuple[str, dict[str, float]]]:
+    """Each request's marks with the server rows whose first mark falls in its client
+    window, as ms after the client's t0 (CPU marks kept as they are)."""
+    out = []
     for name, marks in seen:
         t0, end = marks["client: request sent"], marks["client: first content"]
         merged = dict(marks)
         for row in server_rows:
-            if t0 <= min(row.values()) <= end:
+            if t0 <= min(v for k, v in row.items() if not k.startswith(CPU_MARK)) <= end:
                 merged.update(row)
-        for mark, at in merged.items():
-            found.setdefault(name, {}).setdefault(mark, []).append((at - t0) * 1e3)
+        out.append((name, {k: v if k.startswith(CPU_MARK) else (v - t0) * 1e3
+                           for k, v in merged.items()}))
+    return out
+
+
+def _medians(rows: list[tuple[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Each mark's median per target, in the order they come."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for name, marks in rows:
+        for mark, ms in marks.items():
+            if not mark.startswith(CPU_MARK):
+                found.setdefault(name, {}).setdefault(mark, []).append(ms)
     return {name: {mark: round(statistics.median(v), 3) for mark, v in sorted(
         marks.items(), key=lambda kv: statistics.median(kv[1]))}
         for name, marks in found.items()}
+
+
+def _split(rows: list[tuple[str, dict[str, float]]]) -> list[str]:
+    """The gateway's requests whose body came in the head's read against those whose body
+    came apart: how many, the first content's median added to direct's, the client's head
+    write (it returns late when the woken gateway took the client's CPU), and how many of
+    them the gateway read on the CPU the client wrote on."""
+    direct = statistics.median(m["client: first content"] for n, m in rows if n == "direct")
+    lines = []
+    ours = [m for n, m in rows if n == "tokenwire"]
+    for label, group in (("body with its head", [m for m in ours if BODY_APART not in m]),
+                         ("body apart", [m for m in ours if BODY_APART in m])):
+        if not group:
+            lines.append(f"{label}: none")
+            continue
+        first = statistics.median(m["client: first content"] for m in group) - direct
+        head = statistics.median(m["client: head written"] - m["client: head write"]
+                                 for m in group)
+        same = sum(m.get(f"{CPU_MARK}client") == m.get(f"{CPU_MARK}gateway") for m in group)
+        lines.append(f"{label}: {len(group)} of {len(ours)}, added {first:+.3f} ms, the "
+                     f"client's head write {head:.3f} ms, read on the client's CPU {same}")
+    return lines
 
 
 def main() -> None:
@@ -567,21 +648,32 @@ def main() -> None:
                         help="more arguments for tokenwire serve, e.g. '--coalesce-ms 0'")
     parser.add_argument("--layers", action="store_true",
                         help="mark the gateway's layers too (_mark_layers)")
+    parser.add_argument("--raw", metavar="FILE",
+                        help="write every request's marks there, one JSON object a line")
+    parser.add_argument("--gateway-policy", choices=("batch",),
+                        help="run the gateway under SCHED_BATCH (a diagnosis: its wake-ups "
+                             "then never preempt the process running)")
     args = parser.parse_args()
     cpus = None
     if args.cpus:
         others, _, gateway = args.cpus.partition(",")
         cpus = (int(others), int(gateway))
     calls: dict[str, Any] | None = {} if args.calls else None
-    medians = run(args.rounds, args.tokens, args.pace, cpus, calls, args.layers,
-                  tuple(args.serve_args.split()))
+    rows = run(args.rounds, args.tokens, args.pace, cpus, calls, args.layers,
+               tuple(args.serve_args.split()), args.gateway_policy)
+    if args.raw:
+        Path(args.raw).write_text("".join(json.dumps({"target": name, **marks}) + "\n"
+                                          for name, marks in rows))
     if calls is not None:
         _print_calls(calls, args.calls)
         return
-    for name, marks in medians.items():
+    for name, marks in _medians(rows).items():
         print(f"{name} (ms after the request was sent, medians of {args.rounds})")
         for mark, ms in marks.items():
             print(f"  {ms:8.3f}  {mark}")
+    print("tokenwire's requests by how their body arrived:")
+    for line in _split(rows):
+        print(f"  {line}")
 
 
 def _print_calls(calls: dict[str, Any], top: int) -> None:
