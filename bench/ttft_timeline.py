@@ -70,11 +70,13 @@ BODY_APART = "gateway: request body bytes arrived"
 
 
 class _Marks:
-    """One row of first-occurrence marks per request, dumped as JSON on SIGUSR2."""
+    """One row of first-occurrence marks per request, dumped as JSON on SIGUSR2; each row
+    begins with the CPU the process ``who`` was on."""
 
-    def __init__(self, out: str) -> None:
+    def __init__(self, out: str, who: str) -> None:
         self.rows: list[dict[str, float]] = []
         self._out = out
+        self._cpu_mark = f"{CPU_MARK}{who}"
         signal.signal(signal.SIGUSR2, lambda *_: self._dump())
 
     def _dump(self) -> None:
@@ -83,7 +85,7 @@ class _Marks:
         os.replace(self._out + ".part", self._out)
 
     def begin(self, name: str) -> None:
-        self.rows.append({name: _pc(), f"{CPU_MARK}gateway": float(_cpu())})
+        self.rows.append({name: _pc(), self._cpu_mark: float(_cpu())})
 
     def mark(self, name: str) -> None:
         if self.rows and name not in self.rows[-1]:
@@ -154,7 +156,7 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
 
     if os.environ.get("TTFT_POLICY") == "batch":
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    marks = _Marks(out)
+    marks = _Marks(out, "gateway")
     calls = _Calls(out + ".calls") if os.environ.get("TTFT_CALLS") else None
     write = http_transport._Connection.write
 
@@ -269,7 +271,7 @@ def _mark_layers(marks: _Marks) -> None:
 def _serve_upstream(out: str, port: int, tokens: int, pace: float) -> None:
     import uvicorn
 
-    marks = _Marks(out)
+    marks = _Marks(out, "upstream")
     inner = bu.upstream_app(tokens, pace)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
