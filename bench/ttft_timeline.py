@@ -29,7 +29,8 @@ body), and the gateway the read that brought the body when it came apart from th
 the CPU each side ran on is noted (``sched_getcpu``). After the medians, ``_split``
 prints the gateway's requests in two groups, body read with its head or apart, with their
 medians: the two differ by ~0.6 ms on this machine ("Session of 2026-12-05 (9)").
-``--raw FILE`` writes every request's marks (JSON lines) for any other cut;
+``--raw FILE`` writes every request's marks (JSON lines) for any other cut, with its t0
+on the monotonic clock (an ftrace ``trace_clock`` of ``mono`` lines up with it);
 ``--gateway-policy batch`` runs the gateway under ``SCHED_BATCH`` (its wake-ups then never
 preempt the running process), a diagnosis, not a setting to serve with.
 
@@ -63,8 +64,10 @@ from bench import bench_upstreams as bu
 _pc = time.perf_counter
 #: The CPU the calling thread runs on (glibc's ``sched_getcpu``; Python has no binding).
 _cpu = ctypes.CDLL(None, use_errno=True).sched_getcpu
-#: Marks named so hold a CPU number, not a time: left out of times and medians.
-CPU_MARK = "cpu: "
+#: Marks named so are not times after t0 (a CPU number, the client's t0 itself on the
+#: shared clock, to line a request up with a kernel trace): left out of times and medians.
+INFO = "info: "
+CPU_MARK = f"{INFO}cpu "
 #: The gateway's mark of a body that arrived in a read of its own, apart from its head.
 BODY_APART = "gateway: request body bytes arrived"
 
@@ -577,16 +580,17 @@ async def _drive(targets: dict[str, str], rounds: int) -> list[tuple[str, dict[s
 def _merged(seen: list[tuple[str, dict[str, float]]], server_rows: list[dict[str, float]],
             ) -> list[tuple[str, dict[str, float]]]:
     """Each request's marks with the server rows whose first mark falls in its client
-    window, as ms after the client's t0 (CPU marks kept as they are)."""
+    window, as ms after the client's t0 (``INFO`` marks kept as they are, t0 among them in
+    seconds of ``time.perf_counter``, the system's monotonic clock)."""
     out = []
     for name, marks in seen:
         t0, end = marks["client: request sent"], marks["client: first content"]
         merged = dict(marks)
         for row in server_rows:
-            if t0 <= min(v for k, v in row.items() if not k.startswith(CPU_MARK)) <= end:
+            if t0 <= min(v for k, v in row.items() if not k.startswith(INFO)) <= end:
                 merged.update(row)
-        out.append((name, {k: v if k.startswith(CPU_MARK) else (v - t0) * 1e3
-                           for k, v in merged.items()}))
+        out.append((name, {f"{INFO}t0": t0, **{k: v if k.startswith(INFO) else (v - t0) * 1e3
+                                                for k, v in merged.items()}}))
     return out
 
 
@@ -595,7 +599,7 @@ def _medians(rows: list[tuple[str, dict[str, float]]]) -> dict[str, dict[str, fl
     found: dict[str, dict[str, list[float]]] = {}
     for name, marks in rows:
         for mark, ms in marks.items():
-            if not mark.startswith(CPU_MARK):
+            if not mark.startswith(INFO):
                 found.setdefault(name, {}).setdefault(mark, []).append(ms)
     return {name: {mark: round(statistics.median(v), 3) for mark, v in sorted(
         marks.items(), key=lambda kv: statistics.median(kv[1]))}
