@@ -1,13 +1,13 @@
-"""How much slower the gateway's code runs after a pause than in a tight loop, on this machine.
+"""How much slower the gateway's code runs after a pause than run again at once, on this machine.
 
 A request at one stream comes after milliseconds of idleness, and every step on its way
 to the first token runs once: the CPU's caches and branch predictors hold none of it
 by then. This times one step of that path, the Chat request's checks
 (``parse_chat_request`` on ``bench_upstreams``' body, warm ~8 µs), once after each pause,
 the pause either slept (the vCPU halts) or spun in Python (it stays busy, with a tiny
-footprint). The ratio to the tight loop is what any code on the first token's path costs
-here; "Session of 2026-12-05 (9)" in BENCHMARKS.md compares it with the per-step times of
-``bench.ttft_timeline --layers``.
+footprint), against no pause (the step again at once after the last one). The ratio is
+what any code on the first token's path costs here; "Session of 2026-12-05 (9)" in
+BENCHMARKS.md compares it with the per-step times of ``bench.ttft_timeline --layers``.
 
     PYTHONPATH=src .venv/bin/python -m bench.cold_code [--calls 100]
 """
@@ -66,12 +66,12 @@ def main() -> None:
 
     for _ in range(1000):
         step()
-    pauses: dict[str, Callable[[], None]] = {"tight loop": lambda: None}
+    pauses: dict[str, Callable[[], None]] = {"no pause": lambda: None}
     for pause_s in PAUSES_S:
         pauses[f"spun {pause_s * 1e3:g} ms"] = _spin(pause_s)
         pauses[f"slept {pause_s * 1e3:g} ms"] = _sleep(pause_s)
     medians = _timed(step, pauses, args.calls)
-    warm = medians["tight loop"]
+    warm = medians["no pause"]
     print(f"parse_chat_request, median of {args.calls} calls after each pause (in turns)")
     for name, us in medians.items():
         print(f"  {name:<18}{us:8.1f} µs  {us / warm:.1f}x")

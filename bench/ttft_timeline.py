@@ -622,7 +622,8 @@ def _split(rows: list[tuple[str, dict[str, float]]]) -> list[str]:
         first = statistics.median(m["client: first content"] for m in group) - direct
         head = statistics.median(m["client: head written"] - m["client: head write"]
                                  for m in group)
-        same = sum(m.get(f"{CPU_MARK}client") == m.get(f"{CPU_MARK}gateway") for m in group)
+        same = sum(m.get(f"{CPU_MARK}client", -1.0) == m.get(f"{CPU_MARK}gateway", -2.0)
+                   for m in group)
         lines.append(f"{label}: {len(group)} of {len(ours)}, added {first:+.3f} ms, the "
                      f"client's head write {head:.3f} ms, read on the client's CPU {same}")
     return lines
