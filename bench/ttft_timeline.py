@@ -139,12 +139,15 @@ class _Calls:
 # -- the instrumented processes (each run as ``python -m bench.ttft_timeline --serve-...``) --
 
 
-def _stamped(data_received: Any, prefix: bytes, stamp: Any) -> Any:
-    """A protocol's ``data_received`` that calls ``stamp()`` first when ``data`` starts so."""
+def _stamped(data_received: Any, prefix: bytes, stamp: Any, otherwise: Any = None) -> Any:
+    """A protocol's ``data_received`` that calls ``stamp()`` first when ``data`` starts so,
+    else ``otherwise()`` when given."""
 
     def stamped(self: Any, data: bytes) -> None:
         if data.startswith(prefix):
             stamp()
+        elif otherwise is not None:
+            otherwise()
         data_received(self, data)
 
     return stamped
@@ -185,10 +188,8 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
         if calls is not None:
             calls.start("request")
 
-    def any_request_bytes(self: Any, data: bytes) -> None:
-        if not data.startswith(b"POST "):  # the body, in a read of its own
-            marks.mark(BODY_APART)
-        received(self, data)
+    def body_apart() -> None:  # a read that is not a request's start: its body, alone
+        marks.mark(BODY_APART)
 
     def upstream_head() -> None:
         marks.mark("gateway: upstream head arrived")
@@ -197,8 +198,8 @@ def _serve_gateway(out: str, argv: list[str]) -> None:
             calls.start("response")
 
     client_conn, upstream_conn = connections.GuardedHttpToolsProtocol, http_transport._Connection
-    received = _stamped(client_conn.data_received, b"POST ", request_bytes)
-    client_conn.data_received = any_request_bytes  # type: ignore[method-assign]
+    client_conn.data_received = _stamped(  # type: ignore[method-assign]
+        client_conn.data_received, b"POST ", request_bytes, body_apart)
     upstream_conn.data_received = _stamped(  # type: ignore[method-assign]
         upstream_conn.data_received, b"HTTP/1.1 ", upstream_head)
     upstream_conn.write = upstream_write  # type: ignore[method-assign]
