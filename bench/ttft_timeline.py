@@ -32,11 +32,16 @@ medians: the two differ by ~0.6 ms on this machine ("Session of 2026-12-05 (9)")
 ``--raw FILE`` writes every request's marks (JSON lines) for any other cut, with its t0
 on the monotonic clock (an ftrace ``trace_clock`` of ``mono`` lines up with it);
 ``--gateway-policy batch`` runs the gateway under ``SCHED_BATCH`` (its wake-ups then never
-preempt the running process), a diagnosis, not a setting to serve with.
+preempt the running process), a diagnosis, not a setting to serve with. ``--tree-b SRC``
+serves another tree (a git worktree's ``src``) from a second gateway, the target
+``tokenwire B``, in the same rounds (the two gateways' turns swapped every other round)
+and prints B's medians against tokenwire's: the A/B of a change on one machine state.
+Two processes of the same tree differ by up to ~0.4 ms here (``--tree-b src``), so one
+run is a sample: repeat it ("Session of 2026-12-06 (10)").
 
     PYTHONPATH=src .venv/bin/python -m bench.ttft_timeline [--rounds 80] [--tokens 64]
         [--pace 0.005] [--cpus 0,1] [--layers | --calls 40] [--serve-args "--coalesce-ms 0"]
-        [--raw FILE] [--gateway-policy batch]
+        [--raw FILE] [--gateway-policy batch] [--tree-b /tmp/change/src]
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ import asyncio
 import contextvars
 import ctypes
 import json
+import math
 import os
 import signal
 import socket
@@ -70,6 +76,8 @@ INFO = "info: "
 CPU_MARK = f"{INFO}cpu "
 #: The gateway's mark of a body that arrived in a read of its own, apart from its head.
 BODY_APART = "gateway: request body bytes arrived"
+#: The second gateway's target (``--tree-b``).
+TARGET_B = "tokenwire B"
 
 
 class _Marks:
@@ -227,7 +235,9 @@ def _mark_layers(marks: _Marks) -> None:
     from tokenwire.gateway.upstreams import http_transport, openai_compat, sse_http
 
     def wrap(owner: Any, name: str, mark: str, *, after: bool = False) -> None:
-        inner = getattr(owner, name)
+        inner = getattr(owner, name, None)
+        if inner is None:  # a tree without this layer (``--tree-b``): no mark for it
+            return
 
         def returned(out: Any) -> Any:
             if after:
@@ -499,14 +509,16 @@ def _child(args: list[str], **kw: Any) -> subprocess.Popen:
 def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = None,
         calls: dict[str, Any] | None = None, layers: bool = False,
         serve_args: tuple[str, ...] = (), policy: str | None = None,
-        ) -> list[tuple[str, dict[str, float]]]:
+        tree_b: str | None = None) -> list[tuple[str, dict[str, float]]]:
     """Every request's marks in ms after the client's t0 (``_merged``), with its target;
     ``cpus`` (others, gateway): the client, upstream and relay pinned to one CPU, the
     gateway to another (or the same one); ``calls``, when given, is filled with the
     gateway's call counts (its marks are then not worth reading: the profiler slows every
     call); ``layers``: a mark at each layer of the gateway too (each costs ~1 µs);
     ``serve_args``: more arguments for ``tokenwire serve``; ``policy`` ``"batch"``: the
-    gateway runs under ``SCHED_BATCH``."""
+    gateway runs under ``SCHED_BATCH``; ``tree_b``: another tree's ``src``, served by a
+    second gateway (:data:`TARGET_B`, marked alike) in the same rounds, the two gateways'
+    turns swapped every other round (``_drive``)."""
     procs: list[subprocess.Popen] = []
     pin_gateway = None
     if cpus is not None:
@@ -532,21 +544,38 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
                              **({"TTFT_LAYERS": "1"} if layers else {}),
                              **({"TTFT_POLICY": policy} if policy else {})})
             procs.append(gw)
+            gateways = [(gw, gw_out)]
+            if tree_b is not None:
+                gwb_port, gwb_out = bu._free_port(), f"{tmp}/gateway_b.json"
+                path = os.pathsep.join(p for p in (tree_b, os.environ.get("PYTHONPATH")) if p)
+                gwb = _child(["--serve-gateway", gwb_out, "serve", "--upstream",
+                              f"http://127.0.0.1:{up_port}/v1", "--port", str(gwb_port),
+                              "--log-level", "warning", *serve_args],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             preexec_fn=pin_gateway,
+                             env={**os.environ, "PYTHONPATH": path,
+                                  **({"TTFT_LAYERS": "1"} if layers else {}),
+                                  **({"TTFT_POLICY": policy} if policy else {})})
+                procs.append(gwb)
+                gateways.append((gwb, gwb_out))
+                bu._wait_http(f"http://127.0.0.1:{gwb_port}/health", gwb, 60)
             bu._wait_http(f"http://127.0.0.1:{gw_port}/health", gw, 60)
             bu._wait_http(f"http://127.0.0.1:{relay_port}/v1/models", up, 60)
             _wait_port(floor_port)
             targets = {name: f"http://127.0.0.1:{port}/v1/chat/completions" for name, port in
                        (("direct", up_port), ("relay", relay_port), ("python floor", floor_port),
                         ("tokenwire", gw_port))}
-            seen = asyncio.run(_drive(targets, rounds))
-            for proc in (up, gw):
+            if tree_b is not None:
+                targets[TARGET_B] = f"http://127.0.0.1:{gwb_port}/v1/chat/completions"
+            seen = asyncio.run(_drive(targets, rounds, alternate=tree_b is not None))
+            for proc in (up, *(g for g, _ in gateways)):
                 proc.send_signal(signal.SIGUSR2)
+            outs = [up_out, *(o for _, o in gateways)]
             deadline = time.monotonic() + 30
-            while not (Path(up_out).exists() and Path(gw_out).exists()):
+            while not all(Path(o).exists() for o in outs):
                 assert time.monotonic() < deadline, "the marks were never written"
                 time.sleep(0.1)
-            server_rows = json.loads(Path(up_out).read_text()) + \
-                json.loads(Path(gw_out).read_text())
+            server_rows = [row for o in outs for row in json.loads(Path(o).read_text())]
             if calls is not None:
                 calls.update(json.loads(Path(gw_out + ".calls").read_text()))
         finally:
@@ -566,12 +595,21 @@ def _wait_port(port: int, timeout: float = 30.0) -> None:
             time.sleep(0.1)
 
 
-async def _drive(targets: dict[str, str], rounds: int) -> list[tuple[str, dict[str, float]]]:
+async def _drive(targets: dict[str, str], rounds: int, alternate: bool = False,
+                 ) -> list[tuple[str, dict[str, float]]]:
+    """Each target once per round, in turn; ``alternate``: the last two (two gateways) swap
+    places every other round, so each follows the other as often as it follows the target
+    before them, and neither ever follows itself (a gateway's stream right after one of its
+    own starts ~0.25 ms sooner: a reversed order every other round gave the gateway last in
+    line that, and the same tree 0.24 ms "faster" than itself)."""
     seen = []
     _mark_client_writes()
     async with httpx.AsyncClient(timeout=60) as client:
         for i in range(rounds + 5):  # the first 5 rounds warm every target up
-            for name, url in targets.items():
+            order = list(targets.items())
+            if alternate and i % 2:
+                order[-2:] = order[:-3:-1]
+            for name, url in order:
                 marks = await _one(client, url)
                 if i >= 5:
                     seen.append((name, marks))
@@ -607,14 +645,14 @@ def _medians(rows: list[tuple[str, dict[str, float]]]) -> dict[str, dict[str, fl
         for name, marks in found.items()}
 
 
-def _split(rows: list[tuple[str, dict[str, float]]]) -> list[str]:
+def _split(rows: list[tuple[str, dict[str, float]]], target: str = "tokenwire") -> list[str]:
     """The gateway's requests whose body came in the head's read against those whose body
     came apart: how many, the first content's median added to direct's, the client's head
     write (it returns late when the woken gateway took the client's CPU), and how many of
     them the gateway read on the CPU the client wrote on."""
     direct = statistics.median(m["client: first content"] for n, m in rows if n == "direct")
     lines = []
-    ours = [m for n, m in rows if n == "tokenwire"]
+    ours = [m for n, m in rows if n == target]
     for label, group in (("body with its head", [m for m in ours if BODY_APART not in m]),
                          ("body apart", [m for m in ours if BODY_APART in m])):
         if not group:
@@ -658,6 +696,9 @@ def main() -> None:
                         help="mark the gateway's layers too (_mark_layers)")
     parser.add_argument("--raw", metavar="FILE",
                         help="write every request's marks there, one JSON object a line")
+    parser.add_argument("--tree-b", metavar="SRC",
+                        help="another tree's src (a git worktree's), served by a second "
+                             "gateway in the same rounds: an A/B of a change")
     parser.add_argument("--gateway-policy", choices=("batch",),
                         help="run the gateway under SCHED_BATCH (a diagnosis: its wake-ups "
                              "then never preempt the process running)")
@@ -668,7 +709,7 @@ def main() -> None:
         cpus = (int(others), int(gateway))
     calls: dict[str, Any] | None = {} if args.calls else None
     rows = run(args.rounds, args.tokens, args.pace, cpus, calls, args.layers,
-               tuple(args.serve_args.split()), args.gateway_policy)
+               tuple(args.serve_args.split()), args.gateway_policy, args.tree_b)
     if args.raw:
         Path(args.raw).write_text("".join(json.dumps({"target": name, **marks}) + "\n"
                                           for name, marks in rows))
@@ -679,9 +720,36 @@ def main() -> None:
         print(f"{name} (ms after the request was sent, medians of {args.rounds})")
         for mark, ms in marks.items():
             print(f"  {ms:8.3f}  {mark}")
-    print("tokenwire's requests by how their body arrived:")
-    for line in _split(rows):
-        print(f"  {line}")
+    for target in ("tokenwire", *((TARGET_B,) if args.tree_b else ())):
+        print(f"{target}'s requests by how their body arrived:")
+        for line in _split(rows, target):
+            print(f"  {line}")
+    if args.tree_b:
+        print(_compared(rows))
+
+
+#: The gateway's own time on the way in, for a request whose body came with its head: from
+#: its bytes to the upstream request's write, in one turn on the CPU.
+_WAY_IN = ("gateway: request bytes arrived", "gateway: upstream request write")
+
+
+def _compared(rows: list[tuple[str, dict[str, float]]]) -> str:
+    """``--tree-b``'s answer: B's medians minus tokenwire's, for the first content (all
+    requests) and the way in (bodies read with their head)."""
+    def median(target: str, value: Any) -> float:
+        found = [value(m) for n, m in rows if n == target]
+        found = [v for v in found if v is not None]
+        return statistics.median(found) if found else math.nan
+
+    def way_in(m: dict[str, float]) -> float | None:
+        return None if BODY_APART in m or not all(k in m for k in _WAY_IN) \
+            else m[_WAY_IN[1]] - m[_WAY_IN[0]]
+
+    first = median(TARGET_B, lambda m: m["client: first content"]) - \
+        median("tokenwire", lambda m: m["client: first content"])
+    inner = median(TARGET_B, way_in) - median("tokenwire", way_in)
+    return (f"B - tokenwire: first content {first:+.3f} ms, the way in with the body in the "
+            f"head's read {inner * 1e3:+.0f} µs")
 
 
 def _print_calls(calls: dict[str, Any], top: int) -> None:
