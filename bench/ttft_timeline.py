@@ -536,27 +536,24 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
             procs.append(_child(["--relay", str(up_port), str(relay_port)]))
             floor_port = bu._free_port()
             procs.append(_child(["--floor", str(up_port), str(floor_port)]))
-            gw = _child(["--serve-gateway", gw_out, "serve", "--upstream",
-                         f"http://127.0.0.1:{up_port}/v1", "--port", str(gw_port),
-                         "--log-level", "warning", *serve_args], stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL, preexec_fn=pin_gateway,
-                        env={**os.environ, **({"TTFT_CALLS": "1"} if calls is not None else {}),
-                             **({"TTFT_LAYERS": "1"} if layers else {}),
-                             **({"TTFT_POLICY": policy} if policy else {})})
-            procs.append(gw)
+            marked = {**({"TTFT_LAYERS": "1"} if layers else {}),
+                      **({"TTFT_POLICY": policy} if policy else {})}
+
+            def gateway(out: str, port: int, env: dict[str, str]) -> subprocess.Popen:
+                proc = _child(["--serve-gateway", out, "serve", "--upstream",
+                               f"http://127.0.0.1:{up_port}/v1", "--port", str(port),
+                               "--log-level", "warning", *serve_args],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              preexec_fn=pin_gateway, env={**os.environ, **marked, **env})
+                procs.append(proc)
+                return proc
+
+            gw = gateway(gw_out, gw_port, {"TTFT_CALLS": "1"} if calls is not None else {})
             gateways = [(gw, gw_out)]
-            if tree_b is not None:
+            if tree_b is not None:  # (the calls are counted in tokenwire's gateway only)
                 gwb_port, gwb_out = bu._free_port(), f"{tmp}/gateway_b.json"
                 path = os.pathsep.join(p for p in (tree_b, os.environ.get("PYTHONPATH")) if p)
-                gwb = _child(["--serve-gateway", gwb_out, "serve", "--upstream",
-                              f"http://127.0.0.1:{up_port}/v1", "--port", str(gwb_port),
-                              "--log-level", "warning", *serve_args],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=pin_gateway,
-                             env={**os.environ, "PYTHONPATH": path,
-                                  **({"TTFT_LAYERS": "1"} if layers else {}),
-                                  **({"TTFT_POLICY": policy} if policy else {})})
-                procs.append(gwb)
+                gwb = gateway(gwb_out, gwb_port, {"PYTHONPATH": path})
                 gateways.append((gwb, gwb_out))
                 bu._wait_http(f"http://127.0.0.1:{gwb_port}/health", gwb, 60)
             bu._wait_http(f"http://127.0.0.1:{gw_port}/health", gw, 60)
