@@ -37,11 +37,15 @@ serves another tree (a git worktree's ``src``) from a second gateway, the target
 ``tokenwire B``, in the same rounds (the two gateways' turns swapped every other round)
 and prints B's medians against tokenwire's: the A/B of a change on one machine state.
 Two processes of the same tree differ by up to ~0.4 ms here (``--tree-b src``), so one
-run is a sample: repeat it ("Session of 2026-12-06 (10)").
+run is a sample: repeat it ("Session of 2026-12-06 (10)"). ``--python-b PYTHON`` runs
+that second gateway on another interpreter (a venv with the same packages), this tree
+unless ``--tree-b`` names another: the A/B of an interpreter's build ("Session of
+2026-12-06 (11)").
 
     PYTHONPATH=src .venv/bin/python -m bench.ttft_timeline [--rounds 80] [--tokens 64]
         [--pace 0.005] [--cpus 0,1] [--layers | --calls 40] [--serve-args "--coalesce-ms 0"]
         [--raw FILE] [--gateway-policy batch] [--tree-b /tmp/change/src]
+        [--python-b /tmp/venv/bin/python]
 """
 
 from __future__ import annotations
@@ -502,14 +506,15 @@ async def _one(client: httpx.AsyncClient, url: str) -> dict[str, float]:
     return marks
 
 
-def _child(args: list[str], **kw: Any) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bench.ttft_timeline", *args], **kw)
+def _child(args: list[str], python: str = sys.executable, **kw: Any) -> subprocess.Popen:
+    return subprocess.Popen([python, "-m", "bench.ttft_timeline", *args], **kw)
 
 
 def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = None,
         calls: dict[str, Any] | None = None, layers: bool = False,
         serve_args: tuple[str, ...] = (), policy: str | None = None,
-        tree_b: str | None = None) -> list[tuple[str, dict[str, float]]]:
+        tree_b: str | None = None, python_b: str | None = None
+        ) -> list[tuple[str, dict[str, float]]]:
     """Every request's marks in ms after the client's t0 (``_merged``), with its target;
     ``cpus`` (others, gateway): the client, upstream and relay pinned to one CPU, the
     gateway to another (or the same one); ``calls``, when given, is filled with the
@@ -518,7 +523,8 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
     ``serve_args``: more arguments for ``tokenwire serve``; ``policy`` ``"batch"``: the
     gateway runs under ``SCHED_BATCH``; ``tree_b``: another tree's ``src``, served by a
     second gateway (:data:`TARGET_B`, marked alike) in the same rounds, the two gateways'
-    turns swapped every other round (``_drive``)."""
+    turns swapped every other round (``_drive``); ``python_b``: that second gateway's
+    interpreter (with this tree unless ``tree_b`` is given too)."""
     procs: list[subprocess.Popen] = []
     pin_gateway = None
     if cpus is not None:
@@ -539,21 +545,25 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
             marked = {**({"TTFT_LAYERS": "1"} if layers else {}),
                       **({"TTFT_POLICY": policy} if policy else {})}
 
-            def gateway(out: str, port: int, env: dict[str, str]) -> subprocess.Popen:
+            def gateway(out: str, port: int, env: dict[str, str],
+                        python: str = sys.executable) -> subprocess.Popen:
                 proc = _child(["--serve-gateway", out, "serve", "--upstream",
                                f"http://127.0.0.1:{up_port}/v1", "--port", str(port),
                                "--log-level", "warning", *serve_args],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              preexec_fn=pin_gateway, env={**os.environ, **marked, **env})
+                              python=python, preexec_fn=pin_gateway,
+                              env={**os.environ, **marked, **env})
                 procs.append(proc)
                 return proc
 
             gw = gateway(gw_out, gw_port, {"TTFT_CALLS": "1"} if calls is not None else {})
             gateways = [(gw, gw_out)]
-            if tree_b is not None:  # (the calls are counted in tokenwire's gateway only)
+            with_b = tree_b is not None or python_b is not None
+            if with_b:  # (the calls are counted in tokenwire's gateway only)
                 gwb_port, gwb_out = bu._free_port(), f"{tmp}/gateway_b.json"
                 path = os.pathsep.join(p for p in (tree_b, os.environ.get("PYTHONPATH")) if p)
-                gwb = gateway(gwb_out, gwb_port, {"PYTHONPATH": path})
+                gwb = gateway(gwb_out, gwb_port, {"PYTHONPATH": path},
+                              python_b or sys.executable)
                 gateways.append((gwb, gwb_out))
                 bu._wait_http(f"http://127.0.0.1:{gwb_port}/health", gwb, 60)
             bu._wait_http(f"http://127.0.0.1:{gw_port}/health", gw, 60)
@@ -562,9 +572,9 @@ def run(rounds: int, tokens: int, pace: float, cpus: tuple[int, int] | None = No
             targets = {name: f"http://127.0.0.1:{port}/v1/chat/completions" for name, port in
                        (("direct", up_port), ("relay", relay_port), ("python floor", floor_port),
                         ("tokenwire", gw_port))}
-            if tree_b is not None:
+            if with_b:
                 targets[TARGET_B] = f"http://127.0.0.1:{gwb_port}/v1/chat/completions"
-            seen = asyncio.run(_drive(targets, rounds, alternate=tree_b is not None))
+            seen = asyncio.run(_drive(targets, rounds, alternate=with_b))
             for proc in (up, *(g for g, _ in gateways)):
                 proc.send_signal(signal.SIGUSR2)
             outs = [up_out, *(o for _, o in gateways)]
@@ -696,6 +706,9 @@ def main() -> None:
     parser.add_argument("--tree-b", metavar="SRC",
                         help="another tree's src (a git worktree's), served by a second "
                              "gateway in the same rounds: an A/B of a change")
+    parser.add_argument("--python-b", metavar="PYTHON",
+                        help="the second gateway's interpreter (a venv's python with the "
+                             "same packages): an A/B of the interpreter's build")
     parser.add_argument("--gateway-policy", choices=("batch",),
                         help="run the gateway under SCHED_BATCH (a diagnosis: its wake-ups "
                              "then never preempt the process running)")
@@ -706,7 +719,8 @@ def main() -> None:
         cpus = (int(others), int(gateway))
     calls: dict[str, Any] | None = {} if args.calls else None
     rows = run(args.rounds, args.tokens, args.pace, cpus, calls, args.layers,
-               tuple(args.serve_args.split()), args.gateway_policy, args.tree_b)
+               tuple(args.serve_args.split()), args.gateway_policy, args.tree_b,
+               args.python_b)
     if args.raw:
         Path(args.raw).write_text("".join(json.dumps({"target": name, **marks}) + "\n"
                                           for name, marks in rows))
@@ -717,11 +731,12 @@ def main() -> None:
         print(f"{name} (ms after the request was sent, medians of {args.rounds})")
         for mark, ms in marks.items():
             print(f"  {ms:8.3f}  {mark}")
-    for target in ("tokenwire", *((TARGET_B,) if args.tree_b else ())):
+    with_b = bool(args.tree_b or args.python_b)
+    for target in ("tokenwire", *((TARGET_B,) if with_b else ())):
         print(f"{target}'s requests by how their body arrived:")
         for line in _split(rows, target):
             print(f"  {line}")
-    if args.tree_b:
+    if with_b:
         print(_compared(rows))
 
 
