@@ -21,7 +21,14 @@ from tests.gateway.upstreams.test_http_transport import (
     _run,
     answer_every_request,
 )
-from tokenwire.gateway.ir import ChatMessage, ChatPrompt, Finish, GenerationRequest, TokenDelta
+from tokenwire.gateway.ir import (
+    ChatMessage,
+    ChatPrompt,
+    Failure,
+    Finish,
+    GenerationRequest,
+    TokenDelta,
+)
 from tokenwire.gateway.upstreams import sse_http
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
 from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
@@ -122,4 +129,50 @@ def test_a_wait_cancelled_while_the_request_opens_leaves_the_request_running() -
         assert server.accepts == 1  # the same request, not a new one
 
     release = asyncio.Event()
+    _run(main)
+
+
+#: Answers the stream refuses, each with a body it does not read to its end: another
+#: content type, an error status whose body is past the 64 KiB read for its message.
+_REFUSED = {
+    "html": b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 15\r\n\r\n"
+            b"<html>hi</html>",
+    "json": b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}",
+    "big_500": b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n"
+               b"content-length: 100000\r\n\r\n" + b"x" * 100_000,
+}
+
+
+@pytest.mark.parametrize("answer", sorted(_REFUSED))
+def test_an_answer_without_an_event_stream_gives_its_connection_back(answer: str) -> None:
+    """Each such answer is one failure, and its connection is closed or pooled, never kept:
+    more requests than the upstream's connections all reach it (they used to wait for a
+    connection that never came back, until the gateway restarted)."""
+    requests = 0
+
+    async def handler(reader, writer):
+        nonlocal requests
+        while True:
+            try:
+                await _read_request(reader)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            requests += 1
+            writer.write(_REFUSED[answer])
+            await writer.drain()
+
+    async def main():
+        server = Server(handler)
+        url = await server.start()
+        up = _upstream(url)  # max_concurrent 1 (the default): one slot, few connections
+        try:
+            results = [await asyncio.wait_for(collect(up.submit(REQUEST)), 5)
+                       for _ in range(8)]
+        finally:
+            await up.aclose()
+            await server.stop()
+        assert requests == 8
+        assert all(len(r) == 1 and isinstance(r[0], Failure) for r in results), results
+        assert {r[0].status for r in results} == {502}
+
     _run(main)

@@ -174,44 +174,51 @@ class SSEUpstreamStream:
 
     async def _open(self) -> None:
         try:
-            if self._slots is not None:
-                await self._slots.acquire()
-                self._holding_slot = True
-            body = self._body if isinstance(self._body, bytes) else json_body(self._body)
-            headers = {**self._headers, "Content-Type": "application/json"}
-            self._post = post = stream_post(self._client, parsed_url(self._url), body, headers)
-            resp = await post.__aenter__()
-            if resp.status_code >= 400:
-                data = await read_capped(resp)
-                self._end(self._classify_http(resp.status_code, resp.headers, data))
-                return
-            ctype = post.content_type
-            if "text/event-stream" not in ctype:
-                self._end(Failure(failure_class=FailureClass.UPSTREAM, status=502,
-                                  message=f"expected text/event-stream, got {ctype!r}"))
-                return
-            # A parser that reads the response head (the Responses turn state) says so.
-            on_head = getattr(self.parser, "on_head", None)
-            if on_head is not None and self._put_all(on_head(resp.headers)):
-                return
-            self._reader = reader = post.reader()
-            take_start = getattr(reader, "take_start", None)
-            if self._sink is not None and take_start is not None:
-                # What came with the head (the first tokens, as often as not) is parsed here,
-                # where the head was read: a sink takes it without a wake-up of the task that
-                # waits for this one (on the way to the first token).
-                for piece in take_start():
-                    self._feed(piece)
-                    if self._finished:
-                        break
+            await self._open_answer()
         except asyncio.CancelledError:
             if self._post is not None:
                 await self._post.aclose()
             raise
         except Exception as exc:
             self._fail(exc)
-        if self._finished and self._post is not None:  # answered without an SSE body
+        # Answered without an SSE body (an error status, another content type, a terminal
+        # in the head): the answer is closed here, pooled only if its body's end was read.
+        # Left open, its connection stayed taken and the upstream's pool ran dry.
+        if self._finished and self._post is not None:
             await self._post.aclose()
+
+    async def _open_answer(self) -> None:
+        """The request, the answer's head, and what came with it."""
+        if self._slots is not None:
+            await self._slots.acquire()
+            self._holding_slot = True
+        body = self._body if isinstance(self._body, bytes) else json_body(self._body)
+        headers = {**self._headers, "Content-Type": "application/json"}
+        self._post = post = stream_post(self._client, parsed_url(self._url), body, headers)
+        resp = await post.__aenter__()
+        if resp.status_code >= 400:
+            data = await read_capped(resp)
+            self._end(self._classify_http(resp.status_code, resp.headers, data))
+            return
+        ctype = post.content_type
+        if "text/event-stream" not in ctype:
+            self._end(Failure(failure_class=FailureClass.UPSTREAM, status=502,
+                              message=f"expected text/event-stream, got {ctype!r}"))
+            return
+        # A parser that reads the response head (the Responses turn state) says so.
+        on_head = getattr(self.parser, "on_head", None)
+        if on_head is not None and self._put_all(on_head(resp.headers)):
+            return
+        self._reader = reader = post.reader()
+        take_start = getattr(reader, "take_start", None)
+        if self._sink is not None and take_start is not None:
+            # What came with the head (the first tokens, as often as not) is parsed here,
+            # where the head was read: a sink takes it without a wake-up of the task that
+            # waits for this one (on the way to the first token).
+            for piece in take_start():
+                self._feed(piece)
+                if self._finished:
+                    break
 
     # -- the body, in the caller's task -----------------------------------------------------
 
