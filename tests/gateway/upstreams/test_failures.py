@@ -12,6 +12,7 @@ import pytest
 
 from tokenwire.gateway.ir import FailureClass
 from tokenwire.gateway.upstreams.failures import (
+    MAX_RETRY_AFTER_S,
     classify_error,
     context_overflow_counts,
     error_object,
@@ -29,6 +30,21 @@ def test_retry_after_is_read_as_seconds_as_an_http_date_and_as_milliseconds() ->
     assert retry_after_seconds({"retry-after-ms": "1500", "retry-after": "9"}) == 1.5
     assert retry_after_seconds({"retry-after": "soon"}) is None
     assert retry_after_seconds({}) is None
+
+
+@pytest.mark.parametrize(("value", "seconds"), [
+    ("inf", MAX_RETRY_AFTER_S), ("1e400", MAX_RETRY_AFTER_S), ("99999999999", MAX_RETRY_AFTER_S),
+    ("Fri, 31 Dec 9999 23:59:59 GMT", MAX_RETRY_AFTER_S), ("nan", 0.0), ("-5", 0.0),
+    ("-inf", None)])
+def test_an_absurd_retry_after_is_read_as_at_most_a_day(value: str, seconds: float | None,
+                                                        ) -> None:
+    """``inf`` used to reach the client's ``Retry-After`` as ``round(inf)``: a 500."""
+    assert retry_after_seconds({"retry-after": value}) == seconds
+
+
+def test_an_absurd_retry_after_ms_is_read_as_at_most_a_day() -> None:
+    for value in ("inf", "1e400", "1e15"):
+        assert retry_after_seconds({"retry-after-ms": value}) == MAX_RETRY_AFTER_S
 
 
 def test_anthropic_error_shape_is_classified_by_its_type() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import email.utils
 import errno
+import math
 import re
 import socket
 import ssl
@@ -30,6 +31,7 @@ __all__ = [
     "MALFORMED",
     "MAX_ERROR_BODY_BYTES",
     "MAX_MESSAGE_CHARS",
+    "MAX_RETRY_AFTER_S",
     "classify_error",
     "connection_fault",
     "context_overflow_counts",
@@ -134,27 +136,40 @@ _CTX = (
 )
 
 
+#: The longest wait an upstream's ``Retry-After`` is read as (a day): past the retry budget
+#: either way, and what the client is told to wait in turn. A longer value, or one that is
+#: not a finite number (``inf``, ``1e400``), would be a wait no one means.
+MAX_RETRY_AFTER_S = 86_400.0
+
+
 def retry_after_seconds(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
     """Seconds from ``Retry-After`` (delta-seconds or HTTP-date, RFC 9110 §10.2.3), or from
-    the ``retry-after-ms`` header some OpenAI-compatible APIs send."""
+    the ``retry-after-ms`` header some OpenAI-compatible APIs send; at most
+    :data:`MAX_RETRY_AFTER_S` (``inf`` too), None when neither is a number or a date."""
     ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000)
-        except ValueError:
-            pass
+    if ms is not None and (seconds := _finite(ms, 1000)) is not None:
+        return seconds
     value = headers.get("retry-after")
     if value is None:
         return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
+    if (seconds := _finite(value, 1)) is not None:
+        return seconds
     try:
         when = email.utils.parsedate_to_datetime(value).timestamp()
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when - (time.time() if now is None else now))
+    return min(MAX_RETRY_AFTER_S, max(0.0, when - (time.time() if now is None else now)))
+
+
+def _finite(value: str, per_second: int) -> float | None:
+    """``value`` / ``per_second`` in [0, MAX_RETRY_AFTER_S] (NaN: 0), None if not a number."""
+    try:
+        seconds = float(value) / per_second
+    except ValueError:
+        return None
+    if math.isinf(seconds):
+        return None if seconds < 0 else MAX_RETRY_AFTER_S
+    return min(MAX_RETRY_AFTER_S, max(0.0, seconds))
 
 
 def context_overflow_counts(message: str, err: Mapping[str, Any] | None = None,
