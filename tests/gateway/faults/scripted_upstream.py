@@ -120,6 +120,12 @@ class Fault:
         return cls("malformed", after=after)
 
     @classmethod
+    def bad_framing(cls, *, after: int = 0) -> Fault:
+        """``after`` good pieces, then a chunk-size line that is not hex, written on the
+        socket under the server's own chunked framing, and the connection closed."""
+        return cls("bad_framing", after=after)
+
+    @classmethod
     def no_terminal(cls, text: str = "Hello there, world", *, after: int | None = None) -> Fault:
         """``after`` pieces (all by default), then a clean end of the body: no
         ``finish_reason``, no ``[DONE]``."""
@@ -301,6 +307,12 @@ class _Generate:
                 return
             case "malformed":
                 await self._raw(send, b'data: {"choices": [{"delta": {"content": "x"\n\n')
+            case "bad_framing":
+                transport = self.up._peers.by_peer.get(tuple(scope["client"]))
+                if transport is not None:
+                    transport.write(b"zz\r\ndata: x\r\n")
+                    transport.close()
+                return
             case "stream_error" if self.api == "responses":
                 await self._data(send, {"type": "response.failed", "response": {
                     "id": "resp_up", "object": "response", "status": "failed",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import socket
@@ -12,14 +13,17 @@ import pytest
 
 from tokenwire.gateway.ir import FailureClass
 from tokenwire.gateway.upstreams.failures import (
+    MALFORMED,
     MAX_RETRY_AFTER_S,
     classify_error,
     context_overflow_counts,
     error_object,
     failure_from_exception,
     failure_from_response,
+    read_capped,
     retry_after_seconds,
 )
+from tokenwire.gateway.upstreams.http_heads import MalformedAnswer
 
 
 def test_retry_after_is_read_as_seconds_as_an_http_date_and_as_milliseconds() -> None:
@@ -169,3 +173,24 @@ def test_an_overflow_keeps_only_the_counts_never_the_upstreams_prose() -> None:
     assert "secret" not in f.message and "4900" in f.message and "4096" in f.message
     bare = classify_error({"message": "context length exceeded: quote 'my secret'"}, status=400)
     assert bare.failure_class is FailureClass.CONTEXT_LENGTH and "secret" not in bare.message
+
+
+def test_broken_framing_and_an_undecodable_body_are_final_malformed_answers() -> None:
+    """They were read as a connection lost before the answer and retried for 120 s: the
+    same bytes come back every time."""
+    for exc in (MalformedAnswer("bad chunk-size line"), httpx.DecodingError("bad gzip")):
+        failure = failure_from_exception(exc, started=False)
+        assert (failure.failure_class, failure.status, failure.code) == (
+            FailureClass.UPSTREAM, 502, MALFORMED)
+    lost = failure_from_exception(httpx.RemoteProtocolError(
+        "Server disconnected without sending a response."), started=False)
+    assert (lost.failure_class, lost.code) == (FailureClass.CONNECTION, "connection_reset")
+
+
+def test_read_capped_keeps_what_came_before_the_body_broke() -> None:
+    class Broken:
+        async def aiter_bytes(self):
+            yield b"partial "
+            raise httpx.DecodingError("bad gzip")
+
+    assert asyncio.run(read_capped(Broken())) == b"partial "  # type: ignore[arg-type]

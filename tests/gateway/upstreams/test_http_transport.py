@@ -20,6 +20,7 @@ import pytest
 
 from tokenwire.gateway.upstreams.base import UpstreamConfig
 from tokenwire.gateway.upstreams.failures import connection_fault, failure_from_exception
+from tokenwire.gateway.upstreams.http_heads import MalformedAnswer
 from tokenwire.gateway.upstreams.http_transport import (
     LeanTransport,
     _ChunkedBody,
@@ -285,21 +286,28 @@ def test_a_stalled_body_is_a_read_timeout() -> None:
     _run(main)
 
 
-@pytest.mark.parametrize(("answer", "message"), [
-    (b"", "Server disconnected without sending a response."),
-    (CHUNKED_HEAD + _chunk(b"data: a\n\n"), "incomplete chunked read"),
-    (b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n", "invalid response head"),
-    (b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (100 * 1024) + b"\r\n\r\n", "head too large"),
-    (b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (100 * 1024), "head too large"),
-    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nxx", "unsupported Transfer-Encoding"),
+@pytest.mark.parametrize(("answer", "message", "malformed"), [
+    (b"", "Server disconnected without sending a response.", False),
+    (CHUNKED_HEAD + _chunk(b"data: a\n\n"), "incomplete chunked read", False),
+    (b"HTTP/1.1 200 OK\r\nbroken header\r\n\r\n", "invalid response head", True),
+    (b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (100 * 1024) + b"\r\n\r\n", "head too large",
+     True),
+    (b"HTTP/1.1 200 OK\r\nx-big: " + b"a" * (100 * 1024), "head too large", True),
+    (b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\nxx", "unsupported Transfer-Encoding",
+     True),
     (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
-     "invalid response head"),
-    (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nok", "3 bytes missing"),
+     "invalid response head", True),
+    (b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nok", "3 bytes missing", False),
     (b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\nconnection: upgrade\r\n\r\n",
-     "unexpected 101"),
-    (b"HTTP/1.1 200", "complete response head"),
+     "unexpected 101", True),
+    (b"HTTP/1.1 200", "complete response head", False),
+    (CHUNKED_HEAD + b"zz\r\n", "bad chunk-size line", True),
+    (CHUNKED_HEAD + b"2\r\nabc\r\n", "not followed by CRLF", True),
 ])
-def test_a_broken_answer_is_a_remote_protocol_error(answer: bytes, message: str) -> None:
+def test_a_broken_answer_is_a_remote_protocol_error(answer: bytes, message: str,
+                                                    malformed: bool) -> None:
+    """Bytes that break HTTP are a :class:`MalformedAnswer` (final); a connection that ends
+    before or during the answer is the plain error, which a retry may cure."""
     async def handler(reader, writer):
         await _read_request(reader)
         writer.write(answer)
@@ -309,11 +317,12 @@ def test_a_broken_answer_is_a_remote_protocol_error(answer: bytes, message: str)
         server = Server(handler)
         url = await server.start()
         async with _client() as client:
-            with pytest.raises(httpx.RemoteProtocolError, match=message):
+            with pytest.raises(httpx.RemoteProtocolError, match=message) as caught:
                 async with client.stream("POST", url, json={}) as resp:
                     async for _ in resp.aiter_bytes():
                         pass
         await server.stop()
+        assert isinstance(caught.value, MalformedAnswer) is malformed
 
     _run(main)
 

@@ -45,6 +45,7 @@ from tokenwire.gateway.ir import (
     Usage,
 )
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig, UpstreamState
+from tokenwire.gateway.upstreams.failures import MALFORMED
 from tokenwire.gateway.upstreams.openai_compat import ChunkParser, OpenAICompatUpstream
 
 SMOL = load_map_file(Path(__file__).resolve().parents[2] / "fixtures" / "maps" /
@@ -162,6 +163,78 @@ def test_vllm_stop_reason_string_is_a_stop_sequence_finish(fake):
 def test_finish_reason_maps_to_the_ir_vocabulary(fake, reason, kind):
     assert run(fake, Reply(chunks=chat_stream("vllm", ["a"], finish=reason)),
                req())[-1] == Finish(reason=kind)
+
+
+@pytest.mark.parametrize(("reason", "kind"), [("eos_token", FinishKind.EOS),
+                                              ("stop_sequence", FinishKind.STOP_SEQUENCE),
+                                              ("max_tokens", FinishKind.LENGTH)])
+def test_the_finish_words_of_servers_that_speak_openais_api_in_their_own(fake, reason, kind):
+    """TGI's ``eos_token`` and ``stop_sequence``; ``max_tokens`` (Anthropic's word)."""
+    assert run(fake, Reply(chunks=chat_stream("vllm", ["a"], finish=reason)),
+               req())[-1] == Finish(reason=kind)
+
+
+@pytest.mark.parametrize("reason", ["abort", "error", "cancelled", "weird"])
+def test_a_finish_reason_of_a_cut_answer_is_a_failure_after_the_text_so_far(fake, reason):
+    """vLLM's and SGLang's ``abort`` (and any word that is not one of a complete answer)
+    used to reach the client as ``stop``: a cut answer shown as a finished one."""
+    out = run(fake, Reply(chunks=chat_stream("vllm", ["par", "tial"], finish=reason)), req())
+    assert text_of(out) == "partial"
+    assert isinstance(out[-1], Failure) and out[-1].status == 502
+    assert out[-1].failure_class is FailureClass.UPSTREAM and reason in out[-1].message
+    assert not any(isinstance(e, Finish) for e in out)
+
+
+_CHUNK_HEAD = {"id": "c", "object": "chat.completion.chunk", "model": "m"}
+
+
+def _chat_chunk(delta: object = None, finish: object = None) -> dict:
+    return {**_CHUNK_HEAD, "choices": [{"index": 0, "delta": delta or {},
+                                        "finish_reason": finish}]}
+
+
+@pytest.mark.parametrize("chunk", [
+    _chat_chunk({"content": 5}), _chat_chunk({"content": {"text": "a"}}),
+    _chat_chunk({"content": [{"type": "image_url"}]}), _chat_chunk({"reasoning_content": 1}),
+    _chat_chunk(finish={"why": "stop"}), _chat_chunk(finish=7),
+    _chat_chunk({"tool_calls": {"index": 0}}), _chat_chunk({"tool_calls": ["call"]}),
+    _chat_chunk({"tool_calls": [{"index": "zz", "function": {"name": "f"}}]}),
+    _chat_chunk({"tool_calls": [{"index": -1, "function": {"name": "f"}}]}),
+    _chat_chunk({"tool_calls": [{"index": 0, "function": {"name": 3}}]}),
+    _chat_chunk({"tool_calls": [{"index": 0, "id": ["x"], "function": {"name": "f"}}]}),
+    _chat_chunk({"tool_calls": [{"index": 0, "function": "f"}]}),
+    _chat_chunk({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": 5}}]}),
+    {**_CHUNK_HEAD, "choices": [{"index": 0, "text": 5, "finish_reason": None}]},
+], ids=lambda c: json.dumps(c["choices"][0])[:60])
+def test_a_chunk_field_of_the_wrong_type_is_a_malformed_stream(fake, chunk):
+    """Each used to reach the client as it came (``"content": 5``) or as the gateway's own
+    500 (``int("zz")``, an unhashable finish_reason): it is the upstream's broken stream,
+    502, final (README "When things go wrong")."""
+    out = run(fake, Reply(chunks=(*chat_stream("vllm", ["ok"], finish=None, usage=None,
+                                                done=False), *sse(chunk))), req())
+    assert text_of(out) == "ok"
+    assert isinstance(out[-1], Failure) and out[-1].status == 502
+    assert out[-1].code == MALFORMED and "wrong shape" in out[-1].message
+
+
+def test_content_as_a_list_of_text_parts_is_its_text(fake):
+    """Some OpenAI-compatible servers send a delta's ``content`` as parts."""
+    parts = [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]
+    out = run(fake, Reply(chunks=sse(_chat_chunk({"content": parts}),
+                                     _chat_chunk(finish="stop"), "[DONE]")), req())
+    assert text_of(out) == "Hello" and out[-1] == Finish(reason=FinishKind.EOS)
+
+
+def test_tool_call_arguments_sent_as_an_object_are_its_json_text(fake):
+    """They used to be Python's repr of the dict (``{'a': 1}``), not JSON."""
+    call = {"index": 0, "id": "call_1", "type": "function",
+            "function": {"name": "f", "arguments": {"a": 1, "b": "x é"}}}
+    out = run(fake, Reply(chunks=sse(_chat_chunk({"tool_calls": [call]}),
+                                     _chat_chunk(finish="tool_calls"), "[DONE]")), req())
+    calls = [e for e in out if isinstance(e, ToolCallDelta)]
+    assert [(c.id, c.name) for c in calls] == [("call_1", "f")]
+    assert json.loads(calls[0].arguments) == {"a": 1, "b": "x é"}
+    assert out[-1] == Finish(reason=FinishKind.TOOL_CALLS)
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "ollama", "llamacpp"])

@@ -49,7 +49,7 @@ from typing import Any
 
 import httpx
 
-from tokenwire.client._base import MAX_ERROR_BODY, ResponseDecoder, TokenChunk
+from tokenwire.client._base import ResponseDecoder, TokenChunk
 from tokenwire.client.discovery import (
     DiscoveryCache,
     adrive,
@@ -82,6 +82,7 @@ from tokenwire.gateway.upstreams.codec_native_wire import (
     classify_exception,
     classify_http,
 )
+from tokenwire.gateway.upstreams.failures import read_capped
 from tokenwire.gateway.upstreams.http_transport import UpstreamClient, upstream_transport
 
 __all__ = ["MAX_MODELS_BODY", "STREAM_QUEUE_DEPTH", "CodecNativeUpstream", "CodecOptions"]
@@ -187,7 +188,10 @@ class _CodecStream:
             resp = await self._up._http.send(request, stream=True)
             if resp.status_code == 200:
                 return resp, path
-            error_body = await _read_capped(resp)
+            try:
+                error_body = await read_capped(resp)
+            finally:
+                await resp.aclose()
             if resp.status_code == 404 and path == "c" and i + 1 < len(attempts):
                 continue  # §2.1: Path C is optional; a 404 means "use Path B"
             await self._emit(classify_http(resp.status_code, resp.headers, error_body,
@@ -210,20 +214,6 @@ class _CodecStream:
         for event in tr.on_chunk(chunk):
             await self._emit(event)
         return tr.finished
-
-
-async def _read_capped(resp: httpx.Response) -> bytes:
-    body = b""
-    try:
-        async for part in resp.aiter_bytes():
-            body += part
-            if len(body) > MAX_ERROR_BODY:
-                break
-    except httpx.HTTPError:
-        pass  # the status alone still classifies the failure
-    finally:
-        await resp.aclose()
-    return body[:MAX_ERROR_BODY]
 
 
 class _Secret:

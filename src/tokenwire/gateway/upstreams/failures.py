@@ -25,6 +25,7 @@ import httpx
 import msgspec
 
 from tokenwire.gateway.ir import Failure, FailureClass
+from tokenwire.gateway.upstreams.http_heads import MalformedAnswer
 
 __all__ = [
     "CODE_CLASSES",
@@ -288,6 +289,10 @@ def failure_from_exception(exc: httpx.HTTPError, *, started: bool,
     elif isinstance(exc, httpx.TimeoutException):
         # Final for the retry budget: a retry would wait the whole read timeout again.
         cls, what, code = _C.TIMEOUT, "timed out", "read_timeout"
+    elif isinstance(exc, MalformedAnswer | httpx.DecodingError):
+        # Broken framing or a body its Content-Encoding cannot decode: the same bytes
+        # again, so final (they were retried as a lost connection for up to 120 s).
+        cls, what, code = _C.UPSTREAM, "sent a malformed answer", MALFORMED
     elif started:
         cls, what = _C.UPSTREAM, "broke the stream"
     else:
@@ -324,10 +329,15 @@ def connection_fault(exc: BaseException) -> str:
 
 
 async def read_capped(resp: httpx.Response, limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
-    """At most ``limit`` bytes of an error response's body."""
+    """At most ``limit`` bytes of an error response's body; what came before a read failed
+    (a cut or undecodable body), since the status alone still classifies the failure. The
+    caller closes the response."""
     out = bytearray()
-    async for chunk in resp.aiter_bytes():
-        out += chunk[: limit - len(out)]
-        if len(out) >= limit:
-            break
+    try:
+        async for chunk in resp.aiter_bytes():
+            out += chunk[: limit - len(out)]
+            if len(out) >= limit:
+                break
+    except httpx.HTTPError:
+        pass
     return bytes(out)

@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterable
 import httptools
 import httpx
 
-__all__ = ["Head", "head_bytes", "parse_head", "request_bytes"]
+__all__ = ["Head", "MalformedAnswer", "head_bytes", "parse_head", "request_bytes"]
+
+
+class MalformedAnswer(httpx.RemoteProtocolError):
+    """Bytes that break HTTP/1.1 (a head llhttp refuses or too large, bad chunk framing):
+    the same answer again would break the same way, so the failure is final
+    (``failures.failure_from_exception``), not the transient hang-up that a plain
+    ``RemoteProtocolError`` (a connection closed before or during the answer) is."""
 
 
 # -- the request head ----------------------------------------------------------------------
@@ -90,12 +97,12 @@ def parse_head(raw: bytes, close: Callable[[], None], request: httpx.Request | N
         parser.feed_data(raw)
     except httptools.HttpParserUpgrade as exc:  # a 101: no upgrade was asked for
         close()
-        raise httpx.RemoteProtocolError(
+        raise MalformedAnswer(
             f"unexpected {parser.get_status_code()} Switching Protocols",
             request=request) from exc
     except httptools.HttpParserError as exc:
         close()
-        raise httpx.RemoteProtocolError(f"invalid response head: {exc}",
+        raise MalformedAnswer(f"invalid response head: {exc}",
                                         request=request) from exc
     head.status = parser.get_status_code()
     # False when the body runs to the connection's end (no length, not chunked).
@@ -105,7 +112,7 @@ def parse_head(raw: bytes, close: Callable[[], None], request: httpx.Request | N
         if lower == b"transfer-encoding":
             if value.lower() != b"chunked":  # h11's rule: the one coding it can frame
                 close()
-                raise httpx.RemoteProtocolError(
+                raise MalformedAnswer(
                     f"unsupported Transfer-Encoding {value!r}", request=request)
             head.chunked = True
         elif lower == b"content-length":  # llhttp checked digits and duplicates

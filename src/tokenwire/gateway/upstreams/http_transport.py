@@ -46,7 +46,12 @@ from typing import Any
 import httpx
 
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
-from tokenwire.gateway.upstreams.http_heads import Head, parse_head, request_bytes
+from tokenwire.gateway.upstreams.http_heads import (
+    Head,
+    MalformedAnswer,
+    parse_head,
+    request_bytes,
+)
 from tokenwire.gateway.wakeups import wake
 
 __all__ = ["KEEPALIVE_EXPIRY_S", "MAX_BUFFERED_BYTES", "MAX_HEAD_BYTES", "LeanAnswer",
@@ -284,7 +289,7 @@ async def _read_head(conn: _Connection, timeout: float | None,
         if end < 0:
             if len(buf) > MAX_HEAD_BYTES:
                 conn.close()
-                raise httpx.RemoteProtocolError("response head too large", request=request)
+                raise MalformedAnswer("response head too large", request=request)
             searched = len(buf)
             data = await _read(conn, timeout, request)
             if not data:
@@ -298,7 +303,7 @@ async def _read_head(conn: _Connection, timeout: float | None,
             continue
         if end + 4 > MAX_HEAD_BYTES:
             conn.close()
-            raise httpx.RemoteProtocolError("response head too large", request=request)
+            raise MalformedAnswer("response head too large", request=request)
         head = parse_head(buf[:end + 4], conn.close, request)
         buf, searched = buf[end + 4:], 0
         if not 100 <= head.status < 200:
@@ -436,12 +441,13 @@ class _ChunkedBody(_Body):
 
     def _decode(self, data: bytes) -> list[bytes]:
         """The whole chunks ``data`` completes; bad framing closes the connection and is
-        httpx's ``RemoteProtocolError``, as httpcore reported it."""
+        httpx's ``RemoteProtocolError``, as httpcore reported it (a :class:`MalformedAnswer`:
+        final)."""
         try:
             return self._decoder.feed(data)
         except ChunkedError as exc:
             self._conn.close()
-            raise httpx.RemoteProtocolError(str(exc), request=self._request) from exc
+            raise MalformedAnswer(str(exc), request=self._request) from exc
 
     def can_listen(self) -> bool:
         """Nothing is waiting to be read by :meth:`read` (the head's leftover, decoded

@@ -141,9 +141,13 @@ _SERVERS = {"vllm": "vllm", "llamacpp": "llama.cpp", "me": "llama-cpp-python"}
 PROPS_TIMEOUT_S = 5.0
 #: A confirmation that met a connection the server had closed is sent once more.
 CONFIRM_TRIES = 2
+#: The ``finish_reason`` words of a complete answer: OpenAI's, and those of the servers that
+#: speak its API with their own words (TGI's ``eos_token`` / ``stop_sequence``).
 _FINISH = {"stop": FinishKind.EOS, "length": FinishKind.LENGTH,
            "tool_calls": FinishKind.TOOL_CALLS, "function_call": FinishKind.TOOL_CALLS,
-           "content_filter": FinishKind.CONTENT_FILTER}
+           "content_filter": FinishKind.CONTENT_FILTER, "eos_token": FinishKind.EOS,
+           "eos": FinishKind.EOS, "stop_sequence": FinishKind.STOP_SEQUENCE,
+           "max_tokens": FinishKind.LENGTH}
 _json = msgspec.json.Decoder()
 
 
@@ -458,7 +462,7 @@ class ChunkParser:
     def __init__(self, request: GenerationRequest, upstream: OpenAICompatUpstream) -> None:
         self._req = request
         self._up = upstream
-        self._finish: Finish | None = None
+        self._finish: Finish | Failure | None = None  # a Failure: a word of a cut answer
         self._usage: Usage | None = None
         self._expect_ids = request.want_ids and upstream.effective_ids != "none"
         self._seen_ids = False
@@ -475,6 +479,12 @@ class ChunkParser:
         self._any = True
         if data.strip() == "[DONE]":
             return self._terminal()
+        try:
+            return self._chunk(data)
+        except _Malformed as exc:
+            return self._fail(f"upstream sent a chunk of the wrong shape: {exc}", MALFORMED)
+
+    def _chunk(self, data: str) -> list[Event]:
         plain = self._plain(data)
         if plain is not None:
             return plain
@@ -553,15 +563,18 @@ class ChunkParser:
         out: list[Event] = []
         delta = choice.get("delta")
         if isinstance(delta, dict):  # chat
-            text = delta.get("content") or ""
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning") or ""
+            text = _text(delta.get("content"), "content")
+            reasoning = _text(delta.get("reasoning_content") or delta.get("reasoning"),
+                              "reasoning")
             if reasoning:
                 out.append(ReasoningDelta(text=reasoning))
-            for call in delta.get("tool_calls") or ():
-                out.append(_tool_call(call))
+            calls = delta.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise _Malformed(f"tool_calls is a {type(calls).__name__}, not a list")
+            out += map(_tool_call, calls)
             logprobs = entry_logprobs((choice.get("logprobs") or {}).get("content"))
         else:  # completions
-            text = choice.get("text") or ""
+            text = _text(choice.get("text"), "text")
             logprobs = completions_logprobs(choice.get("logprobs"))
         ids = choice.get("token_ids") or choice.get("tokens") or chunk.get("tokens")
         out += self._tokens(text, ids, logprobs)
@@ -632,18 +645,52 @@ def _broken(message: str, code: str | None = None) -> Failure:
     return Failure(failure_class=FailureClass.UPSTREAM, status=502, message=message, code=code)
 
 
-def _finish(reason: str, stop_reason: Any) -> Finish:
-    kind = _FINISH.get(reason, FinishKind.EOS)
+class _Malformed(Exception):
+    """A field of a chunk has a type the API does not give it (``ChunkParser.on_data``
+    makes it the stream's failure: 502, final, never the gateway's own 500)."""
+
+
+def _finish(reason: Any, stop_reason: Any) -> Finish | Failure:
+    """The terminal a ``finish_reason`` makes. A word that is not one of a complete answer
+    (vLLM's and SGLang's ``abort``, an ``error``, one this gateway does not know) fails the
+    stream: a cut answer must not reach the client as a finished one."""
+    if not isinstance(reason, str):
+        raise _Malformed("finish_reason is not a string")
+    kind = _FINISH.get(reason)
+    if kind is None:
+        return _broken(f"upstream ended the generation with finish_reason {reason[:100]!r}")
     # vLLM names the stop string that fired (a str) or the stop token id (an int).
     if kind is FinishKind.EOS and isinstance(stop_reason, str):
         return Finish(reason=FinishKind.STOP_SEQUENCE, matched_stop=stop_reason)
     return Finish(reason=kind)
 
 
+def _text(value: Any, field: str) -> str:
+    """A text field of a delta: a string, or a list of ``{"type": "text", "text": ...}``
+    parts (as some servers send ``content``)."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if isinstance(value, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in value):
+        return "".join(p["text"] for p in value)
+    raise _Malformed(f"{field} is neither a string nor a list of text parts")
+
+
 def _tool_call(call: Any) -> ToolCallDelta:
-    call = call if isinstance(call, dict) else {}
+    if not isinstance(call, dict):
+        raise _Malformed("a tool call is not an object")
     kind = "custom" if call.get("type") == "custom" else "function"
     fn = call.get(kind) or call.get("function") or {}
+    if not isinstance(fn, dict):
+        raise _Malformed(f"a tool call's {kind} is not an object")
+    index, call_id, name = call.get("index") or 0, call.get("id") or None, fn.get("name") or None
+    if type(index) is not int or index < 0 or not isinstance(call_id, str | None) \
+            or not isinstance(name, str | None):
+        raise _Malformed("a tool call's index, id or name has the wrong type")
     args = fn.get("input" if kind == "custom" else "arguments") or ""
-    return ToolCallDelta(index=int(call.get("index") or 0), id=call.get("id") or None,
-                         name=fn.get("name") or None, arguments=str(args), kind=kind)
+    if isinstance(args, dict | list):  # an object where the API has its JSON text
+        args = msgspec.json.encode(args).decode()
+    elif not isinstance(args, str):
+        raise _Malformed("a tool call's arguments are neither text nor an object")
+    return ToolCallDelta(index=index, id=call_id, name=name, arguments=args, kind=kind)
