@@ -16,6 +16,8 @@ from tokenwire.gateway.upstreams.embedded_tools import (
     plan_tools,
 )
 from tokenwire.gateway.upstreams.json_schema_grammar import (
+    MAX_OPEN_REPEATS,
+    MAX_REPEATS,
     MAX_UNBOUNDED_ITEMS,
     MAX_UNBOUNDED_STRING,
     UnsupportedSchema,
@@ -121,6 +123,70 @@ def test_a_pattern_llama_cpp_cannot_parse_is_a_400_naming_pattern(parses) -> Non
         plan_tools(GenerationRequest(prompt=PromptText(text="x"), response_format=fmt), cache)
     assert "'pattern'" in str(info.value)
     assert info.value.param == "response_format.json_schema.schema"
+
+
+def _fmt(schema: dict) -> ResponseFormat:
+    return ResponseFormat(type="json_schema", param="response_format.json_schema.schema",
+                          schema=schema)
+
+
+@pytest.mark.parametrize(("schema", "keyword"), [
+    ({"type": "string", "maxLength": MAX_OPEN_REPEATS + 1}, "maxLength"),
+    ({"type": "string", "minLength": 5, "maxLength": MAX_OPEN_REPEATS + 6}, "maxLength"),
+    ({"type": "array", "items": {}, "maxItems": 10**9}, "maxItems"),
+    ({"type": "string", "pattern": "^a{0,5000}$"}, "pattern"),
+])
+def test_a_count_left_more_open_than_llama_cpp_parses_is_refused_by_name(schema, keyword,
+                                                                         parses) -> None:
+    """Each open repetition nests once more; llama.cpp's parser refuses the grammar past
+    about a thousand (so these were 400s before, after writing the grammar out)."""
+    with pytest.raises(UnsupportedSchema) as info:
+        normalise(schema)
+    assert info.value.keyword == keyword
+    bound = {**schema, "maxLength": MAX_OPEN_REPEATS} if "maxLength" in schema else None
+    if bound is not None and "minLength" not in bound:  # the bound itself still parses
+        assert parses(response_grammar(normalise(bound)))
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "minLength": 10**9},  # a 200-byte request grew the server to 24 GB
+    {"type": "array", "items": {"type": "integer"}, "minItems": MAX_REPEATS + 1},
+    {"type": "string", "pattern": "^(a{1000}){1000}$"},  # nested: a million copies
+    {"type": "object", "properties": {f"p{i}": {"type": "string", "minLength": 30_000}
+                                      for i in range(4)}},
+])
+def test_schemas_asking_the_grammar_for_too_many_copies_are_a_400(schema) -> None:
+    """Before any grammar is written: the size is counted on the schema."""
+    cache = GrammarCache(lambda text: pytest.fail("a grammar was built"))
+    with pytest.raises(ToolRequestError) as info:
+        plan_tools(GenerationRequest(prompt=PromptText(text="x"),
+                                     response_format=_fmt(schema)), cache)
+    assert info.value.param == "response_format.json_schema.schema"
+    assert str(MAX_REPEATS) in str(info.value)
+
+
+def test_the_copies_of_every_schema_of_a_request_add_up() -> None:
+    """Tools and the response format share one budget: each alone fits."""
+    half = {"type": "object", "properties": {"s": {"type": "string",
+                                                   "minLength": MAX_REPEATS // 2 + 1}}}
+    tools = (ToolSpec(name="a", parameters=half), ToolSpec(name="b", parameters=half))
+    cache = GrammarCache(lambda text: True)
+    plan_tools(GenerationRequest(prompt=PromptText(text="x"), tools=tools[:1]), cache)
+    with pytest.raises(ToolRequestError) as info:
+        plan_tools(GenerationRequest(prompt=PromptText(text="x"), tools=tools), cache)
+    assert info.value.param == "tools"
+
+
+@pytest.mark.parametrize(("pattern", "copies"), [
+    (r"^\d{4}-\d{2}-\d{2}$", 2 + 4 + 1 + 2 + 1 + 2), ("^[A-Z]{2}[0-9]{6}$", 2 + 2 + 6),
+    (r"^(\d{1,3}\.){3}\d{1,3}$", 2 + 3 * (3 + 1) + 3),
+    ("^(ab|cd){10}$", 2 + 10 * 5),  # (the bar counted too: an upper bound)
+    (r"^[\]x]{3}$", 2 + 3),
+])
+def test_a_patterns_copies_are_counted_with_its_groups(pattern, copies) -> None:
+    from tokenwire.gateway.upstreams.json_schema_grammar import _pattern_repeats
+
+    assert _pattern_repeats(pattern, "$") == copies
 
 
 def test_grammars_are_built_once_per_schema(parses) -> None:

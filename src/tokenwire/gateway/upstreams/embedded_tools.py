@@ -40,6 +40,7 @@ from tokenwire.gateway.upstreams.json_schema_grammar import (
     CALL_OPEN,
     UnsupportedSchema,
     call_grammar,
+    check_repeats,
     normalise,
     response_grammar,
 )
@@ -109,9 +110,11 @@ def plan_tools(request: GenerationRequest, cache: GrammarCache) -> ToolPlan:
     if choice == "none" or not request.tools:
         if fmt is None:
             return NO_TOOLS
+        _check_repeats([schema], fmt.param or "response_format")
         return ToolPlan(grammar=_cached(cache, "format", schema, lambda: response_grammar(
             schema), fmt.param or "response_format"))
     enforced = _normalised_tools(request.tools)  # what the grammar enforces
+    _check_repeats([schema, *(t.parameters for t in enforced)], "tools")
     parallel = request.parallel_tool_calls is not False
     called, grammar_tools = request.tools, enforced
     if isinstance(choice, dict):
@@ -141,6 +144,13 @@ def _format_schema(request: GenerationRequest) -> dict[str, Any] | None:
         return normalise(fmt.schema)
     except UnsupportedSchema as exc:
         raise ToolRequestError(str(exc), fmt.param or "response_format") from None
+
+
+def _check_repeats(schemas: list[dict[str, Any] | None], param: str) -> None:
+    try:
+        check_repeats(schemas)
+    except UnsupportedSchema as exc:
+        raise ToolRequestError(str(exc), param) from None
 
 
 def _normalised_tools(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:

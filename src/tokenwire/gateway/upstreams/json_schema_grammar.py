@@ -26,6 +26,7 @@ and caches it (``upstreams/embedded_tools.py``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,11 +39,15 @@ __all__ = [
     "CALL_CLOSE",
     "CALL_OPEN",
     "MAX_CALLS",
+    "MAX_OPEN_REPEATS",
+    "MAX_REPEATS",
     "MAX_UNBOUNDED_ITEMS",
     "STRING_FORMATS",
     "SUPPORTED",
+    "SchemaTooLarge",
     "UnsupportedSchema",
     "call_grammar",
+    "check_repeats",
     "normalise",
     "response_grammar",
 ]
@@ -72,6 +77,15 @@ MAX_UNBOUNDED_ITEMS = 16
 #: Characters of a string whose schema sets no ``maxLength`` (the same reason: SmolLM2 can
 #: write one string forever). A custom tool's freeform input (a patch) is not bounded.
 MAX_UNBOUNDED_STRING = 128
+#: Copies of a rule that one request's schemas may have the grammar write out in all: each
+#: unit of ``minLength`` / ``maxLength`` / ``minItems`` / ``maxItems`` and of a pattern's
+#: ``{m,n}`` is one copy in the grammar's text (and in llama.cpp's parse of it), so a
+#: 200-byte schema asking for 10**9 grew the server past 24 GB. 100,000 is ~1 MB of grammar.
+MAX_REPEATS = 100_000
+#: Optional repetitions one count may leave open (``maxLength`` - ``minLength``; a pattern's
+#: ``{m,n}``): each is one more level of nesting, and llama.cpp's grammar parser refuses
+#: the grammar past about a thousand (measured: 1,000 parses, 1,020 does not).
+MAX_OPEN_REPEATS = 1_000
 _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 _DEFS = ("$defs", "definitions")
 
@@ -90,6 +104,17 @@ class UnsupportedSchema(ValueError):
         super().__init__(f"JSON Schema keyword {keyword!r} at {path} is not supported by "
                          f"this engine's constrained decoding{': ' + why if why else ''}")
         self.keyword, self.path = keyword, path
+
+
+class SchemaTooLarge(UnsupportedSchema):
+    """One request's schemas ask the grammar for more than :data:`MAX_REPEATS` copies."""
+
+    def __init__(self, copies: int) -> None:
+        ValueError.__init__(self, f"the schemas' lengths, item counts and pattern counts add "
+                            f"up to {copies} repetitions, each written out in the grammar: "
+                            f"at most {MAX_REPEATS} are supported by this engine's "
+                            "constrained decoding")
+        self.keyword, self.path = "maxLength", "$"
 
 
 # -- the supported subset ----------------------------------------------------------------
@@ -193,6 +218,9 @@ def _check_strings(node: dict[str, Any], keys: set[str], path: str) -> None:
     for key in lengths:
         if not isinstance(node[key], int) or isinstance(node[key], bool) or node[key] < 0:
             raise UnsupportedSchema(key, path, "must be a non-negative integer")
+    _check_open(node, "minLength", "maxLength", path)
+    if "pattern" in keys:
+        _pattern_repeats(node["pattern"], path)  # (raises for a count left too open)
 
 
 def _check_arrays(node: dict[str, Any], keys: set[str], path: str) -> None:
@@ -207,11 +235,85 @@ def _check_arrays(node: dict[str, Any], keys: set[str], path: str) -> None:
             raise UnsupportedSchema(key, path, "must be a non-negative integer")
         if items is None and prefix is None:
             raise UnsupportedSchema(key, path, "needs 'items'")
+    _check_open(node, "minItems", "maxItems", path)
     fixed = prefix if prefix is not None else items if isinstance(items, list) else None
     if fixed is not None:  # a tuple has exactly len(fixed) items: the bounds must allow it
         if node.get("minItems", 0) > len(fixed) or node.get("maxItems", len(fixed)) < len(fixed):
             raise UnsupportedSchema("minItems" if node.get("minItems", 0) > len(fixed)
                                     else "maxItems", path, "a tuple's length is fixed")
+
+
+def _check_open(node: dict[str, Any], low: str, high: str, path: str) -> None:
+    if high in node and node[high] - node.get(low, 0) > MAX_OPEN_REPEATS:
+        raise UnsupportedSchema(high, path, f"at most {MAX_OPEN_REPEATS} above {low!r} (each "
+                                "optional repetition nests once more in the grammar)")
+
+
+def check_repeats(schemas: Sequence[dict[str, Any] | None]) -> None:
+    """Raise :class:`UnsupportedSchema` when ``schemas`` (one request's, :func:`normalise`-d)
+    ask the grammar for more than :data:`MAX_REPEATS` copies in all (a ``$defs`` entry counts
+    once: the converter writes one rule per definition)."""
+    total = sum(_copies(schema) for schema in schemas if schema is not None)
+    if total > MAX_REPEATS:
+        raise SchemaTooLarge(total)
+
+
+def _copies(node: Any) -> int:
+    if isinstance(node, list):
+        return sum(_copies(n) for n in node)
+    if not isinstance(node, dict):
+        return 0
+    own = max(node.get("minLength", 0), node.get("maxLength", 0),
+              node.get("minItems", 0), node.get("maxItems", 0))
+    if isinstance(node.get("pattern"), str):
+        own += _pattern_repeats(node["pattern"], "$")
+    nested = [node.get(k) for k in ("items", "prefixItems", "anyOf", "additionalProperties")]
+    nested += [s for k in ("properties", *_DEFS) for s in (node.get(k) or {}).values()]
+    return own + sum(_copies(n) for n in nested)
+
+
+_QUANTIFIER = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def _pattern_repeats(pattern: str, path: str) -> int:
+    """The atoms the converter writes for ``pattern``, each times its quantifier's count, a
+    group's content times the group's (an upper bound: alternatives add up); raises for a
+    ``{m,n}`` that leaves more than :data:`MAX_OPEN_REPEATS` open."""
+    groups, last, i = [0], 0, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "(":
+            groups.append(0)
+            i += 1
+            continue
+        if char == ")" and len(groups) > 1:
+            last = groups.pop()
+            groups[-1] += last
+            i += 1
+            continue
+        quantifier = _QUANTIFIER.match(pattern, i) if char == "{" else None
+        if quantifier is not None:
+            low = int(quantifier[1])
+            high = low if quantifier[2] is None else int(quantifier[3] or low)
+            if high - low > MAX_OPEN_REPEATS:
+                raise UnsupportedSchema("pattern", path, f"{quantifier[0]} leaves more than "
+                                        f"{MAX_OPEN_REPEATS} repetitions open")
+            groups[-1] += last * (max(low, high) - 1)
+            last *= max(low, high)
+            i = quantifier.end()
+            continue
+        if char == "\\":
+            i += 2
+        elif char == "[":  # a class is one atom: up to its closing bracket
+            i += 1
+            while i < len(pattern) and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+            i += 1
+        else:
+            i += 1
+        last = 1
+        groups[-1] += 1
+    return sum(groups)
 
 
 def _check_objects(node: dict[str, Any], path: str) -> None:
