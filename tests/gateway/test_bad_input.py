@@ -98,6 +98,36 @@ def test_wrong_types_are_400s_naming_the_field(stack, path, body) -> None:
     assert err["type"] == "invalid_request_error"
 
 
+_FLAG_BODIES = {"/v1/chat/completions": {"messages": USER},
+                "/v1/completions": {"prompt": "Hi"},
+                "/v1/messages": {"messages": USER, "max_tokens": 5},
+                "/v1/responses": {"input": "Hi"}}
+
+
+@pytest.mark.parametrize("path", sorted(_FLAG_BODIES))
+@pytest.mark.parametrize("value", ["false", "true", 0, 1, [1], {}])
+def test_a_stream_flag_that_is_not_a_boolean_is_a_400_naming_it(stack, path, value) -> None:
+    """``"stream": "false"`` was read by truthiness: a stream came back (``{}``: a body)."""
+    resp = _post(stack, path, {"model": "scripted", **_FLAG_BODIES[path], "stream": value})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["type"] == "invalid_request_error" and "stream must be a boolean" in err[
+        "message"]
+
+
+@pytest.mark.parametrize("options", [{"include_usage": "no"}, {"include_usage": 1}, "yes", [1]])
+def test_stream_options_of_the_wrong_type_are_a_400(stack, options) -> None:
+    err = _openai_error(_post(stack, "/v1/chat/completions", {
+        "model": "scripted", "messages": USER, "stream": True, "stream_options": options}))
+    assert err["param"].startswith("stream_options") and err["code"] == "invalid_type"
+
+
+def test_a_null_stream_flag_is_the_default(stack) -> None:
+    resp = _post(stack, "/v1/chat/completions", {"model": "scripted", "messages": USER,
+                                                 "stream": None, "stream_options": None})
+    assert resp.status_code == 200 and resp.json()["object"] == "chat.completion"
+
+
 def test_a_boolean_prompt_is_not_called_a_batch(stack) -> None:
     err = _openai_error(_post(stack, "/v1/completions", {"prompt": [True, 1]}))
     assert "prompt[0] is a boolean" in err["message"] and "batch" not in err["message"]

@@ -32,6 +32,7 @@ from tokenwire.gateway.apis.logprobs import chat_entries
 from tokenwire.gateway.apis.params import (
     bad_request,
     json_type,
+    optional_bool,
     parse_logprobs,
     parse_openai_fields,
     refuse_binary_logprobs,
@@ -111,7 +112,7 @@ def parse_chat_request(body: Any, *, request_id: str = "") -> ChatCall:
         extensions=extensions_of("chat", body),
         request_id=request_id, tools=_tools(body.get("tools")),
         tool_choice=_tool_choice(body.get("tool_choice")),
-        parallel_tool_calls=_optional_bool(body, "parallel_tool_calls"),
+        parallel_tool_calls=optional_bool(body, "parallel_tool_calls"),
         reasoning_effort=_reasoning_effort(body.get("reasoning_effort")),
         want_ids=fmt is not None,
         # prompt_cache_key picks a replica of a pool (routing/pool.py); the headers' hints
@@ -235,14 +236,6 @@ def _tool_choice(value: Any) -> str | dict | None:
         return {"name": value["function"]["name"]}
     raise bad_request("tool_choice must be auto, none, required or {type: function, ...}",
                       param="tool_choice")
-
-
-def _optional_bool(body: dict[str, Any], key: str) -> bool | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise bad_request(f"{key} must be a boolean, got {json_type(value)}", param=key,
-                          code="invalid_type")
-    return value
 
 
 def _reasoning_effort(value: Any) -> str | None:

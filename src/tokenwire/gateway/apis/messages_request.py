@@ -28,6 +28,7 @@ from tokenwire.gateway.apis.params import (
     MAX_TOP_K,
     bad_request,
     json_type,
+    optional_bool,
 )
 from tokenwire.gateway.ir import (
     ChatMessage,
@@ -102,7 +103,7 @@ def parse_messages_request(body: Any, *, request_id: str = "",
         api="messages", extensions=extensions_of("messages", body))
     check_anthropic_metadata(body.get("metadata"))
     check_anthropic_service_tier(body)  # a hint sent on to an Anthropic upstream
-    return MessagesCall(request, model=model, stream=bool(body.get("stream", False)),
+    return MessagesCall(request, model=model, stream=bool(optional_bool(body, "stream")),
                         notes=tuple(notes))
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "Sampling",
     "bad_request",
     "json_type",
+    "optional_bool",
     "parse_logprobs",
     "parse_openai_fields",
     "parse_sampling",
@@ -69,6 +70,16 @@ def json_type(value: Any) -> str:
 
 
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "integer", float: "number"}
+
+
+def optional_bool(body: Mapping[str, Any], key: str, param: str | None = None) -> bool | None:
+    """``body[key]``: true, false, or None when absent or null; anything else is a 400
+    (``"false"`` is not false: read by truthiness, it asked for a stream)."""
+    value = body.get(key)
+    if value is not None and not isinstance(value, bool):
+        raise bad_request(f"{param or key} must be a boolean, got {json_type(value)}",
+                          param=param or key, code="invalid_type")
+    return value
 
 
 def parse_stream_format(value: Any, *, n: int) -> StreamFormat | None:
@@ -154,9 +165,13 @@ class OpenAIFields:
                               code="invalid_type")
         self.model: str | None = model
         # A binary stream_format is always streamed (codec-spec §2.3).
-        self.stream = bool(body.get("stream", False)) or self.stream_format is not None
+        self.stream = bool(optional_bool(body, "stream")) or self.stream_format is not None
         options = body.get("stream_options") or {}
-        self.include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        if not isinstance(options, dict):
+            raise bad_request(f"stream_options must be an object, got {json_type(options)}",
+                              param="stream_options", code="invalid_type")
+        self.include_usage = bool(optional_bool(options, "include_usage",
+                                                "stream_options.include_usage"))
 
 
 def parse_openai_fields(body: Any, *, default_max_tokens: int | None) -> OpenAIFields:

@@ -50,6 +50,7 @@ from tokenwire.gateway.apis.params import (
     MAX_MAX_TOKENS,
     bad_request,
     json_type,
+    optional_bool,
     parse_logprobs,
     parse_sampling,
 )
@@ -229,16 +230,16 @@ def parse_responses_request(
         max_tokens=_max_output_tokens(body.get("max_output_tokens")),
         temperature=sampling.temperature, top_p=sampling.top_p, request_id=request_id,
         tools=tools.specs, tool_choice=_tool_choice(body.get("tool_choice")),
-        parallel_tool_calls=_opt_bool(body, "parallel_tool_calls"),
+        parallel_tool_calls=optional_bool(body, "parallel_tool_calls"),
         response_format=parse_text_format(body.get("text")),
         reasoning_effort=_opt_str(reasoning, "effort"),
         service_tier=_opt_str(body, "service_tier"),
         logprobs=logprobs, top_logprobs=top_logprobs, api="responses",
         extensions=extensions_of("responses", body),
         passthrough_body=raw_body, affinity=affinity_hints(body, headers))
-    store_flag = _opt_bool(body, "store")
+    store_flag = optional_bool(body, "store")
     return ResponsesCall(
-        request=request, body=body, model=model, stream=bool(_opt_bool(body, "stream")),
+        request=request, body=body, model=model, stream=bool(optional_bool(body, "stream")),
         store=True if store_flag is None else store_flag,
         reasoning_summary=_opt_str(reasoning, "summary"), previous_response_id=previous_id,
         service_tier=_opt_str(body, "service_tier"),
@@ -273,14 +274,6 @@ def _opt_str(body: Mapping[str, Any], key: str) -> str | None:
     value = body.get(key)
     if value is not None and not isinstance(value, str):
         raise bad_request(f"{key} must be a string, got {json_type(value)}", param=key,
-                          code="invalid_type")
-    return value
-
-
-def _opt_bool(body: Mapping[str, Any], key: str) -> bool | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, bool):
-        raise bad_request(f"{key} must be a boolean, got {json_type(value)}", param=key,
                           code="invalid_type")
     return value
 
