@@ -98,6 +98,31 @@ def test_wrong_types_are_400s_naming_the_field(stack, path, body) -> None:
     assert err["type"] == "invalid_request_error"
 
 
+_FN = {"type": "function", "function": {"name": "f"}}
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/chat/completions", {"messages": USER, "tools": [
+        {**_FN, "function": {"name": "f", "parameters": [1]}}]}, "tools[0].function.parameters"),
+    ("/v1/chat/completions", {"messages": USER, "tools": [
+        {**_FN, "function": {"name": "f", "parameters": "zzz"}}]},
+     "tools[0].function.parameters"),
+    ("/v1/chat/completions", {"messages": [*USER, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"}]},
+     "messages[1].tool_calls[0].function.arguments"),
+    ("/v1/responses", {"input": "Hi", "tools": [{"type": "function", "name": "f",
+                                                 "parameters": "zzz"}]}, "tools[0].parameters"),
+    ("/v1/responses", {"input": "Hi", "tools": [{"type": "custom", "name": "f",
+                                                 "format": "regex"}]}, "tools[0].format"),
+])
+def test_tool_fields_of_the_wrong_type_are_400s_not_dropped(stack, path, body, param) -> None:
+    """Each was accepted and dropped in silence: a schema the grammar never saw, a replayed
+    call whose arguments never reached the prompt."""
+    err = _openai_error(_post(stack, path, {"model": "scripted", **body}))
+    assert (err["param"], err["code"]) == (param, "invalid_type"), err
+
+
 _FLAG_BODIES = {"/v1/chat/completions": {"messages": USER},
                 "/v1/completions": {"prompt": "Hi"},
                 "/v1/messages": {"messages": USER, "max_tokens": 5},

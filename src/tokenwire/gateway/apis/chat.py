@@ -198,9 +198,13 @@ def _message_tool_calls(value: Any, i: int) -> tuple[MessageToolCall, ...]:
                               param=f"messages[{i}].tool_calls[{j}]",
                               code="missing_required_parameter")
         check_openai_tool_name(fn["name"], f"messages[{i}].tool_calls[{j}].function.name")
-        args = fn.get("arguments", "")
-        calls.append(MessageToolCall(id=call["id"], name=fn["name"],
-                                     arguments=args if isinstance(args, str) else ""))
+        args = fn.get("arguments")
+        if args is not None and not isinstance(args, str):  # (it became "": the call's
+            # arguments never reached the prompt)
+            where = f"messages[{i}].tool_calls[{j}].function.arguments"
+            raise bad_request(f"{where} must be a string of JSON, got {json_type(args)}",
+                              param=where, code="invalid_type")
+        calls.append(MessageToolCall(id=call["id"], name=fn["name"], arguments=args or ""))
     return tuple(calls)
 
 
@@ -219,9 +223,13 @@ def _tools(value: Any) -> tuple[ToolSpec, ...]:
                               param=f"tools[{j}]")
         check_openai_tool_name(fn["name"], f"tools[{j}].function.name")
         params = fn.get("parameters")
+        if params is not None and not isinstance(params, dict):  # (it was dropped in silence)
+            raise bad_request(f"tools[{j}].function.parameters must be a JSON Schema object, "
+                              f"got {json_type(params)}", param=f"tools[{j}].function.parameters",
+                              code="invalid_type")
         specs.append(ToolSpec(
             name=fn["name"], description=str(fn.get("description") or ""),
-            parameters=params if isinstance(params, dict) else None,
+            parameters=params,
             strict=fn.get("strict") if isinstance(fn.get("strict"), bool) else None,
         ))
     return tuple(specs)

@@ -527,16 +527,19 @@ class _Tools:
                               code="missing_required_parameter")
         check_openai_tool_name(name, f"{path}.name")
         description = tool.get("description") or ""
+        field = "format" if kind == "custom" else "parameters"
+        value = tool.get(field)
+        if value is not None and not isinstance(value, dict):  # (it was dropped in silence)
+            raise bad_request(f"{path}.{field} must be an object, got {json_type(value)}",
+                              param=f"{path}.{field}", code="invalid_type")
         if kind == "custom":
-            fmt = tool.get("format")
             return ToolSpec(name=name, description=str(description), kind="custom",
-                            format=fmt if isinstance(fmt, dict) else None)
+                            format=value)
         plain = strip_collaboration_marker(tool, ns)
         self.rewritten = self.rewritten or plain is not tool
-        params = plain.get("parameters")
         strict = tool.get("strict")
         return ToolSpec(name=name, description=str(description),
-                        parameters=params if isinstance(params, dict) else None,
+                        parameters=plain.get("parameters"),
                         strict=strict if isinstance(strict, bool) else None)
 
 
