@@ -130,3 +130,31 @@ def test_logprobs_through_the_sdk_in_each_api_shape(engine, serve, closing) -> N
     part = resp.output[0].content[0]
     assert part.logprobs and "".join(lp.token for lp in part.logprobs) == part.text
     assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+
+
+@pytest.mark.parametrize("kind", ["text", "chat"])
+def test_a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(engine, kind,
+                                                                    monkeypatch) -> None:
+    """More characters than the window's tokens can cover: a 400 at once (an 8 MB prompt
+    was tokenized first, holding the only engine ~19 s)."""
+    from tokenwire.gateway.ir import ChatMessage, ChatPrompt, Failure
+
+    text = " " * (engine.n_ctx * engine._longest_piece)
+    prompt = PromptText(text=text) if kind == "text" else ChatPrompt(
+        messages=(ChatMessage(role="user", content=text),))
+
+    def tokenize(piece: str, **kw) -> list[int]:
+        assert len(piece) < 1000, "the long text was tokenized"
+        return real(piece, **kw)
+
+    real = engine._tokenize_text
+    monkeypatch.setattr(engine, "_tokenize_text", tokenize)
+
+    async def go():
+        return await engine.submit(GenerationRequest(prompt=prompt, max_tokens=1)).next_event()
+    failure = asyncio.run(go())
+    assert isinstance(failure, Failure) and failure.code == "context_length_exceeded"
+    assert failure.context_tokens == engine.n_ctx and failure.prompt_tokens >= engine.n_ctx
+    assert "at least" in failure.message
+    ids, _, _ = generate(engine, PromptText(text=STORY), max_tokens=2)  # the engine goes on
+    assert len(ids) == 2

@@ -28,6 +28,7 @@ codec-spec §5.5).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import random
@@ -179,9 +180,9 @@ class _ContextOverflow(ValueError):
     """The prompt alone fills the context window (no room for one generated token)."""
 
     def __init__(self, prompt_tokens: int, context_tokens: int,
-                 ids: list[int] | None = None) -> None:
-        super().__init__(f"the prompt is {prompt_tokens} tokens; the context window is "
-                         f"{context_tokens}")
+                 ids: list[int] | None = None, *, at_least: bool = False) -> None:
+        super().__init__(f"the prompt is {'at least ' if at_least else ''}{prompt_tokens} "
+                         f"tokens; the context window is {context_tokens}")
         self.prompt_tokens = prompt_tokens
         self.context_tokens = context_tokens
         self.ids = ids or []
@@ -510,6 +511,7 @@ class EmbeddedEngine:
                         f"prompt token id {bad} is outside the vocabulary 0..{n_vocab - 1}")
                 out = list(ids)
             case PromptText(text=text):
+                self._refuse_certain_overflow(text)
                 # special=False: "<|im_end|>" typed by a user is text, not a control token.
                 out = self._tokenize_text(text, add_bos=self._add_bos)
             case ChatPrompt(messages=messages):
@@ -533,6 +535,7 @@ class EmbeddedEngine:
             tools = ()
         plain = self._render_chat(messages, add_generation_prompt, continue_final_message,
                                   tools=tools)
+        self._refuse_certain_overflow(plain)
         wrapped = self._render_chat(messages, add_generation_prompt, continue_final_message,
                                     markers=markers, tools=tools)
         ids: list[int] = []
@@ -543,6 +546,19 @@ class EmbeddedEngine:
             else:
                 ids += self._tokenize_text(fragment)
         return ids
+
+    @functools.cached_property
+    def _longest_piece(self) -> int:
+        """Bytes of the vocabulary's longest token: no token covers more of a text."""
+        return max(1, *(len(self._detok.token_bytes(i)) for i in range(self.tmap.max_id + 1)))
+
+    def _refuse_certain_overflow(self, text: str) -> None:
+        """A text of more characters than the context window's tokens can cover (each
+        covers at most :attr:`_longest_piece` bytes, a character at least one) cannot fit:
+        refused before it is tokenized, which for 8 MB held the only engine ~19 s."""
+        least = -(-len(text) // self._longest_piece)
+        if least >= self.n_ctx:
+            raise _ContextOverflow(least, self.n_ctx, at_least=True)
 
     def _tokenize_text(self, text: str, *, add_bos: bool = False) -> list[int]:
         try:
