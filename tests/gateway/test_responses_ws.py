@@ -738,3 +738,39 @@ def test_the_http_body_deadline_does_not_cut_an_upgraded_socket(serve) -> None:
         assert until_terminal(ws)[-1]["type"] == "response.completed"
         ws.send(create())
         assert until_terminal(ws)[-1]["type"] == "response.completed"
+
+
+def test_a_peer_that_sends_pings_and_reads_nothing_is_not_read_either(serve) -> None:
+    """Each Ping's Pong waits in the server's write buffer while the peer reads nothing;
+    once that buffer is past the transport's mark the server stops reading the socket, so
+    the peer's own sends block (they used to be read and answered without end: 300 MB of
+    Pings grew the server by 450 MB). Sending 64 MB must block well before the end."""
+    import base64
+    import os
+    import socket
+
+    stack = serve()
+    port = int(stack.url.rsplit(":", 1)[1])
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # read nothing, hold little
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall((f"GET /v1/responses HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+                  f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+                  f"Sec-WebSocket-Version: 13\r\nAuthorization: Bearer {KEY}\r\n\r\n").encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(1)
+    assert head.startswith(b"HTTP/1.1 101"), head
+    ping = bytes([0x89, 0x80 | 125]) + b"\0\0\0\0" + b"p" * 125  # masked, zero mask
+    batch = ping * 8000  # ~1 MB
+    sock.settimeout(5.0)  # a send that waits this long: the server stopped reading
+    sent = 0
+    try:
+        while sent < 64:
+            sock.sendall(batch)
+            sent += 1
+    except TimeoutError:
+        pass
+    finally:
+        sock.close()
+    assert sent < 64, "64 MB of Pings were all read while their Pongs went unread"

@@ -35,6 +35,7 @@ from tokenwire.gateway.http.http2 import ALPN_PROTOCOLS, H2Limits
 from tokenwire.gateway.http.security import harden
 from tokenwire.gateway.http.shutdown import graceful_server
 from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.http.ws_protocol import BackpressuredWSProtocol
 from tokenwire.gateway.http.ws_session import BACKSTOP_SLACK_BYTES
 from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.routing.breaker import Breaker
@@ -100,8 +101,10 @@ UVICORN_LIMITS: dict[str, Any] = {
 #: the upgrade becomes an ASGI ``websocket`` scope, which ``security.py`` refuses through
 #: the denial extension with exactly its own bytes, and uvicorn logs one access line. (Its
 #: ``websockets-sansio`` protocol, 0.54, logs "ASGI callable returned without completing
-#: handshake" after every such refusal and adds a Content-Type to the empty 426.)
-UVICORN_WS = "wsproto"
+#: handshake" after every such refusal and adds a Content-Type to the empty 426.) It is
+#: uvicorn's ``wsproto`` protocol with its reads paused while its writes are
+#: (``gateway/http/ws_protocol.py``: a Ping flood from a peer that reads nothing).
+UVICORN_WS = BackpressuredWSProtocol
 #: File descriptors per allowed connection (its socket, plus one for the upstream request
 #: it may make) and a reserve for listening sockets, upstream pools, logs and the model.
 _FDS_PER_CONNECTION = 2
