@@ -479,3 +479,12 @@ def test_the_anthropic_sdk_reads_the_messages_limits_as_bad_request_errors(
         client.messages.create(model="scripted", max_tokens=5, messages=USER, **kwargs)
     assert info.value.body["error"]["type"] == "invalid_request_error"
     assert info.value.body["error"]["message"].startswith(param + ":")
+
+
+def test_a_response_id_too_long_to_be_one_is_a_404_that_does_not_repeat_it(stack) -> None:
+    long_id = "resp_" + "x" * 10_000
+    resp = httpx.get(f"{stack.url}/v1/responses/{long_id}", headers=AUTH, timeout=30)
+    err = _openai_error(resp, 404)
+    assert err["code"] == "not_found" and "x" * 300 not in resp.text
+    short = httpx.get(f"{stack.url}/v1/responses/resp_nope", headers=AUTH, timeout=30)
+    assert _openai_error(short, 404)["message"] == "Response with id 'resp_nope' not found."

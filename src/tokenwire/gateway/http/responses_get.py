@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from tokenwire.gateway.apis.errors import retry_after_header
+from tokenwire.gateway.apis.responses_request import MAX_RESPONSE_ID_CHARS
 from tokenwire.gateway.http.errors import json_error
 from tokenwire.gateway.state.response_store import (
     ResponseNotStored,
@@ -47,6 +48,11 @@ async def get_response(request: Request) -> Response:
     (the message says so when it was too large to store); a 503 ``store_unavailable`` with
     ``Retry-After`` while the shared store cannot be read (it may well be there)."""
     response_id = request.path_params["response_id"]
+    if len(response_id) > MAX_RESPONSE_ID_CHARS:  # names no response: not a store key, and
+        # not repeated back (a 10,000-character id came back whole in the 404)
+        return json_error(404, f"No response has an id of {len(response_id)} characters "
+                          f"(at most {MAX_RESPONSE_ID_CHARS}).", code="not_found",
+                          param="response_id")
     try:
         stored = await response_store_of(request).get(response_id)
     except ResponseNotStored as exc:
