@@ -193,6 +193,81 @@ def test_bytes_that_do_not_parse_after_a_request_do_not_cost_its_answer(guarded)
     assert alone.startswith(b"HTTP/1.1 400 ") and json.loads(_responses(alone)[0][1])["error"]
 
 
+#: Chunked bodies whose framing llhttp rejects, each after a valid first chunk: a size that
+#: is not hex, one of 20 hex digits (past 64 bits), a chunk longer than its size line (its
+#: CRLF comes late), and one shorter (the next size line is read as its data, and then no
+#: CRLF follows it).
+_BAD_CHUNKS = {"not hex": b"zz\r\n{}\r\n0\r\n\r\n",
+               "overflowing size": b"1" * 20 + b"\r\n{}\r\n0\r\n\r\n",
+               "longer than its size": b"1\r\n{}\r\n0\r\n\r\n",
+               "shorter than its size": b"4\r\n{}\r\n0\r\n\r\n"}
+#: What the routes wait for a body: far longer than the answer may take here.
+_BODY_TIMEOUT_S = 60
+_ANSWER_WAIT_S = 10
+
+
+def _until(cond: Callable[[], bool], wait: float = _ANSWER_WAIT_S) -> None:
+    """Poll ``cond`` (a safety limit, not a timing claim)."""
+    deadline = time.monotonic() + wait
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def _chunked_head(path: str) -> bytes:
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+            "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            "9\r\n{\"model\":\r\n").encode()  # a valid first chunk
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
+@pytest.mark.parametrize("framing", list(_BAD_CHUNKS))
+def test_a_chunked_body_that_does_not_parse_is_400_at_once_and_its_route_ends(
+        guarded, path, framing) -> None:
+    """llhttp rejects the framing as it arrives and reads nothing more after it; the route
+    was waiting for the body. Before the fix the route waited on for the rest until its body
+    deadline (60 s) and answered 408, holding the connection and its admission ticket. Now:
+    the 400 of a request llhttp cannot parse, in the route's API shape, at once (well within
+    ``_ANSWER_WAIT_S``, a safety net: the body deadline is 60 s), then the close; the route
+    is told the client is gone, so its ticket and its task end. On a keep-alive connection,
+    after an answered request, as a client pool sends it."""
+    stack = guarded(body_timeout_s=_BODY_TIMEOUT_S)
+    admission, tasks = stack.state.admission, stack.server.server_state.tasks
+    with connect_from(stack.port) as conn:
+        conn.sendall(AUTHED.replace(b"Connection: close\r\n", b""))
+        conn.settimeout(CLOSE_WAIT_S)
+        first = conn.recv(65536)
+        conn.sendall(_chunked_head(path))
+        _until(lambda: admission.counts() == (0, 1))  # the route holds its ticket, reading
+        conn.sendall(_BAD_CHUNKS[framing])
+        (first_head, _), (head, body) = _responses(first + read_until_closed(conn,
+                                                                             _ANSWER_WAIT_S))
+    assert _status(first_head) == 200
+    assert _status(head) == 400 and b"connection: close" in head.lower()
+    if path == "/v1/messages":
+        assert json.loads(body)["error"]["type"] == "invalid_request_error"
+    else:
+        assert json.loads(body)["error"]["code"] == "invalid_request"  # as for a bad head
+    _until(lambda: admission.counts() == (0, 0) and not tasks)
+
+
+def test_a_pipelined_request_whose_body_does_not_parse_is_400_after_the_answer_before_it(
+        guarded) -> None:
+    """The request before it (in the same write, its answer not started) is answered whole
+    first; the broken one never reaches its route and gets the 400 in its turn, then the
+    close, with no wait for the body deadline."""
+    stack = guarded(body_timeout_s=_BODY_TIMEOUT_S)
+    keep = AUTHED.replace(b"Connection: close", b"Connection: keep-alive")
+    with connect_from(stack.port) as conn:
+        conn.sendall(keep + _chunked_head("/v1/chat/completions") + _BAD_CHUNKS["not hex"])
+        (first_head, first), (head, body) = _responses(read_until_closed(conn,
+                                                                         _ANSWER_WAIT_S))
+    assert _status(first_head) == 200 and json.loads(first)["data"]
+    assert _status(head) == 400 and b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "invalid_request"
+    assert stack.state.admission.counts() == (0, 0)  # its route never ran
+
+
 def test_an_upgrade_that_is_not_served_is_read_on_as_http11_with_its_body(guarded) -> None:
     """llhttp stops at the end of an upgrade request's head; the guard reads the request on
     as HTTP/1.1 (RFC 9110 §7.8 lets a server ignore Upgrade), body and all, and the

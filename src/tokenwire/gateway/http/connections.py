@@ -67,6 +67,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tokenwire.gateway.http.asgi import CORK_EXTENSION
+from tokenwire.gateway.http.errors import error_response
 from tokenwire.gateway.http.held_writes import cork_cycle
 from tokenwire.gateway.http.http2 import H2_PREFACE, H2Limits, H2Protocol, H2Refusal
 from tokenwire.gateway.settings import (
@@ -164,6 +165,24 @@ _VERSION_REFUSED = _refusal(
     505, "HTTP Version Not Supported", "invalid_request_error", "http_version_not_supported",
     "This server speaks HTTP/1.0, HTTP/1.1 and HTTP/2 (prior knowledge or TLS ALPN); the "
     "request line names another version.", retry=False)
+
+
+#: A request body whose framing does not parse (chunked: a size that is not hex or overflows
+#: 64 bits, a chunk longer or shorter than its size line, a bad trailer). The same status
+#: and code as a head llhttp cannot parse (:data:`_BAD_REQUEST`), but in the shape of the
+#: route's API: the head was read, so the path, and the shape, are known.
+_BAD_BODY_MESSAGE = "Invalid HTTP request received: the request body's framing does not parse."
+
+
+def _bad_body(path: str) -> tuple[Any, bytes]:
+    """The 400 for a request to ``path`` whose body does not parse: as an ASGI app (for a
+    request queued behind another, answered in its turn) and as HTTP/1.1 bytes (for the
+    request being served, answered at once); both close the connection."""
+    response = error_response(path, 400, _BAD_BODY_MESSAGE, code="invalid_request",
+                              headers={"Connection": "close"})
+    head = [b"HTTP/1.1 400 Bad Request\r\n"]
+    head += [name + b": " + value + b"\r\n" for name, value in response.raw_headers]
+    return response, b"".join(head) + b"\r\n" + response.body
 
 
 class _UnservedVersion(Exception):
@@ -374,7 +393,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(_VERSION_REFUSED.http1)
                 return
             self.logger.warning("Invalid HTTP request received.")
-            self.send_400_response("Invalid HTTP request received.")
+            if self._receiving is _IN_BODY:
+                self._refuse_body()
+            else:
+                self.send_400_response("Invalid HTTP request received.")
         except httptools.HttpParserUpgrade as exc:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
@@ -383,6 +405,46 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         self._refuse(_BAD_REQUEST.http1)
+
+    def _refuse_body(self) -> None:
+        """The body of the request being read does not parse. llhttp stops there and parses
+        nothing more, so its route would wait for body bytes that never come: before this,
+        it answered its 408 at the body deadline (60 s by default), holding the connection
+        and the request's admission slot all along. :meth:`_refuse` would only mark the
+        connection to close after this request's answer, which is the very answer that
+        cannot come from a body that never ends. So it gets the 400 now, and the close.
+
+        * Its route runs (the usual case, keep-alive or not) and has not started a
+          response: the 400 is written here, and the cycle is marked disconnected before
+          the route can run again, so its ``receive`` says ``http.disconnect`` (its body
+          read ends with ``ClientDisconnect``, its task ends and frees its slot) and
+          whatever it sends after is dropped: the 400 is the only answer. A response
+          already started cannot be replaced: the close alone ends it.
+        * It is pipelined behind a request whose answer is still owed: that answer goes
+          first; this request then runs as the 400 alone (its route never starts), whose
+          ``connection: close`` closes the connection after it.
+        * Its response is already complete (a route that answered without reading the
+          body): the 400 goes out as for a bad head (:meth:`_refuse`)."""
+        cycle = self.cycle
+        self._receiving = _NOTHING  # nothing more of it will be read: no body backstop
+        if cycle is None or cycle.scope is not self.scope:  # no cycle of its own: defensive
+            self._refuse(_BAD_REQUEST.http1)
+            return
+        app, answer = _bad_body(str(cycle.scope.get("path", "")))
+        self._cancel()
+        self._unreadable = True
+        for i, (queued, _) in enumerate(self.pipeline):
+            if queued is cycle:
+                self.pipeline[i] = (cycle, app)
+                return
+        if cycle.response_complete:
+            self._refuse(answer)
+            return
+        if not cycle.response_started and not self.transport.is_closing():
+            self.transport.write(answer)
+        cycle.disconnected = True  # (uvicorn's connection_lost sets it only a turn later)
+        cycle.message_event.set()
+        self.transport.close()
 
     def _read_on_without_upgrade(self, rest: bytes) -> None:
         """Parse the request again from its head, less the ``Upgrade`` header (without it
