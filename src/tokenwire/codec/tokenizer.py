@@ -284,6 +284,7 @@ class _TiktokenByteLevel:
         self.remap: list[int] | None = None
         self.miss_floor: int | None = None
         self._single_piece: Callable[[bytes], list[int]] | None = None
+        self._whole_text: Callable[[str], list[int]] | None = None
         self._piece = lru_cache(maxsize=cache_size)(self._piece_uncached)
         self._starter: _PythonByteLevel | None = None
         self._tmap: TokenizerMap | None = None
@@ -381,7 +382,19 @@ class _TiktokenByteLevel:
                 f"tokenwire:{self.map_id}:pieces", pat_str=r"(?s:.+)",
                 mergeable_ranks=self._ranks, special_tokens={},
             )  # fmt: skip
+            self._whole_text = enc._core_bpe.encode_ordinary
             self._single_piece = enc._core_bpe.encode_single_piece
+        if len(data) > MAX_CACHED_WORD and self._whole_text is not None:
+            # tiktoken's encode_single_piece keeps the GIL for the whole merge: one piece
+            # near 8 MB (a run of spaces) held it ~8 s, stalling every thread, the event
+            # loop included (POST /tokenize). encode_ordinary releases it; with the pattern
+            # ``(?s:.+)`` its one piece is the whole text, so the ranks are the same. It
+            # wants str: bytes that are not UTF-8 (a byte dropped mid-character) keep the
+            # single-piece call. Short pieces keep it too (no GIL round trip per word).
+            try:
+                return self._whole_text(data.decode("utf-8"))
+            except UnicodeDecodeError:
+                pass
         return self._single_piece(data) if data else []
 
     def _piece_uncached(self, piece: str) -> tuple[int, ...]:

@@ -15,10 +15,21 @@ so what a user sees here is what any Codec client holding that map computes:
   upstream can render its template (the embedded engine) answers; others get a 400.
 * ``return_token_strs: true`` adds each id's vocabulary entry (``token_strs``), as vLLM does.
 * ``{"tokens": [int, ...]}`` -> ``{"prompt": str}``, special tokens rendered as their text.
+
+What costs time in proportion to the body (encoding, decoding, checking every id, rendering
+a response of millions of ids) runs on a worker thread with ``asyncio.to_thread``, as
+``count_tokens`` and the embedded engine's chat rendering do: on the event loop, one body
+near the 8 MiB limit held every other client (``GET /health`` included) for seconds. The
+loop's default executor is the bound: at most its worker count of these run at once, the
+rest wait in its queue. Like ``count_tokens``, these routes take no admission ticket (they
+never queue behind generations). A thread frees the loop only while the work lets the GIL
+go; tiktoken's single-piece merge did not (a run of spaces is one piece), so the tokenizer
+hands long pieces to a call that does (``codec/tokenizer.py``, ``_single``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -77,11 +88,20 @@ def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _tokens_payload(tmap: TokenizerMap, ids: list[int], max_model_len: int | None,
-                    body: dict[str, Any]) -> dict[str, Any]:
-    strs = _strings(tmap, ids) if _flag(body, "return_token_strs", False) else None
-    return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids,
-            "token_strs": strs}
+def _tokens_response(request: Request, tmap: TokenizerMap, ids: list[int],
+                     max_model_len: int | None, token_strs: bool) -> Response:
+    """The answer for ``ids`` (any thread: it only reads the request's headers; the JSON of
+    millions of ids takes long enough that it is rendered off the loop)."""
+    strs = _strings(tmap, ids) if token_strs else None
+    return _respond(request, tmap, {"count": len(ids), "max_model_len": max_model_len,
+                                    "tokens": ids, "token_strs": strs})
+
+
+def _encode_response(request: Request, tmap: TokenizerMap, prompt: str,
+                     max_model_len: int | None, token_strs: bool) -> Response:
+    """``prompt`` encoded and answered: on a worker thread, never on the loop (module doc)."""
+    ids = encode_text(_tokenizer(tmap), prompt, param="prompt")
+    return _tokens_response(request, tmap, ids, max_model_len, token_strs)
 
 
 async def tokenize(request: Request) -> Response:
@@ -98,9 +118,9 @@ async def tokenize(request: Request) -> Response:
                           param="prompt", code="missing_required_parameter" if prompt is None
                           else "invalid_type")
     _flag(body, "add_special_tokens", True)
-    ids = encode_text(_tokenizer(state.tmap), prompt, param="prompt")
-    return _respond(request, state.tmap,
-                    _tokens_payload(state.tmap, ids, state.max_model_len, body))
+    token_strs = _flag(body, "return_token_strs", False)  # refused before the encode
+    return await asyncio.to_thread(_encode_response, request, state.tmap, prompt,
+                                   state.max_model_len, token_strs)
 
 
 async def _tokenize_chat(request: Request, state: GatewayState,
@@ -110,6 +130,7 @@ async def _tokenize_chat(request: Request, state: GatewayState,
     generation_prompt = _flag(body, "add_generation_prompt", True)
     continue_final = _flag(body, "continue_final_message", False)
     _flag(body, "add_special_tokens", False)
+    token_strs = _flag(body, "return_token_strs", False)
     if generation_prompt and continue_final:  # vLLM refuses the pair the same way
         raise bad_request("continue_final_message and add_generation_prompt cannot both be "
                           "true", param="continue_final_message")
@@ -127,24 +148,33 @@ async def _tokenize_chat(request: Request, state: GatewayState,
                            continue_final_message=continue_final)
     except ValueError as exc:  # the template refused the conversation
         raise bad_request(str(exc), param="messages") from None
-    return _respond(request, served.tmap,
-                    _tokens_payload(served.tmap, ids, served.max_model_len, body))
+    # render() tokenized on a worker thread already; the answer's JSON is rendered on one too
+    return await asyncio.to_thread(_tokens_response, request, served.tmap, ids,
+                                   served.max_model_len, token_strs)
 
 
 async def detokenize(request: Request) -> Response:
     state: GatewayState = request.app.state.gateway
     body = await read_json(request, state.settings.max_body_bytes)
     tokens = body.get("tokens") if isinstance(body, dict) else None
-    if not isinstance(tokens, list) or not all(
-        isinstance(t, int) and not isinstance(t, bool) for t in tokens
-    ):
+    if not isinstance(tokens, list):
         raise bad_request("tokens must be an array of integers", param="tokens",
                           code="missing_required_parameter" if tokens is None
                           else "invalid_type")
-    top = state.tmap.max_id
+    # A body near the limit holds over a million ids: checking and decoding them held
+    # the loop ~0.3 s (more on a slower machine), kept off it (module doc).
+    return await asyncio.to_thread(_decode_response, request, state.tmap, tokens)
+
+
+def _decode_response(request: Request, tmap: TokenizerMap, tokens: list[Any]) -> Response:
+    """``tokens`` checked and decoded: on a worker thread, never on the loop (module doc)."""
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+        raise bad_request("tokens must be an array of integers", param="tokens",
+                          code="invalid_type")
+    top = tmap.max_id
     bad = next((t for t in tokens if not 0 <= t <= top), None)
     if bad is not None:
         raise bad_request(f"token id {bad} is outside the map's vocabulary 0..{top}",
                           param="tokens")
-    text = Detokenizer(state.tmap).decode(tokens, render_special=True)
-    return _respond(request, state.tmap, {"prompt": text})
+    text = Detokenizer(tmap).decode(tokens, render_special=True)
+    return _respond(request, tmap, {"prompt": text})
