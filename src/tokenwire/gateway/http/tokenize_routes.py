@@ -41,7 +41,7 @@ from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.tokenizer import Tokenizer
 from tokenwire.codec.versioning import VARY, filter_headers
 from tokenwire.gateway.apis.chat import parse_chat_request
-from tokenwire.gateway.apis.params import bad_request, json_type
+from tokenwire.gateway.apis.params import bad_request, json_type, optional_bool
 from tokenwire.gateway.http.generation import check_inputs, route_model
 from tokenwire.gateway.http.requests import client_version, read_json
 from tokenwire.gateway.ir import ChatPrompt
@@ -81,11 +81,8 @@ def _respond(request: Request, tmap: TokenizerMap, payload: dict[str, Any]) -> R
 
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
-    value = body.get(key, default)
-    if not isinstance(value, bool):
-        raise bad_request(f"{key} must be a boolean, got {json_type(value)}", param=key,
-                          code="invalid_type")
-    return value
+    value = optional_bool(body, key)
+    return default if value is None else value
 
 
 def _tokens_response(request: Request, tmap: TokenizerMap, ids: list[int],
