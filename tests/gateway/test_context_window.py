@@ -291,3 +291,44 @@ def test_the_flag_sets_the_upstreams_context_length() -> None:
 
     cfg = resolve(upstream_urls=["http://h/v1"], context_length=16384, env={})
     assert cfg is not None and cfg.upstreams[0].context_length == 16384
+
+
+@pytest.mark.parametrize(("words", "on_loop"), [(100, True), (20_000, False)])
+def test_a_long_prompt_is_counted_off_the_event_loop(smollm2_map: TokenizerMap, words: int,
+                                                     on_loop: bool) -> None:
+    """An 8 MB prompt took seconds to encode for the preflight, on the loop every other
+    client waits on; past ``PREFLIGHT_INLINE_CHARS`` it is counted on a worker thread (a
+    short one stays inline: a thread's round trip would cost every first token)."""
+    import threading
+
+    import httpx
+
+    from tokenwire.gateway.http.app import create_app
+    from tokenwire.gateway.http.state import GatewayState
+    from tokenwire.gateway.routing.router import Router
+    from tokenwire.gateway.settings import ServerSettings
+    from tokenwire.gateway.supervision.supervisor import PREFLIGHT_INLINE_CHARS
+
+    assert (len("word " * words) > PREFLIGHT_INLINE_CHARS) is not on_loop
+    threads: list[threading.Thread] = []
+
+    class Recorded(ServedModel):
+        def preflight(self, request: GenerationRequest) -> Any:
+            threads.append(threading.current_thread())
+            return super().preflight(request)
+
+    served = Recorded(name="m", upstream=_Counting(), tmap=smollm2_map, max_model_len=64,
+                      context_source="config", upstream_name="up")
+    state = GatewayState(settings=ServerSettings(), router=Router([served]))
+
+    async def go() -> tuple[httpx.Response, threading.Thread]:
+        transport = httpx.ASGITransport(app=create_app(state))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            return await c.post("/v1/chat/completions", json={
+                "model": "m", "max_tokens": 4,
+                "messages": [{"role": "user", "content": "word " * words}]}), \
+                threading.current_thread()
+
+    resp, loop_thread = asyncio.run(go())
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "context_length_exceeded"
+    assert (threads == [loop_thread]) is on_loop and len(threads) == 1
