@@ -97,13 +97,11 @@ def parse_head(raw: bytes, close: Callable[[], None], request: httpx.Request | N
         parser.feed_data(raw)
     except httptools.HttpParserUpgrade as exc:  # a 101: no upgrade was asked for
         close()
-        raise MalformedAnswer(
-            f"unexpected {parser.get_status_code()} Switching Protocols",
-            request=request) from exc
+        raise MalformedAnswer(f"unexpected {parser.get_status_code()} Switching Protocols",
+                              request=request) from exc
     except httptools.HttpParserError as exc:
         close()
-        raise MalformedAnswer(f"invalid response head: {exc}",
-                                        request=request) from exc
+        raise MalformedAnswer(f"invalid response head: {exc}", request=request) from exc
     head.status = parser.get_status_code()
     # False when the body runs to the connection's end (no length, not chunked).
     head.keep_alive = parser.should_keep_alive()
@@ -112,8 +110,8 @@ def parse_head(raw: bytes, close: Callable[[], None], request: httpx.Request | N
         if lower == b"transfer-encoding":
             if value.lower() != b"chunked":  # h11's rule: the one coding it can frame
                 close()
-                raise MalformedAnswer(
-                    f"unsupported Transfer-Encoding {value!r}", request=request)
+                raise MalformedAnswer(f"unsupported Transfer-Encoding {value!r}",
+                                      request=request)
             head.chunked = True
         elif lower == b"content-length":  # llhttp checked digits and duplicates
             head.length = int(value)
