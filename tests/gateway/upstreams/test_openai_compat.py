@@ -157,19 +157,13 @@ def test_vllm_stop_reason_string_is_a_stop_sequence_finish(fake):
     assert out[-1] == Finish(reason=FinishKind.STOP_SEQUENCE, matched_stop="END")
 
 
-@pytest.mark.parametrize(("reason", "kind"), [("length", FinishKind.LENGTH),
-                                              ("content_filter", FinishKind.CONTENT_FILTER),
-                                              ("tool_calls", FinishKind.TOOL_CALLS)])
+@pytest.mark.parametrize(("reason", "kind"), [
+    ("length", FinishKind.LENGTH), ("content_filter", FinishKind.CONTENT_FILTER),
+    ("tool_calls", FinishKind.TOOL_CALLS),
+    # the words of servers that speak OpenAI's API in their own: TGI's, and Anthropic's
+    ("eos_token", FinishKind.EOS), ("stop_sequence", FinishKind.STOP_SEQUENCE),
+    ("max_tokens", FinishKind.LENGTH)])
 def test_finish_reason_maps_to_the_ir_vocabulary(fake, reason, kind):
-    assert run(fake, Reply(chunks=chat_stream("vllm", ["a"], finish=reason)),
-               req())[-1] == Finish(reason=kind)
-
-
-@pytest.mark.parametrize(("reason", "kind"), [("eos_token", FinishKind.EOS),
-                                              ("stop_sequence", FinishKind.STOP_SEQUENCE),
-                                              ("max_tokens", FinishKind.LENGTH)])
-def test_the_finish_words_of_servers_that_speak_openais_api_in_their_own(fake, reason, kind):
-    """TGI's ``eos_token`` and ``stop_sequence``; ``max_tokens`` (Anthropic's word)."""
     assert run(fake, Reply(chunks=chat_stream("vllm", ["a"], finish=reason)),
                req())[-1] == Finish(reason=kind)
 

@@ -185,10 +185,7 @@ def parse_logprobs(body: Mapping[str, Any], *, chat: bool) -> tuple[bool, int | 
     if not chat:
         n = _int(body, "logprobs", 0, MAX_COMPLETIONS_LOGPROBS)
         return n is not None, n
-    wanted = body.get("logprobs")
-    if wanted is not None and not isinstance(wanted, bool):
-        raise bad_request(f"logprobs must be a boolean, got {json_type(wanted)}",
-                          param="logprobs", code="invalid_type")
+    wanted = optional_bool(body, "logprobs")
     top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS)
     if top is not None and not wanted:
         raise bad_request("top_logprobs needs logprobs: true", param="top_logprobs")

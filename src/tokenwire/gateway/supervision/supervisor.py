@@ -211,9 +211,7 @@ def prompt_chars(prompt: object) -> int:
     if isinstance(prompt, PromptText):
         return len(prompt.text)
     if isinstance(prompt, ChatPrompt):
-        return sum(len(m.content) if isinstance(m.content, str) else
-                   sum(len(getattr(p, "text", "")) for p in m.content)
-                   for m in prompt.messages)
+        return sum(len(m.text) for m in prompt.messages)
     return 0
 
 
