@@ -159,6 +159,7 @@ def parse_accept_encoding(header: str | None) -> AcceptedEncodings:
     if header is None or not header.strip():
         return AcceptedEncodings(("identity",), unspecified=True)
     ranked: list[tuple[float, str]] = []
+    ranked_names: set[str] = set()  # one set for the whole header: work stays linear in it
     refused: set[str] = set()
     for entry in header.split(","):
         name, *params = entry.split(";")
@@ -168,7 +169,8 @@ def parse_accept_encoding(header: str | None) -> AcceptedEncodings:
         q = _q_value(params)
         if q is None or q <= 0:
             refused.add(name)
-        elif name not in {n for _, n in ranked}:
+        elif name not in ranked_names:
+            ranked_names.add(name)
             ranked.append((q, name))
     ranked.sort(key=lambda item: -item[0])  # list.sort is stable
     star = any(n == "*" for _, n in ranked)
