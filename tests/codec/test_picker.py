@@ -7,7 +7,6 @@ the nine steps of §4.3, and the full documented grid is checked against invaria
 from __future__ import annotations
 
 import itertools
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -23,6 +22,8 @@ from tokenwire.codec.picker import (
     pick_encoding,
     shannon_entropy,
 )
+
+from ..interpreter_work import lines_run
 
 R = ReasonCode
 
@@ -275,25 +276,6 @@ def test_arbitrary_headers_keep_the_invariants(entries, has_dict, enabled, sampl
     assert _ENCODING_OF[pick.reason_code] == pick.encoding
 
 
-def _lines_run(fn, *args) -> int:
-    """How many lines the interpreter runs (a loop's line counts once per pass) in ``fn``
-    and everything it calls: a measure of work with no clock in it."""
-    count = 0
-
-    def trace(frame, event, arg):
-        nonlocal count
-        if event == "line":
-            count += 1
-        return trace
-
-    sys.settrace(trace)
-    try:
-        fn(*args)
-    finally:
-        sys.settrace(None)
-    return count
-
-
 def _distinct_codings(n: int) -> str:
     return ",".join(f"x{i}" for i in range(n))
 
@@ -301,6 +283,6 @@ def _distinct_codings(n: int) -> str:
 def test_parsing_accept_encoding_is_linear_in_its_entries():
     # A 16 KiB header holds ~4,000 distinct codings; the parser rebuilt the set of the names
     # already ranked for every entry, so one such header held the event loop ~0.2 s.
-    small = _lines_run(parse_accept_encoding, _distinct_codings(500))
-    large = _lines_run(parse_accept_encoding, _distinct_codings(2000))
+    small = lines_run(parse_accept_encoding, _distinct_codings(500))
+    large = lines_run(parse_accept_encoding, _distinct_codings(2000))
     assert large < 5 * small  # 4x the entries: linear work is ~4x, quadratic ~16x
