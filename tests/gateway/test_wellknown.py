@@ -197,3 +197,25 @@ def test_served_advertised_map_and_original_both_resolve() -> None:
     assert c.get(f"{WK}/maps/sha256/{adv.hash[7:]}.json").content == adv.raw
     index = json.loads(c.get(f"{WK}/index.json").content)
     assert [m["hash"] for m in index["maps"]] == [adv.hash]
+
+
+def test_index_urls_use_the_public_url_when_one_is_configured_never_the_host_header() -> None:
+    # Any client may send any Host, and the index is public and cacheable (§6.4): with
+    # --public-url set, a request with "Host: evil.example" got URLs on evil.example.
+    resp = client(public_base_url="https://codec.example/").get(
+        f"{WK}/index.json", headers={"host": "evil.example"})
+    doc = resp.json()
+    assert doc["maps"][0]["url"] == f"https://codec.example{WK}/maps/sha256/{MAP.hash[7:]}.json"
+    assert doc["policies"][0]["url"].startswith(f"https://codec.example{WK}/policies/sha256/")
+    assert doc["dicts"][0]["url"] == f"https://codec.example{WK}/dicts/{DICT.hash[7:]}.zstd"
+
+
+def test_the_served_index_follows_the_public_url_setting(serve) -> None:
+    from tokenwire.gateway.ir import Finish, FinishKind
+
+    from .conftest import ScriptedUpstream
+
+    served = serve(ScriptedUpstream([(0.0, Finish(reason=FinishKind.EOS))]),
+                   public_base_url="https://codec.example")
+    doc = httpx.get(served.url + f"{WK}/index.json", headers={"host": "evil.example"}).json()
+    assert doc["maps"][0]["url"].startswith(f"https://codec.example{WK}/maps/sha256/")

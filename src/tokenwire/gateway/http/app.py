@@ -286,7 +286,8 @@ def _discovery_routes(state: GatewayState) -> list[BaseRoute]:
         if state.descriptor is not None else ()
     disc = wellknown.DiscoveryState(
         maps=(*state.router.maps(), *state.extra_maps), dicts=state.dicts, policies=policies,
-        version_policy=state.settings.version_policy)
+        version_policy=state.settings.version_policy,
+        public_base_url=state.settings.public_base_url)
     return list(wellknown.wellknown_routes(disc))
 
 

@@ -146,6 +146,8 @@ class DiscoveryState:
     ``maps``: the first map of each id is the one ``maps/<id>.json`` serves; every map is
     reachable by its content address. ``dicts``: stream format -> dictionary.
     ``version_policy``: None (or nothing mandatory) makes ``version-policy.json`` a 404.
+    ``public_base_url``: the deployment's public origin (``--public-url``); ``index.json``'s
+    URLs are built on it when set, else on the request's own ``Host``.
     """
 
     maps: tuple[TokenizerMap, ...] = ()
@@ -153,6 +155,7 @@ class DiscoveryState:
     policies: tuple[PublishedPolicy, ...] = ()
     version_policy: VersionPolicy | None = None
     codec_version: str = format_version(OWN_VERSION)
+    public_base_url: str = ""
 
     def map_by_id(self, map_id: str) -> TokenizerMap | None:
         return next((m for m in self.maps if m.id == map_id), None)
@@ -313,7 +316,11 @@ def wellknown_routes(state: DiscoveryState) -> list[Route]:
         return _document(request, body, media_type=dict(headers)["Content-Type"])
 
     async def index(request: Request) -> Response:
-        return _document(request, index_document(state, str(request.base_url)))
+        # A configured public origin wins over the Host header: behind a proxy the Host is
+        # an internal name, and any client may send any Host, while the document is public
+        # and cacheable (§6.4) for everyone who asks.
+        base = state.public_base_url or str(request.base_url)
+        return _document(request, index_document(state, base))
 
     return [
         Route(f"{WELL_KNOWN_PREFIX}/index.json", index, methods=["GET"]),
