@@ -395,3 +395,54 @@ def test_discovery_is_mounted_and_serves_the_map_named_in_responses(simple) -> N
     assert "sha256:" + hashlib.sha256(raw.content).hexdigest() == \
         resp.headers["codec-tokenizer-map"]
     assert httpx.get(simple.url + "/.well-known/codec/version-policy.json").status_code == 404
+
+
+# -- the safety policy on every generation route ---------------------------------------------
+
+BANNED = frozenset({30, 378})
+ROUTE_BODIES = {
+    "/v1/completions": {"prompt": "x"},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "x"}]},
+    "/v1/messages": {"model": "scripted", "max_tokens": 8,
+                     "messages": [{"role": "user", "content": "x"}]},
+    "/v1/responses": {"model": "scripted", "input": "x", "store": False},
+}
+
+
+@pytest.fixture(scope="module")
+def banning(serve):
+    return serve(ScriptedUpstream(SIMPLE), banned_ids=BANNED,
+                 version_policy=VersionPolicy(safety_policy_id="tw-banned"))
+
+
+@pytest.mark.parametrize("path", [*ROUTE_BODIES, "/v1/completions/codec"])
+def test_every_generation_route_hands_the_policys_banned_ids_to_the_upstream(banning,
+                                                                             path) -> None:
+    # /v1/responses generated banned ids freely: only the routes through start_generation
+    # applied the policy (against tokenwire serve, a banned "." ended Chat with
+    # content_filter and Messages with refusal; Responses wrote it and went on).
+    before = len(banning.state.router.default.upstream.requests)
+    if path == "/v1/completions/codec":
+        resp = httpx.post(banning.url + path, timeout=10,
+                          content=encode_request(CodecRequest(prompt_ids=(1, 2)), "msgpack"),
+                          headers={"content-type": "application/x-msgpack"})
+    else:
+        resp = _post(banning.url, path, ROUTE_BODIES[path])
+    assert resp.status_code == 200, resp.text
+    requests = banning.state.router.default.upstream.requests
+    assert len(requests) == before + 1 and requests[-1].banned_ids == BANNED
+
+
+def test_a_responses_websocket_turn_hands_the_policys_banned_ids_to_the_upstream(
+        banning) -> None:
+    from websockets.sync.client import connect
+
+    upstream = banning.state.router.default.upstream
+    before = len(upstream.requests)
+    with connect(banning.url.replace("http", "ws", 1) + "/v1/responses", proxy=None,
+                 open_timeout=10) as ws:
+        ws.send(json.dumps({"type": "response.create", **ROUTE_BODIES["/v1/responses"]}))
+        while json.loads(ws.recv(timeout=10))["type"] not in (
+                "response.completed", "response.incomplete", "response.failed", "error"):
+            pass
+    assert len(upstream.requests) == before + 1 and upstream.requests[-1].banned_ids == BANNED

@@ -199,10 +199,7 @@ def start_generation(
     gen = check_model_limits(served, gen, prompt_field="prompt_ids"
                              if path.endswith("/codec") else "prompt")
     cv = client_version(request)
-    policy = state.policy_for(served)
-    gen = msgspec.structs.replace(
-        gen, model=served.name,
-        banned_ids=policy.banned_ids if policy is not None else gen.banned_ids)
+    gen = msgspec.structs.replace(gen, model=served.name)  # banned ids: state.supervise
     zdict = state.settings.zstd_dicts.get(format_key)
     # Dictionary zstd only for clients that declare a Codec version: generic HTTP clients
     # (httpx, browsers) offer "zstd" too, and cannot decode a body that needs our dictionary

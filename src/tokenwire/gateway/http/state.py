@@ -208,8 +208,15 @@ class GatewayState:
         and recorded (``api`` names the surface in metrics and logs). The admission ticket
         is the request's (:func:`ticket_of`), or ``ticket`` when the caller took one itself
         (a WebSocket ``response.create``, ``http/responses_ws.py``); likewise the per-key
-        lease (``http/limits.py``), whose tokens are this record's usage."""
+        lease (``http/limits.py``), whose tokens are this record's usage.
+
+        The safety policy's banned ids go on here, the one place every API's generation
+        passes (Completions, Chat, Path C, Messages, Responses over HTTP and WebSocket):
+        applied per route, the Responses routes generated banned ids freely."""
         gen = _with_header_hints(gen, request)
+        policy = self.policy_for(served)
+        if policy is not None:
+            gen = msgspec.structs.replace(gen, banned_ids=policy.banned_ids)
         self.health.start()  # the active probes of replica pools (idempotent)
         record = self.observability.new_request(
             api=api, model=served.name, upstream=served.upstream_name or served.name,
