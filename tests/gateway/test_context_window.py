@@ -297,19 +297,19 @@ def test_the_flag_sets_the_upstreams_context_length() -> None:
 def test_a_long_prompt_is_counted_off_the_event_loop(smollm2_map: TokenizerMap, words: int,
                                                      on_loop: bool) -> None:
     """An 8 MB prompt took seconds to encode for the preflight, on the loop every other
-    client waits on; past ``PREFLIGHT_INLINE_CHARS`` it is counted on a worker thread (a
+    client waits on; past ``INLINE_COUNT_CHARS`` it is counted on a worker thread (a
     short one stays inline: a thread's round trip would cost every first token)."""
     import threading
 
     import httpx
 
+    from tokenwire.gateway.context_window import INLINE_COUNT_CHARS
     from tokenwire.gateway.http.app import create_app
     from tokenwire.gateway.http.state import GatewayState
     from tokenwire.gateway.routing.router import Router
     from tokenwire.gateway.settings import ServerSettings
-    from tokenwire.gateway.supervision.supervisor import PREFLIGHT_INLINE_CHARS
 
-    assert (len("word " * words) > PREFLIGHT_INLINE_CHARS) is not on_loop
+    assert (len("word " * words) > INLINE_COUNT_CHARS) is not on_loop
     threads: list[threading.Thread] = []
 
     class Recorded(ServedModel):

@@ -180,13 +180,14 @@ def test_a_retokenized_stream_ends_with_our_500_never_a_retryable_502(smollm2_ma
 
 def test_the_openai_adapter_fails_the_stream_and_its_prompt_bound_is_just_absent(
         smollm2_map, monkeypatch) -> None:
+    from tokenwire.gateway import context_window
     from tokenwire.gateway.upstreams import openai_compat
 
     up = openai_compat.OpenAICompatUpstream.from_config(
         UpstreamConfig(name="u", kind="openai", base_url="http://127.0.0.1:9/v1",
                                      models=(ModelRoute(name="m"),)),
         maps={"m": smollm2_map})
-    monkeypatch.setattr(openai_compat, "tokenizer_for", lambda tmap: PanickingTokenizer())
+    monkeypatch.setattr(context_window, "tokenizer_for", lambda tmap: PanickingTokenizer())
     req = GenerationRequest(prompt=PromptText(text=" " * 10), model="m", want_ids=True)
     assert up.prompt_lower_bound(req) is None
     parser = openai_compat.ChunkParser(req, up)

@@ -474,3 +474,53 @@ def test_the_request_goes_out_before_the_prompt_is_counted(smollm2_map: Tokenize
     order.clear()
     asyncio.run(main(PromptIds(ids=(1, 2, 3))))
     assert order == ["count", "next_event"]
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_a_long_prompt_is_counted_on_a_worker_thread(smollm2_map: TokenizerMap,
+                                                     long: bool) -> None:
+    """Counted on the event loop, a prompt near the 8 MiB body limit held every other
+    client for seconds; past ``INLINE_COUNT_CHARS`` characters the meter counts it on a
+    worker thread (a short one inline), and a heartbeat that cancels the wait for the
+    count neither loses it nor starts another."""
+    import asyncio
+    import threading
+
+    from tokenwire.codec.tokenizer import Tokenizer
+    from tokenwire.gateway.context_window import INLINE_COUNT_CHARS
+    from tokenwire.gateway.usage import MeteredStream
+
+    threads: list[threading.Thread] = []
+    release = threading.Event()
+
+    class Upstream:
+        async def next_event(self) -> Finish:
+            return Finish(reason=FinishKind.EOS)
+
+        def cancel(self) -> None:
+            pass
+
+    class Counting(PromptCounter):
+        def count(self, request: GenerationRequest) -> int | None:
+            threads.append(threading.current_thread())
+            if threading.current_thread() is not threading.main_thread():
+                release.wait(30)  # held until the loop showed it is free meanwhile
+            return super().count(request)
+
+    text = "word " * (INLINE_COUNT_CHARS // 5 + 1 if long else 100)
+
+    async def main() -> list:
+        meter = UsageMeter(GenerationRequest(prompt=PromptText(text=text), model="m"),
+                           Counting(smollm2_map))
+        stream = MeteredStream(Upstream(), meter)
+        if long:  # the loop runs other work while the count is held: it is not on the loop
+            with pytest.raises(TimeoutError):  # a heartbeat's cancel, then the wait again
+                await asyncio.wait_for(stream.next_event(), 0.05)
+            release.set()
+        return [await stream.next_event(), await stream.next_event()]
+
+    first, second = asyncio.run(main())
+    assert len(threads) == 1 and (threads[0] is threading.main_thread()) is not long
+    assert isinstance(first, Usage) and first.prompt_tokens == len(
+        Tokenizer.from_map(smollm2_map).encode(text))
+    assert isinstance(second, Usage | Finish)

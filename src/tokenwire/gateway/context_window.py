@@ -52,6 +52,7 @@ from tokenwire.gateway.retokenize import tokenizer_for
 
 __all__ = [
     "CHAT_BOUNDARY_SLACK",
+    "INLINE_COUNT_CHARS",
     "TEXT_SLACK",
     "ContextSource",
     "certain_prompt_tokens",
@@ -60,6 +61,7 @@ __all__ = [
     "context_length_from_show",
     "first_known",
     "overflow_before_sending",
+    "prompt_chars",
 ]
 
 #: Tokens a chat template's own text can take from one message's count: at most one merged
@@ -72,6 +74,13 @@ CHAT_BOUNDARY_SLACK = 4
 TEXT_SLACK = 2
 #: Listing keys servers use for the served window (vLLM ``max_model_len``; others).
 _LISTING_KEYS = ("max_model_len", "context_length", "context_window", "max_context_length")
+#: Prompts of more characters than this are counted (encoded with the map) on a worker
+#: thread, wherever the gateway counts them: the preflight here, the truncation check of
+#: the OpenAI-compatible adapter, the usage meter. Encoding a prompt near the 8 MiB body
+#: limit takes seconds, and on the event loop that held every other client. Shorter ones
+#: are counted inline, where a thread's round trip would cost more than the count (~0.1 ms
+#: on the first token's path).
+INLINE_COUNT_CHARS = 65_536
 #: A context length outside this range is not believed (a typo, a sentinel like -1).
 _MAX_BELIEVABLE = 1 << 24
 
@@ -150,6 +159,16 @@ def certain_prompt_tokens(prompt: Prompt, tmap: TokenizerMap | None) -> int | No
             total += max(0, n - CHAT_BOUNDARY_SLACK)
         return total
     return None
+
+
+def prompt_chars(prompt: Prompt) -> int:
+    """Characters of text a count of ``prompt`` encodes (ids: none; compare with
+    :data:`INLINE_COUNT_CHARS`)."""
+    if isinstance(prompt, PromptText):
+        return len(prompt.text)
+    if isinstance(prompt, ChatPrompt):
+        return sum(len(m.text) for m in prompt.messages)
+    return 0
 
 
 def _text_lower_bound(tok: Tokenizer, text: str, specials: Iterable[str]) -> int | None:

@@ -34,6 +34,7 @@ import msgspec
 
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ConfigError
+from tokenwire.gateway.context_window import INLINE_COUNT_CHARS, prompt_chars
 from tokenwire.gateway.ir import (
     ChatPrompt,
     Event,
@@ -246,6 +247,11 @@ class UsageMeter:
         """Whether :meth:`start` will tokenize the prompt (not yet counted, and text)."""
         return not self._prompt_counted and self._counter.tokenizes(self._request)
 
+    def counts_long_text(self) -> bool:
+        """Whether that text is long enough to be counted on a worker thread
+        (``context_window.INLINE_COUNT_CHARS``)."""
+        return self.counts_text() and prompt_chars(self._request.prompt) > INLINE_COUNT_CHARS
+
     def start(self) -> list[Event]:
         """Before the upstream's first event: the prompt's count, when it can be known
         (Anthropic's ``message_start`` shows it; the final ``Usage`` repeats it)."""
@@ -271,6 +277,7 @@ class MeteredStream:
         self._begun = False
         self._started = False
         self._sink: Callable[[Event], bool] | None = None
+        self._counting: asyncio.Future[list[Event]] | None = None  # a long prompt's count
 
     def start(self) -> None:
         start_early(self._inner)
@@ -285,8 +292,14 @@ class MeteredStream:
                 self._started = True
                 if self._meter.counts_text() and start_early(self._inner):
                     await asyncio.sleep(0)
+            if self._counting is None and self._meter.counts_long_text():
+                # seconds near the body limit: on a worker thread, the loop free meanwhile
+                # (nothing here touches the meter until it is done: _offer waits for _begun)
+                self._counting = asyncio.get_running_loop().run_in_executor(
+                    None, self._meter.start)
+            self._queued = (await asyncio.shield(self._counting) if self._counting is not None
+                            else self._meter.start())
             self._begun = True
-            self._queued = self._meter.start()
         while not self._queued:
             event = await self._inner.next_event()
             if type(event) is TokenDelta:  # nearly every event: counted and passed on as is

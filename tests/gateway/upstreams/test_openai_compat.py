@@ -24,6 +24,7 @@ from tests.gateway.upstreams.fakes import (
 from tests.gateway.upstreams.streams import collect
 from tokenwire.codec.maps import load_map_file
 from tokenwire.codec.tokenizer import Tokenizer
+from tokenwire.gateway.context_window import INLINE_COUNT_CHARS, TEXT_SLACK
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -393,7 +394,8 @@ def test_llama_cpp_tokens_become_ids_and_usage_on_the_finish_chunk_counts(fake):
 
 def test_ollama_silent_prompt_truncation_is_a_context_length_failure(fake):
     prompt = PromptText(text="word " * 300)
-    sent = len(Tokenizer.from_map(SMOL).encode(prompt.text))
+    # the bound is the preflight's: what any upstream certainly counts (its slack off)
+    sent = len(Tokenizer.from_map(SMOL).encode(prompt.text)) - TEXT_SLACK
     chunks = completion_stream("ollama", ["ok"], usage=(128, 1))
     out = run(fake, Reply(chunks=chunks), req(prompt), map_id=SMOL.id)
     f = out[-1]
@@ -402,6 +404,37 @@ def test_ollama_silent_prompt_truncation_is_a_context_length_failure(fake):
         FailureClass.CONTEXT_LENGTH, sent, 128)
     ignored = run(fake, None, req(prompt), map_id=SMOL.id, truncation="ignore")
     assert ignored[-1] == Finish(reason=FinishKind.EOS)
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_a_long_prompt_is_counted_for_the_truncation_check_on_a_worker_thread(
+        fake, monkeypatch, long: bool):
+    """Counted on the event loop at the end of the stream, a 1 MB prompt held every other
+    client ~0.9 s (an 8 MB one ~4.7 s); past INLINE_COUNT_CHARS the count runs on a worker
+    thread while the upstream works, and the stream's end waits for it. A short prompt
+    stays inline. Either way the truncation is found."""
+    import threading
+
+    threads: list[threading.Thread] = []
+    encode = Tokenizer.encode
+    words = INLINE_COUNT_CHARS // 5 + 1 if long else 300
+
+    def recorded(self, text, *a, **kw):
+        if text == "word " * words:  # the prompt's count (not a chunk's text)
+            threads.append(threading.current_thread())
+        return encode(self, text, *a, **kw)
+
+    monkeypatch.setattr(Tokenizer, "encode", recorded)
+    chunks = completion_stream("ollama", ["ok"], usage=(128, 1))
+    out = run(fake, Reply(chunks=chunks), req(PromptText(text="word " * words)),
+              map_id=SMOL.id)
+    assert (out[-1].failure_class, out[-1].context_tokens) == (FailureClass.CONTEXT_LENGTH, 128)
+    assert len(threads) == 1 and (threads[0] is threading.main_thread()) is not long
+    threads.clear()  # a long prompt read whole: the count's wait ends in the Finish
+    chunks = completion_stream("ollama", ["ok"], usage=(words + 10, 1))
+    out = run(fake, Reply(chunks=chunks), req(PromptText(text="word " * words)),
+              map_id=SMOL.id)
+    assert out[-1] == Finish(reason=FinishKind.EOS) and len(threads) == 1
 
 
 def test_ollama_full_prompt_usage_is_not_truncation(fake):

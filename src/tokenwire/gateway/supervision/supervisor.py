@@ -56,8 +56,8 @@ from typing import Protocol
 import msgspec
 
 from tokenwire.errors import RetryDeadlinePassed, ServerBusy
+from tokenwire.gateway.context_window import INLINE_COUNT_CHARS, prompt_chars
 from tokenwire.gateway.ir import (
-    ChatPrompt,
     Event,
     EventStream,
     Failure,
@@ -66,7 +66,6 @@ from tokenwire.gateway.ir import (
     FinishKind,
     GenerationRequest,
     Heartbeat,
-    PromptText,
     ReasoningDelta,
     ResponseMeta,
     TokenDelta,
@@ -197,22 +196,6 @@ class Upstreamish(Protocol):
         """Should another replica get ``failure``'s request now? By default no (one
         upstream); a pool's model says."""
         return False
-
-
-#: Prompts of more characters than this are counted for the preflight on a worker thread:
-#: encoding a prompt near the 8 MiB body limit takes seconds, and on the event loop that
-#: held every other client. Shorter ones are counted inline, where a thread's round trip
-#: would cost every first token more than the count (~0.1 ms).
-PREFLIGHT_INLINE_CHARS = 65_536
-
-
-def prompt_chars(prompt: object) -> int:
-    """Characters of text the preflight would encode for ``prompt`` (ids: none)."""
-    if isinstance(prompt, PromptText):
-        return len(prompt.text)
-    if isinstance(prompt, ChatPrompt):
-        return sum(len(m.text) for m in prompt.messages)
-    return 0
 
 
 class _Deadline(Exception):
@@ -416,7 +399,7 @@ class SupervisedStream:
         # A prompt that certainly does not fit is refused before it queues or reaches an
         # upstream: no attempt, final for this model (gateway/context_window.py).
         refusal = (await asyncio.to_thread(self._served.preflight, self._request)
-                   if prompt_chars(self._request.prompt) > PREFLIGHT_INLINE_CHARS
+                   if prompt_chars(self._request.prompt) > INLINE_COUNT_CHARS
                    else self._served.preflight(self._request))
         if refusal is not None:
             return refusal

@@ -29,13 +29,13 @@ The HTTP side (one ``POST``, SSE in, cancellation, the concurrency cap) is
 :class:`.sse_http.SSEUpstreamStream` around :class:`ChunkParser`; failures are classified from
 structured fields first (:mod:`.failures`).
 
-Ollama answers an over-long prompt by silently dropping its start (gateway-research §3.4): when the
-model has a map and the final usage reports fewer prompt tokens than the prompt certainly has
-(ids prompt: its length; text: its encoding; chat: the sum of the message texts' encodings,
-a lower bound of the templated prompt), the stream ends with ``Failure(CONTEXT_LENGTH)``
-instead of ``Finish`` (option ``truncation = "ignore"`` turns this off). The answer has been
-streamed by then; there is no pre-flight (Ollama's context size is per request and per model
-and not reported by the OpenAI layer), so this is the earliest point it is known.
+Ollama answers an over-long prompt by silently dropping its start: when the model has a map
+and the final usage reports fewer prompt tokens than the prompt certainly has, the stream
+ends with ``Failure(CONTEXT_LENGTH)`` instead of ``Finish`` (option ``truncation = "ignore"``
+turns this off; :mod:`.prompt_truncation` says how and where the prompt is counted). The
+answer has been streamed by then; there is no pre-flight (Ollama's context size is per
+request and per model and not reported by the OpenAI layer), so this is the earliest point
+it is known.
 
 Context windows: :meth:`OpenAICompatUpstream.probe` reads the one the server reports
 (``max_model_len`` in ``/models``; else llama.cpp's ``/props``, else Ollama's ``/api/show``;
@@ -58,9 +58,12 @@ import msgspec
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.context_window import (
+    INLINE_COUNT_CHARS,
+    certain_prompt_tokens,
     context_length_from_listing,
     context_length_from_props,
     context_length_from_show,
+    prompt_chars,
 )
 from tokenwire.gateway.ir import (
     ChatPrompt,
@@ -71,8 +74,6 @@ from tokenwire.gateway.ir import (
     FinishKind,
     GenerationRequest,
     IdsSource,
-    PromptIds,
-    PromptText,
     ReasoningDelta,
     TokenDelta,
     TokenLogprob,
@@ -82,10 +83,7 @@ from tokenwire.gateway.ir import (
 from tokenwire.gateway.retokenize import (
     RetokenizeFailed,
     Retokenizer,
-    UntokenizableText,
-    encode_text,
     retokenize_failure,
-    tokenizer_for,
 )
 from tokenwire.gateway.upstreams._openai_body import chat_body, completions_body
 from tokenwire.gateway.upstreams.base import (
@@ -108,6 +106,7 @@ from tokenwire.gateway.upstreams.overflow_probe import (
     confirmation_body,
     confirmed_failure,
 )
+from tokenwire.gateway.upstreams.prompt_truncation import CountedStream, truncation_failure
 from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
@@ -303,14 +302,17 @@ class OpenAICompatUpstream:
     # -- the Upstream protocol -------------------------------------------------------------
 
     def submit(self, request: GenerationRequest,
-               ) -> SSEUpstreamStream | ConfirmingStream | FailedStream:
+               ) -> SSEUpstreamStream | CountedStream | ConfirmingStream | FailedStream:
         built = self.build(request)
         if isinstance(built, Failure):
             return FailedStream(built)
         path, body = built
-        stream = SSEUpstreamStream(client=self._client, url=f"{self._base}/{path}", body=body,
-                                   parser=ChunkParser(request, self),
-                                   classify_http=failure_from_response, slots=self._slots)
+        parser = ChunkParser(request, self)
+        stream: SSEUpstreamStream | CountedStream = SSEUpstreamStream(
+            client=self._client, url=f"{self._base}/{path}", body=body, parser=parser,
+            classify_http=failure_from_response, slots=self._slots)
+        if parser.counts_late:
+            stream = CountedStream(stream, lambda: self.prompt_lower_bound(request), parser)
         if not self.confirms_empty_streams:
             return stream
         return ConfirmingStream(stream, lambda: self._confirm(path, body))
@@ -424,20 +426,8 @@ class OpenAICompatUpstream:
         return self.json_schema == "json_object"
 
     def prompt_lower_bound(self, request: GenerationRequest) -> int | None:
-        """Tokens the prompt certainly has, counted with the model's map, else None."""
-        tmap = self._maps.get(request.model)
-        prompt = request.prompt
-        if isinstance(prompt, PromptIds):
-            return len(prompt.ids)
-        if tmap is None:
-            return None
-        tok = tokenizer_for(tmap)
-        try:  # a lower bound only: text the map cannot encode just gives no bound
-            if isinstance(prompt, PromptText):
-                return len(encode_text(tok, prompt.text))
-            return sum(len(encode_text(tok, m.text)) for m in prompt.messages if m.text)
-        except UntokenizableText:
-            return None
+        """Tokens the prompt certainly has (the preflight's bound), else None."""
+        return certain_prompt_tokens(request.prompt, self._maps.get(request.model))
 
 
 def _route_map(route: ModelRoute, maps: Mapping[str, TokenizerMap]) -> TokenizerMap | None:
@@ -469,6 +459,12 @@ class ChunkParser:
         self._retok: Retokenizer | None = None
         self._ended = False
         self._any = False  # any event at all: an empty 200 is its own failure
+        #: A long prompt is counted on a worker thread (``prompt_truncation.CountedStream``)
+        #: and checked there; a short one here, at the end.
+        self.counts_late = (upstream.truncation != "ignore"
+                            and prompt_chars(request.prompt) > INLINE_COUNT_CHARS
+                            and upstream.tmap_for(request.model) is not None)
+        self.check_due = False  # the stream ended with a usage to check, counted late
 
     def on_sse(self, sse: SSEEvent) -> list[Event]:
         return self.on_data(sse.data)
@@ -619,22 +615,18 @@ class ChunkParser:
             return [*out, _broken("upstream stream ended ([DONE]) without a finish_reason")]
         if self._usage is not None:
             out.append(self._usage)
-            truncated = self._truncation()
-            if truncated is not None:
-                return [*out, truncated]
+            if self.counts_late:
+                self.check_due = True
+            elif self._up.truncation != "ignore":
+                truncated = self.truncation(self._up.prompt_lower_bound(self._req))
+                if truncated is not None:
+                    return [*out, truncated]
         return [*out, self._finish]
 
-    def _truncation(self) -> Failure | None:
-        if self._up.truncation == "ignore" or self._usage is None:
-            return None
-        bound = self._up.prompt_lower_bound(self._req)
-        got = self._usage.prompt_tokens
-        if bound is None or got is None or got <= 0 or got >= bound:
-            return None
-        return Failure(failure_class=FailureClass.CONTEXT_LENGTH, status=400,
-                       code="prompt_truncated", prompt_tokens=bound, context_tokens=got,
-                       message=f"the upstream read only {got} of the prompt's at least "
-                               f"{bound} tokens (it truncated the prompt to its context)")
+    def truncation(self, bound: int | None) -> Failure | None:
+        """The failure when the upstream read fewer prompt tokens than ``bound``."""
+        return truncation_failure(bound, self._usage.prompt_tokens
+                                  if self._usage is not None else None)
 
     def _fail(self, message: str, code: str | None = None) -> list[Event]:
         self._ended = True
