@@ -154,9 +154,11 @@ _json = st.recursive(st.none() | st.booleans() | st.integers(-2**53, 2**53) | st
 
 
 @settings(max_examples=100, deadline=None)
-@given(items=st.lists(_json, max_size=4), extra=st.dictionaries(st.text(max_size=5), _json,
+@given(items=st.lists(st.dictionaries(st.text(max_size=5), _json, max_size=3), max_size=4),
+       extra=st.dictionaries(st.text(max_size=5), _json,
                                                                  max_size=3))
 def test_stored_json_round_trips_exactly(items: list, extra: dict) -> None:
+    # Items are objects (the request parser refuses any other), so only objects are stored.
     store = SQLiteResponseStore()
     resp = {**extra, "id": "resp_x", "output": []}
     put(store, "resp_x", input_items=items, response=resp)
@@ -183,7 +185,24 @@ def test_the_producing_replica_is_stored_with_the_response() -> None:
     assert got is not None and (got.pool, got.replica) == ("pool", "r2")
 
 
-@pytest.mark.parametrize("data", [b"{", b"[1, 2]", b"7", b'{"created": 1}', b'{"input": 3}'])
+@pytest.mark.parametrize("data", [
+    b"{", b"[1, 2]", b"7", b'{"created": 1}', b'{"input": 3}',
+    # Shaped like a record, with fields of other types: GET served the list as the stored
+    # response (200 "[1, 2]"), a continuation was a 500 (AttributeError), or a 400 blaming
+    # the client's previous_response_id ("must be an object, got integer").
+    b'{"created": 1, "input": [], "response": [1, 2]}',
+    b'{"created": 1, "input": "abc", "response": {"output": []}}',
+    b'{"created": 1, "input": [1, null], "response": {"output": []}}',
+    b'{"created": 1, "input": [], "response": {"output": "zz"}}',
+    b'{"created": 1, "input": [], "response": {"output": [7]}}',
+    b'{"created": "x", "input": [], "response": {}}',
+    b'{"created": 1, "input": [], "response": {}, "pool": 3}',
+    b'{"created": 1, "too_large": "big", "cap": null}',
+    # Nested past the decoder's depth: a RecursionError, a 500 on GET and continuation.
+    b'{"created": 1, "input": [], "response": {"x": ' + b"[" * 100_000 + b"]" * 100_000
+    + b"}}",
+])
 def test_a_value_that_is_not_our_record_reads_as_absent(data: bytes) -> None:
-    # Corrupt, or written under our prefix by something else: "not found", never a 500.
+    # Corrupt, or written under our prefix by something else (another app, another
+    # version): "not found", never a 500 and never served as if it were ours.
     assert decode_record("resp_x", data) is None

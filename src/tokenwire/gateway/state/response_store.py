@@ -139,19 +139,42 @@ def encode_record(response_id: str, *, created: float, input_items: list[Any],
                                 "cap": max_bytes}), False
 
 
+class _Record(msgspec.Struct):
+    """What :func:`encode_record` writes, as read back: every field's type is checked, so a
+    value under our key that only looks like a record is not served or replayed."""
+
+    created: float
+    input: list[dict[str, Any]]
+    response: dict[str, Any]
+    pool: str | None = None
+    replica: str | None = None
+
+
+class _Marker(msgspec.Struct):
+    created: float
+    too_large: int
+    cap: int
+
+
 def decode_record(response_id: str, data: bytes) -> StoredResponse | None:
     """The inverse of :func:`encode_record`; raises :class:`ResponseNotStored` on a marker.
-    A value that is not a record of ours (corrupt, or written by something else under our
-    prefix) is None, "not found", rather than a 500 on every read of that id."""
+    A value that is not a record of ours (corrupt, nested past the decoder's depth, fields
+    of other types: written by something else under our prefix, or by another version) is
+    None, "not found", rather than a 500 on every read of that id or a reply of its
+    ``[1, 2]`` as the stored response."""
     try:
-        doc = msgspec.json.decode(data)
+        doc = msgspec.json.decode(data, type=dict[str, Any])
         if "too_large" in doc:
-            raise ResponseNotStored(response_id, doc["too_large"], doc["cap"])
-        return StoredResponse(id=response_id, created=doc["created"],
-                              input=tuple(doc["input"]), response=doc["response"],
-                              pool=doc.get("pool"), replica=doc.get("replica"))
-    except (msgspec.DecodeError, KeyError, TypeError):
+            marker = msgspec.convert(doc, _Marker)
+            raise ResponseNotStored(response_id, marker.too_large, marker.cap)
+        record = msgspec.convert(doc, _Record)
+        output = record.response.get("output", [])
+        if not (isinstance(output, list) and all(isinstance(i, dict) for i in output)):
+            return None  # a continuation would replay these as items
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
         return None
+    return StoredResponse(id=response_id, created=record.created, input=tuple(record.input),
+                          response=record.response, pool=record.pool, replica=record.replica)
 
 
 class ResponseStore(Protocol):
