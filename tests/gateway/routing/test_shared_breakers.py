@@ -13,6 +13,7 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from tokenwire.gateway.routing.breaker import Breaker, BreakerPolicy, BreakerState
 from tokenwire.gateway.routing.breaker_sync import BreakerSync
@@ -33,7 +34,8 @@ class Clock:
 
 
 class FakeRedis:
-    """GET / PTTL / SET PX in pipelines, expiring on the injected clock; ``down`` fails."""
+    """GET / PTTL / SET PX in pipelines, expiring on the injected clock; ``down`` fails; a
+    value that is not a string is another type (GET answers ``WRONGTYPE``, as Redis)."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock, self.data, self.down, self.round_trips = clock, {}, False, 0
@@ -54,7 +56,13 @@ class FakePipe:
         self.redis, self.ops = redis, []
 
     def get(self, key: str) -> None:
-        self.ops.append(lambda: (f := self.redis._live(key)) and f[0].encode())
+        def op() -> bytes | None:
+            f = self.redis._live(key)
+            if f is not None and not isinstance(f[0], str):
+                raise ResponseError("WRONGTYPE Operation against a key holding the wrong "
+                                    "kind of value")
+            return f and f[0].encode()
+        self.ops.append(op)
 
     def pttl(self, key: str) -> None:
         self.ops.append(lambda: -2 if (f := self.redis._live(key)) is None
@@ -66,11 +74,19 @@ class FakePipe:
             return True
         self.ops.append(op)
 
-    async def execute(self) -> list:
+    async def execute(self, raise_on_error: bool = True) -> list:
         if self.redis.down:
             raise RedisConnectionError("scripted: redis is down")
         self.redis.round_trips += 1
-        return [op() for op in self.ops]
+        answers = []
+        for op in self.ops:  # redis-py's: an error reply is raised, or returned in place
+            try:
+                answers.append(op())
+            except ResponseError as exc:
+                if raise_on_error:
+                    raise
+                answers.append(exc)
+        return answers
 
 
 class _Adapter:
@@ -210,5 +226,27 @@ def test_one_round_trip_per_sync_whatever_the_number_of_replicas() -> None:
             await sb.sync_once()
         assert redis.round_trips == 5 == sb.conn.calls
         await sb.aclose()
+
+    asyncio.run(main())
+
+
+def test_a_foreign_value_under_one_replica_s_key_never_stops_the_others_syncing() -> None:
+    """A hash under ``breaker:pool:b`` (another application, another version): the sync's
+    pipelined read raised WRONGTYPE for it, so every sync failed, the connection went
+    degraded (every piece of shared state with it, for as long as the key stayed) and
+    replica a's ejection by instance A was never adopted."""
+    async def main() -> None:
+        clock = Clock()
+        redis = FakeRedis(clock)
+        (pa, sa), (pb, sb) = (_instance(redis, clock, n) for n in "AB")
+        redis.data["tokenwire:breaker:pool:b"] = ({"field": "value"}, clock() + 3600)
+        _fail(pa, pa.replicas[0], clock, 3)
+        await asyncio.gather(*sa._publishing)
+        assert await sb.sync_once() == 1
+        assert pb.replicas[0].breaker.state is BreakerState.OPEN
+        assert pb.replicas[1].breaker.state is BreakerState.CLOSED  # read as no record
+        assert sb.conn.up and sb.conn.counts["error"] == 0
+        for s in (sa, sb):
+            await s.aclose()
 
     asyncio.run(main())

@@ -168,3 +168,42 @@ def test_redis_killed_falls_back_to_local_limits_then_shares_again(
     asyncio.run(main())
     lines = [r.getMessage() for r in caplog.records if "per-key limits" in r.getMessage()]
     assert len(lines) == 2 and "N x the limit" in lines[0] and "shared again" in lines[1]
+
+
+def test_one_key_s_foreign_counters_leave_every_other_key_shared(
+        redis_server: RedisServer, caplog: pytest.LogCaptureFixture) -> None:
+    """A string under one key's lease set and garbage in its request counter (another
+    application or version under the prefix): the scripts' WRONGTYPE / arithmetic errors
+    made the whole connection degraded, so every key, and the response store, went
+    local-only or unavailable, for good while the value stayed ("Redis is unreachable" while
+    it answered). Now that key alone is decided locally and says so once; the others stay
+    shared and the connection up."""
+    caplog.set_level(logging.INFO, logger="tokenwire.state")
+
+    async def main() -> None:
+        conn = conn_for(redis_server, Clock(0.0))
+        modes: list[bool] = []
+        lim = KeyLimiter(conn, clock=Clock(T0), on_mode=modes.append)
+        bad, good = key("bad", rpm=2, max_concurrent=5), key("good", rpm=2)
+        index = int(T0 // WINDOW_S)
+        await conn.call(lambda r: r.set(conn.key("limits", "bad", "c"), "not a sorted set"))
+        await conn.call(lambda r: r.set(conn.key("limits", "bad", "r", str(index)), "junk"))
+        # Still limited, locally: 2 a minute on this instance.
+        got = [(await lim.acquire(bad))[0].admitted for _ in range(3)]
+        assert got == [True, True, False] and lim.unreadable == {"bad"}
+        assert [(await lim.acquire(good))[0].admitted for _ in range(3)] == [True, True, False]
+        assert conn.up and not lim.local_only and modes == []
+        assert await conn.call(lambda r: r.get(conn.key("limits", "good", "r", str(index))))
+        assert conn.counts["data_error"] == 3 and conn.snapshot()["data_errors"] == 3
+        await conn.call(lambda r: r.delete(conn.key("limits", "bad", "c"),
+                                           conn.key("limits", "bad", "r", str(index))))
+        assert (await lim.acquire(bad))[0].admitted and lim.unreadable == set()
+        await lim.aclose()
+        await conn.aclose()
+
+    asyncio.run(main())
+    lines = [r.getMessage() for r in caplog.records if r.name == "tokenwire.state"]
+    # One line from the connection (the first refusal), one each way for the key.
+    assert len(lines) == 3, lines
+    assert "refused a value under the key prefix" in lines[0]
+    assert "'bad'" in lines[1] and "N x the limit" in lines[1] and "read again" in lines[2]

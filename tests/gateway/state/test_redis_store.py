@@ -143,3 +143,25 @@ def test_a_dead_redis_is_store_unavailable_with_a_retry_after(
             assert err.value.status_hint == 503 and err.value.code == "store_unavailable"
             assert err.value.retry_after is not None and err.value.retry_after >= 1
     run(redis_server, body)
+
+
+def test_a_value_of_another_type_under_the_store_s_keys_is_not_ours(
+        redis_server: RedisServer) -> None:
+    """Another application's hash under ``resp:<id>``, a string as the index: each read or
+    write raised WRONGTYPE, which made the whole connection degraded (every continuation a
+    503 ``store_unavailable``, the limits local-only, for as long as the key stayed). Now a
+    read of that id is "not found", a write is "not stored" and leaves no record behind,
+    and the connection stays up for everything else."""
+    async def body(store: RedisResponseStore, conn: RedisConn) -> None:
+        await conn.call(lambda r: r.hset("t:resp:resp_hash", "a", "b"))
+        assert await store.get("resp_hash") is None
+        await conn.call(lambda r: r.set("t:resp-index", "not a sorted set"))
+        with pytest.raises(StoreUnavailable):
+            await store.put("resp_new", input_items=[], response=response("resp_new"))
+        assert await conn.call(lambda r: r.exists("t:resp:resp_new")) == 0
+        assert conn.up and conn.counts["data_error"] == 2
+        await conn.call(lambda r: r.delete("t:resp-index"))
+        await store.put("resp_new", input_items=[], response=response("resp_new"))
+        assert (await store.get("resp_new")) is not None
+
+    run(redis_server, body)

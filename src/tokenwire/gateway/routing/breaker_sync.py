@@ -122,7 +122,9 @@ class BreakerSync:
                 k = self.key(pool, replica)
                 pipe.get(k)
                 pipe.pttl(k)
-            return await pipe.execute()
+            # An error reply for one key (WRONGTYPE: a value not ours) is that key's answer,
+            # read as no record; raised, it failed every replica's read, every sync.
+            return await pipe.execute(raise_on_error=False)
 
         try:
             answers = await self.conn.call(op, idempotent=True)  # reads
@@ -131,7 +133,9 @@ class BreakerSync:
         self.round_trips += 1
         now, changed = self._clock(), 0
         for i, (pool, replica) in enumerate(pairs):
-            ejection = Ejection.decode(answers[2 * i], int(answers[2 * i + 1]))
+            raw, pttl = answers[2 * i], answers[2 * i + 1]
+            ejection = (None if isinstance(raw, Exception) or isinstance(pttl, Exception)
+                        else Ejection.decode(raw, int(pttl)))
             if adopt(replica.breaker, ejection, now, self.instance_id):
                 changed += 1
                 assert ejection is not None

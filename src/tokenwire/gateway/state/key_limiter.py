@@ -13,6 +13,11 @@ limit until Redis answers again; requests are never refused or delayed because R
 gone. The switch is logged once each way and shown by ``tokenwire_key_limits_local_only``.
 Counts made locally are not copied to Redis on recovery, and leases taken on Redis whose
 release failed expire there within ``LEASE_TTL_S`` (slots come back, never leak).
+
+**One key's counters unreadable** (:class:`StateDataError`: a value that is not ours under
+one of its Redis keys, from another application or version): that key's requests are
+decided locally, as in degraded mode, while every other key stays shared; logged once each
+way per key, counted as ``tokenwire_state_calls_total{outcome="data_error"}``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from typing import Any
 from tokenwire.gateway.state.api_keys import ApiKey
 from tokenwire.gateway.state.limits import LocalLimiter, Verdict
 from tokenwire.gateway.state.limits_redis import RedisLimiter
-from tokenwire.gateway.state.redis_conn import RedisConn, StateUnavailable
+from tokenwire.gateway.state.redis_conn import RedisConn, StateDataError, StateUnavailable
 
 __all__ = ["KeyLimiter", "Lease"]
 
@@ -73,6 +78,8 @@ class KeyLimiter:
         #: Told of each switch (True: local only); the per-key metrics' gauge.
         self.on_mode = on_mode
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Names of the keys whose Redis counters are unreadable (decided locally).
+        self.unreadable: set[str] = set()
 
     async def acquire(self, key: ApiKey) -> tuple[Verdict, Lease | None]:
         """The decision for one request of ``key`` and, when admitted, its lease."""
@@ -84,10 +91,15 @@ class KeyLimiter:
             try:
                 verdict, lease_id = await self.shared.acquire(key.name, limits, now,
                                                               clock=self.clock)
+            except StateDataError as exc:
+                # Redis answers: only this key's counters are not ours. Flipping the whole
+                # limiter to local-only here flapped it on every other key's next success.
+                self._set_unreadable(key.name, True, exc)
             except StateUnavailable:
                 self._set_local_only(True)
             else:
                 self._set_local_only(False)
+                self._set_unreadable(key.name, False)
                 return verdict, (Lease(key, shared=True, lease_id=lease_id)
                                  if verdict.admitted else None)
         verdict = self.local.acquire(key.name, limits, now)
@@ -137,6 +149,20 @@ class KeyLimiter:
             log.info("per-key limits: Redis answers again; limits are shared again")
         if self.on_mode is not None:
             self.on_mode(value)
+
+    def _set_unreadable(self, name: str, value: bool, exc: Exception | None = None) -> None:
+        if value == (name in self.unreadable):
+            return
+        if value:
+            self.unreadable.add(name)
+            log.warning("per-key limits of key %r: its counters in Redis are not values of "
+                        "ours (%s); this instance enforces its limits on its own (N instances "
+                        "admit up to N x the limit) until they read again; delete the keys "
+                        "under the prefix's limits:%s: to reset them", name, exc, name)
+        else:
+            self.unreadable.discard(name)
+            log.info("per-key limits of key %r: its counters in Redis read again; its limits "
+                     "are shared again", name)
 
     async def drain(self) -> None:
         """Wait for the Redis releases still under way (tests, shutdown)."""

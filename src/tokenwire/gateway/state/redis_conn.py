@@ -25,6 +25,14 @@ breakers) goes through one :class:`RedisConn`, built from ``[state]``
 - **It recovers by itself**: the first probe that succeeds makes it "up" again. Transitions,
   never requests, produce the log lines (one WARNING each way: degraded, recovered) and
   move ``tokenwire_state_up``.
+- **A refusal of one key's data is not a failing Redis.** ``WRONGTYPE``, or a script's error
+  on a value it cannot read (another application, or another tokenwire version, wrote under
+  the prefix), means Redis answered: it fails that call only (:class:`StateDataError`, a
+  ``StateUnavailable``, so each caller's degraded behaviour applies to it), is counted
+  (``outcome="data_error"``), shown in ``/health`` and logged at most once a minute, and is
+  neither retried nor the cause of a degraded connection. Degrading on it took every piece
+  of shared state down with the one key, for as long as the key stayed (a foreign value
+  under the index or a lease set has no expiry: for good).
 
 The up/degraded decisions are :class:`LinkHealth`, a sans-IO state machine that is given the
 time (tests drive it with a fake clock); :class:`RedisConn` does the I/O around it. The
@@ -60,6 +68,7 @@ __all__ = [
     "NEVER_SENT",
     "LinkHealth",
     "RedisConn",
+    "StateDataError",
     "StateUnavailable",
 ]
 
@@ -80,6 +89,9 @@ MAX_BACKOFF_S: Final = 5.0
 #: carry tens of thousands of calls a second; a bound keeps a stalled Redis from collecting
 #: one socket per waiting request (the wait for a free one counts against the deadline).
 MAX_CONNECTIONS: Final = 64
+#: At most one log line per this many seconds about data Redis refused (a foreign value under
+#: the prefix is refused on every call that touches it: per call, it would flood the log).
+DATA_ERROR_LOG_S: Final = 60.0
 
 
 class StateUnavailable(Exception):
@@ -90,6 +102,12 @@ class StateUnavailable(Exception):
         super().__init__(reason)
         self.reason = reason
         self.skipped = skipped
+
+
+class StateDataError(StateUnavailable):
+    """Redis answered, refusing this call because of the value under one of its keys (not a
+    value of ours: ``WRONGTYPE``, or a script's error on it). The connection is fine; only
+    calls touching that key fail."""
 
 
 @dataclass(slots=True)
@@ -172,10 +190,14 @@ class RedisConn:
         self.health = LinkHealth(since=clock())
         self._client = client if client is not None else _build_client(config)
         self._errors = _transport_errors()
-        #: Round trips attempted (``outcome`` ok / error) and calls skipped while degraded.
-        self.counts: dict[str, int] = {"ok": 0, "error": 0, "skipped": 0}
+        #: Round trips attempted (``outcome`` ok / error / data_error) and calls skipped
+        #: while degraded.
+        self.counts: dict[str, int] = {"ok": 0, "error": 0, "data_error": 0, "skipped": 0}
         self.transitions = 0
         self.last_error: str | None = None
+        self.last_data_error: str | None = None
+        self._data_error_logged_at: float | None = None
+        self._data_errors_unlogged = 0
 
     @property
     def up(self) -> bool:
@@ -184,7 +206,7 @@ class RedisConn:
     @property
     def calls(self) -> int:
         """Round trips sent to Redis so far (the per-request count is a difference)."""
-        return self.counts["ok"] + self.counts["error"]
+        return self.counts["ok"] + self.counts["error"] + self.counts["data_error"]
 
     def key(self, *parts: str) -> str:
         """``<key_prefix>part1:part2...``: every key this gateway writes goes through it."""
@@ -213,23 +235,30 @@ class RedisConn:
             self.health.abandoned(kind)
             raise
         except self._errors as exc:
+            if _is_data_error(exc):
+                self._data_error(exc)
+                self._answered(kind)  # as much proof that Redis is up as a success
+                raise StateDataError(f"redis refused the data: {_describe(exc)}") from exc
             self.counts["error"] += 1
             self._failed(exc, kind)
             raise StateUnavailable(f"redis call failed: {_describe(exc)}") from exc
         self.counts["ok"] += 1
+        self._answered(kind)
+        return result
+
+    def _answered(self, kind: str) -> None:
         if self.health.succeeded(self._clock(), kind):
             self.transitions += 1
             # WARNING as the degraded line is, so that whoever sees one sees the other.
             log.warning("shared state recovered: redis at %s answers again; shared state "
                         "resumes", self.config.display_url)
-        return result
 
     async def _once_more_if_safe(self, op: Callable[[Redis], Awaitable[T]],
                                  idempotent: bool) -> T:
         try:
             return await op(self._client)
         except self._errors as exc:
-            if not (idempotent or getattr(exc, NEVER_SENT, False)):
+            if _is_data_error(exc) or not (idempotent or getattr(exc, NEVER_SENT, False)):
                 raise
         # redis-py has dropped the failed connection: the pool hands out a fresh one.
         return await op(self._client)
@@ -242,6 +271,22 @@ class RedisConn:
                         "it (see README \"Shared state\"), re-checking every %.1f-%.0f s",
                         self.config.display_url, self.last_error,
                         self.health.initial_backoff_s, self.health.max_backoff_s)
+
+    def _data_error(self, exc: BaseException) -> None:
+        self.counts["data_error"] += 1
+        self.last_data_error = _describe(exc)
+        now = self._clock()
+        last = self._data_error_logged_at
+        if last is not None and now - last < DATA_ERROR_LOG_S:
+            self._data_errors_unlogged += 1
+            return
+        more = (f" ({self._data_errors_unlogged} more since the last line)"
+                if self._data_errors_unlogged else "")
+        self._data_error_logged_at, self._data_errors_unlogged = now, 0
+        log.warning("shared state: redis at %s refused a value under the key prefix %r (%s)%s; "
+                    "something other than this tokenwire version writes there; the calls "
+                    "touching it fail, the rest of the shared state is unaffected",
+                    self.config.display_url, self.prefix, self.last_data_error, more)
 
     async def check(self) -> bool:
         """One PING when Redis is up or a re-check is due (``/health``, start-up); whether
@@ -261,6 +306,9 @@ class RedisConn:
                                 "since_s": round(max(0.0, self._clock() - self.health.since), 3)}
         if not self.up and self.last_error:
             body["last_error"] = self.last_error
+        if self.last_data_error:
+            body["data_errors"] = self.counts["data_error"]
+            body["last_data_error"] = self.last_data_error
         return body
 
     def collector(self) -> Collector:
@@ -272,6 +320,18 @@ class RedisConn:
             await self._client.aclose()
         except self._errors:
             pass  # closing a connection to a dead Redis has nothing left to do
+
+
+def _is_data_error(exc: BaseException) -> bool:
+    """An error reply about a value, not about Redis: ``WRONGTYPE`` (a command, or a
+    script's ``redis.call``) or a script's runtime error (arithmetic on a value that is not a
+    number). Replies about the server itself (``OOM``, ``READONLY``, ``LOADING``, ``BUSY``,
+    ``NOAUTH``, ``MISCONF``...) are not: they degrade the connection as before."""
+    from redis.exceptions import ResponseError
+    if type(exc) is not ResponseError:
+        return False
+    text = str(exc)
+    return text.startswith("WRONGTYPE") or "user_script:" in text
 
 
 def _describe(exc: BaseException) -> str:
@@ -334,7 +394,8 @@ class _StateCollector(Collector):
                                "0 while degraded (README \"Shared state\").",
                                value=1 if conn.up else 0)
         calls = CounterMetricFamily("tokenwire_state_calls", "Shared-state Redis round "
-                                    "trips by outcome (ok, error), and calls skipped while "
+                                    "trips by outcome (ok, error, data_error: a value under "
+                                    "the prefix that is not ours), and calls skipped while "
                                     "degraded.", labels=["outcome"])
         for outcome, n in conn.counts.items():
             calls.add_metric([outcome], n)

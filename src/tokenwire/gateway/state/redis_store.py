@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 
 from tokenwire.gateway.state.config import DEFAULT_STORE_MAX_BYTES
-from tokenwire.gateway.state.redis_conn import RedisConn, StateUnavailable
+from tokenwire.gateway.state.redis_conn import RedisConn, StateDataError, StateUnavailable
 from tokenwire.gateway.state.response_store import (
     DEFAULT_MAX_ROWS,
     DEFAULT_TTL_S,
@@ -53,11 +53,13 @@ __all__ = ["RedisResponseStore"]
 #: instances' clocks apart, a write scored by a clock behind the others would be the "oldest"
 #: at once and the row bound would evict the id just written, and a clock ahead would trim
 #: every other instance's ids from the index as expired. The score is exact to the
-#: microsecond (built as a string: a Lua number would print with 14 digits).
+#: microsecond (built as a string: a Lua number would print with 14 digits). The index is
+#: written first: a script stops at its first error with what it wrote kept, so an index
+#: that is not a sorted set of ours (``WRONGTYPE``) leaves no record behind that the caller
+#: reports as not stored.
 _PUT_SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('ZADD', KEYS[2], string.format('%d.%06d', t[1], t[2]), ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf',
            '(' .. string.format('%.6f', now - tonumber(ARGV[2]) / 1000))
@@ -68,6 +70,7 @@ if over > 0 then
 else
   over = 0
 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('PEXPIRE', KEYS[2], ARGV[2])
 return over
 """
@@ -112,17 +115,31 @@ class RedisResponseStore:
 
     async def get(self, response_id: str) -> StoredResponse | None:
         key = self._key(response_id)
-        data = await self._call(lambda client: client.get(key), idempotent=True)
+        try:
+            data = await self._call(lambda client: client.get(key), idempotent=True)
+        except _NotOurs:
+            return None  # a value of another type under the key: as decode_record's garbage
         return None if data is None else decode_record(response_id, data)
 
     async def _call(self, op: Callable[[Any], Any], *, idempotent: bool) -> Any:
         try:
             return await self.conn.call(op, idempotent=idempotent)
+        except StateDataError as exc:
+            raise _NotOurs from exc
         except StateUnavailable as exc:
             raise StoreUnavailable(
                 "The response store is unavailable (its Redis does not answer); the "
                 "stored conversation cannot be read or written now. Retry shortly.",
                 retry_after=max(1.0, self.conn.retry_in())) from exc
+
+
+class _NotOurs(StoreUnavailable):
+    """A key of the store holds a value that is not ours (Redis refused it, ``WRONGTYPE``):
+    a read finds no response there; a write was not done (the caller's "not stored")."""
+
+    def __init__(self) -> None:
+        super().__init__("The response store's Redis holds a value under this store's keys "
+                         "that tokenwire did not write; nothing was stored.", retry_after=1.0)
 
 
 def _marker_size(data: bytes) -> int:
