@@ -134,6 +134,18 @@ def test_an_adopted_ejection_opens_a_closed_breaker_until_the_same_moment() -> N
     assert adopt(b, Ejection(20.0, 3, "other"), 100.0, "me") and b.open_until == 120.0
 
 
+def test_an_adopted_ejection_lasts_at_most_this_instance_s_longest_cool_down() -> None:
+    """A record with a TTL of a year (set by hand, by another application or by an instance
+    with another policy) opened the replica here for the year: an open breaker is not
+    probed, so it was gone from every instance until someone deleted the key."""
+    b = Breaker(POLICY)
+    year = 365 * 24 * 3600.0
+    ejection = Ejection.decode(b'{"streak": 1, "by": "other"}', round(year * 1000))
+    assert adopt(b, ejection, 100.0, "me")
+    assert b.open_until == 100.0 + POLICY.max_cooldown_s
+    assert b.admits(100.0 + POLICY.max_cooldown_s)  # half-open: its trial decides
+
+
 def test_its_own_record_and_a_half_open_breaker_are_left_alone() -> None:
     b = Breaker(POLICY)
     assert not adopt(b, Ejection(5.0, 1, "me"), 0.0, "me")

@@ -85,7 +85,12 @@ def ejection_of(breaker: Breaker, before: BreakerState, now: float, origin: str
 
 def adopt(breaker: Breaker, ejection: Ejection | None, now: float, origin: str) -> bool:
     """Apply another instance's published ejection to this instance's breaker; True when
-    it changed (the replica is now open here, or open for longer)."""
+    it changed (the replica is now open here, or open for longer). Never for longer than
+    this instance's own ``max_cooldown_s``: the TTL is whatever the key was written with (a
+    year, by hand or by an instance with another policy), and a replica honoured open that
+    long is gone from every instance until someone deletes the key (an open breaker is not
+    probed)."""
     if ejection is None or ejection.origin == origin:
         return False
-    return breaker.adopt_open(now, ejection.cooldown_s, ejection.streak)
+    cooldown_s = min(ejection.cooldown_s, breaker.policy.max_cooldown_s)
+    return breaker.adopt_open(now, cooldown_s, ejection.streak)
