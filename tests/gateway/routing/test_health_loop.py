@@ -76,3 +76,35 @@ def test_without_a_pool_there_is_no_loop_and_health_probes_on_poll() -> None:
         await asyncio.sleep(0.1)
         assert single.probes == 1
     _run(main)
+
+
+@dataclass
+class Hung(Probed):
+    """A replica that accepts the probe and never answers (its read timeout is minutes, and
+    per read: a server dripping its answer never reaches it)."""
+
+    async def probe(self) -> UpstreamHealth:
+        self.probes += 1
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")
+
+
+def test_a_probe_that_never_answers_fails_at_its_deadline_and_stalls_nothing() -> None:
+    """One hung replica held its probe, and the loop that waits for every probe of a round
+    with it: no replica of any pool was probed again (the other pool's alive replica got 1
+    probe in 60 s instead of 12) and the hung one was never ejected."""
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        hung, alive = Hung("p/r1"), Probed("q/r1")
+        pools = [ReplicaPool(n, "openai", [Replica(name=r.name, adapter=r, breaker=Breaker())],
+                             probe_interval_s=5.0, clock=loop.time)
+                 for n, r in (("p", hung), ("q", alive))]
+        mon = HealthMonitor((("p", pools[0]), ("q", pools[1])), interval=5.0, clock=loop.time)
+        mon.start()
+        await asyncio.sleep(60.0)
+        assert alive.probes >= 3
+        assert hung.probes >= 3 and pools[0].replicas[0].breaker.consecutive >= 3
+        health = await mon.snapshot()
+        assert health[0].state is UpstreamState.DOWN and "timed out" in health[0].detail
+        await mon.stop()
+    _run(main)

@@ -26,13 +26,24 @@ from typing import Any
 from tokenwire.gateway.ir import kind_of
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
 
-__all__ = ["DEFAULT_HEALTH_INTERVAL_S", "HealthMonitor", "overall_status"]
+__all__ = ["DEFAULT_HEALTH_INTERVAL_S", "PROBE_TIMEOUT_S", "HealthMonitor", "overall_status",
+           "probe_within_deadline"]
 
 #: Probes run at most this often: /health stays cheap to poll, yet a dead upstream shows
 #: within a few seconds.
 DEFAULT_HEALTH_INTERVAL_S = 5.0
 #: The first /health waits this long for probes that have never run; later ones never wait.
 _FIRST_PROBE_WAIT_S = 5.0
+#: The longest one probe may take: a GET of the model list, milliseconds from a replica that
+#: is well. Without it a replica that accepts and never answers held its probe for the
+#: upstream's read timeout (120 s by default, and per read: for ever from one that drips
+#: its answer), and the loop, which waits for every probe of a round, with it: no replica
+#: of any pool was probed meanwhile. Past it the probe is a failure like a refusal.
+PROBE_TIMEOUT_S = 10.0
+#: The loop's own bound on one entry's probe: longer, because a pool's probe is its
+#: replicas' probes at once, each within :data:`PROBE_TIMEOUT_S`, and those must end first
+#: to feed the breakers (cancelled at the same moment, they fed nothing).
+_ENTRY_PROBE_TIMEOUT_S = PROBE_TIMEOUT_S + 5.0
 
 
 def overall_status(states: Iterable[UpstreamState]) -> str:
@@ -122,11 +133,22 @@ async def _probe(name: str, upstream: Any) -> UpstreamHealth:
     if probe is None:  # an in-process upstream without probe(): alive while we are
         return UpstreamHealth(name=name, kind=kind_of(upstream),
                               state=UpstreamState.UP, models=(upstream.model_id,))
+    return await probe_within_deadline(name, kind_of(upstream), probe,
+                                       timeout_s=_ENTRY_PROBE_TIMEOUT_S)
+
+
+async def probe_within_deadline(name: str, kind: str, probe: Callable[[], Any], *,
+                                timeout_s: float = PROBE_TIMEOUT_S) -> UpstreamHealth:
+    """``await probe()``, DOWN when it raises or takes longer than ``timeout_s`` (a probe
+    must never take ``/health`` or the probe loop down with it)."""
     try:
-        return await probe()
-    except Exception as exc:  # a probe must never take /health down with it
-        return UpstreamHealth(name=name, kind=kind_of(upstream),
-                              state=UpstreamState.DOWN,
+        async with asyncio.timeout(timeout_s):
+            return await probe()
+    except TimeoutError:
+        return UpstreamHealth(name=name, kind=kind, state=UpstreamState.DOWN,
+                              detail=f"probe timed out after {timeout_s:.0f} s")
+    except Exception as exc:
+        return UpstreamHealth(name=name, kind=kind, state=UpstreamState.DOWN,
                               detail=f"probe failed: {type(exc).__name__}")
 
 

@@ -74,6 +74,7 @@ from tokenwire.gateway.routing.balance import (
     least_loaded_of_two,
 )
 from tokenwire.gateway.routing.breaker import Breaker, BreakerState, counts_against_replica
+from tokenwire.gateway.routing.health import probe_within_deadline
 from tokenwire.gateway.state.pins import PinStore
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
 
@@ -492,11 +493,7 @@ class ReplicaPool:
 
 
 async def _safe_probe(replica: Replica) -> UpstreamHealth:
-    try:
-        return await replica.adapter.probe()
-    except Exception as exc:
-        return UpstreamHealth(name=replica.name, kind="?", state=UpstreamState.DOWN,
-                              detail=f"probe failed: {type(exc).__name__}")
+    return await probe_within_deadline(replica.name, "?", replica.adapter.probe)
 
 
 class _ReplicaStream:
