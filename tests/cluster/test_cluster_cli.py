@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -87,3 +88,19 @@ def test_tokenwire_cluster_serves_round_robin_and_stops_on_sigint(redis_server) 
         proc.wait(10)
         proc.stdout.close()  # type: ignore[union-attr]
         fake.stop()
+
+
+def test_an_instance_port_another_process_listens_on_is_refused_before_anything_starts(
+        capsys) -> None:
+    """Readiness was any answer on the port: another server's 404 passed for the instance,
+    which exited unable to bind, and the balancer forwarded to the stranger (reproduced with
+    ``python -m http.server`` on the instance's port: ``GET /v1/models`` through the
+    balancer answered its ``404 File not found``)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["cluster", "--instances", "1", "--port", str(free_port()),
+                     "--instance-ports", str(port), "--", "--upstream", "http://x/v1"]) == 3
+    err = capsys.readouterr().err
+    assert f"127.0.0.1:{port} is not free" in err and "instance 0" in err

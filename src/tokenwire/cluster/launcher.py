@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from tokenwire.errors import ConfigError
+from tokenwire.errors import ConfigError, ListenError
 
 from .balancer import Backend, Balancer
 
@@ -104,6 +105,8 @@ class Cluster:
         env = dict(os.environ if self.env is None else self.env)
         if self.state_url:
             env[STATE_URL_ENV] = self.state_url
+        for i, port in enumerate(self.ports):
+            _check_free(i, port)
         try:
             for i, port in enumerate(self.ports):
                 self.instances.append(await self._spawn(i, port, env))
@@ -167,6 +170,22 @@ class Cluster:
                     " (no shared state: give --state-url for Redis)")]
         lines += [f"  instance {i.index}: {i.url} (pid {i.pid})" for i in self.instances]
         return "\n".join(lines)
+
+
+def _check_free(index: int, port: int) -> None:
+    """Refuse an instance port another process listens on. Readiness is any answer on the
+    port, so the other server's (a 404 from whatever it is) passed for the instance's, which
+    meanwhile exited unable to bind: the banner named it and the balancer sent every request
+    of that turn to the stranger."""
+    with socket.socket() as probe:
+        # As uvicorn binds: a port in TIME_WAIT is free, one with a listener is not.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ListenError(f"cluster: instance {index}'s port 127.0.0.1:{port} is not "
+                              f"free ({exc.strerror or exc}); choose others with "
+                              "--instance-ports or --port") from None
 
 
 async def _wait_ready(inst: Instance) -> None:
