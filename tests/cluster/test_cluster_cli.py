@@ -8,6 +8,8 @@ import signal
 import socket
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -104,3 +106,38 @@ def test_an_instance_port_another_process_listens_on_is_refused_before_anything_
                      "--instance-ports", str(port), "--", "--upstream", "http://x/v1"]) == 3
     err = capsys.readouterr().err
     assert f"127.0.0.1:{port} is not free" in err and "instance 0" in err
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_the_instances_start_stops_them_at_once() -> None:
+    """The signal handlers were installed before the start, so SIGINT while an instance was
+    not ready yet (here: its upstream accepts and never answers the start-up probe) only set
+    the stop event: the launcher kept waiting for readiness (up to 300 s), then exited 1 on
+    the instance's start-up failure, never 130."""
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen()
+        upstream = f"http://127.0.0.1:{hung.getsockname()[1]}/v1"
+        env = {**os.environ, "PYTHONPATH": str(SRC)}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tokenwire.cli.main", "cluster", "--instances", "1",
+             "--port", str(free_port()), "--instance-ports", str(free_port()), "--",
+             "--upstream", upstream],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        try:
+            children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+            deadline = time.monotonic() + SAFETY_S
+            while not children.read_text().split():  # the instance is spawned: start() runs
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.05)
+            child = int(children.read_text().split()[0])
+            proc.send_signal(signal.SIGINT)
+            assert proc.wait(SAFETY_S) == 130
+            assert "interrupted while starting" in proc.stderr.read()  # type: ignore[union-attr]
+            assert not Path(f"/proc/{child}").exists()  # stopped and reaped
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            proc.stderr.close()  # type: ignore[union-attr]

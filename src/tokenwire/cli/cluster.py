@@ -100,8 +100,23 @@ async def _serve(cluster: Cluster) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    # The handlers are in place from here, so a Ctrl-C or SIGTERM while the instances start
+    # (up to READY_TIMEOUT_S: an engine loading, or one that never answers) only set the
+    # event, and the launcher kept waiting for readiness before it stopped: start is raced
+    # against it instead (cancelled, it stops what it started).
+    starting = asyncio.create_task(cluster.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if not starting.done():
+        starting.cancel()
+        print("tokenwire cluster: interrupted while starting; stopping the instances",
+              file=sys.stderr, flush=True)
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        return 130
     try:
-        await cluster.start()
+        starting.result()
     except OSError as exc:
         raise ListenError(f"cluster: cannot listen on {cluster.host}:{cluster.port}: "
                           f"{exc.strerror or exc}") from None
