@@ -311,10 +311,10 @@ ERROR_TEXT_PREVIEW = 2000
 def _error_message(body: bytes) -> tuple[str, str | None]:
     """``(message, code)`` from an error body: OpenAI's and Anthropic's ``{"error": {...}}``
     in full, anything else as (the start of) its text."""
-    import json
+    from tokenwire import peer_json
 
     try:
-        doc = json.loads(body)
+        doc = peer_json.loads(body)
     except ValueError:
         doc = None
     err = doc.get("error") if isinstance(doc, dict) else None

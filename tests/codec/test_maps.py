@@ -125,6 +125,9 @@ def test_pinned_hash_accepts_any_spelling() -> None:
         (_doc(zstd_dictionaries=[{"format": "msgpack", "url": "x", "hash": "no"}]),
          "zstd_dictionaries[0].hash"),
         (_doc(metaspace_prepend_scheme="sometimes"), "metaspace_prepend_scheme"),
+        # A peer's map nested past the recursion limit.
+        (b'{"id": "a/b", "x": ' + b"[" * 100_000, "<document>"),
+        (b'{"id": "a/b", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "<document>"),
     ],
 )
 def test_validation_errors_name_the_field(raw: bytes, field: str) -> None:

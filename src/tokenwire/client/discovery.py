@@ -24,7 +24,6 @@ documents are not cached.
 from __future__ import annotations
 
 import ipaddress
-import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -32,6 +31,7 @@ from urllib.parse import urljoin, urlsplit
 
 import httpx
 
+from tokenwire import peer_json
 from tokenwire.client.bounded_read import BodyOverBudget, aread_bounded, read_bounded
 from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.maps import (
@@ -239,8 +239,8 @@ _POLICY = _Kind("policy", "policies", ("categories",), MAX_POLICY_BYTES, _parse_
 
 def _json_object(resp: Fetched) -> dict[str, Any]:
     try:
-        doc = json.loads(resp.body)
-    except (UnicodeDecodeError, ValueError) as exc:
+        doc = peer_json.loads(resp.body)
+    except ValueError as exc:  # UnicodeDecodeError is one
         raise DiscoveryDocumentInvalid(f"{resp.url} is not JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise DiscoveryDocumentInvalid(f"{resp.url} is not a JSON object")

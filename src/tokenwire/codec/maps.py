@@ -215,15 +215,18 @@ def load_map_bytes(
         expected = parse_hash(expected_hash)
         if expected != actual:
             raise MapHashMismatch(expected, actual, source)
-    doc = _decode_checked(data)
-    checked = doc is not None
-    if doc is None:  # not the usual shape: parse again, untyped, to name the fault
-        try:
+    try:
+        doc = _decode_checked(data)
+        checked = doc is not None
+        if doc is None:  # not the usual shape: parse again, untyped, to name the fault
             doc = _json_decoder.decode(data)
-        except msgspec.DecodeError as exc:
-            raise MapValidationError("<document>", f"is not valid JSON: {exc}") from exc
-        if not isinstance(doc, dict):
-            raise MapValidationError("<document>", "must be a JSON object")
+    except msgspec.DecodeError as exc:
+        raise MapValidationError("<document>", f"is not valid JSON: {exc}") from exc
+    except RecursionError:  # msgspec recurses per level: a peer's `[[[[...` (peer_json.py)
+        raise MapValidationError("<document>", "nests deeper than Python's recursion limit") \
+            from None
+    if not isinstance(doc, dict):
+        raise MapValidationError("<document>", "must be a JSON object")
     return _from_document(doc, data, actual, checked=checked)
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from tokenwire import peer_json
 from tokenwire.errors import PolicyValidationError
 
 __all__ = [
@@ -243,7 +244,7 @@ def parse_policy(data: bytes | str | Mapping[str, Any]) -> SafetyPolicyDescripto
     """
     if isinstance(data, bytes | str):
         try:
-            data = json.loads(data)
+            data = peer_json.loads(data)
         except ValueError as exc:
             raise PolicyValidationError("$", f"is not JSON: {exc}") from exc
     doc = _object(data, "$", _TOP_KEYS, ("id", "version", "tokenizers", "categories", "classifier"))

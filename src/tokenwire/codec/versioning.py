@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
+from tokenwire import peer_json
 from tokenwire.errors import CodecVersionRequired, ConfigError, RemoteProtocolError
 
 __all__ = [
@@ -271,8 +272,8 @@ def parse_version_required(
     if status != 426:
         return None
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
+        doc = peer_json.loads(body)
+    except ValueError as exc:  # UnicodeDecodeError is one
         raise RemoteProtocolError(f"426 with a body that is not JSON: {body[:200]!r}") from exc
     feats = doc.get("required_features") if isinstance(doc, dict) else None
     if not (

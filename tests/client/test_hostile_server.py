@@ -1,0 +1,104 @@
+"""The Codec client against a hostile server: every answer is one a user pointed the client
+at without controlling it. Each must end in a typed error of the client's own hierarchy
+(a :class:`~tokenwire.errors.TokenwireError`), never a ``RecursionError``, a library's own
+exception or gigabytes of memory.
+
+The server is a real loopback one (``_loopback.serve``) whose answers are set per path in
+:data:`ANSWERS`: status, headers and body, exactly as given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from starlette.requests import Request
+from starlette.responses import Response
+
+from tests.client._loopback import serve
+from tokenwire.client.codec_client import AsyncCodecClient, CodecClient
+from tokenwire.client.discovery import resolve_map, resolve_policy
+from tokenwire.codec.frames import Frame
+from tokenwire.codec.frames_msgpack import FrameEncoder
+from tokenwire.codec.maps import sha256_hash
+from tokenwire.errors import (
+    CodecHTTPError,
+    DiscoveryDocumentInvalid,
+    RemoteProtocolError,
+)
+
+MSGPACK = "application/x-msgpack"
+#: Past Python's recursion limit (1000) by far, and 100 KB: within every body cap.
+DEEP = b"[" * 100_000
+FRAMES = FrameEncoder().encode(Frame(ids=(1,), done=True, finish_reason="stop"))
+DEEP_MAP = b'{"id": "hostile/map", "vocab_size": 1, "vocab": {"a": 0}, "x": ' + DEEP
+
+Answer = tuple[int, dict[str, str], bytes]
+ANSWERS: dict[str, Answer] = {
+    "/426-deep/v1/completions": (426, {"Content-Type": "application/json"}, DEEP),
+    "/500-deep/v1/completions": (500, {"Content-Type": "application/json"}, DEEP),
+    "/.well-known/codec/index.json": (200, {"Content-Type": "application/json"}, DEEP),
+    "/.well-known/codec/maps/hostile/deep.json": (200, {}, DEEP),
+    "/.well-known/codec/policies/hostile/deep.json": (200, {}, DEEP),
+    f"/.well-known/codec/maps/sha256/{sha256_hash(DEEP_MAP)[7:]}.json": (200, {}, DEEP_MAP),
+    "/names-deep-map/v1/completions": (
+        200, {"Content-Type": MSGPACK, "Codec-Tokenizer-Map": sha256_hash(DEEP_MAP)}, FRAMES),
+}
+
+
+async def _app(scope: dict, receive: object, send: object) -> None:
+    request = Request(scope, receive)  # type: ignore[arg-type]
+    await request.body()
+    status, headers, body = ANSWERS.get(request.url.path, (404, {}, b""))
+    await Response(body, status_code=status, headers=headers)(scope, receive, send)
+
+
+@pytest.fixture(scope="module")
+def origin() -> Iterator[str]:
+    with serve(_app) as url:
+        yield url
+
+
+def _complete(origin: str, scenario: str, path: str = "a") -> None:
+    with CodecClient(f"{origin}/{scenario}") as client:
+        client.complete("Hi", path=path)
+
+
+# -- JSON nested past the recursion limit --------------------------------------------------
+
+
+def test_a_426_nested_past_the_recursion_limit_is_a_protocol_error(origin) -> None:
+    with pytest.raises(RemoteProtocolError, match="426 with a body that is not JSON"):
+        _complete(origin, "426-deep")
+
+
+def test_an_error_body_nested_past_the_recursion_limit_is_shown_as_text(origin) -> None:
+    with pytest.raises(CodecHTTPError) as info:
+        _complete(origin, "500-deep")
+    assert info.value.status == 500 and info.value.message.startswith("[[[[")
+
+
+@pytest.mark.parametrize("resolve", [
+    pytest.param(lambda origin: _complete(origin, "x", path="b"), id="index.json"),
+    pytest.param(lambda origin: resolve_map(origin, "hostile/deep", allow_http=True),
+                 id="map-id-document"),
+    pytest.param(lambda origin: resolve_policy(origin, "hostile/deep", allow_http=True),
+                 id="policy-id-document"),
+    pytest.param(lambda origin: _complete(origin, "names-deep-map"), id="map-by-hash"),
+])
+def test_discovery_documents_nested_past_the_recursion_limit_are_invalid(origin,
+                                                                         resolve) -> None:
+    with pytest.raises(DiscoveryDocumentInvalid, match="nests deeper"):
+        resolve(origin)
+
+
+@pytest.mark.parametrize(("scenario", "error"), [
+    ("426-deep", RemoteProtocolError), ("names-deep-map", DiscoveryDocumentInvalid)])
+def test_the_async_twin_fails_the_same_way(origin, scenario, error) -> None:
+    async def go() -> None:
+        async with AsyncCodecClient(f"{origin}/{scenario}") as client:
+            await client.complete("Hi")
+
+    with pytest.raises(error):
+        asyncio.run(go())
