@@ -10,6 +10,7 @@ The server is a real loopback one (``_loopback.serve``) whose answers are set pe
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +22,7 @@ from tokenwire.client.codec_client import AsyncCodecClient, CodecClient
 from tokenwire.client.discovery import resolve_map, resolve_policy
 from tokenwire.codec.frames import Frame
 from tokenwire.codec.frames_msgpack import FrameEncoder
-from tokenwire.codec.maps import sha256_hash
+from tokenwire.codec.maps import MAX_TOKEN_ID, sha256_hash
 from tokenwire.errors import (
     CodecHTTPError,
     DiscoveryDocumentInvalid,
@@ -33,6 +34,8 @@ MSGPACK = "application/x-msgpack"
 DEEP = b"[" * 100_000
 FRAMES = FrameEncoder().encode(Frame(ids=(1,), done=True, finish_reason="stop"))
 DEEP_MAP = b'{"id": "hostile/map", "vocab_size": 1, "vocab": {"a": 0}, "x": ' + DEEP
+SPARSE_MAP = json.dumps({"id": "hostile/map", "vocab_size": 2,  # 70 bytes, two 64 MiB lists
+                         "vocab": {"a": 0, "b": MAX_TOKEN_ID + 1}}).encode()
 
 Answer = tuple[int, dict[str, str], bytes]
 ANSWERS: dict[str, Answer] = {
@@ -44,6 +47,9 @@ ANSWERS: dict[str, Answer] = {
     f"/.well-known/codec/maps/sha256/{sha256_hash(DEEP_MAP)[7:]}.json": (200, {}, DEEP_MAP),
     "/names-deep-map/v1/completions": (
         200, {"Content-Type": MSGPACK, "Codec-Tokenizer-Map": sha256_hash(DEEP_MAP)}, FRAMES),
+    f"/.well-known/codec/maps/sha256/{sha256_hash(SPARSE_MAP)[7:]}.json": (200, {}, SPARSE_MAP),
+    "/names-sparse-map/v1/completions": (
+        200, {"Content-Type": MSGPACK, "Codec-Tokenizer-Map": sha256_hash(SPARSE_MAP)}, FRAMES),
 }
 
 
@@ -91,6 +97,14 @@ def test_discovery_documents_nested_past_the_recursion_limit_are_invalid(origin,
                                                                          resolve) -> None:
     with pytest.raises(DiscoveryDocumentInvalid, match="nests deeper"):
         resolve(origin)
+
+
+# -- maps and dictionaries the server names --------------------------------------------------
+
+
+def test_a_map_with_an_id_past_the_limit_is_refused_before_its_tables_are_built(origin):
+    with pytest.raises(DiscoveryDocumentInvalid, match=f"ids go up to {MAX_TOKEN_ID}"):
+        _complete(origin, "names-sparse-map")
 
 
 @pytest.mark.parametrize(("scenario", "error"), [

@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import MAPS, fixture_map_path
 from tokenwire.codec.maps import (
     KNOWN_PREPEND_SCHEMES,
+    MAX_TOKEN_ID,
     MapCache,
     load_map_bytes,
     load_map_file,
@@ -125,9 +126,12 @@ def test_pinned_hash_accepts_any_spelling() -> None:
         (_doc(zstd_dictionaries=[{"format": "msgpack", "url": "x", "hash": "no"}]),
          "zstd_dictionaries[0].hash"),
         (_doc(metaspace_prepend_scheme="sometimes"), "metaspace_prepend_scheme"),
-        # A peer's map nested past the recursion limit.
+        # A peer's map: nesting past the recursion limit, ids that would size huge tables.
         (b'{"id": "a/b", "x": ' + b"[" * 100_000, "<document>"),
         (b'{"id": "a/b", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "<document>"),
+        (_doc(vocab={"a": 0, "b": MAX_TOKEN_ID + 1}), "vocab"),
+        (_doc(special_tokens={"<s>": MAX_TOKEN_ID + 1}), "special_tokens"),
+        (_doc(vocab=None, tokens={str(MAX_TOKEN_ID + 1): "a"}), "vocab"),
     ],
 )
 def test_validation_errors_name_the_field(raw: bytes, field: str) -> None:

@@ -34,6 +34,7 @@ __all__ = [
     "ENCODERS",
     "EXTRA_ALIASES",
     "KNOWN_PREPEND_SCHEMES",
+    "MAX_TOKEN_ID",
     "MapCache",
     "TokenizerMap",
     "aliases",
@@ -106,6 +107,12 @@ def validate_map_id(map_id: str) -> str:
         raise MapValidationError("id", f"{map_id!r} must not contain '..' or start/end with '/'")
     return map_id
 
+
+#: The highest id a map may give a token. The decode tables are lists indexed by id
+#: (detokenizer.py), so one id of 2**31 in a 60-byte map asked for lists of 16 GiB. The
+#: largest vocabularies in use are ~262k (Gemma 3), and a map within the clients' 64 MiB
+#: cap holds at most ~6M entries: this refuses sparse ids, never a real vocabulary.
+MAX_TOKEN_ID = 2**23 - 1
 
 # keys_by_id is a list while the ids are this dense (real maps: ~1 slot per key, cl100k's
 # holes aside), so a map whose ids run far past its size cannot make it allocate a huge one.
@@ -288,6 +295,12 @@ def _from_document(
     ):
         raise MapValidationError("special_tokens", "must map token strings to non-negative ids")
 
+    tops = {"vocab": max(vocab.values(), default=-1),
+            "special_tokens": max(special.values(), default=-1)}
+    for name, top in tops.items():
+        if top > MAX_TOKEN_ID:
+            raise MapValidationError(name, f"uses id {top}; ids go up to {MAX_TOKEN_ID}")
+
     tool_calling = doc.get("tool_calling")
     if tool_calling is not None:
         _check_tool_calling(tool_calling, special)
@@ -302,7 +315,7 @@ def _from_document(
     if scheme not in ("always", "first", "never"):
         raise MapValidationError("metaspace_prepend_scheme", "must be always, first or never")
 
-    return TokenizerMap(
+    tmap = TokenizerMap(
         raw=raw,
         hash=digest,
         id=map_id,
@@ -320,6 +333,8 @@ def _from_document(
         metaspace_prepend_scheme=scheme,
         extra={k: v for k, v in doc.items() if k not in _KNOWN_KEYS},
     )
+    tmap._derived["max_id"] = max(tops.values())  # the decode tables need it next
+    return tmap
 
 
 def _require(doc: dict[str, Any], key: str, typ: type) -> Any:
