@@ -25,6 +25,7 @@ from tokenwire.codec.frames_msgpack import FrameEncoder
 from tokenwire.codec.maps import MAX_TOKEN_ID, sha256_hash
 from tokenwire.errors import (
     CodecHTTPError,
+    DecompressionError,
     DiscoveryDocumentInvalid,
     RemoteProtocolError,
 )
@@ -36,6 +37,8 @@ FRAMES = FrameEncoder().encode(Frame(ids=(1,), done=True, finish_reason="stop"))
 DEEP_MAP = b'{"id": "hostile/map", "vocab_size": 1, "vocab": {"a": 0}, "x": ' + DEEP
 SPARSE_MAP = json.dumps({"id": "hostile/map", "vocab_size": 2,  # 70 bytes, two 64 MiB lists
                          "vocab": {"a": 0, "b": MAX_TOKEN_ID + 1}}).encode()
+# A zstd dictionary's magic, then bytes zstd cannot read: hash-verified, still unusable.
+BAD_DICT = b"\x37\xa4\x30\xec" + b"\xff" * 100
 
 Answer = tuple[int, dict[str, str], bytes]
 ANSWERS: dict[str, Answer] = {
@@ -50,6 +53,10 @@ ANSWERS: dict[str, Answer] = {
     f"/.well-known/codec/maps/sha256/{sha256_hash(SPARSE_MAP)[7:]}.json": (200, {}, SPARSE_MAP),
     "/names-sparse-map/v1/completions": (
         200, {"Content-Type": MSGPACK, "Codec-Tokenizer-Map": sha256_hash(SPARSE_MAP)}, FRAMES),
+    f"/.well-known/codec/dicts/{sha256_hash(BAD_DICT)[7:]}.zstd": (200, {}, BAD_DICT),
+    "/names-bad-dict/v1/completions": (
+        200, {"Content-Type": MSGPACK, "Content-Encoding": "zstd",
+              "Codec-Zstd-Dict": sha256_hash(BAD_DICT)}, b"\x28\xb5\x2f\xfd" + bytes(20)),
 }
 
 
@@ -107,8 +114,14 @@ def test_a_map_with_an_id_past_the_limit_is_refused_before_its_tables_are_built(
         _complete(origin, "names-sparse-map")
 
 
+def test_a_dictionary_zstd_cannot_load_is_a_decompression_error(origin) -> None:
+    with pytest.raises(DecompressionError, match=r"zstd dictionary .* is not usable"):
+        _complete(origin, "names-bad-dict")
+
+
 @pytest.mark.parametrize(("scenario", "error"), [
-    ("426-deep", RemoteProtocolError), ("names-deep-map", DiscoveryDocumentInvalid)])
+    ("426-deep", RemoteProtocolError), ("names-deep-map", DiscoveryDocumentInvalid),
+    ("names-bad-dict", DecompressionError)])
 def test_the_async_twin_fails_the_same_way(origin, scenario, error) -> None:
     async def go() -> None:
         async with AsyncCodecClient(f"{origin}/{scenario}") as client:

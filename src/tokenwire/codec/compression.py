@@ -465,8 +465,12 @@ class ZstdDecompressor(Decompressor):
         super().__init__(max_output=max_output)
         if not isinstance(dictionary, ZstdDict):
             raise RemoteProtocolError("zstd body without a dictionary (codec-spec §2.7)")
-        zdict = zstandard.ZstdCompressionDict(dictionary.raw)
-        dctx = zstandard.ZstdDecompressor(dict_data=zdict, max_window_size=MAX_ZSTD_WINDOW)
+        try:
+            zdict = zstandard.ZstdCompressionDict(dictionary.raw)
+            dctx = zstandard.ZstdDecompressor(dict_data=zdict, max_window_size=MAX_ZSTD_WINDOW)
+        except zstandard.ZstdError as exc:  # e.g. the dictionary magic, then garbage
+            raise DecompressionError(
+                f"zstd dictionary {dictionary.hash} is not usable: {exc}") from exc
         self._z = dctx.decompressobj()
 
     def _decompress(self, data: bytes) -> bytes:
