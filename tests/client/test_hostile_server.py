@@ -3,8 +3,8 @@ at without controlling it. Each must end in a typed error of the client's own hi
 (a :class:`~tokenwire.errors.TokenwireError`), never a ``RecursionError``, a library's own
 exception or gigabytes of memory.
 
-The server is a real loopback one (``_loopback.serve``) whose answers are set per path in
-:data:`ANSWERS`: status, headers and body, exactly as given.
+The server is a real loopback one (``_loopback.serve``) of canned answers
+(``_canned.canned_app``): :data:`ANSWERS` sets each path's status, headers and body.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from starlette.requests import Request
-from starlette.responses import Response
 
+from tests.client._canned import Answer, canned_app
 from tests.client._loopback import serve
 from tokenwire.client.codec_client import AsyncCodecClient, CodecClient
 from tokenwire.client.discovery import resolve_map, resolve_policy
@@ -40,7 +39,6 @@ SPARSE_MAP = json.dumps({"id": "hostile/map", "vocab_size": 2,  # 70 bytes, two 
 # A zstd dictionary's magic, then bytes zstd cannot read: hash-verified, still unusable.
 BAD_DICT = b"\x37\xa4\x30\xec" + b"\xff" * 100
 
-Answer = tuple[int, dict[str, str], bytes]
 ANSWERS: dict[str, Answer] = {
     "/426-deep/v1/completions": (426, {"Content-Type": "application/json"}, DEEP),
     "/500-deep/v1/completions": (500, {"Content-Type": "application/json"}, DEEP),
@@ -60,16 +58,9 @@ ANSWERS: dict[str, Answer] = {
 }
 
 
-async def _app(scope: dict, receive: object, send: object) -> None:
-    request = Request(scope, receive)  # type: ignore[arg-type]
-    await request.body()
-    status, headers, body = ANSWERS.get(request.url.path, (404, {}, b""))
-    await Response(body, status_code=status, headers=headers)(scope, receive, send)
-
-
 @pytest.fixture(scope="module")
 def origin() -> Iterator[str]:
-    with serve(_app) as url:
+    with serve(canned_app(ANSWERS)) as url:
         yield url
 
 

@@ -22,15 +22,15 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-import httpx
 from tqdm import tqdm
 
+from tokenwire.cli.models import fetch_models
 from tokenwire.client._base import PATHS, StreamStats
 from tokenwire.client.codec_client import CodecClient
 from tokenwire.codec import frames_delta, frames_msgpack, frames_protobuf
 from tokenwire.codec.compression import DICT_SIZE, ZSTD_LEVEL, ZstdDict, train_dictionary
 from tokenwire.codec.frames import FrameDecoderBase, StreamFormat
-from tokenwire.errors import RemoteProtocolError
+from tokenwire.errors import RemoteProtocolError, TokenwireError
 
 __all__ = [
     "MIN_TRAIN_SAMPLES",
@@ -147,10 +147,10 @@ def summary_line(stats: StreamStats, json_sse: int) -> str:
 def _served_model(url: str) -> str:
     """The model id ``/v1/models`` lists (its length is in every JSON chunk); best effort."""
     try:
-        data = httpx.get(f"{url.rstrip('/')}/v1/models", timeout=5.0).json()["data"]
-        return str(data[0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        data = fetch_models(url, timeout=5.0)["data"]
+    except TokenwireError:
         return "model"
+    return str(data[0].get("id", "model")) if data else "model"
 
 
 def cmd_complete(args: argparse.Namespace) -> int:

@@ -15,13 +15,24 @@ import sys
 
 import httpx
 
-from tokenwire.errors import CodecHTTPError, CodecTransportError
+from tokenwire import peer_json
+from tokenwire.client._base import MAX_ERROR_BODY
+from tokenwire.client.bounded_read import BodyOverBudget, read_bounded
+from tokenwire.errors import (
+    CodecHTTPError,
+    CodecTransportError,
+    DecompressionError,
+    RemoteProtocolError,
+)
 
-__all__ = ["format_models", "register"]
+__all__ = ["MAX_MODELS_BYTES", "fetch_models", "format_models", "register"]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 #: Seconds to wait for the list (a gateway answers it from memory).
 TIMEOUT_S = 30.0
+#: The largest model list read (decoded). A gateway's is a few KB and a public provider's
+#: hundreds of models ~1 MB; the server controls the length (and can send a gzip bomb).
+MAX_MODELS_BYTES = 8 * 1024 * 1024
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -34,27 +45,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_models)
 
 
-def _fetch(url: str, key: str | None) -> dict:
+def fetch_models(url: str, key: str | None = None, *, timeout: float = TIMEOUT_S) -> dict:
+    """``GET /v1/models``: an object whose ``data`` is a list of objects, read within
+    :data:`MAX_MODELS_BYTES`; anything else is a typed error (the server is not ours)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     target = f"{url.rstrip('/')}/v1/models"
     try:
-        resp = httpx.get(target, headers=headers, timeout=TIMEOUT_S)
+        with httpx.stream("GET", target, headers=headers, timeout=timeout) as resp:
+            ok = resp.status_code == 200
+            try:
+                body = read_bounded(resp, MAX_MODELS_BYTES if ok else MAX_ERROR_BODY)
+            except BodyOverBudget as exc:
+                if ok:
+                    raise RemoteProtocolError(
+                        f"{target}: the model list is over {MAX_MODELS_BYTES:,} bytes") from None
+                body = exc.partial  # an error body only explains the error
     except httpx.HTTPError as exc:
         raise CodecTransportError(f"GET {target} failed: {exc}") from exc
-    if resp.status_code != 200:
-        raise CodecHTTPError(resp.status_code, resp.content, target)
-    return resp.json()
+    except DecompressionError as exc:
+        raise RemoteProtocolError(f"{target}: the body does not decode: {exc}") from None
+    if not ok:
+        raise CodecHTTPError(resp.status_code, body, target)
+    try:
+        doc = peer_json.loads(body)
+    except ValueError as exc:
+        raise RemoteProtocolError(f"{target} is not JSON: {exc}") from None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if not (isinstance(data, list) and all(isinstance(m, dict) for m in data)):
+        raise RemoteProtocolError(f"{target} is not a model list (an object whose `data` "
+                                  f"is a list of objects): {body[:200]!r}")
+    return doc
 
 
 def format_models(doc: dict) -> list[str]:
-    """The human lines for a ``/v1/models`` document."""
+    """The human lines for a ``/v1/models`` document (as :func:`fetch_models` checked it:
+    the fields inside each model are the server's, of any type)."""
     lines = []
     for m in doc.get("data", []):
         parts = [str(m.get("id"))]
-        if m.get("aliases"):
-            parts.append("also: " + ", ".join(m["aliases"]))
+        aliases = m.get("aliases")
+        if isinstance(aliases, list) and aliases:
+            parts.append("also: " + ", ".join(map(str, aliases)))
         tmap = m.get("codec_tokenizer_map")
-        parts.append(f"map {tmap['id']} {tmap['hash']}" if tmap else "no map")
+        parts.append(f"map {tmap.get('id')} {tmap.get('hash')}" if isinstance(tmap, dict)
+                     else "no map")
         if m.get("max_model_len"):
             parts.append(f"context {m['max_model_len']} tokens")
         if m.get("codec_ids_source"):
@@ -71,7 +105,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.api_key_env and not key:
         print(f"tokenwire: error: {args.api_key_env} is not set", file=sys.stderr)
         return 1
-    doc = _fetch(args.url, key)
+    doc = fetch_models(args.url, key)
     if args.json:
         print(json.dumps(doc, indent=2))
         return 0

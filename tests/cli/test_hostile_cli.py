@@ -1,0 +1,76 @@
+"""What a user of ``tokenwire complete`` and ``tokenwire models`` sees when the server is
+hostile: one ``tokenwire: error:`` line and exit status 1, never a traceback, and no body
+read past its limit. The server is a loopback one of canned answers (``_canned``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from tests.client._canned import Answer, canned_app
+from tests.client._loopback import serve
+from tokenwire.cli.main import main
+from tokenwire.cli.models import MAX_MODELS_BYTES
+from tokenwire.codec.frames import Frame
+from tokenwire.codec.frames_msgpack import FrameEncoder
+
+JSON = {"Content-Type": "application/json"}
+DEEP = b"[" * 100_000
+#: A valid model list that decodes to more than the limit from ~10 KB on the wire.
+PADDED = gzip.compress(json.dumps({"data": [], "pad": " " * MAX_MODELS_BYTES}).encode())
+FRAMES = FrameEncoder().encode(Frame(ids=(1,), done=True, finish_reason="stop"))
+STREAM = (200, {"Content-Type": "application/x-msgpack"}, FRAMES)
+
+ANSWERS: dict[str, Answer] = {
+    "/deep-models/v1/models": (200, JSON, DEEP),
+    "/deep-models/v1/completions": STREAM,
+    "/padded-models/v1/models": (200, {**JSON, "Content-Encoding": "gzip"}, PADDED),
+    "/not-a-list/v1/models": (200, JSON, b'{"data": "smol"}'),
+    "/odd-fields/v1/models": (200, JSON, json.dumps({"data": [
+        {"id": "smol", "aliases": 5, "codec_tokenizer_map": "a string"}]}).encode()),
+    "/426-deep/v1/completions": (426, JSON, DEEP),
+}
+
+
+@pytest.fixture(scope="module")
+def origin() -> Iterator[str]:
+    with serve(canned_app(ANSWERS)) as url:
+        yield url
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("tokenwire: error:")]
+    return line
+
+
+@pytest.mark.parametrize(("scenario", "says"), [
+    ("deep-models", "is not JSON: the JSON nests deeper"),
+    ("padded-models", f"the model list is over {MAX_MODELS_BYTES:,} bytes"),
+    ("not-a-list", "is not a model list"),
+])
+def test_models_refuses_a_list_it_cannot_read_in_one_line(origin, capsys, scenario,
+                                                          says) -> None:
+    assert main(["models", "--url", f"{origin}/{scenario}"]) == 1
+    assert says in _one_error_line(capsys)
+
+
+def test_models_shows_fields_of_the_wrong_type_as_absent(origin, capsys) -> None:
+    assert main(["models", "--url", f"{origin}/odd-fields"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["smol  (no map)"]
+
+
+def test_complete_survives_a_model_list_it_cannot_read(origin, capsys) -> None:
+    # The stream is fine: the summary names a stand-in model instead of a RecursionError.
+    assert main(["complete", "--url", f"{origin}/deep-models", "Hi"]) == 1  # ids, no map
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "-- 1 tokens" in err
+
+
+def test_complete_reports_a_426_nested_too_deep_in_one_line(origin, capsys) -> None:
+    assert main(["complete", "--url", f"{origin}/426-deep", "Hi"]) == 1
+    assert "426 with a body that is not JSON" in _one_error_line(capsys)
