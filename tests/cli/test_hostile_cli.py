@@ -1,4 +1,4 @@
-"""What a user of ``tokenwire complete`` and ``tokenwire models`` sees when the server is
+"""What a user of ``tokenwire complete``, ``models`` and ``chat`` sees when the server is
 hostile: one ``tokenwire: error:`` line and exit status 1, never a traceback, and no body
 read past its limit. The server is a loopback one of canned answers (``_canned``)."""
 
@@ -8,14 +8,18 @@ import gzip
 import json
 from collections.abc import Iterator
 
+import httpx
 import pytest
 
 from tests.client._canned import Answer, canned_app
 from tests.client._loopback import serve
+from tokenwire.cli.chat import MAX_ANSWER_BYTES, stream_reply
 from tokenwire.cli.main import main
 from tokenwire.cli.models import MAX_MODELS_BYTES
+from tokenwire.client._base import MAX_ERROR_BODY
 from tokenwire.codec.frames import Frame
 from tokenwire.codec.frames_msgpack import FrameEncoder
+from tokenwire.errors import CodecHTTPError
 
 JSON = {"Content-Type": "application/json"}
 DEEP = b"[" * 100_000
@@ -74,3 +78,67 @@ def test_complete_survives_a_model_list_it_cannot_read(origin, capsys) -> None:
 def test_complete_reports_a_426_nested_too_deep_in_one_line(origin, capsys) -> None:
     assert main(["complete", "--url", f"{origin}/426-deep", "Hi"]) == 1
     assert "426 with a body that is not JSON" in _one_error_line(capsys)
+
+
+# -- tokenwire chat ------------------------------------------------------------------------
+
+SSE = {"Content-Type": "text/event-stream"}
+CHAT_ANSWERS: dict[str, bytes] = {
+    "not-json": b"data: {oops\n\n",
+    "deep": b"data: " + DEEP + b"\n\n",
+    "not-an-object": b"data: [1]\n\n",
+    "choices-not-a-list": b'data: {"choices": "x"}\n\n',
+    "delta-not-an-object": b'data: {"choices": [{"delta": "x"}]}\n\n',
+}
+ANSWERS.update({f"/chat-{name}/v1/chat/completions": (200, SSE, body)
+                for name, body in CHAT_ANSWERS.items()})
+ANSWERS["/chat-ok/v1/chat/completions"] = (200, SSE, b'data: {"choices": [{"delta": '
+                                           b'{"content": "fine"}}]}\n\ndata: [DONE]\n\n')
+#: One line of 64 MiB + 1 of spaces, 700 bytes of gzip: past the answer's budget.
+ANSWERS["/chat-bomb/v1/chat/completions"] = (
+    200, {**SSE, "Content-Encoding": "gzip"},
+    gzip.compress(b"data: " + b" " * MAX_ANSWER_BYTES + b"\n\n"))
+ANSWERS["/chat-error-bomb/v1/chat/completions"] = (
+    500, {**JSON, "Content-Encoding": "gzip"}, gzip.compress(b"x" * MAX_ANSWER_BYTES))
+
+
+def _chat(origin: str, scenario: str, monkeypatch, lines: list[str]) -> int:
+    said = iter(lines)
+
+    def user(prompt: str = "") -> str:
+        try:
+            return next(said)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", user)
+    return main(["chat", "--url", f"{origin}/chat-{scenario}"])
+
+
+@pytest.mark.parametrize(("scenario", "says"), [
+    ("not-json", "sent a chunk that is not JSON"),
+    ("deep", "the JSON nests deeper"),
+    ("not-an-object", "is not a chat completion chunk"),
+    ("choices-not-a-list", "is not a chat completion chunk"),
+    ("delta-not-an-object", "sent a choice without a text delta"),
+    ("bomb", f"past the {MAX_ANSWER_BYTES}-byte budget"),
+])
+def test_chat_reports_an_answer_it_cannot_read_and_carries_on(origin, capsys, monkeypatch,
+                                                              scenario, says) -> None:
+    assert _chat(origin, scenario, monkeypatch, ["hello", "again"]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("tokenwire: error:")]
+    assert len(lines) == 2 and says in lines[0]  # one per question: the session went on
+
+
+def test_chat_reads_an_error_body_only_as_far_as_it_explains_the_error(origin) -> None:
+    with httpx.Client() as http, pytest.raises(CodecHTTPError) as info:
+        list(stream_reply(http, f"{origin}/chat-error-bomb", {"messages": []}))
+    assert info.value.status == 500 and len(info.value.body) <= MAX_ERROR_BODY
+
+
+def test_chat_still_shows_a_well_formed_answer(origin, capsys, monkeypatch) -> None:
+    assert _chat(origin, "ok", monkeypatch, ["hello"]) == 0
+    out, err = capsys.readouterr()
+    assert "fine" in out and "error" not in err
