@@ -64,6 +64,8 @@ else escaping a decoder is a bug.
 
 from __future__ import annotations
 
+import re
+
 
 class TokenwireError(Exception):
     """Root of every error tokenwire raises deliberately."""
@@ -245,11 +247,11 @@ class CodecVersionRequired(TokenwireError):
         error: str = "codec_version_required",
     ) -> None:
         feats = ", ".join(required_features) or "none listed"
-        super().__init__(
+        super().__init__(_escaped(  # the server's words (§5.4 body)
             f"server requires Codec >= {minimum_version} (features: {feats}); "
             f"client declared {client_version}"
             + (f"; see {docs_url}" if docs_url else "")
-        )
+        ))
         self.minimum_version = minimum_version
         self.required_features = required_features
         self.client_version = client_version
@@ -321,11 +323,22 @@ def _error_message(body: bytes) -> tuple[str, str | None]:
     if isinstance(err, dict) and isinstance(err.get("message"), str):
         code = err.get("code") or err.get("type")
         label = f" ({code})" if isinstance(code, str) and code else ""
-        return err["message"] + label, code if isinstance(code, str) else None
+        return _escaped(err["message"] + label), code if isinstance(code, str) else None
     text = body.decode("utf-8", "replace").strip()
     if len(text) > ERROR_TEXT_PREVIEW:
         text = text[:ERROR_TEXT_PREVIEW] + f"... ({len(body):,} B in all)"
-    return text or "(empty body)", None
+    return _escaped(text) or "(empty body)", None
+
+
+#: C0 and C1 control characters and DEL. A server's words end up on a user's terminal (the
+#: CLI's one error line): ESC sequences there set the window title or erase the line and
+#: write another, and a newline starts a line that looks like ours.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(text: str) -> str:
+    """``text`` with each control character written as its Python escape (``\\x1b``)."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class CodecTransportError(TokenwireError):

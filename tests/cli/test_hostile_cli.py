@@ -26,6 +26,8 @@ DEEP = b"[" * 100_000
 #: A valid model list that decodes to more than the limit from ~10 KB on the wire.
 PADDED = gzip.compress(json.dumps({"data": [], "pad": " " * MAX_MODELS_BYTES}).encode())
 FRAMES = FrameEncoder().encode(Frame(ids=(1,), done=True, finish_reason="stop"))
+#: Sets the terminal's title, erases the line and writes one of its own, then another.
+FORGED = "bad\x1b]0;pwned\x07\x1b[2K\rtokenwire: the answer was fine\nsecond line"
 STREAM = (200, {"Content-Type": "application/x-msgpack"}, FRAMES)
 
 ANSWERS: dict[str, Answer] = {
@@ -36,6 +38,11 @@ ANSWERS: dict[str, Answer] = {
     "/odd-fields/v1/models": (200, JSON, json.dumps({"data": [
         {"id": "smol", "aliases": 5, "codec_tokenizer_map": "a string"}]}).encode()),
     "/426-deep/v1/completions": (426, JSON, DEEP),
+    "/escapes/v1/completions": (400, JSON, json.dumps({"error": {"message": FORGED}}).encode()),
+    "/426-escapes/v1/completions": (426, JSON, json.dumps({
+        "error": "codec_version_required", "minimum_version": "9.9\x1b[31m",
+        "client_version": "0.6", "required_features": ["a\nb"],
+        "docs_url": "https://x/\x1b[2J"}).encode()),
 }
 
 
@@ -78,6 +85,15 @@ def test_complete_survives_a_model_list_it_cannot_read(origin, capsys) -> None:
 def test_complete_reports_a_426_nested_too_deep_in_one_line(origin, capsys) -> None:
     assert main(["complete", "--url", f"{origin}/426-deep", "Hi"]) == 1
     assert "426 with a body that is not JSON" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("scenario", ["escapes", "426-escapes"])
+def test_complete_shows_the_servers_control_characters_escaped_in_one_line(
+        origin, capsys, scenario) -> None:
+    assert main(["complete", "--url", f"{origin}/{scenario}", "Hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\r" not in err
+    assert "\\x1b" in err and "\\n" in err
 
 
 # -- tokenwire chat ------------------------------------------------------------------------
