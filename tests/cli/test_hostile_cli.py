@@ -38,6 +38,7 @@ ANSWERS: dict[str, Answer] = {
     "/odd-fields/v1/models": (200, JSON, json.dumps({"data": [
         {"id": "smol", "aliases": 5, "codec_tokenizer_map": "a string"}]}).encode()),
     "/426-deep/v1/completions": (426, JSON, DEEP),
+    "/silent/v1/completions": (200, {"Content-Type": "application/x-msgpack"}, None),
     "/escapes/v1/completions": (400, JSON, json.dumps({"error": {"message": FORGED}}).encode()),
     "/426-escapes/v1/completions": (426, JSON, json.dumps({
         "error": "codec_version_required", "minimum_version": "9.9\x1b[31m",
@@ -85,6 +86,12 @@ def test_complete_survives_a_model_list_it_cannot_read(origin, capsys) -> None:
 def test_complete_reports_a_426_nested_too_deep_in_one_line(origin, capsys) -> None:
     assert main(["complete", "--url", f"{origin}/426-deep", "Hi"]) == 1
     assert "426 with a body that is not JSON" in _one_error_line(capsys)
+
+
+def test_complete_gives_up_on_a_silent_stream_after_its_timeout(origin, capsys) -> None:
+    # The server sends the head, then nothing, and keeps the connection open.
+    assert main(["complete", "--url", f"{origin}/silent", "--timeout", "0.5", "Hi"]) == 1
+    assert "the server sent nothing for 0.5 s" in _one_error_line(capsys)
 
 
 @pytest.mark.parametrize("scenario", ["escapes", "426-escapes"])

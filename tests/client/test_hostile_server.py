@@ -24,6 +24,7 @@ from tokenwire.codec.frames_msgpack import FrameEncoder
 from tokenwire.codec.maps import MAX_TOKEN_ID, sha256_hash
 from tokenwire.errors import (
     CodecHTTPError,
+    CodecTransportError,
     DecompressionError,
     DiscoveryDocumentInvalid,
     RemoteProtocolError,
@@ -55,6 +56,7 @@ ANSWERS: dict[str, Answer] = {
     "/names-bad-dict/v1/completions": (
         200, {"Content-Type": MSGPACK, "Content-Encoding": "zstd",
               "Codec-Zstd-Dict": sha256_hash(BAD_DICT)}, b"\x28\xb5\x2f\xfd" + bytes(20)),
+    "/silent/v1/completions": (200, {"Content-Type": MSGPACK}, None),  # the head, then nothing
 }
 
 
@@ -108,6 +110,15 @@ def test_a_map_with_an_id_past_the_limit_is_refused_before_its_tables_are_built(
 def test_a_dictionary_zstd_cannot_load_is_a_decompression_error(origin) -> None:
     with pytest.raises(DecompressionError, match=r"zstd dictionary .* is not usable"):
         _complete(origin, "names-bad-dict")
+
+
+# -- a stream that never ends -------------------------------------------------------------
+
+
+def test_a_stream_that_goes_silent_fails_after_the_read_timeout(origin) -> None:
+    with CodecClient(f"{origin}/silent", timeout=0.5) as client, \
+            pytest.raises(CodecTransportError, match=r"the server sent nothing for 0\.5 s"):
+        client.complete("Hi")
 
 
 @pytest.mark.parametrize(("scenario", "error"), [

@@ -22,11 +22,12 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import httpx
 from tqdm import tqdm
 
 from tokenwire.cli.models import fetch_models
 from tokenwire.client._base import PATHS, StreamStats
-from tokenwire.client.codec_client import CodecClient
+from tokenwire.client.codec_client import DEFAULT_TIMEOUT, CodecClient
 from tokenwire.codec import frames_delta, frames_msgpack, frames_protobuf
 from tokenwire.codec.compression import DICT_SIZE, ZSTD_LEVEL, ZstdDict, train_dictionary
 from tokenwire.codec.frames import FrameDecoderBase, StreamFormat
@@ -109,12 +110,16 @@ def _client_args(p: argparse.ArgumentParser) -> None:
                    help="model name to ask for (default: the server's default model)")
     p.add_argument("--allow-http", action="store_true",
                    help="allow http discovery on a non-loopback origin")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT.read, metavar="SECONDS",
+                   help="longest wait for the server to connect or send the next bytes "
+                        f"(default {DEFAULT_TIMEOUT.read:g})")
 
 
 def _client(args: argparse.Namespace) -> CodecClient:
     return CodecClient(args.url, stream_format=args.format, accept_encoding=args.encoding,
                        zstd=args.zstd, model=args.model,
-                       allow_http=True if args.allow_http else None)
+                       allow_http=True if args.allow_http else None,
+                       timeout=httpx.Timeout(args.timeout))
 
 
 # -- complete -------------------------------------------------------------------------------

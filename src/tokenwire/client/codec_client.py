@@ -85,6 +85,14 @@ class _StreamBase:
                           self.raw_finish_reason, self.stats)
 
 
+def _broke(exc: httpx.HTTPError) -> CodecTransportError:
+    if isinstance(exc, httpx.ReadTimeout):  # httpx says only "timed out"
+        waited = exc.request.extensions.get("timeout", {}).get("read")
+        return CodecTransportError(f"stream broke: the server sent nothing for {waited:g} s "
+                                   "(the client's read timeout)")
+    return CodecTransportError(f"stream broke: {exc}")
+
+
 class CodecStream(_StreamBase):
     """An open response; iterating yields :class:`TokenChunk` values as frames arrive."""
 
@@ -98,7 +106,7 @@ class CodecStream(_StreamBase):
                 for chunk in self._decoder.feed(raw):
                     yield self._keep(chunk)
         except httpx.HTTPError as exc:
-            raise CodecTransportError(f"stream broke: {exc}") from exc
+            raise _broke(exc) from exc
         for chunk in self._decoder.feed_eof():
             yield self._keep(chunk)
 
@@ -116,7 +124,7 @@ class AsyncCodecStream(_StreamBase):
                 for chunk in self._decoder.feed(raw):
                     yield self._keep(chunk)
         except httpx.HTTPError as exc:
-            raise CodecTransportError(f"stream broke: {exc}") from exc
+            raise _broke(exc) from exc
         for chunk in self._decoder.feed_eof():
             yield self._keep(chunk)
 
