@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.gateway.ir import GenerationRequest, TokenDelta, ToolCallDelta, ToolSpec
+from tokenwire.gateway.upstreams.escaped_gbnf import check_format
+from tokenwire.gateway.upstreams.grammar_ir import UnsupportedGrammar
 from tokenwire.gateway.upstreams.json_schema_grammar import (
     CALL_OPEN,
     UnsupportedSchema,
@@ -114,7 +116,8 @@ def plan_tools(request: GenerationRequest, cache: GrammarCache) -> ToolPlan:
         return ToolPlan(grammar=_cached(cache, "format", schema, lambda: response_grammar(
             schema), fmt.param or "response_format"))
     enforced = _normalised_tools(request.tools)  # what the grammar enforces
-    _check_repeats([schema, *(t.parameters for t in enforced)], "tools")
+    _check_repeats([schema, *(t.parameters for t in enforced)], "tools",
+                   _grammar_copies(request.tools))
     parallel = request.parallel_tool_calls is not False
     called, grammar_tools = request.tools, enforced
     if isinstance(choice, dict):
@@ -123,7 +126,7 @@ def plan_tools(request: GenerationRequest, cache: GrammarCache) -> ToolPlan:
             raise ToolRequestError(f"tool_choice names {choice.get('name')!r}, which is not "
                                    "among the declared tools", "tool_choice")
         called, grammar_tools = (request.tools[picked[0]],), (enforced[picked[0]],)
-    key = [[[t.name, t.kind, t.parameters] for t in grammar_tools], parallel]
+    key = [[[t.name, t.kind, t.parameters, t.format] for t in grammar_tools], parallel]
     plan = functools.partial(ToolPlan, prompt_tools=request.tools, callable_tools=called)
     if choice in (None, "auto") and fmt is None:
         return plan(tail_grammar=_cached(cache, "tail", key, lambda: call_grammar(
@@ -146,11 +149,28 @@ def _format_schema(request: GenerationRequest) -> dict[str, Any] | None:
         raise ToolRequestError(str(exc), fmt.param or "response_format") from None
 
 
-def _check_repeats(schemas: list[dict[str, Any] | None], param: str) -> None:
+def _check_repeats(schemas: list[dict[str, Any] | None], param: str, grammars: int = 0
+                   ) -> None:
     try:
-        check_repeats(schemas)
+        check_repeats(schemas, grammars)
     except UnsupportedSchema as exc:
         raise ToolRequestError(str(exc), param) from None
+
+
+def _grammar_copies(tools: tuple[ToolSpec, ...]) -> int:
+    """What the custom tools' grammar formats write out; a format this engine cannot
+    enforce is a 400 naming it (``tools[i].format``), like a schema's keyword."""
+    total = 0
+    for i, tool in enumerate(tools):
+        if tool.kind != "custom":
+            continue
+        try:
+            checked = check_format(tool.format)
+        except UnsupportedGrammar as exc:
+            raise ToolRequestError(f"tool {tool.name!r}: {exc}", f"tools[{i}].format"
+                                   ) from None
+        total += checked.copies if checked is not None else 0
+    return total
 
 
 def _normalised_tools(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
@@ -171,7 +191,7 @@ def _cached(cache: GrammarCache, kind: str, key: Any, build: Callable[[], str],
             param: str) -> str:
     try:
         return cache.get(json.dumps([kind, key], sort_keys=True), build)
-    except UnsupportedSchema as exc:
+    except (UnsupportedSchema, UnsupportedGrammar) as exc:
         raise ToolRequestError(str(exc), param) from None
     except (ValueError, AssertionError, KeyError, TypeError) as exc:
         # The port asserts on what it cannot convert; llama.cpp refuses what it cannot parse

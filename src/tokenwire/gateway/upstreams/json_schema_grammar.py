@@ -30,9 +30,11 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from llama_cpp.llama_grammar import PRIMITIVE_RULES, BuiltinRule, SchemaConverter
+from llama_cpp.llama_grammar import PRIMITIVE_RULES, SPACE_RULE, BuiltinRule, SchemaConverter
 
 from tokenwire.gateway.ir import ToolSpec
+from tokenwire.gateway.upstreams.escaped_gbnf import check_format, format_rules
+from tokenwire.gateway.upstreams.grammar_ir import MAX_OPEN_REPEATS, MAX_REPEATS
 
 __all__ = [
     "ANNOTATIONS",
@@ -77,15 +79,6 @@ MAX_UNBOUNDED_ITEMS = 16
 #: Characters of a string whose schema sets no ``maxLength`` (the same reason: SmolLM2 can
 #: write one string forever). A custom tool's freeform input (a patch) is not bounded.
 MAX_UNBOUNDED_STRING = 128
-#: Copies of a rule that one request's schemas may have the grammar write out in all: each
-#: unit of ``minLength`` / ``maxLength`` / ``minItems`` / ``maxItems`` and of a pattern's
-#: ``{m,n}`` is one copy in the grammar's text (and in llama.cpp's parse of it), so a
-#: 200-byte schema asking for 10**9 grew the server past 24 GB. 100,000 is ~1 MB of grammar.
-MAX_REPEATS = 100_000
-#: Optional repetitions one count may leave open (``maxLength`` - ``minLength``; a pattern's
-#: ``{m,n}``): each is one more level of nesting, and llama.cpp's grammar parser refuses
-#: the grammar past about a thousand (measured: 1,000 parses, 1,020 does not).
-MAX_OPEN_REPEATS = 1_000
 _TYPES = frozenset({"object", "array", "string", "number", "integer", "boolean", "null"})
 _DEFS = ("$defs", "definitions")
 
@@ -249,11 +242,12 @@ def _check_open(node: dict[str, Any], low: str, high: str, path: str) -> None:
                                 "optional repetition nests once more in the grammar)")
 
 
-def check_repeats(schemas: Sequence[dict[str, Any] | None]) -> None:
+def check_repeats(schemas: Sequence[dict[str, Any] | None], grammars: int = 0) -> None:
     """Raise :class:`UnsupportedSchema` when ``schemas`` (one request's, :func:`normalise`-d)
     ask the grammar for more than :data:`MAX_REPEATS` copies in all (a ``$defs`` entry counts
-    once: the converter writes one rule per definition)."""
-    total = sum(_copies(schema) for schema in schemas if schema is not None)
+    once: the converter writes one rule per definition), with ``grammars`` copies that the
+    request's custom tool grammars write (:class:`.CheckedGrammar`)."""
+    total = grammars + sum(_copies(schema) for schema in schemas if schema is not None)
     if total > MAX_REPEATS:
         raise SchemaTooLarge(total)
 
@@ -404,6 +398,20 @@ def response_grammar(schema: dict[str, Any] | None) -> str:
     return conv.text()
 
 
+def _custom_input(conv: _Converter, tool: ToolSpec, i: int) -> str:
+    """The rule of a custom tool's input: any JSON string, or one whose text is a sentence
+    of the tool's grammar ``format`` (:mod:`.escaped_gbnf`)."""
+    checked = check_format(tool.format)
+    if checked is None:
+        conv.add_schema({"type": "string"}, f"tool{i}-args")  # defines char
+        return conv.rule("freeform-string", _FREEFORM_STRING)
+    root, rules = format_rules(checked, f"tool{i}-input")
+    for name, body in rules:
+        conv.rule(name, body)  # (names are unique to this tool: none is renamed)
+    conv.rule("space", SPACE_RULE)
+    return conv.rule(f"tool{i}-args", f'"\\"" {root} "\\"" space')
+
+
 def call_grammar(tools: Sequence[ToolSpec], *, parallel: bool = True, after_open: bool = False,
                  or_schema: dict[str, Any] | None = None, or_object: bool = False) -> str:
     """The grammar of an answer made of tool calls (one of ``tools`` each).
@@ -414,9 +422,8 @@ def call_grammar(tools: Sequence[ToolSpec], *, parallel: bool = True, after_open
     conv = _Converter()
     names = []
     for i, tool in enumerate(tools):
-        if tool.kind == "custom":  # freeform input travels as one JSON string
-            conv.add_schema({"type": "string"}, f"tool{i}-args")  # defines char
-            args = conv.rule("freeform-string", _FREEFORM_STRING)
+        if tool.kind == "custom":  # its input travels as one JSON string
+            args = _custom_input(conv, tool, i)
         else:
             args = conv.add_schema(tool.parameters or {"type": "object"}, f"tool{i}-args")
         names.append(conv.rule(f"tool{i}", (

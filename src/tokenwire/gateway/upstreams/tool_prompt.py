@@ -53,11 +53,20 @@ def function_json(tool: ToolSpec) -> dict[str, Any]:
     params = tool.parameters if tool.parameters is not None else {
         "type": "object", "properties": {}}
     if tool.kind == "custom":
-        params = {"type": "string", "description": "the tool's freeform input"}
+        params = {"type": "string", "description": _input_description(tool.format)}
     fn: dict[str, Any] = {"name": tool.name, "parameters": params}
     if tool.description:
         fn["description"] = tool.description
     return {"type": "function", "function": fn}
+
+
+def _input_description(fmt: dict | None) -> str:
+    """A custom tool's input, as the model is told it: the grammar decoding enforces
+    (``upstreams/escaped_gbnf.py``) is shown, so that the model writes toward it."""
+    if not fmt or fmt.get("type") != "grammar" or not isinstance(fmt.get("definition"), str):
+        return "the tool's freeform input"
+    return (f"the tool's input: text in this {fmt.get('syntax')} grammar (not JSON):\n"
+            + fmt["definition"])
 
 
 def _call_text(call: MessageToolCall) -> str:
