@@ -30,7 +30,15 @@ class GbnfOracle:
             llama_cpp.llama_sampler_free(sampler)
         return bool(sampler)
 
+    def representable(self, text: str) -> bool:
+        """The vocabulary spells ``text`` (SmolLM2's lacks a few bytes: 0xF1 0x80 0x80 0x80,
+        U+40000, tokenizes to three copies of one stand-in token)."""
+        ids = self.llm.tokenize(text.encode(), add_bos=False, special=False)
+        return self.llm.detokenize(ids) == text.encode()
+
     def accepts(self, grammar: str, text: str) -> bool:
+        """Whether ``text`` is a sentence of ``grammar`` (``text`` :meth:`representable`)."""
+        assert self.representable(text), text
         sampler = llama_cpp.llama_sampler_init_grammar(self.vocab, grammar.encode(), b"root")
         assert sampler, "llama.cpp could not parse the grammar"
         try:

@@ -168,18 +168,19 @@ def complement(chars: Chars) -> Chars:
 
 @functools.cache
 def _cased() -> tuple[list[int], list[tuple[int, ...]]]:
-    """Every code point with another case, and its simple case variants (as ``re.I``
-    matches them: one-character lower, upper and their lower/upper)."""
-    points, variants = [], []
+    """Every code point with another case, and the others of its case class: the closure of
+    one-character ``lower()``, ``upper()`` and ``casefold()``, both ways (``re.I`` matches
+    the KELVIN SIGN with ``k`` though neither maps to the other's upper case)."""
+    classes: dict[int, set[int]] = {}
     for cp in range(_CASED_BELOW):
         char = chr(cp)
-        same = {c for c in (char.lower(), char.upper(), char.casefold()) if len(c) == 1}
-        same |= {c for s in list(same) for c in (s.lower(), s.upper()) if len(c) == 1}
-        same.discard(char)
-        if same:
-            points.append(cp)
-            variants.append(tuple(sorted(ord(c) for c in same)))
-    return points, variants
+        for other in (char.lower(), char.upper(), char.casefold()):
+            if len(other) == 1 and other != char:
+                merged = classes.get(cp, {cp}) | classes.get(ord(other), {ord(other)})
+                for member in merged:
+                    classes[member] = merged
+    points = sorted(classes)
+    return points, [tuple(sorted(classes[p] - {p})) for p in points]
 
 
 def fold_case(chars: Chars, budget: list[int]) -> Chars:
