@@ -115,10 +115,11 @@ def test_what_the_grammar_would_not_enforce_is_refused_by_name(schema, keyword) 
     assert info.value.keyword == keyword
 
 
-def test_a_pattern_llama_cpp_cannot_parse_is_a_400_naming_pattern(parses) -> None:
+@pytest.mark.parametrize("pattern", [r"^\bx$", r"^(a)\1$", "^(a*)*$"])
+def test_a_pattern_that_cannot_be_enforced_is_a_400_naming_pattern(parses, pattern) -> None:
     cache = GrammarCache(parses)
     fmt = ResponseFormat(type="json_schema", param="response_format.json_schema.schema",
-                         schema={"type": "string", "pattern": r"^\d+$"})
+                         schema={"type": "string", "pattern": pattern})
     with pytest.raises(ToolRequestError) as info:
         plan_tools(GenerationRequest(prompt=PromptText(text="x"), response_format=fmt), cache)
     assert "'pattern'" in str(info.value)
@@ -224,3 +225,22 @@ def test_unbounded_arrays_and_strings_get_bounds_inside_the_schema(parses) -> No
     assert normalise({"type": "array", "items": {}, "maxItems": 100})["maxItems"] == 100
     custom = call_grammar([ToolSpec(name="patch", kind="custom")])
     assert 'freeform-string ::= "\\"" char* "\\"" space' in custom and parses(custom)
+
+
+def test_a_pattern_string_is_json_whatever_the_pattern_allows() -> None:
+    """The port wrote a pattern's characters raw: ``^a.*$`` let the answer be ``"a"x"``,
+    ``"a\\"`` or hold a raw control character (not JSON). Now each character is the one
+    JSON spelling of it, and ``\\d`` is read as ``re`` reads it."""
+    from .gbnf_oracle import GbnfOracle
+
+    oracle = GbnfOracle()
+    grammar = response_grammar(normalise({"type": "string", "pattern": '^a.*"[^x]\\d$'}))
+    for text in ('"a"x"', '"a\\"', '"a\x01"', '"a\\u00"', '"a\\n\\"y1"'):
+        assert not oracle.accepts(grammar, text), text  # (. is not a newline)
+    for value in ('a\\"\t"y1', 'ab\x01"\u00e9\u0663'):  # \u0663: an Arabic-Indic 3
+        assert oracle.accepts(grammar, json.dumps(value, ensure_ascii=False)), value
+    # Two patterns, and a property whose rule name is what a set would be called.
+    schema = normalise({"type": "object", "properties": {
+        "p": {"type": "string", "pattern": "^.$"}, "p-set0": {"type": "integer"},
+        "q": {"type": "string", "pattern": "^[^a]$"}}, "required": ["p", "p-set0", "q"]})
+    assert oracle.accepts(response_grammar(schema), '{"p": "\\"", "p-set0": 1, "q": "b"}')

@@ -195,11 +195,11 @@ def _cached(cache: GrammarCache, kind: str, key: Any, build: Callable[[], str],
         raise ToolRequestError(str(exc), param) from None
     except (ValueError, AssertionError, KeyError, TypeError) as exc:
         # The port asserts on what it cannot convert; llama.cpp refuses what it cannot parse
-        # (in practice a `pattern` using regex syntax GBNF lacks, such as \\d).
+        # (in practice a `pattern` repeating what can be empty, ^(a*)*$, which would loop).
         raise ToolRequestError(f"this schema cannot be enforced by constrained decoding "
                                f"({type(exc).__name__}: {exc}); a 'pattern' may use only "
-                               "literals, classes [...], groups, | and quantifiers", param
-                               ) from None
+                               "the regular part of Python's re, and repeat with * or + "
+                               "only what cannot be empty", param) from None
 
 
 # -- one generation ------------------------------------------------------------------------

@@ -65,6 +65,7 @@ __all__ = [
     "check_format",
     "format_rules",
     "json_escape",
+    "node_rules",
 ]
 
 #: Characters of a grammar's ``definition``: Codex's apply_patch grammar is 700; OpenAI's
@@ -368,6 +369,13 @@ def format_rules(checked: CheckedGrammar, prefix: str) -> tuple[str, list[tuple[
         raise GrammarTooLarge(f"its GBNF would be {writer.size} characters (at most "
                               f"{MAX_GBNF_CHARS})")
     return writer.name("start"), out
+
+
+def node_rules(node: Node, prefix: str) -> tuple[str, list[tuple[str, str]]]:
+    """``(body, [(name, body), ...])``: one expression (a schema's ``pattern``) as GBNF of
+    its JSON-escaped text, the character sets it needs named ``prefix-set<n>``."""
+    writer = _Writer(prefix)
+    return writer.node(node), writer.sets
 
 
 class _Writer:

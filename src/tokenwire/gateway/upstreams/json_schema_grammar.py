@@ -33,8 +33,9 @@ from typing import Any
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, SPACE_RULE, BuiltinRule, SchemaConverter
 
 from tokenwire.gateway.ir import ToolSpec
-from tokenwire.gateway.upstreams.escaped_gbnf import check_format, format_rules
+from tokenwire.gateway.upstreams.escaped_gbnf import check_format, format_rules, node_rules
 from tokenwire.gateway.upstreams.grammar_ir import MAX_OPEN_REPEATS, MAX_REPEATS
+from tokenwire.gateway.upstreams.regex_syntax import parse_regex
 
 __all__ = [
     "ANNOTATIONS",
@@ -361,6 +362,19 @@ class _Converter(SchemaConverter):
             return self._add_rule(name or "root", self._add_primitive(
                 "value", PRIMITIVE_RULES["value"]))
         return str(super().visit(schema, name))
+
+    def _visit_pattern(self, pattern: str, name: str) -> str:
+        """A string matching ``pattern`` (anchored: :func:`normalise` checked), its text
+        JSON-escaped (:mod:`.escaped_gbnf`): the port copies the pattern's characters raw,
+        so ``.``, ``[^x]`` or a ``"`` in it let the answer hold a raw quote, backslash or
+        control character, and so not be JSON."""
+        node = parse_regex(pattern[1:-1], where="the 'pattern' after its '^'")
+        body, sets = node_rules(node, name)
+        for set_name, set_body in sets:
+            added = self._add_rule(set_name, set_body)
+            if added != set_name:  # the name was taken (a property called "set0"): renamed
+                body = re.sub(rf"(?<![\w-]){re.escape(set_name)}(?![\w-])", added, body)
+        return str(self._add_rule(name, f'"\\"" {body} "\\"" space'))
 
     def _resolve_ref(self, ref: str) -> str:
         rule = self._ref_prefix + ref.split("/")[-1]
