@@ -370,6 +370,35 @@ def test_startup_probe_failures_are_config_errors(case, up, message) -> None:
     assert all(a.closed for a in FakeAdapter.built)  # nothing left open after a failed start
 
 
+def test_an_upstream_that_accepts_and_never_answers_fails_start_up_at_the_probe_deadline(
+        monkeypatch) -> None:
+    """The real adapter's probe against a socket that accepts and says nothing waited for
+    its read timeout (120 s; per read, so for ever from one that drips): start-up now gives
+    up at the probe's deadline (10 s; shortened here) with the unreachable error."""
+    import socket
+    import threading
+
+    from tokenwire.gateway import server
+
+    monkeypatch.setattr(server, "PROBE_TIMEOUT_S", 0.3)
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+    try:
+        cfg = parse_config({"upstreams": [{"name": "u", "kind": "openai", "base_url": url}]},
+                           source="t.toml", env={})
+        with pytest.raises(ConfigError) as info:
+            asyncio.run(build_gateway(cfg, ServerSettings()))
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+    assert str(info.value) == (
+        f"upstream 'u' (openai at {url}) is unreachable: no answer to its probe within 0.3 s; "
+        "start it first, or set probe = false (--no-probe) if it starts later")
+
+
 def test_probe_false_skips_the_check_for_an_upstream_started_later() -> None:
     gw = _build({"upstreams": [_up(probe=False, options={"state": "down"},
                                    models=[{"name": "m"}])]})

@@ -40,7 +40,11 @@ from tokenwire.gateway.http.ws_session import BACKSTOP_SLACK_BYTES
 from tokenwire.gateway.ir import IdsSource
 from tokenwire.gateway.routing.breaker import Breaker
 from tokenwire.gateway.routing.config import pool_settings
-from tokenwire.gateway.routing.health import DEFAULT_HEALTH_INTERVAL_S, HealthMonitor
+from tokenwire.gateway.routing.health import (
+    DEFAULT_HEALTH_INTERVAL_S,
+    PROBE_TIMEOUT_S,
+    HealthMonitor,
+)
 from tokenwire.gateway.routing.pool import Replica, ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings, build_policy
@@ -307,6 +311,18 @@ class _Built:
     maps: dict[str, TokenizerMap]
 
 
+async def _probe_at_start(adapter: Any, up: UpstreamConfig) -> UpstreamHealth:
+    """``adapter.probe()``, DOWN past ``PROBE_TIMEOUT_S``: an upstream that accepts and never
+    answers held start-up for its read timeout (120 s by default, and per read: for ever
+    from one that drips its answer), as it held the probe loop (``routing/health.py``)."""
+    try:
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            return await adapter.probe()
+    except TimeoutError:
+        return UpstreamHealth(name=up.name, kind=up.kind, state=UpstreamState.DOWN,
+                              detail=f"no answer to its probe within {PROBE_TIMEOUT_S:g} s")
+
+
 def _check_probe(up: UpstreamConfig, health: UpstreamHealth) -> None:
     """Start-up checks on a probe: reachable, and serving every configured model."""
     where = f"upstream {up.name!r} ({up.kind}{' at ' + up.base_url if up.base_url else ''})"
@@ -324,7 +340,7 @@ async def _build_upstream(
 ) -> _Built:
     adapter = cls.from_config(up, transport=transport, maps=cfg.maps)
     try:
-        health = await adapter.probe() if cfg.probes(up) else None
+        health = await _probe_at_start(adapter, up) if cfg.probes(up) else None
         if health is not None:
             _check_probe(up, health)
         if up.models:
@@ -349,7 +365,7 @@ async def _build_upstream(
     up = dataclasses.replace(up, models=routes)
     adapter = cls.from_config(up, transport=transport, maps=maps)
     try:  # probe the new adapter too: it learns the upstream's ids support from it
-        health = await adapter.probe()
+        health = await _probe_at_start(adapter, up)
     except BaseException:
         await _close_all([adapter])
         raise
@@ -382,7 +398,7 @@ async def _build_pool(up: UpstreamConfig, cfg: GatewayConfig, cls: type,
         for c, adapter in zip(configs, adapters, strict=True):
             if not probe:
                 continue
-            health = await adapter.probe()
+            health = await _probe_at_start(adapter, c)
             if health.state is UpstreamState.DOWN:
                 down.append(c.name)
                 continue
@@ -410,7 +426,7 @@ async def _discover_models(configs: list[UpstreamConfig], cls: type, cfg: Gatewa
     for c in configs:
         adapter = cls.from_config(c, transport=transports.get(c.name), maps=cfg.maps)
         try:
-            health = await adapter.probe()
+            health = await _probe_at_start(adapter, c)
         finally:
             await _close_all([adapter])
         if health.state is not UpstreamState.DOWN and health.models:
