@@ -110,7 +110,12 @@ class Cluster:
         try:
             for i, port in enumerate(self.ports):
                 self.instances.append(await self._spawn(i, port, env))
-            await asyncio.gather(*(_wait_ready(inst) for inst in self.instances))
+            waits = [asyncio.ensure_future(_wait_ready(inst)) for inst in self.instances]
+            try:
+                await asyncio.gather(*waits)
+            finally:  # one that failed ends the others' waits (up to READY_TIMEOUT_S each)
+                for wait in waits:
+                    wait.cancel()
             self.balancer = Balancer([Backend("127.0.0.1", p) for p in self.ports],
                                      host=self.host, port=self.port)
             self.port = await self.balancer.start()
