@@ -165,6 +165,19 @@ def test_unknown_map_id_is_404_with_cors() -> None:
     assert resp.headers["access-control-allow-origin"] == "*"
 
 
+@pytest.mark.parametrize("path", ["maps/{}.json", "policies/{}.json", "{}"])
+def test_a_404_never_repeats_a_huge_id_whole(path: str) -> None:
+    # A 10,000-character id came back whole in the 404's message: now its start, cut.
+    huge = "a" * 10_000
+    resp = client().get(f"{WK}/{path.format(huge)}")
+    assert resp.status_code == 404
+    message = resp.json()["error"]["message"]
+    assert len(message) < 200 and "a" * 100 in message
+    assert message.endswith(" characters)") and "... (10," in message
+    short = client().get(f"{WK}/maps/nobody/nothing.json").json()["error"]["message"]
+    assert short == "no map nobody/nothing"  # a short id is still named whole
+
+
 # -- advertising dictionaries in the map (§3.7) --------------------------------------------
 
 

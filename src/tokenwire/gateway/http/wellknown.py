@@ -100,6 +100,10 @@ PREFLIGHT_HEADERS: dict[str, str] = {
 }
 _JSON = "application/json"
 _HEX_RE = re.compile(r"^[0-9a-f]{64}$")
+#: How much of a requested id or path a 404 repeats: ids have no length bound of their own
+#: (§6.1), and a 10,000-character one came back whole (``GET /v1/responses/{id}`` refuses
+#: ids over 256 characters without repeating them, ``http/responses_get.py``).
+_ECHO_CHARS = 120
 
 
 def map_path(map_id: str) -> str:
@@ -220,6 +224,13 @@ def advertise_dictionaries(
 # -- responses ----------------------------------------------------------------------------
 
 
+def _echo(text: str) -> str:
+    """``text`` as a 404 may repeat it: cut to :data:`_ECHO_CHARS`, with its length."""
+    if len(text) <= _ECHO_CHARS:
+        return text
+    return f"{text[:_ECHO_CHARS]}... ({len(text):,} characters)"
+
+
 def _not_found(what: str) -> Response:
     body = error_body(what, status=404, code="not_found")
     headers = {"Access-Control-Allow-Origin": "*", "Cache-Control": "no-cache"}
@@ -232,7 +243,7 @@ async def _preflight(request: Request) -> Response:
 
 
 async def _no_document(request: Request) -> Response:
-    return _not_found(f"no discovery document at {request.url.path}")
+    return _not_found(f"no discovery document at {_echo(request.url.path)}")
 
 
 def _document(
@@ -284,7 +295,7 @@ def wellknown_routes(state: DiscoveryState) -> list[Route]:
         kind, value = key
         tmap = state.map_by_hash(value) if kind == "hash" else state.map_by_id(value)
         if tmap is None:
-            return _not_found(f"no map {value}")
+            return _not_found(f"no map {_echo(value)}")
         return _document(request, tmap.raw, etag=_hex(tmap.hash))
 
     async def policies(request: Request) -> Response:
@@ -294,7 +305,7 @@ def wellknown_routes(state: DiscoveryState) -> list[Route]:
         kind, value = key
         pol = state.policy_by_hash(value) if kind == "hash" else state.policy_by_id(value)
         if pol is None:
-            return _not_found(f"no policy {value}")
+            return _not_found(f"no policy {_echo(value)}")
         return _document(request, pol.raw, etag=_hex(pol.hash))
 
     async def dicts(request: Request) -> Response:
