@@ -270,7 +270,7 @@ def _mark_layers(marks: _Marks) -> None:
             (AdmissionMiddleware, "__call__", "05 admission", False),
             (dispatch.GatewayApp, "_endpoint", "06 endpoint", False),
             (http_requests, "read_body", "07 body read starts", False),
-            (app, "read_json", "08 body read and decoded", True),
+            (app, "decode_json", "08 body read and decoded", True),
             (app, "parse_chat_request", "09 parsed", True),
             (GatewayState, "supervise", "10 supervised", True),
             (app, "start_generation", "11 response made", True),

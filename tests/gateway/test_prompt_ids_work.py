@@ -18,6 +18,7 @@ from tokenwire.errors import InvalidRequest
 from tokenwire.gateway.apis.completions import parse_completions_request
 from tokenwire.gateway.http import app as app_mod
 from tokenwire.gateway.http.generation import check_model_limits
+from tokenwire.gateway.http.requests import INLINE_BODY_BYTES
 from tokenwire.gateway.ir import (
     Finish,
     FinishKind,
@@ -42,7 +43,7 @@ def test_a_large_path_c_body_is_parsed_off_the_event_loop(serve, monkeypatch) ->
         return real(*args, **kw)
 
     monkeypatch.setattr(app_mod, "decode_request", blocking_decode)
-    body = msgspec.msgpack.encode({"prompt_ids": [5] * (app_mod.INLINE_BODY_BYTES + 1),
+    body = msgspec.msgpack.encode({"prompt_ids": [5] * (INLINE_BODY_BYTES + 1),
                                    "max_tokens": 4})
     resp = _loop_stays_free(served.url, gate, lambda: httpx.post(
         served.url + "/v1/completions/codec", content=body, timeout=SAFETY_S * 2,
@@ -54,7 +55,7 @@ def test_a_large_path_c_body_is_parsed_off_the_event_loop(serve, monkeypatch) ->
 
 def test_a_malformed_large_path_c_body_keeps_its_typed_400(serve) -> None:
     served = serve(ScriptedUpstream([(0.0, Finish(reason=FinishKind.EOS))]))
-    body = msgspec.msgpack.encode({"prompt_ids": [5] * app_mod.INLINE_BODY_BYTES + [-1]})
+    body = msgspec.msgpack.encode({"prompt_ids": [5] * INLINE_BODY_BYTES + [-1]})
     resp = httpx.post(served.url + "/v1/completions/codec", content=body, timeout=30,
                       headers={"content-type": "application/x-msgpack"})
     assert resp.status_code == 400, resp.text

@@ -29,7 +29,6 @@ before a stream starts is rendered by :mod:`.errors`: OpenAI's JSON error body w
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from typing import Any
@@ -41,11 +40,15 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 
 from tokenwire.codec.frames import StreamFormat
-from tokenwire.codec.requests import decode_request
+from tokenwire.codec.requests import CodecRequest, decode_request
 from tokenwire.codec.versioning import OWN_VERSION, format_version
 from tokenwire.errors import TokenwireError, UnknownModel
-from tokenwire.gateway.apis.chat import ChatRenderer, parse_chat_request
-from tokenwire.gateway.apis.completions import CompletionsRenderer, parse_completions_request
+from tokenwire.gateway.apis.chat import ChatCall, ChatRenderer, parse_chat_request
+from tokenwire.gateway.apis.completions import (
+    CompletionsCall,
+    CompletionsRenderer,
+    parse_completions_request,
+)
 from tokenwire.gateway.apis.params import (
     JSON_FORMAT,
     MAX_MAX_TOKENS,
@@ -62,9 +65,9 @@ from tokenwire.gateway.http.messages_route import count_tokens_endpoint, message
 from tokenwire.gateway.http.playground import playground_routes
 from tokenwire.gateway.http.requests import (
     client_version,
+    decode_json,
     new_id,
-    read_body,
-    read_json,
+    read_parsed,
     upgrade_response,
 )
 from tokenwire.gateway.http.responses_get import get_response
@@ -90,20 +93,14 @@ FEATURES = ("responses-ws-426", "responses-websocket-v1", "openai-internal-strip
             "replica-pools-v1")
 _BINARY_TYPES = {"application/x-msgpack": StreamFormat.MSGPACK,
                  "application/x-protobuf": StreamFormat.PROTOBUF}
-#: Path C bodies larger than this are parsed on a worker thread: one near the 8 MiB limit
-#: holds millions of ids (8 KB of gzip inflates to one), and parsing its packed varints in
-#: Python held every other client for ~1.5 s. Smaller ones are parsed inline, where a
-#: thread's round trip would cost every first token more than the parse.
-INLINE_BODY_BYTES = 65_536
 
 
 async def completions(request: Request) -> Response | EventResponse:
     state: GatewayState = request.app.state.gateway
     if (upgrade := upgrade_response(state, request)) is not None:
         return upgrade
-    body = await read_json(request, state.settings.max_body_bytes)
     rid = new_id("cmpl")
-    call = parse_completions_request(body, request_id=rid)
+    call = await read_parsed(request, state.settings.max_body_bytes, _completions_call, rid)
     served = route_model(state, call.model, call.stream_format)
     if call.return_token_ids and not served.has_ids:
         raise bad_request(f"return_token_ids needs token ids, but model {served.name!r} has "
@@ -128,9 +125,8 @@ async def chat_completions(request: Request) -> Response | EventResponse:
     state: GatewayState = request.app.state.gateway
     if (upgrade := upgrade_response(state, request)) is not None:
         return upgrade
-    body = await read_json(request, state.settings.max_body_bytes)
     rid = new_id("chatcmpl")
-    call = parse_chat_request(body, request_id=rid)
+    call = await read_parsed(request, state.settings.max_body_bytes, _chat_call, rid)
     served = route_model(state, call.model, call.stream_format)
     renderer: Renderer
     if call.stream_format is not None:
@@ -143,6 +139,18 @@ async def chat_completions(request: Request) -> Response | EventResponse:
     gen = msgspec.structs.replace(call.request, want_ids=call.stream_format is not None,
                                   want_text=call.stream_format is None)
     return start_generation(state, request, served, gen, renderer, key, streaming=call.stream)
+
+
+def _completions_call(raw: bytes, rid: str) -> CompletionsCall:
+    return parse_completions_request(decode_json(raw), request_id=rid)
+
+
+def _chat_call(raw: bytes, rid: str) -> ChatCall:
+    return parse_chat_request(decode_json(raw), request_id=rid)
+
+
+def _codec_request(raw: bytes, body_fmt: StreamFormat, limit: int) -> CodecRequest:
+    return decode_request(raw, body_fmt, max_bytes=limit)
 
 
 def _path_c_body_format(content_type: str) -> StreamFormat:
@@ -162,9 +170,7 @@ async def completions_codec(request: Request) -> Response | EventResponse:
         return upgrade
     body_fmt = _path_c_body_format(request.headers.get("content-type", ""))
     limit = state.settings.max_body_bytes
-    raw = await read_body(request, limit)
-    creq = (await asyncio.to_thread(decode_request, raw, body_fmt, max_bytes=limit)
-            if len(raw) > INLINE_BODY_BYTES else decode_request(raw, body_fmt, max_bytes=limit))
+    creq = await read_parsed(request, limit, _codec_request, body_fmt, limit)
     try:
         fmt = StreamFormat(creq.stream_format)
     except ValueError:

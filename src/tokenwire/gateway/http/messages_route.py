@@ -27,10 +27,10 @@ from starlette.responses import JSONResponse, Response
 from tokenwire.gateway.apis.messages import MessagesRenderer, failure_response
 from tokenwire.gateway.apis.messages_request import MessagesCall, parse_messages_request
 from tokenwire.gateway.apis.params import bad_request
-from tokenwire.gateway.http.generation import check_inputs, route_model, start_generation
-from tokenwire.gateway.http.requests import read_json, upgrade_response
+from tokenwire.gateway.http.generation import check_inputs, start_generation
+from tokenwire.gateway.http.requests import decode_json, read_parsed, upgrade_response
 from tokenwire.gateway.ir import Failure, kind_of
-from tokenwire.gateway.routing.router import ServedModel
+from tokenwire.gateway.routing.router import Router, ServedModel
 
 __all__ = ["count_tokens_endpoint", "messages_endpoint"]
 
@@ -42,16 +42,25 @@ _ANTHROPIC_KIND = "anthropic"
 async def _parse(request: Request, *, counting: bool) -> tuple[ServedModel, MessagesCall]:
     """The routed model and the parsed body (raises what :mod:`.errors` renders)."""
     state = request.app.state.gateway
-    body = await read_json(request, state.settings.max_body_bytes)
+    return await read_parsed(request, state.settings.max_body_bytes, _routed_call,
+                             state.router, "msg_" + secrets.token_hex(12), counting)
+
+
+def _routed_call(raw: bytes, router: Router, rid: str,
+                 counting: bool) -> tuple[ServedModel, MessagesCall]:
+    """Decode, route and parse one body: the model decides whether signed thinking is kept,
+    so routing sits between decoding and parsing. It may run on a worker thread
+    (``read_parsed``): the router is read once, on the loop, and a lookup only reads it."""
+    body = decode_json(raw)
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", code="invalid_type")
     model = body.get("model")
-    served = route_model(state, model if isinstance(model, str) else None, None)
+    served = router.route(model if isinstance(model, str) else None)
     upstream = served.upstream
     signed_by = getattr(upstream, "name", served.upstream_name) \
         if kind_of(upstream) == _ANTHROPIC_KIND else None
-    call = parse_messages_request(body, request_id="msg_" + secrets.token_hex(12),
-                                  encrypted_for=signed_by, counting=counting)
+    call = parse_messages_request(body, request_id=rid, encrypted_for=signed_by,
+                                  counting=counting)
     return served, call
 
 

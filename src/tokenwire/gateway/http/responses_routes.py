@@ -20,6 +20,7 @@ finished response is stored when the request asked (``store``, default true) for
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -48,7 +49,7 @@ from tokenwire.gateway.apis.responses_request import (
     parse_responses_request,
 )
 from tokenwire.gateway.http.generation import check_inputs, check_model_limits
-from tokenwire.gateway.http.requests import decode_json, read_body
+from tokenwire.gateway.http.requests import INLINE_BODY_BYTES, decode_json, read_parsed
 from tokenwire.gateway.http.responses_get import get_response, response_store_of
 from tokenwire.gateway.http.responses_head import open_stream, turn_state_of
 from tokenwire.gateway.http.state import GatewayState
@@ -110,8 +111,12 @@ async def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
     previous = await load_previous(body, store)
     if previous is not None:
         state.pin_previous(previous)  # the replica that produced it, from any instance
-    call = parse_responses_request(body, headers=headers, previous=previous, raw=raw,
-                                   request_id=rid)
+    if raw is None or len(raw) <= INLINE_BODY_BYTES:
+        call = parse_responses_request(body, headers=headers, previous=previous, raw=raw,
+                                       request_id=rid)
+    else:  # read_parsed's rule; the store read above sits between decoding and parsing
+        call = await asyncio.to_thread(parse_responses_request, body, headers=headers,
+                                       previous=previous, raw=raw, request_id=rid)
     streaming = call.stream if stream is None else stream
     served = state.router.route(call.model)
     check_inputs(served, call.request)
@@ -131,8 +136,7 @@ async def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
 
 async def create_response(request: Request) -> Response | EventResponse | _SSEResponse:
     state = request.app.state.gateway
-    raw = await read_body(request, state.settings.max_body_bytes)
-    body = decode_json(raw)
+    raw, body = await read_parsed(request, state.settings.max_body_bytes, _with_json)
     rid = new_response_id()
     store = response_store_of(request)
     try:
@@ -162,6 +166,11 @@ async def create_response(request: Request) -> Response | EventResponse | _SSERe
                          compressor=IdentityCompressor, on_failure=_failure_response,
                          window=0.0, streaming=False, record=stream.observer,
                          before_send=before_send)
+
+
+def _with_json(raw: bytes) -> tuple[bytes, Any]:
+    """The body and its JSON: the bytes travel on (an unchanged body is forwarded as sent)."""
+    return raw, decode_json(raw)
 
 
 def _echo(call: ResponsesCall) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from tokenwire.codec.versioning import VARY, filter_headers
 from tokenwire.gateway.apis.chat import parse_chat_request
 from tokenwire.gateway.apis.params import bad_request, json_type, optional_bool
 from tokenwire.gateway.http.generation import check_inputs, route_model
-from tokenwire.gateway.http.requests import client_version, read_json
+from tokenwire.gateway.http.requests import client_version, decode_json, read_parsed
 from tokenwire.gateway.ir import ChatPrompt
 from tokenwire.gateway.retokenize import encode_text
 
@@ -103,7 +103,7 @@ def _encode_response(request: Request, tmap: TokenizerMap, prompt: str,
 
 async def tokenize(request: Request) -> Response:
     state: GatewayState = request.app.state.gateway
-    body = await read_json(request, state.settings.max_body_bytes)
+    body = await read_parsed(request, state.settings.max_body_bytes, decode_json)
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {json_type(body)}",
                           code="invalid_type")
@@ -152,7 +152,7 @@ async def _tokenize_chat(request: Request, state: GatewayState,
 
 async def detokenize(request: Request) -> Response:
     state: GatewayState = request.app.state.gateway
-    body = await read_json(request, state.settings.max_body_bytes)
+    body = await read_parsed(request, state.settings.max_body_bytes, decode_json)
     tokens = body.get("tokens") if isinstance(body, dict) else None
     if not isinstance(tokens, list):
         raise bad_request("tokens must be an array of integers", param="tokens",
