@@ -158,3 +158,18 @@ def test_a_prompt_too_long_to_fit_is_refused_before_it_is_tokenized(engine, kind
     assert "at least" in failure.message
     ids, _, _ = generate(engine, PromptText(text=STORY), max_tokens=2)  # the engine goes on
     assert len(ids) == 2
+
+
+@pytest.mark.parametrize("kind", ["text", "chat"])
+def test_a_prompt_too_long_to_fit_is_still_counted_whole(engine, kind) -> None:
+    """count_tokens and /tokenize count what the engine would evaluate, however long: the
+    early refusal above is for generations only (it made them count 0 tokens)."""
+    from tokenwire.gateway.ir import ChatMessage
+
+    text = " word" * (engine.n_ctx * engine._longest_piece // 5 + 1)
+    if kind == "text":
+        ids = engine.prompt_ids(PromptText(text=text))
+        assert ids == engine._tokenize_text(text, add_bos=engine._add_bos)
+    else:
+        ids = asyncio.run(engine.chat_prompt_ids((ChatMessage(role="user", content=text),)))
+    assert len(ids) >= len(text) // 5 > engine.n_ctx  # every word (one token each) counted

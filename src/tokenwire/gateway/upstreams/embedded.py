@@ -481,7 +481,7 @@ class EmbeddedEngine:
         try:
             return self._prompt_ids(prompt, add_generation_prompt=add_generation_prompt,
                                     continue_final_message=continue_final_message,
-                                    tools=tools)
+                                    tools=tools, counting=True)
         except _ContextOverflow as exc:
             return exc.ids
 
@@ -501,7 +501,9 @@ class EmbeddedEngine:
 
     def _prompt_ids(self, prompt: Prompt, *, add_generation_prompt: bool = True,
                     continue_final_message: bool = False,
-                    tools: tuple[ToolSpec, ...] = ()) -> list[int]:
+                    tools: tuple[ToolSpec, ...] = (), counting: bool = False) -> list[int]:
+        """``counting``: for a count (:meth:`prompt_ids`, off the engine's thread), so a
+        prompt too long to fit is tokenized whole, not refused early (a count of 0)."""
         n_vocab = self._llm.n_vocab()
         match prompt:
             case PromptIds(ids=ids):
@@ -511,12 +513,13 @@ class EmbeddedEngine:
                         f"prompt token id {bad} is outside the vocabulary 0..{n_vocab - 1}")
                 out = list(ids)
             case PromptText(text=text):
-                self._refuse_certain_overflow(text)
+                if not counting:
+                    self._refuse_certain_overflow(text)
                 # special=False: "<|im_end|>" typed by a user is text, not a control token.
                 out = self._tokenize_text(text, add_bos=self._add_bos)
             case ChatPrompt(messages=messages):
                 out = self._chat_ids(messages, add_generation_prompt, continue_final_message,
-                                     tools)
+                                     tools, counting=counting)
         if not out:
             raise ValueError("the prompt is empty")
         if len(out) >= self.n_ctx:
@@ -525,7 +528,7 @@ class EmbeddedEngine:
 
     def _chat_ids(self, messages: tuple[Any, ...], add_generation_prompt: bool = True,
                   continue_final_message: bool = False,
-                  tools: tuple[ToolSpec, ...] = ()) -> list[int]:
+                  tools: tuple[ToolSpec, ...] = (), *, counting: bool = False) -> list[int]:
         """The rendered chat prompt's ids: only the template's own markers become control
         ids; every caller string (tool schemas and results too) is tokenized as text
         (:mod:`.chat_prompt`)."""
@@ -535,7 +538,8 @@ class EmbeddedEngine:
             tools = ()
         plain = self._render_chat(messages, add_generation_prompt, continue_final_message,
                                   tools=tools)
-        self._refuse_certain_overflow(plain)
+        if not counting:
+            self._refuse_certain_overflow(plain)
         wrapped = self._render_chat(messages, add_generation_prompt, continue_final_message,
                                     markers=markers, tools=tools)
         ids: list[int] = []
