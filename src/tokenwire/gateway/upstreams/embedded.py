@@ -283,12 +283,6 @@ class EmbeddedEngine:
     def submit(self, request: GenerationRequest) -> _JobStream:
         """Queue a request (call from the event loop); raise :class:`ServerBusy` when full."""
         job = _Job(request, asyncio.get_running_loop())
-        try:  # before queueing: a schema we cannot enforce is a 400 at once, naming the field
-            job.plan = plan_tools(request, self._grammars)
-        except ToolRequestError as exc:
-            job.emit(Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc),
-                             status=400, code="unsupported_value", param=exc.param))
-            return _JobStream(job)
         try:
             self._jobs.put_nowait(job)
         except queue.Full:
@@ -338,6 +332,14 @@ class EmbeddedEngine:
         if job.cancelled.is_set():  # the client left while queued
             job.emit(Finish(reason=FinishKind.ABORT))
             self._record(job, "aborted", FinishKind.ABORT, 0, [], [], started)
+            return
+        try:  # on this thread: a caller's 60 KB grammar or schema is ~0.3 s to check and
+            # convert, which on the event loop held every other client meanwhile (the
+            # gateway's admission lets one request at a time in, so none waits here for it)
+            job.plan = plan_tools(req, self._grammars)
+        except ToolRequestError as exc:
+            job.emit(Failure(failure_class=FailureClass.INVALID_REQUEST, message=str(exc),
+                             status=400, code="unsupported_value", param=exc.param))
             return
         try:
             prompt = self._prompt_ids(req.prompt, tools=job.plan.prompt_tools)

@@ -229,15 +229,22 @@ def _reachable(rules: dict[str, Node]) -> dict[str, Node]:
 
 
 def _fixpoint(rules: Mapping[str, Node], holds) -> set[str]:
-    """The names for which ``holds(body, names so far)`` becomes true, iterated to rest."""
+    """The names for which ``holds(body, names so far)`` becomes true, iterated to rest.
+
+    A rule is looked at again only when a rule it names was just found (a worklist): sweeping
+    every rule until nothing changed took one sweep per link of a chain of rules, and a
+    60 KB chain of 4,000 (``r0: r1``, ``r1: r2``...) held the event loop ~6 s."""
+    users: dict[str, set[str]] = {}
+    for name, body in rules.items():
+        for ref in _refs(body):
+            users.setdefault(ref, set()).add(name)
     found: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, body in rules.items():
-            if name not in found and holds(body, found):
-                found.add(name)
-                changed = True
+    todo = list(rules)
+    while todo:
+        name = todo.pop()
+        if name not in found and holds(rules[name], found):
+            found.add(name)
+            todo.extend(users.get(name, ()))
     return found
 
 
