@@ -123,3 +123,33 @@ def test_refusals_are_the_same_from_either_thread(served, path) -> None:
         assert 400 <= inline.status_code < 500, inline.text
         off_loop = _post(served.url + path, raw + b" " * (INLINE_BODY_BYTES + 1 - len(raw)))
         assert (off_loop.status_code, off_loop.json()) == (inline.status_code, inline.json())
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_a_large_websocket_message_is_parsed_off_the_loop(served, monkeypatch,
+                                                          large: bool) -> None:
+    """The Responses WebSocket's ``response.create`` messages follow the same rule as HTTP
+    bodies: one of megabytes is decoded (and re-encoded) on a worker thread."""
+    from websockets.sync.client import connect
+
+    from tokenwire.gateway.http import responses_ws
+
+    message = json.dumps({"type": "response.create", "model": "m", "input": "hi",
+                          "max_output_tokens": 1}).encode()
+    gate = _Gate() if large else None
+    steps = _Steps(monkeypatch, responses_ws, ("decode_json",), gate)
+    url = served.url.replace("http://", "ws://") + "/v1/responses"
+    with connect(url, open_timeout=SAFETY_S, max_size=None) as ws:
+        def send() -> httpx.Response:
+            ws.send(_raw(json.loads(message), large=large).decode())
+            while json.loads(ws.recv(SAFETY_S))["type"] not in (
+                    "response.completed", "response.incomplete", "response.failed", "error"):
+                pass
+            return httpx.Response(200)
+
+        if gate is not None:
+            _loop_stays_free(served.url, gate, send)
+        else:
+            send()
+    loop = served.thread.ident
+    assert (steps.threads["decode_json"] == loop) is not large

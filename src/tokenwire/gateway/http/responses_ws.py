@@ -47,6 +47,7 @@ socket (``upstreams/responses_socket.py``), reached through the request's
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -69,7 +70,7 @@ from tokenwire.gateway.apis.responses_render import ResponsesRenderer, new_respo
 from tokenwire.gateway.apis.sse import json_bytes
 from tokenwire.gateway.http.errors import error_parts
 from tokenwire.gateway.http.limits import end_lease, key_of, limited_message, start_lease
-from tokenwire.gateway.http.requests import decode_json
+from tokenwire.gateway.http.requests import INLINE_BODY_BYTES, decode_json
 from tokenwire.gateway.http.responses_head import open_stream
 from tokenwire.gateway.http.responses_routes import (
     final_saver,
@@ -248,8 +249,13 @@ class _Session:
 
     async def _on_message(self, message: dict[str, Any], tg: anyio.abc.TaskGroup) -> bool:
         """Handle one client message; False when the socket was closed."""
-        parsed = parse_message(message.get("text"), message.get("bytes"),
-                               max_bytes=self.max_bytes, decode=decode_json)
+        text, data = message.get("text"), message.get("bytes")
+        # A message of megabytes is decoded and re-encoded on a worker thread, as an HTTP
+        # body is (http/requests.read_parsed): on the loop it held every other client.
+        parsed = (await asyncio.to_thread(parse_message, text, data, max_bytes=self.max_bytes,
+                                          decode=decode_json)
+                  if text is not None and len(text) > INLINE_BODY_BYTES else
+                  parse_message(text, data, max_bytes=self.max_bytes, decode=decode_json))
         if isinstance(parsed, Refusal):
             self._rejected(parsed.status, parsed.code)
             await self._error(parsed.status, parsed.code, parsed.message, parsed.param)
