@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import lark
@@ -277,6 +276,7 @@ def test_the_grammar_is_built_once_and_keyed_by_its_format(oracle) -> None:
     (lark_format('start: A\nA: /^a/'), "anchor"),
     (lark_format('start: /a/x'), "flag 'x'"),
     (lark_format('start: b'), "b"),
+    (lark_format('start: "a"\n%ignore WS'), "WS in %ignore"),  # (was a KeyError: a 503)
     (lark_format('start: A\nA: b\nb: "x"'), "rule b"),
     (lark_format('start: A\nA: "x" A?'), "terminal A"),
     (lark_format('start: a\na: b "x" | "y"\nb: a'), "left recursion"),
@@ -295,11 +295,9 @@ def test_the_grammar_is_built_once_and_keyed_by_its_format(oracle) -> None:
      "GBNF"),  # 200 distinct classes of ~10 KB each
 ])
 def test_a_format_outside_the_subset_is_refused_naming_it(fmt, named) -> None:
-    started = time.monotonic()
     with pytest.raises(UnsupportedGrammar) as err:
         check_format(fmt)
     assert named in str(err.value)
-    assert time.monotonic() - started < 30  # (a safety net against a hang, not a timing)
     with pytest.raises(ToolRequestError) as err:
         plan_tools(_request(_custom(None, "free"), _custom(fmt)), GrammarCache(bool))
     assert err.value.param == "tools[1].format" and named in str(err.value)

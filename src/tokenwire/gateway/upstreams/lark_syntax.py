@@ -408,6 +408,9 @@ def _check_names(grammar: LarkGrammar) -> None:
                 if table is grammar.terminals and ref in grammar.rules:
                     raise UnsupportedGrammar(f"rule {ref}", f"in terminal {name}",
                                              "a terminal is made of terminals only")
+    for ref in grammar.ignore:  # (%ignore WS without %import common.WS)
+        if ref not in grammar.terminals:
+            raise UnsupportedGrammar(f"{ref}", "in %ignore", "it is not a defined terminal")
     _check_terminal_cycles(grammar)
 
 
