@@ -54,6 +54,7 @@ from tokenwire.gateway.upstreams.grammar_ir import (
     UnsupportedGrammar,
     char_set,
     complement,
+    refs,
 )
 from tokenwire.gateway.upstreams.lark_syntax import LarkGrammar, is_terminal, parse_lark
 from tokenwire.gateway.upstreams.regex_syntax import parse_regex
@@ -204,21 +205,10 @@ def _with_ignored(rules: dict[str, Node], ignore: list[str]) -> dict[str, Node]:
     return out
 
 
-def _refs(node: Node) -> list[str]:
-    match node:
-        case Ref(name):
-            return [name]
-        case Seq(items) | Alt(items):
-            return [r for item in items for r in _refs(item)]
-        case Repeat(item, _, _):
-            return _refs(item)
-    return []
-
-
 def _reachable(rules: dict[str, Node]) -> dict[str, Node]:
     seen, todo = {"start"}, ["start"]
     while todo:
-        for ref in _refs(rules[todo.pop()]):
+        for ref in refs(rules[todo.pop()]):
             if ref not in seen:
                 seen.add(ref)
                 todo.append(ref)
@@ -236,7 +226,7 @@ def _fixpoint(rules: Mapping[str, Node], holds) -> set[str]:
     60 KB chain of 4,000 (``r0: r1``, ``r1: r2``...) held the event loop ~6 s."""
     users: dict[str, set[str]] = {}
     for name, body in rules.items():
-        for ref in _refs(body):
+        for ref in refs(body):
             users.setdefault(ref, set()).add(name)
     found: set[str] = set()
     todo = list(rules)

@@ -37,6 +37,7 @@ __all__ = [
     "class_escape",
     "complement",
     "fold_case",
+    "refs",
     "union",
 ]
 
@@ -123,6 +124,18 @@ class Ref:
 
 
 Node = Chars | Text | Seq | Alt | Repeat | Ref
+
+
+def refs(node: Node) -> list[str]:
+    """The rule and terminal names ``node`` uses, in order (with repeats)."""
+    match node:
+        case Ref(name):
+            return [name]
+        case Seq(items) | Alt(items):
+            return [r for item in items for r in refs(item)]
+        case Repeat(item, _, _):
+            return refs(item)
+    return []
 
 
 # -- sets of characters -------------------------------------------------------------------

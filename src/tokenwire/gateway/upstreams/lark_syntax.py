@@ -29,6 +29,7 @@ from tokenwire.gateway.upstreams.grammar_ir import (
     UnsupportedGrammar,
     char_set,
     fold_case,
+    refs,
 )
 from tokenwire.gateway.upstreams.regex_syntax import MAX_NESTING, parse_regex
 
@@ -365,12 +366,12 @@ def _resolve_imports(grammar: LarkGrammar, imports: dict[str, str], budget: list
             raise UnsupportedGrammar(f"%import common.{name}", "",
                                      "not a terminal of Lark's common module")
         grammar.terminals[alias] = _renamed(_common.terminals[name])
-        todo = _refs(_common.terminals[name])
+        todo = refs(_common.terminals[name])
         while todo:
             dep = todo.pop()
             if f"__COMMON_{dep}" not in grammar.terminals:
                 grammar.terminals[f"__COMMON_{dep}"] = _renamed(_common.terminals[dep])
-                todo += _refs(_common.terminals[dep])
+                todo += refs(_common.terminals[dep])
 
 
 def _renamed(node: Node) -> Node:
@@ -386,23 +387,12 @@ def _renamed(node: Node) -> Node:
     return node
 
 
-def _refs(node: Node) -> list[str]:
-    match node:
-        case Ref(name):
-            return [name]
-        case Seq(items) | Alt(items):
-            return [r for item in items for r in _refs(item)]
-        case Repeat(item, _, _):
-            return _refs(item)
-    return []
-
-
 def _check_names(grammar: LarkGrammar) -> None:
     if "start" not in grammar.rules:
         raise UnsupportedGrammar("a grammar without 'start'", "", "the start rule is 'start'")
     for table, kind in ((grammar.rules, "rule"), (grammar.terminals, "terminal")):
         for name, node in table.items():
-            for ref in _refs(node):
+            for ref in refs(node):
                 if ref not in grammar.rules and ref not in grammar.terminals:
                     raise UnsupportedGrammar(f"{ref}", f"in {kind} {name}", "it is not defined")
                 if table is grammar.terminals and ref in grammar.rules:
@@ -418,7 +408,7 @@ def _check_terminal_cycles(grammar: LarkGrammar) -> None:
     """Terminals are regular: none may use itself (Lark refuses it too)."""
     state: dict[str, int] = {}  # 1: on the path, 2: done
     for root in grammar.terminals:
-        stack = [(root, iter(_refs(grammar.terminals[root])))]
+        stack = [(root, iter(refs(grammar.terminals[root])))]
         if state.get(root):
             continue
         state[root] = 1
@@ -432,4 +422,4 @@ def _check_terminal_cycles(grammar: LarkGrammar) -> None:
                 raise UnsupportedGrammar(f"terminal {dep}", "", "a terminal may not use itself")
             elif not state.get(dep):
                 state[dep] = 1
-                stack.append((dep, iter(_refs(grammar.terminals[dep]))))
+                stack.append((dep, iter(refs(grammar.terminals[dep]))))
