@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from tests.redis_server import free_port
+from tests.redis_server import free_ports
 from tokenwire.cluster.launcher import Cluster
 
 SRC = Path(__file__).resolve().parents[2] / "src"
@@ -73,7 +73,7 @@ def running_cluster(n: int, serve_args: Sequence[str], *, state_url: str | None,
 
     env = dict(os.environ)
     env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
-    cluster = Cluster(ports=[free_port() for _ in range(n)], serve_args=list(serve_args),
+    cluster = Cluster(ports=free_ports(n), serve_args=list(serve_args),
                       port=0, state_url=state_url, log_dir=log_dir, env=env)
     loop = LoopThread()
     try:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.cluster.harness import SAFETY_S, SRC
 from tests.gateway.upstreams.fakes import Reply, chat_stream, start_fake
-from tests.redis_server import free_port
+from tests.redis_server import free_port, free_ports
 from tokenwire.cli.main import main
 from tokenwire.cluster.balancer import INSTANCE_HEADER
 from tokenwire.gateway.server import loop_name, serving_loop_factory
@@ -53,11 +53,11 @@ def test_bad_cluster_arguments_are_refused_before_anything_starts(args, message,
 @pytest.mark.slow
 def test_tokenwire_cluster_serves_round_robin_and_stops_on_sigint(redis_server) -> None:
     fake = start_fake(lambda path, body: Reply(chunks=chat_stream("vllm", ["ok"])))
-    port = free_port()
+    port, *instances = free_ports(3)
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tokenwire.cli.main", "cluster", "--instances", "2",
-         "--port", str(port), "--instance-ports", f"{free_port()},{free_port()}",
+         "--port", str(port), "--instance-ports", ",".join(map(str, instances)),
          "--state-url", redis_server.url, "--", "--upstream", fake.url],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         start_new_session=True)  # its own group: a failed test kills the instances too
@@ -119,9 +119,10 @@ def test_ctrl_c_while_the_instances_start_stops_them_at_once() -> None:
         hung.listen()
         upstream = f"http://127.0.0.1:{hung.getsockname()[1]}/v1"
         env = {**os.environ, "PYTHONPATH": str(SRC)}
+        ports = free_ports(2)
         proc = subprocess.Popen(
             [sys.executable, "-m", "tokenwire.cli.main", "cluster", "--instances", "1",
-             "--port", str(free_port()), "--instance-ports", str(free_port()), "--",
+             "--port", str(ports[0]), "--instance-ports", str(ports[1]), "--",
              "--upstream", upstream],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             start_new_session=True)

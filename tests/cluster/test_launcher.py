@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 
+from tests.redis_server import free_ports
 from tokenwire.cluster import launcher
 from tokenwire.errors import ConfigError
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.create_server(("127.0.0.1", 0)) for _ in range(n)]
-    try:
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def test_an_instance_that_fails_to_start_ends_the_other_instances_waits(monkeypatch) -> None:
@@ -39,7 +30,7 @@ def test_an_instance_that_fails_to_start_ends_the_other_instances_waits(monkeypa
 
     monkeypatch.setattr(launcher.Cluster, "_spawn", spawn)
     monkeypatch.setattr(launcher, "_wait_ready", wait_ready)
-    *ports, port = _free_ports(4)
+    *ports, port = free_ports(4)
 
     async def main() -> None:
         cluster = launcher.Cluster(ports=ports, port=port)
