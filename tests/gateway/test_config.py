@@ -395,7 +395,7 @@ def test_an_upstream_that_accepts_and_never_answers_fails_start_up_at_the_probe_
         for conn in held:
             conn.close()
     assert str(info.value) == (
-        f"upstream 'u' (openai at {url}) is unreachable: no answer to its probe within 0.3 s; "
+        f"upstream 'u' (openai at {url}) is unreachable: probe timed out after 0.3 s; "
         "start it first, or set probe = false (--no-probe) if it starts later")
 
 

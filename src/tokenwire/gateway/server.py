@@ -44,6 +44,7 @@ from tokenwire.gateway.routing.health import (
     DEFAULT_HEALTH_INTERVAL_S,
     PROBE_TIMEOUT_S,
     HealthMonitor,
+    probe_by_deadline,
 )
 from tokenwire.gateway.routing.pool import Replica, ReplicaPool
 from tokenwire.gateway.routing.router import Router, ServedModel
@@ -315,12 +316,7 @@ async def _probe_at_start(adapter: Any, up: UpstreamConfig) -> UpstreamHealth:
     """``adapter.probe()``, DOWN past ``PROBE_TIMEOUT_S``: an upstream that accepts and never
     answers held start-up for its read timeout (120 s by default, and per read: for ever
     from one that drips its answer), as it held the probe loop (``routing/health.py``)."""
-    try:
-        async with asyncio.timeout(PROBE_TIMEOUT_S):
-            return await adapter.probe()
-    except TimeoutError:
-        return UpstreamHealth(name=up.name, kind=up.kind, state=UpstreamState.DOWN,
-                              detail=f"no answer to its probe within {PROBE_TIMEOUT_S:g} s")
+    return await probe_by_deadline(up.name, up.kind, adapter.probe, timeout_s=PROBE_TIMEOUT_S)
 
 
 def _check_probe(up: UpstreamConfig, health: UpstreamHealth) -> None:

@@ -27,7 +27,7 @@ from tokenwire.gateway.ir import kind_of
 from tokenwire.gateway.upstreams.base import UpstreamHealth, UpstreamState
 
 __all__ = ["DEFAULT_HEALTH_INTERVAL_S", "PROBE_TIMEOUT_S", "HealthMonitor", "overall_status",
-           "probe_within_deadline"]
+           "probe_by_deadline", "probe_within_deadline"]
 
 #: Probes run at most this often: /health stays cheap to poll, yet a dead upstream shows
 #: within a few seconds.
@@ -137,16 +137,24 @@ async def _probe(name: str, upstream: Any) -> UpstreamHealth:
                                        timeout_s=_ENTRY_PROBE_TIMEOUT_S)
 
 
-async def probe_within_deadline(name: str, kind: str, probe: Callable[[], Any], *,
-                                timeout_s: float = PROBE_TIMEOUT_S) -> UpstreamHealth:
-    """``await probe()``, DOWN when it raises or takes longer than ``timeout_s`` (a probe
-    must never take ``/health`` or the probe loop down with it)."""
+async def probe_by_deadline(name: str, kind: str, probe: Callable[[], Any], *,
+                            timeout_s: float = PROBE_TIMEOUT_S) -> UpstreamHealth:
+    """``await probe()``, DOWN when it takes longer than ``timeout_s``; what it raises, it
+    raises (start-up shows it: ``gateway/server.py``)."""
     try:
         async with asyncio.timeout(timeout_s):
             return await probe()
     except TimeoutError:
         return UpstreamHealth(name=name, kind=kind, state=UpstreamState.DOWN,
-                              detail=f"probe timed out after {timeout_s:.0f} s")
+                              detail=f"probe timed out after {timeout_s:g} s")
+
+
+async def probe_within_deadline(name: str, kind: str, probe: Callable[[], Any], *,
+                                timeout_s: float = PROBE_TIMEOUT_S) -> UpstreamHealth:
+    """:func:`probe_by_deadline`, DOWN when it raises too (a probe must never take
+    ``/health`` or the probe loop down with it)."""
+    try:
+        return await probe_by_deadline(name, kind, probe, timeout_s=timeout_s)
     except Exception as exc:
         return UpstreamHealth(name=name, kind=kind, state=UpstreamState.DOWN,
                               detail=f"probe failed: {type(exc).__name__}")
