@@ -47,7 +47,15 @@ from typing import Any
 
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.codec.tokenizer import Tokenizer
-from tokenwire.gateway.ir import ChatPrompt, Failure, FailureClass, Prompt, PromptIds, PromptText
+from tokenwire.gateway.ir import (
+    ChatPrompt,
+    Failure,
+    FailureClass,
+    GenerationRequest,
+    Prompt,
+    PromptIds,
+    PromptText,
+)
 from tokenwire.gateway.retokenize import tokenizer_for
 
 __all__ = [
@@ -56,6 +64,7 @@ __all__ = [
     "TEXT_SLACK",
     "ContextSource",
     "certain_prompt_tokens",
+    "certain_request_tokens",
     "context_length_from_listing",
     "context_length_from_props",
     "context_length_from_show",
@@ -159,6 +168,16 @@ def certain_prompt_tokens(prompt: Prompt, tmap: TokenizerMap | None) -> int | No
             total += max(0, n - CHAT_BOUNDARY_SLACK)
         return total
     return None
+
+
+def certain_request_tokens(request: GenerationRequest, tmap: TokenizerMap | None) -> int | None:
+    """:func:`certain_prompt_tokens` of ``request``'s prompt, encoded once per map for the
+    request however many checks ask (its :class:`~tokenwire.gateway.ir.PromptCounts`)."""
+    prompt = request.prompt
+    if tmap is None or isinstance(prompt, PromptIds):
+        return certain_prompt_tokens(prompt, tmap)
+    return request.counts.count(prompt, tmap.hash,
+                                lambda: certain_prompt_tokens(prompt, tmap))
 
 
 def prompt_chars(prompt: Prompt) -> int:

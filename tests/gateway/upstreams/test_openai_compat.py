@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,7 +25,11 @@ from tests.gateway.upstreams.fakes import (
 from tests.gateway.upstreams.streams import collect
 from tokenwire.codec.maps import load_map_file
 from tokenwire.codec.tokenizer import Tokenizer
-from tokenwire.gateway.context_window import INLINE_COUNT_CHARS, TEXT_SLACK
+from tokenwire.gateway.context_window import (
+    INLINE_COUNT_CHARS,
+    TEXT_SLACK,
+    certain_request_tokens,
+)
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -435,6 +440,57 @@ def test_a_long_prompt_is_counted_for_the_truncation_check_on_a_worker_thread(
     out = run(fake, Reply(chunks=chunks), req(PromptText(text="word " * words)),
               map_id=SMOL.id)
     assert out[-1] == Finish(reason=FinishKind.EOS) and len(threads) == 1
+
+
+@pytest.mark.parametrize("long", [False, True])
+def test_the_preflight_and_the_truncation_check_encode_the_prompt_once(
+        fake, monkeypatch, long: bool):
+    """Before, the preflight (window known: vLLM, llama-server, Ollama) and the truncation
+    check at the stream's end each encoded the prompt with the same map: ~7 ms each for an
+    agent's 60,000 characters. The request carries the count (``GenerationRequest.counts``),
+    and a fallback's copy of it too."""
+    from tokenwire.gateway.routing.fallbacks import _for_target
+    from tokenwire.gateway.routing.router import ServedModel
+
+    counted: list[str] = []
+    encode = Tokenizer.encode
+    words = INLINE_COUNT_CHARS // 5 + 1 if long else 300
+    text = "word " * words
+
+    def recorded(self, t, *a, **kw):
+        if t == text:
+            counted.append(t)
+        return encode(self, t, *a, **kw)
+
+    monkeypatch.setattr(Tokenizer, "encode", recorded)
+    fake.respond = lambda path, body: Reply(
+        chunks=completion_stream("ollama", ["ok"], usage=(128, 1)))
+    request = req(PromptText(text=text))
+
+    async def go():
+        up = upstream(fake.url, map_id=SMOL.id)
+        served = ServedModel(name="m", upstream=up, tmap=SMOL, max_model_len=1 << 20)
+        other = ServedModel(name="m", upstream=up, tmap=SMOL, max_model_len=1 << 20)
+        try:
+            assert served.preflight(request) is None
+            first = await collect(served.submit(request))
+            again = _for_target(other, request)  # a fallback's copy: same prompt, same map
+            assert other.preflight(again) is None
+            return first, await collect(other.submit(again))
+        finally:
+            await up.aclose()
+
+    first, second = asyncio.run(go())
+    for out in (first, second):
+        assert (out[-1].failure_class, out[-1].context_tokens) == (
+            FailureClass.CONTEXT_LENGTH, 128)
+    assert len(counted) == 1
+    # Another prompt in a copy of the request is counted afresh, never given the old count.
+    other_text = req(PromptText(text="word " * 7))
+    shared = msgspec.structs.replace(request, prompt=other_text.prompt)
+    assert shared.counts is request.counts
+    assert certain_request_tokens(shared, SMOL) == len(encode(Tokenizer.from_map(SMOL),
+                                                              "word " * 7)) - TEXT_SLACK
 
 
 def test_ollama_full_prompt_usage_is_not_truncation(fake):

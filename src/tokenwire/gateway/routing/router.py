@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ConfigError, InvalidRequest, UnknownModel
-from tokenwire.gateway.context_window import certain_prompt_tokens, overflow_before_sending
+from tokenwire.gateway.context_window import certain_request_tokens, overflow_before_sending
 from tokenwire.gateway.ir import (
     Event,
     EventStream,
@@ -85,7 +85,7 @@ class ServedModel:
         if self.max_model_len is None or getattr(self.upstream, "checks_context_itself", False):
             return None  # unknown, or the upstream decides exactly and at once itself
         return overflow_before_sending(
-            certain_prompt_tokens(request.prompt, self.tmap), self.max_model_len,
+            certain_request_tokens(request, self.tmap), self.max_model_len,
             max_tokens=request.max_tokens, source=self.context_source,
             max_tokens_binding=bool(getattr(self.upstream, "binds_max_tokens", False)))
 

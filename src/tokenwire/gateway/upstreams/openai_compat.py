@@ -59,7 +59,7 @@ from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.context_window import (
     INLINE_COUNT_CHARS,
-    certain_prompt_tokens,
+    certain_request_tokens,
     context_length_from_listing,
     context_length_from_props,
     context_length_from_show,
@@ -427,7 +427,7 @@ class OpenAICompatUpstream:
 
     def prompt_lower_bound(self, request: GenerationRequest) -> int | None:
         """Tokens the prompt certainly has (the preflight's bound), else None."""
-        return certain_prompt_tokens(request.prompt, self._maps.get(request.model))
+        return certain_request_tokens(request, self._maps.get(request.model))
 
 
 def _route_map(route: ModelRoute, maps: Mapping[str, TokenizerMap]) -> TokenizerMap | None:
@@ -460,10 +460,12 @@ class ChunkParser:
         self._ended = False
         self._any = False  # any event at all: an empty 200 is its own failure
         #: A long prompt is counted on a worker thread (``prompt_truncation.CountedStream``)
-        #: and checked there; a short one here, at the end.
-        self.counts_late = (upstream.truncation != "ignore"
+        #: and checked there; a short one here, at the end; one the preflight counted with
+        #: the same map is not counted again (``GenerationRequest.counts``).
+        tmap = upstream.tmap_for(request.model)
+        self.counts_late = (upstream.truncation != "ignore" and tmap is not None
                             and prompt_chars(request.prompt) > INLINE_COUNT_CHARS
-                            and upstream.tmap_for(request.model) is not None)
+                            and not request.counts.has(request.prompt, tmap.hash))
         self.check_due = False  # the stream ended with a usage to check, counted late
 
     def on_sse(self, sse: SSEEvent) -> list[Event]:
