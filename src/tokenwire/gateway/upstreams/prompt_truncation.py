@@ -6,8 +6,10 @@ prompt certainly has (``context_window.certain_prompt_tokens``, the lower bound 
 preflight uses), the answer was made from part of the prompt, and the stream ends with
 :func:`truncation_failure` instead of its ``Finish``.
 
-The count encodes the prompt with the model's map. A short prompt is counted when the
-stream ends, in the adapter's parser (a few hundred microseconds at most). A prompt over
+The count encodes the prompt with the model's map, once per request: when the preflight
+has counted it with the same map, that count is used (``GenerationRequest.counts``).
+Otherwise a short prompt is counted when the stream ends, in the adapter's parser (a few
+hundred microseconds at most). A prompt over
 ``INLINE_COUNT_CHARS`` characters is counted on a worker thread from the moment the
 request goes out, while the upstream reads it, and :class:`CountedStream` waits for that
 count before it gives the ``Finish``: counted on the event loop, a 1 MB prompt held every
