@@ -85,11 +85,14 @@ TEXT_SLACK = 2
 _LISTING_KEYS = ("max_model_len", "context_length", "context_window", "max_context_length")
 #: Prompts of more characters than this are counted (encoded with the map) on a worker
 #: thread, wherever the gateway counts them: the preflight here, the truncation check of
-#: the OpenAI-compatible adapter, the usage meter. Encoding a prompt near the 8 MiB body
-#: limit takes seconds, and on the event loop that held every other client. Shorter ones
-#: are counted inline, where a thread's round trip would cost more than the count (~0.1 ms
-#: on the first token's path).
-INLINE_COUNT_CHARS = 65_536
+#: the OpenAI-compatible adapter, the usage meter. A count on the event loop holds every
+#: other client of the server for its whole length: ~0.11 µs a character with SmolLM2's
+#: map, so ~1.8 ms at this bound, ~7-9 ms for an agent's 65,536 (the bound until
+#: 2026-12-06), seconds near the 8 MiB body limit. On a thread the loop keeps running (the
+#: encoder releases the GIL) and the request waits ~0.1-0.5 ms more, next to an upstream's
+#: prefill of 4,000 tokens and more. Shorter prompts are counted inline, where the thread's
+#: round trip would cost more than the count on the first token's path.
+INLINE_COUNT_CHARS = 16_384
 #: A context length outside this range is not believed (a typo, a sentinel like -1).
 _MAX_BELIEVABLE = 1 << 24
 
