@@ -1,9 +1,10 @@
 """``GET /v1/responses/{id}`` (issue 5 item 6) and the response store of an app.
 
 The store is the gateway's (``GatewayState.response_store``): the POST route stores into it
-and this route reads from it (:func:`response_store_of`), so both see one store. When the
-state has none, an in-memory :class:`~tokenwire.gateway.state.response_store.SQLiteResponseStore`
-is created on first use.
+and this route reads from it (:func:`response_store_of`), so both see one store, each request
+through its API key's view of it (:class:`~tokenwire.gateway.state.response_store.OwnedStore`:
+another key's responses are "not found"). When the state has none, an in-memory
+:class:`~tokenwire.gateway.state.response_store.SQLiteResponseStore` is created on first use.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import Response
 
 from tokenwire.gateway.apis.errors import retry_after_header
 from tokenwire.gateway.apis.responses_request import MAX_RESPONSE_ID_CHARS
 from tokenwire.gateway.http.errors import json_error
+from tokenwire.gateway.http.limits import key_of
+from tokenwire.gateway.state.api_keys import response_owner
 from tokenwire.gateway.state.response_store import (
+    OwnedStore,
     ResponseNotStored,
     ResponseStore,
     SQLiteResponseStore,
@@ -27,15 +31,16 @@ from tokenwire.gateway.state.response_store import (
 __all__ = ["get_response", "response_store_of"]
 
 
-def response_store_of(request: Request) -> ResponseStore:
-    """The gateway's response store (``GatewayState.response_store``); an in-memory one is
-    created on first use when the state has none."""
-    gateway = request.app.state.gateway
+def response_store_of(conn: HTTPConnection) -> ResponseStore:
+    """The gateway's response store (``GatewayState.response_store``) as the key of
+    ``conn`` (a request or a WebSocket) sees it; an in-memory one is created on first use
+    when the state has none."""
+    gateway = conn.app.state.gateway
     store = getattr(gateway, "response_store", None)
     if store is None:
         store = SQLiteResponseStore()
         gateway.response_store = store
-    return store
+    return OwnedStore(store, response_owner(key_of(conn.scope)))
 
 
 def _json(obj: Any, status: int) -> Response:

@@ -71,6 +71,7 @@ from tokenwire.gateway.apis.sse import json_bytes
 from tokenwire.gateway.http.errors import error_parts
 from tokenwire.gateway.http.limits import end_lease, key_of, limited_message, start_lease
 from tokenwire.gateway.http.requests import INLINE_BODY_BYTES, decode_json
+from tokenwire.gateway.http.responses_get import response_store_of
 from tokenwire.gateway.http.responses_head import open_stream
 from tokenwire.gateway.http.responses_routes import (
     final_saver,
@@ -176,7 +177,9 @@ class _Session:
         self.clock = SessionClock(opened_at=anyio.current_time(),
                                   idle_timeout_s=settings.ws_idle_timeout_s,
                                   cap_s=settings.ws_session_cap_s)
-        self.memory = SocketMemory(state.response_store)
+        #: The upgrade's key's view of the store: every turn reads and writes through it.
+        self.store = response_store_of(websocket)
+        self.memory = SocketMemory(self.store)
         self.headers = {k.lower(): v for k, v in websocket.headers.items()}
         #: The turn state of the socket's next turn: the upgrade's, then each response's.
         self.turn_state = upgrade_turn_state(state, self.headers)
@@ -356,7 +359,7 @@ class _Session:
             self.stream = stream  # cancelled if the client leaves while the head waits
             stream, _facts = await open_stream(stream, prep.renderer)  # responses_head.py
             self.stream = stream
-            save = store_hook(state, state.response_store, prep.call)
+            save = store_hook(state, self.store, prep.call)
             await self._pump(stream, prep.renderer, record=stream.observer,
                              before_terminal=final_saver(prep.renderer, save))
             self._finished(prep.call, prep.renderer)
@@ -381,7 +384,7 @@ class _Session:
         await self._send(renderer.created_events())
         end = renderer.on_event(_WARM_UP_END)
         before_terminal = final_saver(
-            renderer, store_hook(self.state, self.state.response_store, prep.call))
+            renderer, store_hook(self.state, self.store, prep.call))
         if before_terminal is not None:
             await before_terminal()
         await self._send(end)

@@ -28,7 +28,7 @@ from tokenwire.gateway.state.limits import KeyLimits
 
 __all__ = [
     "ANONYMOUS", "ANONYMOUS_KEY", "KEY_FIELDS", "KEY_SCOPE_KEY", "UNNAMED", "ApiKey",
-    "check_api_key", "digest", "key_table", "parse_keys", "read_api_keys",
+    "check_api_key", "digest", "key_table", "parse_keys", "read_api_keys", "response_owner",
 ]
 
 #: The metric/log name of a key from the flat list, and of a loopback client with no key.
@@ -165,3 +165,16 @@ def key_table(keys: Sequence[ApiKey], flat: Sequence[str]) -> dict[bytes, ApiKey
 
 #: The "key" of a loopback client let in without one (``localhost-open``): no limits.
 ANONYMOUS_KEY = ApiKey(name=ANONYMOUS, sha256=b"")
+
+
+def response_owner(key: ApiKey) -> str:
+    """Whose stored responses a request with ``key`` sees (``state/response_store.py``,
+    :class:`~.response_store.OwnedStore`): a named key's name (its secret may be rotated),
+    a flat-list key's own digest (they are all "unnamed"), hashed again so the store never
+    holds the digest a key is checked against; the anonymous loopback client's are its
+    own. Never contains ``/``: the owner is the first segment of a stored id."""
+    if key.name in (ANONYMOUS, UNNAMED) and not key.sha256:
+        return ANONYMOUS
+    if key.name != UNNAMED:
+        return f"key-{key.name}"
+    return "flat-" + hashlib.sha256(b"tokenwire response owner\0" + key.sha256).hexdigest()[:32]

@@ -25,7 +25,7 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import msgspec
@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "DEFAULT_STORE_MAX_BYTES",
     "DEFAULT_TTL_S",
+    "OwnedStore",
     "ResponseNotStored",
     "ResponseStore",
     "ResponseTooLarge",
@@ -191,6 +192,39 @@ class ResponseStore(Protocol):
         """The stored response, or None when unknown or expired. Raises
         :class:`ResponseNotStored` (too large to store) or :class:`StoreUnavailable`."""
         ...
+
+
+class OwnedStore:
+    """One API key's view of a store: the responses its requests stored, and no other.
+
+    Ids are stored as ``<owner>/<id>`` (:func:`~.api_keys.response_owner`; an owner has no
+    ``/``), so another key's ``previous_response_id`` or ``GET`` finds nothing: the same
+    "not found" as an unknown id, which says nothing about whether it exists (OpenAI scopes
+    responses to the project that made them). Before, any key read and continued any
+    other key's conversation by its id. Errors name the id the client used."""
+
+    def __init__(self, inner: ResponseStore, owner: str) -> None:
+        if not owner or "/" in owner:
+            raise ValueError("an owner is a non-empty name without '/'")
+        self.inner, self.owner = inner, owner
+
+    def _id(self, response_id: str) -> str:
+        return f"{self.owner}/{response_id}"
+
+    async def put(self, response_id: str, *, input_items: list[Any],
+                  response: dict[str, Any], replica: tuple[str, str] | None = None) -> None:
+        try:
+            await self.inner.put(self._id(response_id), input_items=input_items,
+                                 response=response, replica=replica)
+        except ResponseTooLarge as exc:
+            raise ResponseTooLarge(response_id, exc.size, exc.cap) from None
+
+    async def get(self, response_id: str) -> StoredResponse | None:
+        try:
+            stored = await self.inner.get(self._id(response_id))
+        except ResponseNotStored as exc:
+            raise ResponseNotStored(response_id, exc.size, exc.cap) from None
+        return None if stored is None else replace(stored, id=response_id)
 
 
 class SQLiteResponseStore:
