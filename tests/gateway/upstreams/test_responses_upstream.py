@@ -274,6 +274,43 @@ def test_final_arguments_contradicting_streamed_ones_is_a_failure(fake: Scripted
     assert events[-1].failure_class is FailureClass.UPSTREAM
 
 
+def test_a_snapshot_listing_an_unstreamed_item_first_repeats_no_call_or_text(
+        fake: ScriptedServer) -> None:
+    # The server streamed a call and a message (output_index 0 and 1), then listed a
+    # reasoning item it never streamed first in response.completed's output, shifting both.
+    # By position, the call came back as a second call with the same call_id (the client
+    # would run the tool twice) and the message's text was shown twice.
+    s = ResponsesStream().function_call("call_1", "f", ['{"a":', "1}"]).message(["Hi"])
+    s.output.insert(0, {"type": "reasoning", "id": "rs_x", "summary": []})
+    events = generate(fake, HELLO, Script(s.completed(7, 4).chunks()))
+    assert events == [
+        ToolCallDelta(index=0, id="call_1", name="f"), ToolCallDelta(index=0, arguments='{"a":'),
+        ToolCallDelta(index=0, arguments="1}"), MessageStart(), TokenDelta(text="Hi"),
+        Usage(prompt_tokens=7, completion_tokens=4, cached_tokens=0, reasoning_tokens=0),
+        Finish(reason=FinishKind.TOOL_CALLS)]
+
+
+def test_a_snapshot_item_with_an_id_the_stream_never_showed_is_shown_once_as_new(
+        fake: ScriptedServer) -> None:
+    s = ResponsesStream().message(["Hi"])
+    s.output[0] = {**s.output[0], "id": "msg_other"}  # not the streamed item: a new one
+    s.output.append({"type": "message", "id": "msg_0", "role": "assistant",
+                     "content": [{"type": "output_text", "text": "Hi"}]})
+    events = generate(fake, HELLO, Script(s.completed().chunks()))
+    assert [e for e in events if isinstance(e, TokenDelta)] == [TokenDelta(text="Hi"),
+                                                                 TokenDelta(text="Hi")]
+
+
+def test_a_failed_responses_usage_is_kept(fake: ScriptedServer) -> None:
+    s = ResponsesStream().message(["partial"]).failed("server_error", "it broke")
+    del s.events[-2]  # only response.failed, whose snapshot says what was used
+    s.events[-1]["response"]["usage"] = {"input_tokens": 12, "output_tokens": 5}
+    events = generate(fake, HELLO, Script(s.chunks()))
+    assert events[:3] == [MessageStart(), TokenDelta(text="partial"),
+                          Usage(prompt_tokens=12, completion_tokens=5)]
+    assert isinstance(events[3], Failure) and len(events) == 4
+
+
 # -- cancellation ----------------------------------------------------------------------------
 
 

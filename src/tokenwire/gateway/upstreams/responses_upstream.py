@@ -265,6 +265,7 @@ class ResponsesStreamParser:
         self._texts: dict[int, str] = {}  # output_index -> text sent (before stop trimming)
         self._messages: dict[int, str | None] = {}  # output_index -> phase, once announced
         self._reasoned: set[int] = set()  # reasoning items whose blob was sent
+        self._item_ids: dict[str, int] = {}  # item id (or a call's call_id) -> output_index
         self._reasoning_text = False
         self._stops = StopMatcher(stop)
         self.unknown: Counter[str] = Counter()
@@ -319,6 +320,7 @@ class ResponsesStreamParser:
 
     def _text(self, data: dict[str, Any]) -> list[Event]:
         oi, delta = data.get("output_index", 0), str(data.get("delta", ""))
+        self._saw(data.get("item_id"), oi)
         self._texts[oi] = self._texts.get(oi, "") + delta
         out = [] if oi in self._messages else self._announce(oi, {})  # no added event seen
         return out + self._show(delta, entry_logprobs(data.get("logprobs")))
@@ -356,8 +358,14 @@ class ResponsesStreamParser:
 
     # -- tool calls ------------------------------------------------------------------------
 
+    def _saw(self, item_id: Any, oi: int) -> None:
+        """Item ``item_id`` streamed at ``oi``: where :meth:`_completed` finds it again."""
+        if isinstance(item_id, str) and item_id:
+            self._item_ids.setdefault(item_id, oi)
+
     def _item_added(self, data: dict[str, Any]) -> list[Event]:
         item = data.get("item") or {}
+        self._saw(item.get("id"), data.get("output_index", 0))
         if item.get("type") in ("function_call", "custom_tool_call"):
             return self._open_call(data.get("output_index", 0), item)
         if item.get("type") == "message":
@@ -371,6 +379,7 @@ class ResponsesStreamParser:
         call = _Call(len(self._calls), kind, item.get("call_id") or item.get("id"),
                      item.get("name"))
         self._calls[oi] = call
+        self._saw(call.id, oi)
         call.args = str(item.get("input" if kind == "custom" else "arguments") or "")
         return [ToolCallDelta(index=call.index, id=call.id, name=call.name,
                               arguments=call.args, kind=kind)]
@@ -435,14 +444,29 @@ class ResponsesStreamParser:
         response = data.get("response") or {}
         self.terminal, self.completed = "response.completed", response
         out: list[Event] = []
-        for oi, item in enumerate(response.get("output") or ()):
+        for position, item in enumerate(response.get("output") or ()):
             if isinstance(item, dict) and not self.done:
-                out += self._finish_item(oi, item)
+                out += self._finish_item(self._slot(position, item), item)
         if self.done:  # a stop sequence fired, or the snapshot contradicted the stream
             return out
         out += self._flush(response) + _completion_meta(response)
         reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
         return out + self._end(Finish(reason=reason))
+
+    def _slot(self, position: int, item: dict[str, Any]) -> int:
+        """The ``output_index`` the stream gave a snapshot item: found by its id (a call's
+        ``call_id`` too), else its position. A server whose snapshot lists items the stream
+        never announced (or omits some it did) shifts the positions: by position alone, a
+        streamed call came back as a second call with the same ``call_id`` (the client ran
+        the tool twice) and a streamed message's text was shown twice."""
+        keys = [k for k in (item.get("id"), item.get("call_id")) if isinstance(k, str) and k]
+        for key in keys:
+            if key in self._item_ids:
+                return self._item_ids[key]
+        # Unknown ids, and the stream showed another item with an id at this position: a
+        # new item, in a slot of its own. (A stream without ids matches by position.)
+        other = keys and position in self._item_ids.values()
+        return -1 - position if other else position
 
     def _flush(self, response: dict[str, Any]) -> list[Event]:
         held = self._stops.flush()
@@ -465,8 +489,13 @@ class ResponsesStreamParser:
 
     def _failed(self, data: dict[str, Any]) -> list[Event]:
         self.terminal = "response.failed"
-        err = (data.get("response") or {}).get("error") or {}
-        return self._end(classify_error(err if isinstance(err, dict) else {}, status=None))
+        response = data.get("response") or {}
+        err = response.get("error") or {}
+        # What the failed response used is kept (the client's usage, the key's token
+        # limit): a failure after output was still generated, and is billed upstream.
+        usage = responses_usage(response.get("usage"))
+        return ([usage] if usage is not None else []) + self._end(
+            classify_error(err if isinstance(err, dict) else {}, status=None))
 
     def _error(self, data: dict[str, Any]) -> list[Event]:
         self.terminal = "error"
