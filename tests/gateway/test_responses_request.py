@@ -263,6 +263,35 @@ def test_tool_choice_translates(choice: Any, ir: Any) -> None:
     assert parse({"input": "x", "tool_choice": choice}).request.tool_choice == ir
 
 
+_TWO_TOOLS = [{"type": "function", "name": "read_file"},
+              {"type": "custom", "name": "delete_file"}, {"type": "web_search"}]
+
+
+@pytest.mark.parametrize(("allowed", "offered"), [
+    ([{"type": "function", "name": "read_file"}], ["read_file"]),
+    ([{"type": "custom", "name": "delete_file"}, {"type": "web_search"}], ["delete_file"]),
+    ([{"type": "function", "name": "read_file"}, {"type": "custom", "name": "delete_file"}],
+     ["read_file", "delete_file"])])
+def test_allowed_tools_offers_only_the_tools_it_names(allowed: list, offered: list) -> None:
+    # Only the mode reached the IR before: every declared tool stayed callable, so a client
+    # that allowed read_file alone could get a delete_file call.
+    call = parse({"input": "x", "tools": _TWO_TOOLS, "tool_choice": {
+        "type": "allowed_tools", "mode": "required", "tools": allowed}})
+    assert [t.name for t in call.request.tools] == offered
+    assert call.request.tool_choice == "required"
+
+
+@pytest.mark.parametrize(("tools", "param"), [
+    ([{"type": "function", "name": "rm"}], "tool_choice.tools[0]"),
+    ([{"type": "function", "name": "read_file"}, "read_file"], "tool_choice.tools[1]"),
+    ("read_file", "tool_choice.tools")])
+def test_allowed_tools_naming_no_declared_tool_is_a_400(tools: Any, param: str) -> None:
+    with pytest.raises(RemoteProtocolError) as exc:
+        parse({"input": "x", "tools": _TWO_TOOLS, "tool_choice": {
+            "type": "allowed_tools", "mode": "auto", "tools": tools}})
+    assert exc.value.param == param
+
+
 def test_request_fields_translate() -> None:
     call = parse({"model": "gpt-x", "input": "x", "max_output_tokens": 77, "temperature": 0.5,
                   "top_p": 0.9, "parallel_tool_calls": False, "stream": True, "store": False,

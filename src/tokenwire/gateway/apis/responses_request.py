@@ -229,7 +229,8 @@ def parse_responses_request(
         prompt=ChatPrompt(messages=tuple(messages)), model=model or "",
         max_tokens=_max_output_tokens(body.get("max_output_tokens")),
         temperature=sampling.temperature, top_p=sampling.top_p, request_id=request_id,
-        tools=tools.specs, tool_choice=_tool_choice(body.get("tool_choice")),
+        tools=_allowed_tools(body.get("tool_choice"), tools.specs),
+        tool_choice=_tool_choice(body.get("tool_choice")),
         parallel_tool_calls=optional_bool(body, "parallel_tool_calls"),
         response_format=parse_text_format(body.get("text")),
         reasoning_effort=_opt_str(reasoning, "effort"),
@@ -563,6 +564,31 @@ def _flatten(tool: Any, path: str) -> list[tuple[str | None, dict[str, Any], str
                               code="invalid_type")
         out.append((name, member, f"{path}.tools[{k}]"))
     return out
+
+
+def _allowed_tools(choice: Any, specs: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
+    """The tools the model is offered: ``tool_choice: {"type": "allowed_tools", "tools":
+    [...]}`` keeps only those it names (hosted ones were dropped already). Only its
+    ``mode`` reached the IR before, so every declared tool stayed callable: a client that
+    allowed ``read_file`` alone could get a ``delete_file`` call."""
+    if not isinstance(choice, dict) or choice.get("type") != "allowed_tools":
+        return specs
+    entries = choice.get("tools")
+    if not isinstance(entries, list):
+        raise bad_request("tool_choice.tools must be an array of tools", code="invalid_type",
+                          param="tool_choice.tools")
+    declared = {spec.name for spec in specs}
+    names: set[str] = set()
+    for i, entry in enumerate(entries):
+        kind = _type_of(entry)
+        if kind in HOSTED_TOOLS:
+            continue
+        name = entry.get("name") if kind in ("function", "custom") else None
+        if not isinstance(name, str) or name not in declared:
+            raise bad_request(f"tool_choice.tools[{i}] names no tool declared in tools",
+                              param=f"tool_choice.tools[{i}]", code="invalid_value")
+        names.add(name)
+    return tuple(spec for spec in specs if spec.name in names)
 
 
 def _tool_choice(choice: Any) -> str | dict | None:
