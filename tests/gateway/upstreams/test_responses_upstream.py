@@ -301,6 +301,25 @@ def test_a_snapshot_item_with_an_id_the_stream_never_showed_is_shown_once_as_new
                                                                  TokenDelta(text="Hi")]
 
 
+@pytest.mark.parametrize(("reason", "finish"), [("max_output_tokens", FinishKind.LENGTH),
+                                                ("content_filter", FinishKind.CONTENT_FILTER)])
+def test_an_incomplete_snapshot_holding_unstreamed_output_is_shown(
+        fake: ScriptedServer, reason: str, finish: FinishKind) -> None:
+    # A server that streams no deltas has the partial answer only in the terminal snapshot:
+    # response.completed's was shown, response.incomplete's was dropped (the client got an
+    # incomplete response with no output at all).
+    s = ResponsesStream().message(["Hello wor"]).function_call("call_1", "f", ['{"a":'])
+    s.events = [e for e in s.events if e["type"].endswith(("created", "in_progress"))]
+    s.emit("response.incomplete", response={"id": "resp_1", "status": "incomplete",
+                                            "output": s.output,
+                                            "incomplete_details": {"reason": reason},
+                                            "usage": {"input_tokens": 6, "output_tokens": 9}})
+    assert generate(fake, HELLO, Script(s.chunks())) == [
+        MessageStart(), TokenDelta(text="Hello wor"),
+        ToolCallDelta(index=0, id="call_1", name="f", arguments='{"a":'),
+        Usage(prompt_tokens=6, completion_tokens=9), Finish(reason=finish)]
+
+
 def test_a_failed_responses_usage_is_kept(fake: ScriptedServer) -> None:
     s = ResponsesStream().message(["partial"]).failed("server_error", "it broke")
     del s.events[-2]  # only response.failed, whose snapshot says what was used

@@ -443,15 +443,21 @@ class ResponsesStreamParser:
     def _completed(self, data: dict[str, Any]) -> list[Event]:
         response = data.get("response") or {}
         self.terminal, self.completed = "response.completed", response
-        out: list[Event] = []
-        for position, item in enumerate(response.get("output") or ()):
-            if isinstance(item, dict) and not self.done:
-                out += self._finish_item(self._slot(position, item), item)
+        out = self._replay(response)
         if self.done:  # a stop sequence fired, or the snapshot contradicted the stream
             return out
         out += self._flush(response) + _completion_meta(response)
         reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
         return out + self._end(Finish(reason=reason))
+
+    def _replay(self, response: dict[str, Any]) -> list[Event]:
+        """What a terminal snapshot's ``output`` holds beyond what was streamed (a server
+        may stream no deltas at all): each item as its ``output_item.done`` would be."""
+        out: list[Event] = []
+        for position, item in enumerate(response.get("output") or ()):
+            if isinstance(item, dict) and not self.done:
+                out += self._finish_item(self._slot(position, item), item)
+        return out
 
     def _slot(self, position: int, item: dict[str, Any]) -> int:
         """The ``output_index`` the stream gave a snapshot item: found by its id (a call's
@@ -480,12 +486,17 @@ class ResponsesStreamParser:
         response = data.get("response") or {}
         self.terminal = "response.incomplete"
         reason = str((response.get("incomplete_details") or {}).get("reason") or "")
-        out = self._flush(response)
-        if reason in _INCOMPLETE_FINISH:
-            return out + self._end(Finish(reason=_INCOMPLETE_FINISH[reason]))
-        return out + self._end(_upstream_failure(
-            f"the upstream returned an incomplete response (reason {reason or 'unknown'})",
-            code=reason or None))
+        if reason not in _INCOMPLETE_FINISH:
+            return self._flush(response) + self._end(_upstream_failure(
+                f"the upstream returned an incomplete response (reason {reason or 'unknown'})",
+                code=reason or None))
+        # The partial answer, as for response.completed: a server that streamed no deltas
+        # had it only here, and the client got an incomplete response with no output.
+        out = self._replay(response)
+        if self.done:  # a stop sequence fired, or the snapshot contradicted the stream
+            return out
+        return out + self._flush(response) + self._end(
+            Finish(reason=_INCOMPLETE_FINISH[reason]))
 
     def _failed(self, data: dict[str, Any]) -> list[Event]:
         self.terminal = "response.failed"
