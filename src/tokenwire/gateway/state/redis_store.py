@@ -6,7 +6,8 @@ encoded record (:func:`~.response_store.encode_record`, so the byte cap means th
 :data:`~.response_store.DEFAULT_MAX_ROWS` responses, the oldest evicted first. Keys:
 
 - ``<prefix>resp:<id>``: one stored response (a string, ``PX`` = the TTL), or the "too
-  large" marker in its place;
+  large" marker in its place; requests store and read through
+  :class:`~.response_store.OwnedStore`, so ``<id>`` is ``<owner>/<response id>``;
 - ``<prefix>resp-index``: a sorted set of ids by the time Redis stored them (its clock, one
   for every instance), so the count bound can evict the oldest (expired ids are trimmed
   from it on every write).
