@@ -173,7 +173,7 @@ def response_owner(key: ApiKey) -> str:
     a flat-list key's own digest (they are all "unnamed"), hashed again so the store never
     holds the digest a key is checked against; the anonymous loopback client's are its
     own. Never contains ``/``: the owner is the first segment of a stored id."""
-    if key.name in (ANONYMOUS, UNNAMED) and not key.sha256:
+    if key.name == ANONYMOUS:  # a reserved name: only ANONYMOUS_KEY has it
         return ANONYMOUS
     if key.name != UNNAMED:
         return f"key-{key.name}"
