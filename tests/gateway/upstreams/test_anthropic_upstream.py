@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.gateway.upstreams.streams import collect
+from tokenwire.gateway.apis.messages_request import parse_messages_request
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
@@ -276,6 +277,23 @@ def test_request_has_system_alternating_turns_exact_tool_ids_and_headers(
                 {"type": "tool_result", "tool_use_id": "toolu_02", "content": "a dog"},
                 {"type": "text", "text": "So?"}]},
         ]}
+
+
+def test_a_tool_results_images_reach_the_upstream_beside_its_text() -> None:
+    # A Messages client's tool_result with an image (a screenshot a tool read): before,
+    # only the text was sent and the image was dropped in silence.
+    png = {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}
+    call = parse_messages_request({"model": "m", "max_tokens": 8, "messages": [
+        {"role": "user", "content": "Look"},
+        {"role": "assistant", "content": [
+            {"type": "tool_use", "id": "toolu_1", "name": "shot", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "content": [{"type": "text", "text": "here"},
+                                                  {"type": "image", "source": png}]}]}]})
+    body = build_messages_body(call.request, model="m", upstream_name="claude")
+    assert body["messages"][2]["content"] == [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                               "content": [{"type": "text", "text": "here"},
+                                                           {"type": "image", "source": png}]}]
 
 
 def test_reasoning_effort_enables_thinking_on_top_of_max_tokens() -> None:

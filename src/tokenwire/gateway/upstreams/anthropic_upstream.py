@@ -12,7 +12,8 @@ Request: ``POST {base}/v1/messages`` with ``x-api-key`` and ``anthropic-version:
 * ``max_tokens`` is required; extended thinking (``thinking: {type: enabled,
   budget_tokens}`` from ``reasoning_effort``) counts against it, so the budget is added on
   top of the client's ``max_tokens``, and thinking forbids changing temperature / top_p;
-* images are ``base64`` sources (from ``data:`` URLs) or ``url`` sources.
+* images (of a user turn or a tool result) are ``base64`` sources (from ``data:`` URLs) or
+  ``url`` sources.
 
 Signed thinking blocks (and ``redacted_thinking``) must be sent back unchanged on the next
 turn when tools are involved; each finished block becomes an opaque ``(upstream, block
@@ -41,6 +42,7 @@ from tokenwire.gateway.defaults import DEFAULT_MAX_TOKENS
 from tokenwire.gateway.ir import (
     ChatMessage,
     ChatPrompt,
+    ContentPart,
     Event,
     Failure,
     FailureClass,
@@ -187,12 +189,19 @@ def _conversation(request: GenerationRequest,
 
 def _user_blocks(msg: ChatMessage) -> list[dict[str, Any]]:
     if msg.role == "tool":
+        # A result's images (a screenshot a tool took) are blocks of its content too.
+        content = msg.content if isinstance(msg.content, str) else _part_blocks(msg.content)
         return [{"type": "tool_result", "tool_use_id": msg.tool_call_id or "",
-                 "content": msg.text}]
+                 "content": content}]
     if isinstance(msg.content, str):
         return [{"type": "text", "text": msg.content}] if msg.content else []
+    return _part_blocks(msg.content)
+
+
+def _part_blocks(parts: tuple[ContentPart, ...]) -> list[dict[str, Any]]:
+    """Text and image blocks of ``parts``; empty text parts left out (the API refuses them)."""
     return [_image(p) if isinstance(p, ImagePart) else {"type": "text", "text": p.text}
-            for p in msg.content if isinstance(p, ImagePart) or p.text]
+            for p in parts if isinstance(p, ImagePart) or p.text]
 
 
 def _image(part: ImagePart) -> dict[str, Any]:
