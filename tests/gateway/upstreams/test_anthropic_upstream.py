@@ -185,6 +185,23 @@ def test_stream_ending_without_message_stop_is_upstream_failure(fake: ScriptedSe
     assert events[-1].failure_class is FailureClass.UPSTREAM
 
 
+@pytest.mark.parametrize("stream", [
+    MessagesStream().tool_use("toolu_1", "f", ['{"a":', "nope}"]).end("tool_use"),
+    MessagesStream().tool_use("toolu_1", "f", ["[1, ", "2]"]).end("tool_use"),
+    MessagesStream().emit("content_block_delta", index=3,
+                          delta={"type": "text_delta", "text": "ghost"}).text(["x"]).end(),
+], ids=["input-not-json", "input-not-an-object", "delta-for-a-block-never-started"])
+def test_a_malformed_stream_is_an_upstream_failure_never_dropped_content(
+        fake: ScriptedServer, stream: MessagesStream) -> None:
+    # Before: the block-less delta was dropped in silence, and a tool_use input that is not
+    # a JSON object went on (a Messages client's non-streamed answer showed input {}).
+    events = generate(fake, HELLO, Script(stream.chunks()))
+    assert not any(isinstance(ev, Finish) for ev in events)
+    assert isinstance(events[-1], Failure)
+    assert (events[-1].failure_class, events[-1].status, events[-1].code) == (
+        FailureClass.UPSTREAM, 502, "protocol_error")
+
+
 # -- HTTP errors -----------------------------------------------------------------------------
 
 

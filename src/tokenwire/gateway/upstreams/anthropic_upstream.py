@@ -25,7 +25,9 @@ Stream (gateway-research §5.8): ``message_start`` (input usage), per block
 ``thinking_delta``, ``signature_delta``) / ``content_block_stop``, ``message_delta``
 (``stop_reason``, output usage), ``message_stop``; ``ping`` is ignored; an ``error`` event
 (``overloaded_error`` is the streaming twin of HTTP 529) is a classified Failure. EOF
-without ``message_stop`` is ``Failure(UPSTREAM)``.
+without ``message_stop`` is ``Failure(UPSTREAM)``; so is a malformed stream (502
+``protocol_error``): a delta for a block never started, a ``tool_use`` whose input is not a
+JSON object (its content would otherwise be dropped or reach the client as ``{}``).
 """
 
 from __future__ import annotations
@@ -376,9 +378,9 @@ class MessagesStreamParser:
     def _block_delta(self, data: dict[str, Any]) -> list[Event]:
         delta, block = data.get("delta") or {}, self._blocks.get(int(data.get("index", -1)))
         kind = str(delta.get("type"))
-        if block is None:
-            self.unknown[kind + " (unannounced block)"] += 1
-            return []
+        if block is None:  # its content would have no block to go in: never dropped unseen
+            return self._end(_failure(FailureClass.UPSTREAM, f"a {kind!r} delta for a "
+                                      "content block that was never started", 502, MALFORMED))
         if kind == "text_delta":
             return [TokenDelta(text=str(delta.get("text", "")))]
         if kind == "input_json_delta" and block.kind == "tool_use":
@@ -419,6 +421,9 @@ class MessagesStreamParser:
             if not raw and block.start:
                 return [ToolCallDelta(index=block.call,
                                       arguments=msgspec.json.encode(block.start).decode())]
+            if raw and not _is_json_object(raw):  # the API's input is always an object
+                return self._end(_failure(FailureClass.UPSTREAM, "a tool_use block's "
+                                          "input is not a JSON object", 502, MALFORMED))
             return []
         try:
             value = msgspec.json.decode(raw or "{}") if raw or not block.start else block.start
@@ -450,6 +455,13 @@ class MessagesStreamParser:
     def _error(self, data: dict[str, Any]) -> list[Event]:
         err = data.get("error") if isinstance(data.get("error"), dict) else data
         return self._end(classify_error({"type": "api_error", **err}, status=None))
+
+
+def _is_json_object(raw: str) -> bool:
+    try:
+        return isinstance(msgspec.json.decode(raw), dict)
+    except msgspec.DecodeError:
+        return False
 
 
 def _failure(cls: FailureClass, message: str, status: int, code: str | None = None) -> Failure:
