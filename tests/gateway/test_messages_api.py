@@ -239,6 +239,33 @@ def test_parallel_calls_with_interleaved_fragments_become_sequential_blocks() ->
     assert order == ["a", "b"] and blocks == {0: '{"x":1}', 1: '{"y":2}'}
 
 
+@pytest.mark.parametrize("between", [TokenDelta(text="Note."), ReasoningDelta(text="hm")])
+def test_text_between_a_calls_fragments_waits_and_never_cuts_its_streamed_input(
+        between: Event) -> None:
+    # An upstream sent text (or reasoning) between two fragments of call "b", which waited
+    # behind open call "a". Before, the text closed both blocks, and the fragments after it
+    # never reached the stream: "b" streamed '{"y":' alone (the SDK fails to parse it)
+    # while the non-streamed body had '{"y":2}'.
+    events = [ToolCallDelta(index=0, id="a", name="f", arguments='{"x":'),
+              ToolCallDelta(index=1, id="b", name="g", arguments='{"y":'), between,
+              ToolCallDelta(index=0, arguments="1}"), ToolCallDelta(index=1, arguments="2}"),
+              Finish(reason=FinishKind.TOOL_CALLS)]
+    streamed: dict[int, list[Any]] = {}
+    for n, d in render(events):
+        if n == "content_block_start":
+            streamed[d["index"]] = [d["content_block"]["type"], ""]
+        elif n == "content_block_delta":
+            delta = d["delta"]
+            streamed[d["index"]][1] += delta.get("partial_json", delta.get("text",
+                                                                            delta.get("thinking")))
+    kind = "text" if isinstance(between, TokenDelta) else "thinking"
+    shown = between.text  # type: ignore[attr-defined]
+    assert list(streamed.values()) == [["tool_use", '{"x":1}'], ["tool_use", '{"y":2}'],
+                                       [kind, shown]]
+    body = render(events, stream=False)[0][1]["content"]
+    assert [b.get("input") for b in body[:2]] == [{"x": 1}, {"y": 2}]
+
+
 def test_reasoning_is_a_thinking_block_before_the_text() -> None:
     ev = render([ReasoningDelta(text="hmm"), TokenDelta(text="Yes"), *END])
     assert ev[1][1]["content_block"] == {"type": "thinking", "thinking": "", "signature": ""}

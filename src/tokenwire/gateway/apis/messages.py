@@ -155,6 +155,18 @@ class _Tool:
             return msgspec.json.encode({"input": raw}).decode()
         return raw
 
+    def whole(self) -> bool:
+        """Its input is complete: a JSON object (freeform input cannot tell)."""
+        if self.kind == "custom":
+            return True
+        tail = next((a for a in reversed(self.args) if a.strip()), "")
+        if not tail.rstrip().endswith("}"):  # cheap: no object ends otherwise
+            return False
+        try:
+            return isinstance(msgspec.json.decode("".join(self.args)), dict)
+        except msgspec.DecodeError:
+            return False
+
 
 def _opens_message(event: Event) -> bool:
     """Output or the terminal: what ``message_start`` waits for (module docstring). Facts
@@ -166,7 +178,10 @@ class MessagesRenderer:
     """IR -> Messages SSE events, or one ``message`` JSON body when not streaming.
 
     Blocks never interleave: tool calls that start while another is open wait (buffered)
-    until it closes, because Anthropic streams one block at a time. ``signed_by`` names the
+    until it closes, because Anthropic streams one block at a time. Text and thinking that
+    come while a call's JSON input is unfinished wait too (an upstream may send them between
+    its fragments): a closed block takes no more deltas, so closing the call for them would
+    cut its input short in the stream. ``signed_by`` names the
     upstream whose opaque thinking blobs may go to the client (an Anthropic upstream).
     """
 
@@ -183,6 +198,7 @@ class MessagesRenderer:
         self._tools: dict[int, _Tool] = {}
         self._tool_order: list[int] = []
         self._block_tool: dict[int, _Tool] = {}  # content block index -> its call
+        self._held: list[TokenDelta | ReasoningDelta] = []  # behind an unfinished call
         self._usage: Usage | None = None
         self._body: dict[str, Any] | None = None  # the non-streamed answer, when complete
 
@@ -195,12 +211,16 @@ class MessagesRenderer:
             self._model = event.model
         out = self._start() if not self._started and _opens_message(event) else []
         match event:
+            case TokenDelta() | ReasoningDelta() if self._calls_unfinished():
+                self._held.append(event)
             case TokenDelta(text=text) if text:
                 out += self._text(text)
             case ReasoningDelta():
                 out += self._reasoning(event)
             case ToolCallDelta():
                 out += self._tool(event)
+                if self._held and not self._calls_unfinished():
+                    out += self._release()
             case Finish():
                 out += self._finish(event)
             case Failure():
@@ -242,6 +262,25 @@ class MessagesRenderer:
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return _sse("content_block_delta", {"index": len(self._blocks) - 1, "delta": delta})
+
+    def _calls_unfinished(self) -> bool:
+        """A call is open, or waits behind the open one, whose input is not whole yet."""
+        if self._open != "tool_use":
+            return False
+        last = len(self._blocks) - 1
+        return any(not tool.whole() for tool in self._tools.values()
+                   if tool.block is None or tool.block == last)
+
+    def _release(self) -> list[bytes]:
+        """The text and thinking held behind unfinished calls, in their order."""
+        held, self._held = self._held, []
+        out: list[bytes] = []
+        for event in held:
+            if isinstance(event, ReasoningDelta):
+                out += self._reasoning(event)
+            elif event.text:
+                out += self._text(event.text)
+        return out
 
     def _close(self) -> list[bytes]:
         """Close the open block, then every tool call waiting behind it."""
@@ -321,8 +360,8 @@ class MessagesRenderer:
                 and self._open == "tool_use":
             return self._flush_args(tool)
         # Waiting calls send their fragments when they open. A call whose block has
-        # closed (text came between its fragments) cannot stream them any more; the
-        # non-streamed body still has them.
+        # closed (its input was whole JSON, then text came, then more fragments) cannot
+        # stream them any more; the non-streamed body still has them.
         return []
 
     def _open_tool(self, tool: _Tool) -> list[bytes]:
@@ -343,7 +382,7 @@ class MessagesRenderer:
 
     def _finish(self, event: Finish) -> list[bytes]:
         self.done = True
-        out = self._close()
+        out = [*self._close(), *self._release(), *self._close()]
         reason = _STOP_REASONS[event.reason]
         if reason == "end_turn" and self._tools:  # some upstreams say "stop" after calls
             reason = "tool_use"
@@ -362,7 +401,8 @@ class MessagesRenderer:
         if not self.stream:
             self._body = body
             return []
-        return [*self._close(), _sse("error", {"error": body["error"]})]
+        out = [*self._close(), *self._release(), *self._close()]
+        return [*out, _sse("error", {"error": body["error"]})]
 
     def _usage_dict(self) -> dict[str, Any]:
         return anthropic_usage(self._usage)
