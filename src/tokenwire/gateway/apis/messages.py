@@ -211,7 +211,8 @@ class MessagesRenderer:
             self._model = event.model
         out = self._start() if not self._started and _opens_message(event) else []
         match event:
-            case TokenDelta() | ReasoningDelta() if self._calls_unfinished():
+            case TokenDelta() | ReasoningDelta() if self._open == "tool_use" \
+                    and self._calls_unfinished():
                 self._held.append(event)
             case TokenDelta(text=text) if text:
                 out += self._text(text)
@@ -219,7 +220,7 @@ class MessagesRenderer:
                 out += self._reasoning(event)
             case ToolCallDelta():
                 out += self._tool(event)
-                if self._held and not self._calls_unfinished():
+                if self._held and (self._open != "tool_use" or not self._calls_unfinished()):
                     out += self._release()
             case Finish():
                 out += self._finish(event)
@@ -264,9 +265,8 @@ class MessagesRenderer:
         return _sse("content_block_delta", {"index": len(self._blocks) - 1, "delta": delta})
 
     def _calls_unfinished(self) -> bool:
-        """A call is open, or waits behind the open one, whose input is not whole yet."""
-        if self._open != "tool_use":
-            return False
+        """A call is open, or waits behind the open one, whose input is not whole yet
+        (asked only while a ``tool_use`` block is open: no call per token otherwise)."""
         last = len(self._blocks) - 1
         return any(not tool.whole() for tool in self._tools.values()
                    if tool.block is None or tool.block == last)
