@@ -459,6 +459,7 @@ class ChunkParser:
         self._retok: Retokenizer | None = None
         self._ended = False
         self._any = False  # any event at all: an empty 200 is its own failure
+        self._calls = _CallIndexes()
         #: A long prompt is counted on a worker thread (``prompt_truncation.CountedStream``)
         #: and checked there; a short one here, at the end; one the preflight counted with
         #: the same map is not counted again (``GenerationRequest.counts``).
@@ -569,7 +570,7 @@ class ChunkParser:
             calls = delta.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise _Malformed(f"tool_calls is a {type(calls).__name__}, not a list")
-            out += map(_tool_call, calls)
+            out += (self._calls.place(_tool_call(c)) for c in calls)
             logprobs = entry_logprobs((choice.get("logprobs") or {}).get("content"))
         else:  # completions
             text = _text(choice.get("text"), "text")
@@ -669,6 +670,34 @@ def _text(value: Any, field: str) -> str:
             for p in value):
         return "".join(p["text"] for p in value)
     raise _Malformed(f"{field} is neither a string nor a list of text parts")
+
+
+class _CallIndexes:
+    """The index each tool call has for the client. A server numbers its calls 0, 1, ... and
+    names a call (``id`` and ``function.name``) in its first delta only; its numbers are kept.
+    Some start another call at an index already taken: Ollama's whole calls sent without an
+    ``index`` (each read as 0), a server that counts per chunk. Such a delta names an id and
+    a name other than the call there has: it is a new call, numbered after every call so far.
+    Appended to the first, it made one call with both names' arguments run together
+    (``{}{"y":1}``) on every API that assembles calls (Chat without streaming, Responses,
+    Messages), and the second call was lost. A delta with a new id but no name continues
+    the call (a server may repeat or vary ids on every fragment)."""
+
+    def __init__(self) -> None:
+        self._at: dict[int, tuple[int, str | None]] = {}  # server's index -> (ours, its id)
+        self._used: set[int] = set()
+
+    def place(self, delta: ToolCallDelta) -> ToolCallDelta:
+        known = self._at.get(delta.index)
+        if known is None or (delta.id and delta.name and known[1] and delta.id != known[1]):
+            ours = max(self._used) + 1 if delta.index in self._used else delta.index
+            self._used.add(ours)
+            self._at[delta.index] = (ours, delta.id)
+        else:
+            ours = known[0]
+            if known[1] is None and delta.id:
+                self._at[delta.index] = (ours, delta.id)
+        return delta if ours == delta.index else msgspec.structs.replace(delta, index=ours)
 
 
 def _tool_call(call: Any) -> ToolCallDelta:

@@ -1,0 +1,109 @@
+"""A misbehaving OpenAI-compatible upstream, seen by each client API: what the upstream said
+validly reaches the client unchanged; what it said wrongly ends as the documented failure
+(docs/failure-semantics.md), never the gateway's own 500 or a silently altered answer."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import start_server
+from tests.gateway.upstreams.fakes import Reply, sse, start_fake
+from tests.gateway.upstreams.test_openai_compat import fake, req, run  # noqa: F401
+from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.ir import Finish, FinishKind, IdsSource, ToolCallDelta
+from tokenwire.gateway.routing.router import Router, ServedModel
+from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
+from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
+
+HEAD = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+USER = [{"role": "user", "content": "hi"}]
+
+
+def chunk(delta: dict | None = None, finish: str | None = None, **choice) -> dict:
+    return {**HEAD, "choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish,
+                                 **choice}]}
+
+
+def call(index: int | None, args: str, call_id: str | None = None,
+         name: str | None = None) -> dict:
+    out: dict = {"function": {"arguments": args}}
+    if index is not None:
+        out["index"] = index
+    if call_id is not None:
+        out["id"], out["type"] = call_id, "function"
+    if name is not None:
+        out["function"]["name"] = name
+    return chunk({"tool_calls": [out]})
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[tuple[str, dict]]:
+    """A gateway over a scripted upstream; ``script["reply"]`` is what the upstream answers."""
+    script: dict = {"reply": Reply()}
+    upstream = start_fake(lambda path, body: script["reply"], owned_by="x")
+    cfg = UpstreamConfig(name="up", kind="openai", base_url=upstream.url,
+                         models=(ModelRoute(name="m"),))
+    served = ServedModel(name="m", upstream=OpenAICompatUpstream.from_config(cfg), tmap=None,
+                         ids_source=IdsSource.NONE, upstream_name="up")
+    live = start_server(GatewayState(settings=ServerSettings(), router=Router([served])))
+    yield live.url, script
+    live.stop()
+    upstream.stop()
+
+
+def post(url: str, path: str, body: dict) -> httpx.Response:
+    return httpx.post(url + path, json={"model": "m", **body}, timeout=60)
+
+
+def calls_by_api(url: str) -> dict[str, list[tuple[str, str, str]]]:
+    """(id, name, arguments text) of each call, as each API's whole answer gives them."""
+    chat = post(url, "/v1/chat/completions", {"messages": USER}).json()
+    responses = post(url, "/v1/responses", {"input": "hi"}).json()
+    messages = post(url, "/v1/messages", {"messages": USER, "max_tokens": 9}).json()
+    return {
+        "chat": [(c["id"], c["function"]["name"], c["function"]["arguments"])
+                 for c in chat["choices"][0]["message"]["tool_calls"]],
+        "responses": [(o["call_id"], o["name"], o["arguments"]) for o in responses["output"]
+                      if o["type"] == "function_call"],
+        "messages": [(b["id"], b["name"], json.dumps(b["input"], separators=(",", ":")))
+                     for b in messages["content"] if b["type"] == "tool_use"],
+    }
+
+
+# -- tool calls --------------------------------------------------------------------------------
+
+
+def test_a_new_call_at_a_taken_index_is_a_call_of_its_own(fake):  # noqa: F811
+    """Reproduced: two calls at index 0 (the second with its own id and name) came out as
+    one call, ``f`` with arguments ``{}{"y":1}``; the second call was lost."""
+    out = run(fake, Reply(chunks=sse(call(0, "{}", "call_a", "f"),
+                                     call(0, '{"y":', "call_b", "g"), call(0, "1}"),
+                                     chunk(finish="tool_calls"), "[DONE]")), req())
+    deltas = [e for e in out if isinstance(e, ToolCallDelta)]
+    assert [(d.index, d.id, d.name, d.arguments) for d in deltas] == [
+        (0, "call_a", "f", "{}"), (1, "call_b", "g", '{"y":'), (1, None, None, "1}")]
+    assert out[-1] == Finish(reason=FinishKind.TOOL_CALLS)
+
+
+def test_calls_without_an_index_each_keep_their_arguments_on_every_api(gateway):
+    """Ollama's whole calls without ``index``: each was read as index 0 and merged into the
+    first (Chat without streaming, Responses and Messages all showed one call)."""
+    url, script = gateway
+    script["reply"] = Reply(chunks=sse(call(None, '{"city":"Oslo"}', "call_a", "weather"),
+                                       call(None, '{"tz":"UTC"}', "call_b", "time"),
+                                       chunk(finish="tool_calls"), "[DONE]"))
+    want = [("call_a", "weather", '{"city":"Oslo"}'), ("call_b", "time", '{"tz":"UTC"}')]
+    assert calls_by_api(url) == {"chat": want, "responses": want, "messages": want}
+
+
+def test_a_new_id_without_a_name_continues_the_call(fake):  # noqa: F811
+    """A server that puts an id on every fragment (even a different one) still streams one
+    call: only a delta that names the call starts another."""
+    out = run(fake, Reply(chunks=sse(call(0, '{"a":', "call_a", "f"), call(0, "1}", "call_x"),
+                                     chunk(finish="tool_calls"), "[DONE]")), req())
+    assert {d.index for d in out if isinstance(d, ToolCallDelta)} == {0}
