@@ -107,3 +107,23 @@ def test_a_new_id_without_a_name_continues_the_call(fake):  # noqa: F811
     out = run(fake, Reply(chunks=sse(call(0, '{"a":', "call_a", "f"), call(0, "1}", "call_x"),
                                      chunk(finish="tool_calls"), "[DONE]")), req())
     assert {d.index for d in out if isinstance(d, ToolCallDelta)} == {0}
+
+
+# -- what a delta says -------------------------------------------------------------------------
+
+
+def test_a_refusal_is_the_answers_text_on_every_api(gateway):
+    """OpenAI streams a structured-output refusal in ``delta.refusal``. Reproduced: it was
+    dropped, and every API answered an empty, successful message."""
+    url, script = gateway
+    script["reply"] = Reply(chunks=sse(chunk({"role": "assistant", "refusal": None}),
+                                       chunk({"refusal": "I can't "}),
+                                       chunk({"refusal": "help with that."}),
+                                       chunk(finish="stop"), "[DONE]"))
+    said = "I can't help with that."
+    chat = post(url, "/v1/chat/completions", {"messages": USER}).json()
+    assert chat["choices"][0]["message"]["content"] == said
+    responses = post(url, "/v1/responses", {"input": "hi"}).json()
+    assert responses["output"][0]["content"][0]["text"] == said
+    messages = post(url, "/v1/messages", {"messages": USER, "max_tokens": 9}).json()
+    assert messages["content"] == [{"type": "text", "text": said}]

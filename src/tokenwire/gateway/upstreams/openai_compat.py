@@ -158,6 +158,7 @@ class _PlainDelta(msgspec.Struct):
     reasoning_content: Any = None
     reasoning: Any = None
     tool_calls: Any = None
+    refusal: Any = None
 
 
 class _PlainChoice(msgspec.Struct):
@@ -532,7 +533,8 @@ class ChunkParser:
                 return None
             if delta is not None:  # chat
                 if delta.reasoning_content is not None or delta.reasoning is not None \
-                        or delta.tool_calls is not None or choice.text is not None:
+                        or delta.tool_calls is not None or delta.refusal is not None \
+                        or choice.text is not None:
                     return None
                 text = delta.content
             elif isinstance(choice.text, str | None):  # completions
@@ -562,7 +564,10 @@ class ChunkParser:
         out: list[Event] = []
         delta = choice.get("delta")
         if isinstance(delta, dict):  # chat
-            text = _text(delta.get("content"), "content")
+            # A refusal (OpenAI's structured outputs) is the answer's text, as the Responses
+            # adapter reads ``response.refusal.delta``; the IR has no refusal of its own.
+            text = _text(delta.get("content"), "content") + _text(delta.get("refusal"),
+                                                                  "refusal")
             reasoning = _text(delta.get("reasoning_content") or delta.get("reasoning"),
                               "reasoning")
             if reasoning:
