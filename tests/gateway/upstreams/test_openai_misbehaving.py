@@ -12,9 +12,21 @@ import pytest
 
 from tests.gateway.conftest import start_server
 from tests.gateway.upstreams.fakes import Reply, sse, start_fake
-from tests.gateway.upstreams.test_openai_compat import fake, req, run  # noqa: F401
+from tests.gateway.upstreams.test_openai_compat import (  # noqa: F401
+    fake,
+    req,
+    run,
+    text_of,
+)
 from tokenwire.gateway.http.state import GatewayState
-from tokenwire.gateway.ir import Finish, FinishKind, IdsSource, ToolCallDelta
+from tokenwire.gateway.ir import (
+    Finish,
+    FinishKind,
+    IdsSource,
+    PromptText,
+    TokenDelta,
+    ToolCallDelta,
+)
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
@@ -127,3 +139,32 @@ def test_a_refusal_is_the_answers_text_on_every_api(gateway):
     assert responses["output"][0]["content"][0]["text"] == said
     messages = post(url, "/v1/messages", {"messages": USER, "max_tokens": 9}).json()
     assert messages["content"] == [{"type": "text", "text": said}]
+
+
+_TEXT_HEAD = {"id": "t", "object": "text_completion", "created": 1, "model": "m"}
+
+
+@pytest.mark.parametrize(("api", "logprobs"), [
+    ("chat", [{"token": "ok", "logprob": -1.0}]),  # a list where the object goes
+    ("chat", {"content": [{"token": "ok", "logprob": -1.0, "top_logprobs": 5}]}),
+    ("completions", {"tokens": 7, "token_logprobs": [-1.0]}),
+    ("completions", {"tokens": ["ok"], "token_logprobs": [-1.0], "top_logprobs": 3}),
+])
+def test_logprobs_of_an_odd_shape_are_skipped_not_the_gateways_500(fake, api, logprobs):  # noqa: F811
+    """Reproduced: each raised in the parser (``AttributeError: 'list' object has no
+    attribute 'get'``, ``TypeError: 'int' object is not iterable``) and the client got the
+    gateway's own 500 ``internal``. Malformed logprobs are skipped (``logprobs_wire``); the
+    answer is the upstream's."""
+    if api == "chat":
+        chunks = sse(chunk({"content": "ok"}, logprobs=logprobs), chunk(finish="stop"),
+                     "[DONE]")
+        request = req()
+    else:
+        chunks = sse({**_TEXT_HEAD, "choices": [{"index": 0, "text": "ok",
+                                                  "logprobs": logprobs}]},
+                     {**_TEXT_HEAD, "choices": [{"index": 0, "text": "",
+                                                  "finish_reason": "stop"}]}, "[DONE]")
+        request = req(PromptText(text="hi"))
+    out = run(fake, Reply(chunks=chunks), request)
+    assert text_of(out) == "ok" and out[-1] == Finish(reason=FinishKind.EOS)
+    assert all(not e.logprobs for e in out if isinstance(e, TokenDelta))

@@ -4,7 +4,9 @@ Chat Completions (``choices[].logprobs.content``) and Responses (``output_text.d
 ``logprobs``) send entries ``{"token", "logprob", "bytes", "top_logprobs": [...]}``;
 Completions sends parallel arrays (``tokens``, ``token_logprobs``, ``top_logprobs`` as
 ``{token: logprob}`` objects). Malformed entries are skipped, never guessed at: a missing
-``bytes`` is the token's UTF-8, a missing number drops the entry.
+``bytes`` is the token's UTF-8, a missing number drops the entry, and so does a
+``top_logprobs`` that is not a list; arrays that are not lists are no logprobs. (Each of
+these once raised in the parser: the gateway's own 500 for an upstream's odd field.)
 """
 
 from __future__ import annotations
@@ -34,11 +36,11 @@ def entry_logprobs(entries: Any) -> tuple[TokenLogprob, ...]:
     for e in entries if isinstance(entries, list) else ():
         if not isinstance(e, dict) or not isinstance(e.get("token"), str):
             continue
-        lp = _number(e.get("logprob"))
-        if lp is None:
+        lp, tops = _number(e.get("logprob")), e.get("top_logprobs") or []
+        if lp is None or not isinstance(tops, list):
             continue
         top = tuple(TopLogprob(token=t["token"], bytes=_bytes(t, t["token"]), logprob=tl)
-                    for t in e.get("top_logprobs") or () if isinstance(t, dict)
+                    for t in tops if isinstance(t, dict)
                     and isinstance(t.get("token"), str)
                     and (tl := _number(t.get("logprob"))) is not None)
         out.append(TokenLogprob(token=e["token"], bytes=_bytes(e, e["token"]), logprob=lp,
@@ -52,6 +54,8 @@ def completions_logprobs(arrays: Any) -> tuple[TokenLogprob, ...]:
         return ()
     tokens, values = arrays.get("tokens") or [], arrays.get("token_logprobs") or []
     tops = arrays.get("top_logprobs") or []
+    if not all(isinstance(a, list) for a in (tokens, values, tops)):
+        return ()
     out: list[TokenLogprob] = []
     for i, (token, value) in enumerate(zip(tokens, values, strict=False)):
         lp = _number(value)

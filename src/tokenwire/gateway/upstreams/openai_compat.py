@@ -576,7 +576,8 @@ class ChunkParser:
             if not isinstance(calls, list):
                 raise _Malformed(f"tool_calls is a {type(calls).__name__}, not a list")
             out += (self._calls.place(_tool_call(c)) for c in calls)
-            logprobs = entry_logprobs((choice.get("logprobs") or {}).get("content"))
+            lp = choice.get("logprobs")
+            logprobs = entry_logprobs(lp.get("content") if isinstance(lp, dict) else None)
         else:  # completions
             text = _text(choice.get("text"), "text")
             logprobs = completions_logprobs(choice.get("logprobs"))
