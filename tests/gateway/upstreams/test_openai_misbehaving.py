@@ -20,6 +20,8 @@ from tests.gateway.upstreams.test_openai_compat import (  # noqa: F401
 )
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import (
+    Failure,
+    FailureClass,
     Finish,
     FinishKind,
     IdsSource,
@@ -168,3 +170,41 @@ def test_logprobs_of_an_odd_shape_are_skipped_not_the_gateways_500(fake, api, lo
     out = run(fake, Reply(chunks=chunks), request)
     assert text_of(out) == "ok" and out[-1] == Finish(reason=FinishKind.EOS)
     assert all(not e.logprobs for e in out if isinstance(e, TokenDelta))
+
+
+# -- errors in the stream ----------------------------------------------------------------------
+
+_OVERFLOW = (b'error: {"code":400,"message":"the request exceeds the available context size, '
+             b'try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,'
+             b'"n_ctx":4096}\n\n')
+
+
+def test_llama_servers_error_line_is_the_failure_it_names(fake):  # noqa: F811
+    """llama-server streams an error as an ``error: {...}`` line, then ``data: [DONE]``.
+    Reproduced: the line was ignored and the stream failed as 'ended ([DONE]) without a
+    finish_reason' (502, retried), for an overflow that is final and names its counts."""
+    out = run(fake, Reply(chunks=(_OVERFLOW, b"data: [DONE]\n\n")), req())
+    assert len(out) == 1 and isinstance(out[0], Failure)
+    assert out[0].failure_class is FailureClass.CONTEXT_LENGTH and out[0].status == 400
+    assert (out[0].prompt_tokens, out[0].context_tokens) == (5000, 4096)
+
+
+@pytest.mark.parametrize("error", [
+    b'error: {"code":500,"message":"slot crashed","type":"server_error"}\n\n',
+    b'event: error\ndata: {"message":"slot crashed","type":"server_error"}\n\n',
+    b'event: error\ndata: {"error":{"message":"slot crashed","type":"server_error"}}\n\n',
+])
+def test_an_error_event_after_output_ends_the_answer_with_its_message(fake, error):  # noqa: F811
+    out = run(fake, Reply(chunks=(*sse(chunk({"content": "par"})), error,
+                                  b"data: [DONE]\n\n")), req())
+    assert text_of(out) == "par"
+    assert isinstance(out[-1], Failure) and out[-1].failure_class is FailureClass.UPSTREAM
+    assert out[-1].message == "slot crashed"
+
+
+def test_a_chat_client_gets_llama_servers_overflow_as_context_length_exceeded(gateway):
+    url, script = gateway
+    script["reply"] = Reply(chunks=(_OVERFLOW, b"data: [DONE]\n\n"))
+    r = post(url, "/v1/chat/completions", {"messages": USER, "stream": True})
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"

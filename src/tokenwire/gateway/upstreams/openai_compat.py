@@ -471,7 +471,32 @@ class ChunkParser:
         self.check_due = False  # the stream ended with a usage to check, counted late
 
     def on_sse(self, sse: SSEEvent) -> list[Event]:
+        if sse.event == "error":
+            return self._error_event(sse.data)
         return self.on_data(sse.data)
+
+    def _error_event(self, data: str) -> list[Event]:
+        """An ``event: error`` (llama-server's ``error:`` line, ``sse.py``): its data is the
+        error object itself (``{"code": 400, "type": "exceed_context_size_error", ...}``)
+        or wrapped as a chunk's is (``{"error": {...}}``). Read as a chunk, it had no
+        ``choices`` and was skipped: the stream then ended without a finish_reason, a
+        retryable broken stream, where the upstream had said why (a context overflow is
+        final, with its counts)."""
+        if self._ended:
+            return []
+        self._any = True
+        try:
+            err = _json.decode(data)
+        except msgspec.DecodeError:
+            err = data[:200]
+        if isinstance(err, dict) and isinstance(err.get("error"), dict):
+            err = err["error"]
+        return self._error(err)
+
+    def _error(self, err: Any) -> list[Event]:
+        self._ended = True
+        return [classify_error(err if isinstance(err, dict) else {"message": str(err)},
+                               status=None)]
 
     def on_data(self, data: str) -> list[Event]:
         if self._ended:
@@ -496,10 +521,7 @@ class ChunkParser:
         if not isinstance(chunk, dict):
             return self._fail("upstream sent a chunk that is not a JSON object", MALFORMED)
         if "error" in chunk or chunk.get("object") == "error":
-            self._ended = True
-            err = chunk.get("error", chunk)
-            return [classify_error(err if isinstance(err, dict) else {"message": str(err)},
-                                   status=None)]
+            return self._error(chunk.get("error", chunk))
         choices = chunk.get("choices") or ()
         if not isinstance(choices, list | tuple):  # (a number here once crashed the parser)
             return self._fail("upstream sent a chunk whose choices are not a list", MALFORMED)

@@ -21,6 +21,11 @@ an error payload) has still told us something, and the adapter decides whether t
 ended properly from its own terminal (a ``finish_reason``), so :meth:`SSEDecoder.feed_eof`
 dispatches such an event. A line cut off without its line end is different: that is a
 partial frame, and ``feed_eof`` raises :class:`~tokenwire.errors.TruncatedStream`.
+
+Another, for llama.cpp's ``llama-server``: builds of it send an error in a stream as a line
+``error: {...}`` (a field the spec ignores) followed by ``data: [DONE]``. Ignored, the
+error's message and class were lost and the stream read as one cut short; such a line is
+read as ``event: error`` with that ``data``, the shape other servers send.
 """
 
 from __future__ import annotations
@@ -175,6 +180,9 @@ class SSEDecoder:
             self._data_line(value)
         elif name == "event":
             self._event = value
+        elif name == "error":  # llama-server's error line (module docstring)
+            self._event = "error"
+            self._data_line(value)
         elif name == "id":
             if "\0" not in value:
                 self._last_id = value
