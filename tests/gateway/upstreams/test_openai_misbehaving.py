@@ -208,3 +208,11 @@ def test_a_chat_client_gets_llama_servers_overflow_as_context_length_exceeded(ga
     r = post(url, "/v1/chat/completions", {"messages": USER, "stream": True})
     assert r.status_code == 400
     assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_a_null_error_field_is_no_error(fake):  # noqa: F811
+    """Reproduced: ``"error": null`` on an ordinary chunk failed the stream (502, message
+    "None") before any text."""
+    out = run(fake, Reply(chunks=sse({**chunk({"content": "ok"}), "error": None},
+                                     {**chunk(finish="stop"), "error": None}, "[DONE]")), req())
+    assert text_of(out) == "ok" and out[-1] == Finish(reason=FinishKind.EOS)

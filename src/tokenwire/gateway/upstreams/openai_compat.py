@@ -175,7 +175,7 @@ class _PlainChoice(msgspec.Struct):
 class _PlainChunk(msgspec.Struct):
     choices: list[_PlainChoice] | None = None
     usage: Any = None
-    error: Any = msgspec.UNSET  # an "error" key, even null, is the general path's to read
+    error: Any = None
     object: Any = None
     tokens: Any = None
 
@@ -520,7 +520,9 @@ class ChunkParser:
                               MALFORMED)
         if not isinstance(chunk, dict):
             return self._fail("upstream sent a chunk that is not a JSON object", MALFORMED)
-        if "error" in chunk or chunk.get("object") == "error":
+        # A null error is none (as every null field of the API); it once failed the stream
+        # with the message "None".
+        if chunk.get("error") is not None or chunk.get("object") == "error":
             return self._error(chunk.get("error", chunk))
         choices = chunk.get("choices") or ()
         if not isinstance(choices, list | tuple):  # (a number here once crashed the parser)
@@ -544,7 +546,7 @@ class ChunkParser:
             chunk = _decode_plain(data)
         except msgspec.DecodeError:  # not JSON, not an object, an unexpected type
             return None
-        if chunk.choices is None or chunk.usage is not None or chunk.error is not msgspec.UNSET \
+        if chunk.choices is None or chunk.usage is not None or chunk.error is not None \
                 or chunk.object == "error" or chunk.tokens is not None:
             return None
         out: list[Event] = []
