@@ -216,3 +216,26 @@ def test_a_null_error_field_is_no_error(fake):  # noqa: F811
     out = run(fake, Reply(chunks=sse({**chunk({"content": "ok"}), "error": None},
                                      {**chunk(finish="stop"), "error": None}, "[DONE]")), req())
     assert text_of(out) == "ok" and out[-1] == Finish(reason=FinishKind.EOS)
+
+
+_JSON = (("content-type", "application/json"),)
+
+
+def test_a_200_with_an_error_object_instead_of_a_stream_is_that_error(fake):  # noqa: F811
+    """Reproduced: a 200 ``application/json`` ``{"error": {"code":
+    "context_length_exceeded", ...}}`` became "expected text/event-stream, got
+    'application/json'", a 502 that is retried, and the reason was lost."""
+    body = json.dumps({"error": {"message": "This model's maximum context length is 4096 "
+                                            "tokens. However, you requested 5000 tokens",
+                                 "type": "invalid_request_error",
+                                 "code": "context_length_exceeded"}}).encode()
+    out = run(fake, Reply(chunks=(body,), headers=_JSON), req())
+    assert len(out) == 1 and out[0].failure_class is FailureClass.CONTEXT_LENGTH
+    assert out[0].status == 400
+
+
+def test_a_200_with_other_json_instead_of_a_stream_is_a_broken_answer(fake):  # noqa: F811
+    body = json.dumps({"object": "chat.completion", "choices": []}).encode()
+    out = run(fake, Reply(chunks=(body,), headers=_JSON), req())
+    assert len(out) == 1 and out[0].failure_class is FailureClass.UPSTREAM
+    assert out[0].status == 502 and "expected text/event-stream" in out[0].message

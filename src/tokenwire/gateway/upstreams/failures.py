@@ -39,6 +39,7 @@ __all__ = [
     "error_object",
     "failure_from_exception",
     "failure_from_response",
+    "not_a_stream",
     "overflow_message",
     "read_capped",
     "retry_after_seconds",
@@ -272,6 +273,23 @@ def failure_from_response(status: int, headers: Mapping[str, str], body: bytes) 
     """The Failure for an error status answered before the stream started."""
     return classify_error(error_object(body), status=status,
                           retry_after=retry_after_seconds(headers))
+
+
+def not_a_stream(content_type: str, body: bytes) -> Failure:
+    """The Failure for a 2xx answer to a streamed request that is not an event stream. An
+    error object there (``{"error": {...}}``: a server or proxy that reports a failed stream
+    with a 200) is the failure it names, classified as a mid-stream error is; it used to be
+    a bare "expected text/event-stream" 502 that dropped the upstream's reason and class
+    (a context overflow was retried). Anything else is a broken answer."""
+    try:
+        doc = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        doc = None
+    if isinstance(doc, dict) and (isinstance(doc.get("error"), dict)
+                                  or doc.get("object") == "error"):
+        return classify_error(error_object(body), status=None)
+    return Failure(failure_class=_C.UPSTREAM, status=502,
+                   message=f"expected text/event-stream, got {content_type!r}")
 
 
 def failure_from_exception(exc: httpx.HTTPError, *, started: bool,

@@ -34,7 +34,12 @@ from tokenwire.gateway.ir import (
     is_terminal,
 )
 from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, UpstreamState
-from tokenwire.gateway.upstreams.failures import MALFORMED, failure_from_exception, read_capped
+from tokenwire.gateway.upstreams.failures import (
+    MALFORMED,
+    failure_from_exception,
+    not_a_stream,
+    read_capped,
+)
 from tokenwire.gateway.upstreams.http_transport import UpstreamClient, upstream_transport
 from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
 from tokenwire.gateway.upstreams.stream_post import BodyReader, stream_post
@@ -202,8 +207,7 @@ class SSEUpstreamStream:
             return
         ctype = post.content_type
         if "text/event-stream" not in ctype:
-            self._end(Failure(failure_class=FailureClass.UPSTREAM, status=502,
-                              message=f"expected text/event-stream, got {ctype!r}"))
+            self._end(not_a_stream(ctype, await read_capped(resp)))
             return
         # A parser that reads the response head (the Responses turn state) says so.
         on_head = getattr(self.parser, "on_head", None)
