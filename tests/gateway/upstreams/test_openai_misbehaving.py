@@ -239,3 +239,18 @@ def test_a_200_with_other_json_instead_of_a_stream_is_a_broken_answer(fake):  # 
     out = run(fake, Reply(chunks=(body,), headers=_JSON), req())
     assert len(out) == 1 and out[0].failure_class is FailureClass.UPSTREAM
     assert out[0].status == 502 and "expected text/event-stream" in out[0].message
+
+
+# -- usage -------------------------------------------------------------------------------------
+
+
+def test_a_usage_with_only_the_completion_count_reaches_the_client(gateway):
+    """Reproduced: ``{"completion_tokens": 7}`` was not read as a usage at all; the client
+    got ``usage: null`` though the upstream had reported the completion's count."""
+    url, script = gateway
+    script["reply"] = Reply(chunks=sse(chunk({"content": "ok"}), chunk(finish="stop"),
+                                       {**HEAD, "choices": [], "usage": {"completion_tokens": 7}},
+                                       "[DONE]"))
+    usage = post(url, "/v1/chat/completions", {"messages": USER}).json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (None, 7)
+    assert usage["tokenwire_source"] == "upstream"

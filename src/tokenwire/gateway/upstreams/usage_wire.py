@@ -34,8 +34,11 @@ def _detail(usage: Mapping[str, Any], field: str, key: str) -> int | None:
 
 
 def openai_usage(usage: Any) -> Usage | None:
-    """A Chat Completions / Completions ``usage`` object, or ``None`` if it is not one."""
-    if not isinstance(usage, Mapping) or "prompt_tokens" not in usage:
+    """A Chat Completions / Completions ``usage`` object, or ``None`` if it is not one (it
+    names neither count). One that names only the completion's keeps it: it was dropped
+    whole, and the client got no usage where the upstream had reported a figure."""
+    if not isinstance(usage, Mapping) or (
+            "prompt_tokens" not in usage and "completion_tokens" not in usage):
         return None
     return Usage(prompt_tokens=_count(usage.get("prompt_tokens")),
                  completion_tokens=_count(usage.get("completion_tokens")),
