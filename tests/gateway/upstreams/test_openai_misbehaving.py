@@ -14,6 +14,7 @@ from tests.gateway.conftest import start_server
 from tests.gateway.upstreams.fakes import Reply, sse, start_fake
 from tests.gateway.upstreams.test_openai_compat import (  # noqa: F401
     fake,
+    ids_of,
     req,
     run,
     text_of,
@@ -32,6 +33,7 @@ from tokenwire.gateway.ir import (
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
+from tokenwire.gateway.upstreams.failures import MALFORMED
 from tokenwire.gateway.upstreams.openai_compat import OpenAICompatUpstream
 
 HEAD = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
@@ -254,3 +256,22 @@ def test_a_usage_with_only_the_completion_count_reaches_the_client(gateway):
     usage = post(url, "/v1/chat/completions", {"messages": USER}).json()["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (None, 7)
     assert usage["tokenwire_source"] == "upstream"
+
+
+# -- token ids ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ids", [[-1], [2**32], [5, True]])
+def test_token_ids_that_are_not_uint32_are_a_malformed_stream(fake, ids):  # noqa: F811
+    """Reproduced through a Codec (msgpack) client: vLLM ``token_ids`` [-1] or [2**40]
+    raised in the frame encoder after the head (logged ``LocalProtocolError``, a final
+    ``error`` frame from the gateway itself), and [True] went out as ``ids: [true]``. Now
+    the upstream's chunk is malformed (a list that is not all ints is no ids: here, text
+    without ids and no map to retokenize with)."""
+    out = run(fake, Reply(chunks=sse(chunk({"content": "A"}, token_ids=[7]),
+                                     chunk({"content": "B"}, token_ids=ids),
+                                     chunk(finish="stop"), "[DONE]")),
+              req(want_ids=True), ids="vllm")
+    assert ids_of(out) == [7]
+    assert isinstance(out[-1], Failure) and out[-1].status == 502
+    assert out[-1].code == MALFORMED

@@ -55,6 +55,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from tokenwire.codec.frames import MAX_UINT32
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.context_window import (
@@ -614,7 +615,12 @@ class ChunkParser:
 
     def _tokens(self, text: str, ids: Any,
                 logprobs: tuple[TokenLogprob, ...] = ()) -> list[Event]:
-        if isinstance(ids, list) and ids and all(isinstance(i, int) for i in ids):
+        if isinstance(ids, list) and ids and all(type(i) is int for i in ids):
+            # Codec frames carry uint32 ids: a negative or larger one broke the encoder
+            # after the head (the gateway's own error), and a bool passed as an int went
+            # out as msgpack ``true``.
+            if min(ids) < 0 or max(ids) > MAX_UINT32:
+                raise _Malformed("a token id is not a uint32")
             self._seen_ids = True
             return [TokenDelta(ids=tuple(ids), text=text, logprobs=logprobs)]
         if not text:
