@@ -275,3 +275,14 @@ def test_token_ids_that_are_not_uint32_are_a_malformed_stream(fake, ids):  # noq
     assert ids_of(out) == [7]
     assert isinstance(out[-1], Failure) and out[-1].status == 502
     assert out[-1].code == MALFORMED
+
+
+# -- finish reasons ----------------------------------------------------------------------------
+
+
+def test_mistrals_model_length_is_a_length_finish(fake):  # noqa: F811
+    """Mistral's API ends an answer the context window cut with ``model_length``.
+    Reproduced: an unknown word, so the whole answer became a 502 after its text."""
+    out = run(fake, Reply(chunks=sse(chunk({"content": "long"}), chunk(finish="model_length"),
+                                     "[DONE]")), req())
+    assert text_of(out) == "long" and out[-1] == Finish(reason=FinishKind.LENGTH)

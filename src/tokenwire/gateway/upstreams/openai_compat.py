@@ -142,12 +142,13 @@ PROPS_TIMEOUT_S = 5.0
 #: A confirmation that met a connection the server had closed is sent once more.
 CONFIRM_TRIES = 2
 #: The ``finish_reason`` words of a complete answer: OpenAI's, and those of the servers that
-#: speak its API with their own words (TGI's ``eos_token`` / ``stop_sequence``).
+#: speak its API with their own words (TGI's ``eos_token`` / ``stop_sequence``; Mistral's
+#: ``model_length``, an answer cut by the context window as ``length`` is by max_tokens).
 _FINISH = {"stop": FinishKind.EOS, "length": FinishKind.LENGTH,
            "tool_calls": FinishKind.TOOL_CALLS, "function_call": FinishKind.TOOL_CALLS,
            "content_filter": FinishKind.CONTENT_FILTER, "eos_token": FinishKind.EOS,
            "eos": FinishKind.EOS, "stop_sequence": FinishKind.STOP_SEQUENCE,
-           "max_tokens": FinishKind.LENGTH}
+           "max_tokens": FinishKind.LENGTH, "model_length": FinishKind.LENGTH}
 _json = msgspec.json.Decoder()
 
 
