@@ -125,6 +125,24 @@ def test_a_new_id_without_a_name_continues_the_call(fake):  # noqa: F811
     assert {d.index for d in out if isinstance(d, ToolCallDelta)} == {0}
 
 
+def test_a_call_the_upstream_gave_no_id_gets_one_on_chat(gateway):
+    """Reproduced: a call streamed without ``id`` (nor ``type``) reached a Chat client as
+    ``"id": null`` (and a first stream delta with no id), which it cannot answer: a tool
+    message needs a ``tool_call_id``. Responses and Messages made up ids; now the adapter
+    gives the call one, as the Codec and embedded adapters do."""
+    url, script = gateway
+    script["reply"] = Reply(chunks=sse(call(0, '{"a":1}', name="f"),
+                                       chunk(finish="tool_calls"), "[DONE]"))
+    made = post(url, "/v1/chat/completions", {"messages": USER}).json()
+    (only,) = made["choices"][0]["message"]["tool_calls"]
+    assert only["id"].startswith("call_") and only["type"] == "function"
+    assert only["function"] == {"name": "f", "arguments": '{"a":1}'}
+    streamed = post(url, "/v1/chat/completions", {"messages": USER, "stream": True}).text
+    first = next(json.loads(line[6:])["choices"][0]["delta"]["tool_calls"][0]
+                 for line in streamed.splitlines() if "tool_calls" in line)
+    assert first["id"].startswith("call_") and first["type"] == "function"
+
+
 # -- what a delta says -------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import secrets
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -35,10 +36,17 @@ __all__ = [
     "UpstreamConfig",
     "UpstreamHealth",
     "UpstreamState",
+    "new_call_id",
     "unknown_option",
 ]
 
 UPSTREAM_KINDS = ("embedded", "openai", "codec", "responses", "anthropic")
+
+
+def new_call_id() -> str:
+    """A tool call's id, for a call whose upstream gave it none: every API then shows the
+    same one, and a client can answer the call by it."""
+    return f"call_{secrets.token_hex(12)}"
 
 
 def unknown_option(kind: str, upstream: str, key: str, known: Collection[str]) -> ConfigError:

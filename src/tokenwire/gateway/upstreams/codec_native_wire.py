@@ -16,7 +16,6 @@ socket (STYLE §3, §6 item 11):
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +67,7 @@ from tokenwire.gateway.ir import (
 )
 from tokenwire.gateway.stops import StopMatcher
 from tokenwire.gateway.upstreams._openai_body import response_format_json
+from tokenwire.gateway.upstreams.base import new_call_id
 from tokenwire.gateway.upstreams.failures import failure_from_exception, failure_from_response
 
 __all__ = [
@@ -297,7 +297,7 @@ class FrameTranslator:
                 return out + self._end(Finish(reason=FinishKind.STOP_SEQUENCE,
                                               matched_stop=self._stops.matched))
         for tc in chunk.tool_calls:
-            out.append(ToolCallDelta(index=self._n_tools, id=tc.id or _new_call_id(),
+            out.append(ToolCallDelta(index=self._n_tools, id=tc.id or new_call_id(),
                                      name=tc.name, arguments=tc.arguments_json))
             self._n_tools += 1
         if cut is not None:
@@ -360,10 +360,6 @@ def terminal_for(raw: str | None, *, tools: bool = False) -> Finish | Failure:
     what = "no finish_reason" if raw is None else f"finish_reason {raw!r}"
     return Failure(failure_class=FailureClass.UPSTREAM, status=502, code=raw or "error",
                    message=f"the upstream ended the generation with {what}")
-
-
-def _new_call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"
 
 
 # -- failures --------------------------------------------------------------------------------

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 import json
-import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tokenwire.gateway.ir import GenerationRequest, TokenDelta, ToolCallDelta, ToolSpec
+from tokenwire.gateway.upstreams.base import new_call_id
 from tokenwire.gateway.upstreams.escaped_gbnf import check_format
 from tokenwire.gateway.upstreams.grammar_ir import UnsupportedGrammar
 from tokenwire.gateway.upstreams.json_schema_grammar import (
@@ -262,7 +262,7 @@ class ToolTurn:
                 self.repeated = True
             else:
                 self._made.add((item.name, item.arguments))
-                out.append(ToolCallDelta(index=self.calls, id=f"call_{secrets.token_hex(12)}",
+                out.append(ToolCallDelta(index=self.calls, id=new_call_id(),
                                          name=item.name, arguments=item.arguments,
                                          kind=item.kind))
                 self.calls += 1

@@ -91,6 +91,7 @@ from tokenwire.gateway.upstreams.base import (
     ModelRoute,
     UpstreamConfig,
     UpstreamHealth,
+    new_call_id,
     unknown_option,
 )
 from tokenwire.gateway.upstreams.failures import (
@@ -718,7 +719,10 @@ class _CallIndexes:
     Appended to the first, it made one call with both names' arguments run together
     (``{}{"y":1}``) on every API that assembles calls (Chat without streaming, Responses,
     Messages), and the second call was lost. A delta with a new id but no name continues
-    the call (a server may repeat or vary ids on every fragment)."""
+    the call (a server may repeat or vary ids on every fragment). A call the server gives
+    no id gets one (:func:`.base.new_call_id`), as the other adapters' calls do: Chat showed
+    ``"id": null``, which no client can answer, where Responses and Messages made up ids
+    of their own."""
 
     def __init__(self) -> None:
         self._at: dict[int, tuple[int, str | None]] = {}  # server's index -> (ours, its id)
@@ -730,6 +734,8 @@ class _CallIndexes:
             ours = max(self._used) + 1 if delta.index in self._used else delta.index
             self._used.add(ours)
             self._at[delta.index] = (ours, delta.id)
+            if delta.id is None:
+                return msgspec.structs.replace(delta, index=ours, id=new_call_id())
         else:
             ours = known[0]
             if known[1] is None and delta.id:
