@@ -143,6 +143,21 @@ def test_a_call_the_upstream_gave_no_id_gets_one_on_chat(gateway):
     assert first["id"].startswith("call_") and first["type"] == "function"
 
 
+def test_a_legacy_function_call_is_call_0(fake):  # noqa: F811
+    """The functions API streams ``delta.function_call`` and ends with finish_reason
+    ``function_call``. Reproduced: the call was never read; the answer ended as one with
+    tool calls, and had none."""
+    out = run(fake, Reply(chunks=sse(chunk({"function_call": {"name": "f", "arguments": ""}}),
+                                     chunk({"function_call": {"arguments": '{"a":'}}),
+                                     chunk({"function_call": {"arguments": "1}"}}),
+                                     chunk(finish="function_call"), "[DONE]")), req())
+    deltas = [e for e in out if isinstance(e, ToolCallDelta)]
+    assert {d.index for d in deltas} == {0} and deltas[0].name == "f"
+    assert deltas[0].id.startswith("call_")
+    assert "".join(d.arguments for d in deltas) == '{"a":1}'
+    assert out[-1] == Finish(reason=FinishKind.TOOL_CALLS)
+
+
 # -- what a delta says -------------------------------------------------------------------------
 
 

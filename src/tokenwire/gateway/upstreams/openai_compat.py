@@ -161,6 +161,7 @@ class _PlainDelta(msgspec.Struct):
     reasoning_content: Any = None
     reasoning: Any = None
     tool_calls: Any = None
+    function_call: Any = None
     refusal: Any = None
 
 
@@ -560,7 +561,8 @@ class ChunkParser:
                 return None
             if delta is not None:  # chat
                 if delta.reasoning_content is not None or delta.reasoning is not None \
-                        or delta.tool_calls is not None or delta.refusal is not None \
+                        or delta.tool_calls is not None or delta.function_call is not None \
+                        or delta.refusal is not None \
                         or choice.text is not None:
                     return None
                 text = delta.content
@@ -602,6 +604,10 @@ class ChunkParser:
             calls = delta.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise _Malformed(f"tool_calls is a {type(calls).__name__}, not a list")
+            if (legacy := delta.get("function_call")) is not None:
+                # The functions API's one call per answer (finish_reason "function_call"):
+                # call 0. Unread, the call was lost and the answer ended as one with calls.
+                calls = [*calls, {"index": 0, "function": legacy}]
             out += (self._calls.place(_tool_call(c)) for c in calls)
             lp = choice.get("logprobs")
             logprobs = entry_logprobs(lp.get("content") if isinstance(lp, dict) else None)
