@@ -59,9 +59,10 @@ def call(index: int | None, args: str, call_id: str | None = None,
 
 @pytest.fixture(scope="module")
 def gateway() -> Iterator[tuple[str, dict]]:
-    """A gateway over a scripted upstream; ``script["reply"]`` is what the upstream answers."""
+    """A gateway over a scripted upstream; ``script["reply"]`` is what the upstream answers
+    (``script["server"]``: the upstream, with the requests it got)."""
     script: dict = {"reply": Reply()}
-    upstream = start_fake(lambda path, body: script["reply"], owned_by="x")
+    upstream = script["server"] = start_fake(lambda path, body: script["reply"], owned_by="x")
     cfg = UpstreamConfig(name="up", kind="openai", base_url=upstream.url,
                          models=(ModelRoute(name="m"),))
     served = ServedModel(name="m", upstream=OpenAICompatUpstream.from_config(cfg), tmap=None,
@@ -319,3 +320,15 @@ def test_mistrals_model_length_is_a_length_finish(fake):  # noqa: F811
     out = run(fake, Reply(chunks=sse(chunk({"content": "long"}), chunk(finish="model_length"),
                                      "[DONE]")), req())
     assert text_of(out) == "long" and out[-1] == Finish(reason=FinishKind.LENGTH)
+
+
+def test_a_200_html_page_instead_of_a_stream_is_final(gateway):
+    """README: a 200 that is not an event stream is final. Reproduced: it had no code, so
+    the retry policy read it as a 5xx and asked again after 1 s (2 upstream requests)."""
+    url, script = gateway
+    script["reply"] = Reply(chunks=(b"<html>maintenance</html>",),
+                            headers=(("content-type", "text/html"),))
+    before = len(script["server"].requests)
+    r = post(url, "/v1/chat/completions", {"messages": USER})
+    assert r.status_code == 502 and "expected text/event-stream" in r.json()["error"]["message"]
+    assert len(script["server"].requests) - before == 1

@@ -280,7 +280,7 @@ def not_a_stream(content_type: str, body: bytes) -> Failure:
     error object there (``{"error": {...}}``: a server or proxy that reports a failed stream
     with a 200) is the failure it names, classified as a mid-stream error is; it used to be
     a bare "expected text/event-stream" 502 that dropped the upstream's reason and class
-    (a context overflow was retried). Anything else is a broken answer."""
+    (a context overflow was retried). Anything else is a broken answer, final."""
     try:
         doc = msgspec.json.decode(body)
     except msgspec.DecodeError:
@@ -288,7 +288,9 @@ def not_a_stream(content_type: str, body: bytes) -> Failure:
     if isinstance(doc, dict) and (isinstance(doc.get("error"), dict)
                                   or doc.get("object") == "error"):
         return classify_error(error_object(body), status=None)
-    return Failure(failure_class=_C.UPSTREAM, status=502,
+    # Final (README "When things go wrong"), as the Codec adapter's mismatch is: the same
+    # request gets the same page. Without a code it was retried once as a 5xx.
+    return Failure(failure_class=_C.UPSTREAM, status=502, code="content_type_mismatch",
                    message=f"expected text/event-stream, got {content_type!r}")
 
 
