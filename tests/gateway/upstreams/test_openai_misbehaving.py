@@ -159,6 +159,24 @@ def test_a_legacy_function_call_is_call_0(fake):  # noqa: F811
     assert out[-1] == Finish(reason=FinishKind.TOOL_CALLS)
 
 
+def test_a_call_sent_both_as_tool_calls_and_function_call_is_read_once(fake):  # noqa: F811
+    """llama_cpp.server sends each call both ways in one delta (``tool_calls`` and the
+    legacy ``function_call``); read as two, its arguments ran together (``{..}{..}``)."""
+    def both(name, args, first):
+        call = {"index": 0, "function": {"name": name, "arguments": args}}
+        if first:
+            call |= {"id": "call_1", "type": "function"}
+        return chunk({"tool_calls": [call], "function_call": {"name": name, "arguments": args}})
+
+    out = run(fake, Reply(chunks=sse(both("f", '{"a":', True), both("f", "1}", False),
+                                     chunk({"function_call": {"arguments": ""}}),
+                                     chunk(finish="tool_calls"), "[DONE]")), req())
+    deltas = [e for e in out if isinstance(e, ToolCallDelta)]
+    assert {d.index for d in deltas} == {0} and deltas[0].id == "call_1"
+    assert "".join(d.arguments for d in deltas) == '{"a":1}'
+
+
+
 # -- what a delta says -------------------------------------------------------------------------
 
 

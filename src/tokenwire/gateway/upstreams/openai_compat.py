@@ -465,6 +465,7 @@ class ChunkParser:
         self._ended = False
         self._any = False  # any event at all: an empty 200 is its own failure
         self._calls = _CallIndexes()
+        self._tool_calls_seen = False  # then a legacy function_call is the same call again
         #: A long prompt is counted on a worker thread (``prompt_truncation.CountedStream``)
         #: and checked there; a short one here, at the end; one the preflight counted with
         #: the same map is not counted again (``GenerationRequest.counts``).
@@ -604,10 +605,15 @@ class ChunkParser:
             calls = delta.get("tool_calls") or []
             if not isinstance(calls, list):
                 raise _Malformed(f"tool_calls is a {type(calls).__name__}, not a list")
-            if (legacy := delta.get("function_call")) is not None:
+            if calls:
+                self._tool_calls_seen = True
+            elif not self._tool_calls_seen \
+                    and (legacy := delta.get("function_call")) is not None:
                 # The functions API's one call per answer (finish_reason "function_call"):
                 # call 0. Unread, the call was lost and the answer ended as one with calls.
-                calls = [*calls, {"index": 0, "function": legacy}]
+                # Only in a stream without tool_calls: llama_cpp.server sends each call
+                # both ways in one delta, and read twice its arguments ran together.
+                calls = [{"index": 0, "function": legacy}]
             out += (self._calls.place(_tool_call(c)) for c in calls)
             lp = choice.get("logprobs")
             logprobs = entry_logprobs(lp.get("content") if isinstance(lp, dict) else None)
