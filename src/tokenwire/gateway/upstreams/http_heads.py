@@ -75,7 +75,9 @@ class Head:
         self.keep_alive = False
         self.length: int | None = None  # Content-Length, when the head gives one
         self.chunked = False
-        self.encoded = False  # a Content-Encoding other than identity: httpx decodes it
+        #: The Content-Encoding other than identity, lower case ("" when none; repeated
+        #: ones joined, which ``content_coding`` refuses): decoded by ``content_coding``.
+        self.coding = ""
         #: Content-Type ("" when none; repeated ones joined as ``httpx.Headers.get`` joins
         #: them): read here, the SSE adapters build no ``httpx.Headers`` for a good answer.
         self.content_type = ""
@@ -116,7 +118,9 @@ def parse_head(raw: bytes, close: Callable[[], None], request: httpx.Request | N
         elif lower == b"content-length":  # llhttp checked digits and duplicates
             head.length = int(value)
         elif lower == b"content-encoding":
-            head.encoded = head.encoded or value.strip().lower() not in (b"", b"identity")
+            coding = value.strip().lower().decode("latin-1")
+            if coding not in ("", "identity"):
+                head.coding = f"{head.coding}, {coding}" if head.coding else coding
         elif lower == b"content-type":
             text = value.decode("latin-1")
             head.content_type = f"{head.content_type}, {text}" if head.content_type else text

@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
+from tokenwire.gateway.upstreams.content_coding import UnsupportedCoding, decoded_pieces
 from tokenwire.gateway.upstreams.http_heads import (
     Head,
     MalformedAnswer,
@@ -725,7 +726,8 @@ class LeanAnswer:
     body chunk crossed four nested async generators (the response's decoder and chunker,
     ``aiter_raw``, the client's stream wrapper) before reaching the SSE decoder. Here a
     chunk comes straight from the body's own iterator, and a body with a
-    ``Content-Encoding`` still goes through httpx's decoders."""
+    ``Content-Encoding`` is decoded in bounded pieces (``content_coding``: httpx's decoders
+    expand a read without bound)."""
 
     def __init__(self, head: Head, body: _Body) -> None:
         self.status_code = head.status
@@ -740,14 +742,20 @@ class LeanAnswer:
         return self._headers
 
     def aiter_bytes(self) -> AsyncIterator[bytes]:
-        if self._head.encoded:
-            return httpx.Response(self.status_code, headers=self.headers,
-                                  stream=self._body).aiter_bytes()
+        if self._head.coding:
+            return self._decoded()
         return self._body.__aiter__()
+
+    async def _decoded(self) -> AsyncIterator[bytes]:
+        try:
+            async for piece in decoded_pieces(self._body, self._head.coding):
+                yield piece
+        except UnsupportedCoding as exc:  # final: the same bytes would fail the same way
+            raise MalformedAnswer(str(exc)) from exc
 
     def reader(self) -> _Body | None:
         """The body itself, when nothing needs decoding (its reads are cancel-safe)."""
-        return None if self._head.encoded else self._body
+        return None if self._head.coding else self._body
 
     def close(self) -> None:
         self._body.close()

@@ -422,7 +422,12 @@ def http_client(config: UpstreamConfig, headers: dict[str, str],
                 transport: httpx.AsyncBaseTransport | None) -> httpx.AsyncClient:
     timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
     most = config.max_concurrent + 1  # + 1 for probes
-    return UpstreamClient(headers={**headers, **dict(config.headers)}, timeout=timeout,
+    sent = {**headers, **dict(config.headers)}
+    if not any(name.lower() == "accept-encoding" for name in sent):
+        # identity: a token stream gains nothing from compression on its way here, and a
+        # coded body is work to undo (``content_coding``); the configuration may still ask.
+        sent["Accept-Encoding"] = "identity"
+    return UpstreamClient(headers=sent, timeout=timeout,
                              limits=httpx.Limits(max_connections=most),
                              transport=transport or upstream_transport(most))
 
