@@ -72,13 +72,11 @@ from tokenwire.gateway.ir import (
     Failure,
     FailureClass,
     Finish,
-    FinishKind,
     GenerationRequest,
     IdsSource,
     ReasoningDelta,
     TokenDelta,
     TokenLogprob,
-    ToolCallDelta,
     Usage,
 )
 from tokenwire.gateway.retokenize import (
@@ -91,7 +89,6 @@ from tokenwire.gateway.upstreams.base import (
     ModelRoute,
     UpstreamConfig,
     UpstreamHealth,
-    new_call_id,
     unknown_option,
 )
 from tokenwire.gateway.upstreams.failures import (
@@ -101,6 +98,14 @@ from tokenwire.gateway.upstreams.failures import (
     read_capped,
 )
 from tokenwire.gateway.upstreams.logprobs_wire import completions_logprobs, entry_logprobs
+from tokenwire.gateway.upstreams.openai_chunk_fields import (
+    CallIndexes,
+    Malformed,
+    broken,
+    finish_of,
+    text_of,
+    tool_call_of,
+)
 from tokenwire.gateway.upstreams.overflow_probe import (
     EMPTY_STREAM,
     EMPTY_STREAM_MODES,
@@ -142,14 +147,6 @@ _SERVERS = {"vllm": "vllm", "llamacpp": "llama.cpp", "me": "llama-cpp-python"}
 PROPS_TIMEOUT_S = 5.0
 #: A confirmation that met a connection the server had closed is sent once more.
 CONFIRM_TRIES = 2
-#: The ``finish_reason`` words of a complete answer: OpenAI's, and those of the servers that
-#: speak its API with their own words (TGI's ``eos_token`` / ``stop_sequence``; Mistral's
-#: ``model_length``, an answer cut by the context window as ``length`` is by max_tokens).
-_FINISH = {"stop": FinishKind.EOS, "length": FinishKind.LENGTH,
-           "tool_calls": FinishKind.TOOL_CALLS, "function_call": FinishKind.TOOL_CALLS,
-           "content_filter": FinishKind.CONTENT_FILTER, "eos_token": FinishKind.EOS,
-           "eos": FinishKind.EOS, "stop_sequence": FinishKind.STOP_SEQUENCE,
-           "max_tokens": FinishKind.LENGTH, "model_length": FinishKind.LENGTH}
 _json = msgspec.json.Decoder()
 
 
@@ -464,7 +461,7 @@ class ChunkParser:
         self._retok: Retokenizer | None = None
         self._ended = False
         self._any = False  # any event at all: an empty 200 is its own failure
-        self._calls = _CallIndexes()
+        self._calls = CallIndexes()
         self._tool_calls_seen = False  # then a legacy function_call is the same call again
         #: A long prompt is counted on a worker thread (``prompt_truncation.CountedStream``)
         #: and checked there; a short one here, at the end; one the preflight counted with
@@ -511,7 +508,7 @@ class ChunkParser:
             return self._terminal()
         try:
             return self._chunk(data)
-        except _Malformed as exc:
+        except Malformed as exc:
             return self._fail(f"upstream sent a chunk of the wrong shape: {exc}", MALFORMED)
 
     def _chunk(self, data: str) -> list[Event]:
@@ -575,7 +572,7 @@ class ChunkParser:
                 continue  # other choices are not asked for, as on the general path
             out += self._tokens(text or "", None)
             if choice.finish_reason:
-                self._finish = _finish(choice.finish_reason, choice.stop_reason)
+                self._finish = finish_of(choice.finish_reason, choice.stop_reason)
         return out
 
     def on_eof(self) -> list[Event]:
@@ -596,15 +593,15 @@ class ChunkParser:
         if isinstance(delta, dict):  # chat
             # A refusal (OpenAI's structured outputs) is the answer's text, as the Responses
             # adapter reads ``response.refusal.delta``; the IR has no refusal of its own.
-            text = _text(delta.get("content"), "content") + _text(delta.get("refusal"),
+            text = text_of(delta.get("content"), "content") + text_of(delta.get("refusal"),
                                                                   "refusal")
-            reasoning = _text(delta.get("reasoning_content") or delta.get("reasoning"),
+            reasoning = text_of(delta.get("reasoning_content") or delta.get("reasoning"),
                               "reasoning")
             if reasoning:
                 out.append(ReasoningDelta(text=reasoning))
             calls = delta.get("tool_calls") or []
             if not isinstance(calls, list):
-                raise _Malformed(f"tool_calls is a {type(calls).__name__}, not a list")
+                raise Malformed(f"tool_calls is a {type(calls).__name__}, not a list")
             if calls:
                 self._tool_calls_seen = True
             elif not self._tool_calls_seen \
@@ -614,17 +611,17 @@ class ChunkParser:
                 # Only in a stream without tool_calls: llama_cpp.server sends each call
                 # both ways in one delta, and read twice its arguments ran together.
                 calls = [{"index": 0, "function": legacy}]
-            out += (self._calls.place(_tool_call(c)) for c in calls)
+            out += (self._calls.place(tool_call_of(c)) for c in calls)
             lp = choice.get("logprobs")
             logprobs = entry_logprobs(lp.get("content") if isinstance(lp, dict) else None)
         else:  # completions
-            text = _text(choice.get("text"), "text")
+            text = text_of(choice.get("text"), "text")
             logprobs = completions_logprobs(choice.get("logprobs"))
         ids = choice.get("token_ids") or choice.get("tokens") or chunk.get("tokens")
         out += self._tokens(text, ids, logprobs)
         reason = choice.get("finish_reason")
         if reason:
-            self._finish = _finish(reason, choice.get("stop_reason"))
+            self._finish = finish_of(reason, choice.get("stop_reason"))
         return out
 
     def _tokens(self, text: str, ids: Any,
@@ -634,7 +631,7 @@ class ChunkParser:
             # after the head (the gateway's own error), and a bool passed as an int went
             # out as msgpack ``true``.
             if min(ids) < 0 or max(ids) > MAX_UINT32:
-                raise _Malformed("a token id is not a uint32")
+                raise Malformed("a token id is not a uint32")
             self._seen_ids = True
             return [TokenDelta(ids=tuple(ids), text=text, logprobs=logprobs)]
         if not text:
@@ -665,7 +662,7 @@ class ChunkParser:
             if rest:
                 out.append(TokenDelta(ids=rest))
         if self._finish is None:
-            return [*out, _broken("upstream stream ended ([DONE]) without a finish_reason")]
+            return [*out, broken("upstream stream ended ([DONE]) without a finish_reason")]
         if self._usage is not None:
             out.append(self._usage)
             if self.counts_late:
@@ -683,92 +680,4 @@ class ChunkParser:
 
     def _fail(self, message: str, code: str | None = None) -> list[Event]:
         self._ended = True
-        return [_broken(message, code)]
-
-
-def _broken(message: str, code: str | None = None) -> Failure:
-    return Failure(failure_class=FailureClass.UPSTREAM, status=502, message=message, code=code)
-
-
-class _Malformed(Exception):
-    """A field of a chunk has a type the API does not give it (``ChunkParser.on_data``
-    makes it the stream's failure: 502, final, never the gateway's own 500)."""
-
-
-def _finish(reason: Any, stop_reason: Any) -> Finish | Failure:
-    """The terminal a ``finish_reason`` makes. A word that is not one of a complete answer
-    (vLLM's and SGLang's ``abort``, an ``error``, one this gateway does not know) fails the
-    stream: a cut answer must not reach the client as a finished one."""
-    if not isinstance(reason, str):
-        raise _Malformed("finish_reason is not a string")
-    kind = _FINISH.get(reason)
-    if kind is None:
-        return _broken(f"upstream ended the generation with finish_reason {reason[:100]!r}")
-    # vLLM names the stop string that fired (a str) or the stop token id (an int).
-    if kind is FinishKind.EOS and isinstance(stop_reason, str):
-        return Finish(reason=FinishKind.STOP_SEQUENCE, matched_stop=stop_reason)
-    return Finish(reason=kind)
-
-
-def _text(value: Any, field: str) -> str:
-    """A text field of a delta: a string, or a list of ``{"type": "text", "text": ...}``
-    parts (as some servers send ``content``)."""
-    if value is None or isinstance(value, str):
-        return value or ""
-    if isinstance(value, list) and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-            for p in value):
-        return "".join(p["text"] for p in value)
-    raise _Malformed(f"{field} is neither a string nor a list of text parts")
-
-
-class _CallIndexes:
-    """The index each tool call has for the client. A server numbers its calls 0, 1, ... and
-    names a call (``id`` and ``function.name``) in its first delta only; its numbers are kept.
-    Some start another call at an index already taken: Ollama's whole calls sent without an
-    ``index`` (each read as 0), a server that counts per chunk. Such a delta names an id and
-    a name other than the call there has: it is a new call, numbered after every call so far.
-    Appended to the first, it made one call with both names' arguments run together
-    (``{}{"y":1}``) on every API that assembles calls (Chat without streaming, Responses,
-    Messages), and the second call was lost. A delta with a new id but no name continues
-    the call (a server may repeat or vary ids on every fragment). A call the server gives
-    no id gets one (:func:`.base.new_call_id`), as the other adapters' calls do: Chat showed
-    ``"id": null``, which no client can answer, where Responses and Messages made up ids
-    of their own."""
-
-    def __init__(self) -> None:
-        self._at: dict[int, tuple[int, str | None]] = {}  # server's index -> (ours, its id)
-        self._used: set[int] = set()
-
-    def place(self, delta: ToolCallDelta) -> ToolCallDelta:
-        known = self._at.get(delta.index)
-        if known is None or (delta.id and delta.name and known[1] and delta.id != known[1]):
-            ours = max(self._used) + 1 if delta.index in self._used else delta.index
-            self._used.add(ours)
-            self._at[delta.index] = (ours, delta.id)
-            if delta.id is None:
-                return msgspec.structs.replace(delta, index=ours, id=new_call_id())
-        else:
-            ours = known[0]
-            if known[1] is None and delta.id:
-                self._at[delta.index] = (ours, delta.id)
-        return delta if ours == delta.index else msgspec.structs.replace(delta, index=ours)
-
-
-def _tool_call(call: Any) -> ToolCallDelta:
-    if not isinstance(call, dict):
-        raise _Malformed("a tool call is not an object")
-    kind = "custom" if call.get("type") == "custom" else "function"
-    fn = call.get(kind) or call.get("function") or {}
-    if not isinstance(fn, dict):
-        raise _Malformed(f"a tool call's {kind} is not an object")
-    index, call_id, name = call.get("index") or 0, call.get("id") or None, fn.get("name") or None
-    if type(index) is not int or index < 0 or not isinstance(call_id, str | None) \
-            or not isinstance(name, str | None):
-        raise _Malformed("a tool call's index, id or name has the wrong type")
-    args = fn.get("input" if kind == "custom" else "arguments") or ""
-    if isinstance(args, dict | list):  # an object where the API has its JSON text
-        args = msgspec.json.encode(args).decode()
-    elif not isinstance(args, str):
-        raise _Malformed("a tool call's arguments are neither text nor an object")
-    return ToolCallDelta(index=index, id=call_id, name=name, arguments=args, kind=kind)
+        return [broken(message, code)]
