@@ -252,6 +252,47 @@ def test_anthropic_upstream_signed_thinking_round_trips_exactly(anthropic_up, sd
     assert sent[2]["content"][0]["tool_use_id"] == "toolu_01X"
 
 
+def test_anthropic_upstream_gets_the_clients_own_body_cache_control_and_thinking_kept(
+        anthropic_up, sdk) -> None:
+    """Claude Code's shape: system blocks and a message block with ``cache_control``, a
+    thinking budget of 31,999 in 32,000 tokens, a tool result with ``is_error``. Built from
+    the IR, the upstream got no ``cache_control`` (the prompt cache lost: every turn billed
+    whole), ``max_tokens`` 48,384 with a budget of 16,384, and ``"Error: "`` text."""
+    fake, served = anthropic_up
+    system = [{"type": "text", "text": "You are Claude Code.",
+               "cache_control": {"type": "ephemeral"}}]
+    messages = [
+        {"role": "user", "content": [{"type": "text", "text": "Run it.",
+                                      "cache_control": {"type": "ephemeral", "ttl": "1h"}}]},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "Run.", "signature": "SIG=="},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+             "input": {"city": "Oslo"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                      "is_error": True, "content": "exit 1"}]}]
+    thinking = {"type": "enabled", "budget_tokens": 31999}
+    fake.push(Script(MessagesStream().text(["Fixed."]).end().chunks()))
+    answer = sdk(served).messages.create(model="sonnet", max_tokens=32000, system=system,
+                                         messages=messages, tools=[WEATHER],
+                                         thinking=thinking, metadata={"user_id": "u1"})
+    assert answer.content[0].text == "Fixed."
+    sent = fake.requests[-1].body
+    assert sent["model"] == "claude-test" and sent["stream"] is True
+    assert (sent["max_tokens"], sent["thinking"]) == (32000, thinking)
+    assert (sent["system"], sent["messages"]) == (system, messages)
+    assert sent["metadata"] == {"user_id": "u1"} and sent["tools"][0]["name"] == "get_weather"
+    # A thinking block with no signature (another model's turn) cannot go as the client
+    # wrote it: the IR's body, which keeps its text only.
+    fake.push(Script(MessagesStream().text(["Ok."]).end().chunks()))
+    unsigned = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "Hmm."}, {"type": "text", "text": "Hello."}]},
+        {"role": "user", "content": "Again"}]
+    sdk(served).messages.create(model="sonnet", max_tokens=50, messages=unsigned)
+    sent = fake.requests[-1].body
+    assert all(b.get("type") != "thinking" for m in sent["messages"]
+               for b in (m["content"] if isinstance(m["content"], list) else ()))
+
+
 def test_anthropic_upstream_mid_stream_overload_is_an_sdk_error(anthropic_up) -> None:
     fake, served = anthropic_up
     s = MessagesStream().text(["Part"]).error("overloaded_error", "Overloaded")

@@ -501,6 +501,12 @@ class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):
     #: in them (seed: "forwarded as the same object"): a Responses upstream sends them as is
     #: when it serves the model under the client's name. ``None`` for every other request.
     passthrough_body: bytes | None = None
+    #: The client's decoded Messages body, when an Anthropic upstream serves it: that
+    #: upstream builds its request from it (with the gateway's model name, ``max_tokens``
+    #: and streaming), so what the IR has no place for reaches it unchanged: block-level
+    #: ``cache_control``, the thinking budget, ``is_error``. ``None`` for every other
+    #: request, and cleared for a fallback (``routing/fallbacks.py``).
+    client_body: dict[str, Any] | None = None
     #: Cache-affinity hints from the client, ``(name, value)`` pairs already checked for
     #: form; which reach an upstream is decided per upstream kind (``gateway/affinity.py``).
     affinity: tuple[tuple[str, str], ...] = ()

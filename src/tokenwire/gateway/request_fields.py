@@ -521,6 +521,8 @@ def _cell_text(f: ApiField, kind: str, api: str) -> str:
         return {Handling.API: "API", Handling.IGNORED: "ignored",
                 Handling.REFUSED: "400"}[got]
     if got.support is Support.HONOURED:
+        if api == "messages" and kind == "anthropic":  # GenerationRequest.client_body
+            return "as sent"
         return f"`{got.wire}`" if got.wire and not got.wire.startswith("~") else "yes"
     return {Support.IGNORED: "ignored", Support.REFUSED: "400"}[got.support]
 
@@ -565,7 +567,11 @@ def render_markdown() -> str:
         "serves it (routing, framing, the response store), `ignored` when it changes "
         "nothing in the answer (the note says why), `400` when it is refused. Fields of "
         "the wire format that are not listed (a typo, a newer field) are ignored, as "
-        "OpenAI and Anthropic themselves ignore unknown fields.",
+        "OpenAI and Anthropic themselves ignore unknown fields. A Messages request in "
+        "front of an Anthropic upstream goes as the client wrote it (`as sent`), with the "
+        "upstream's model name, `max_tokens` when the gateway lowered it, and `stream`; "
+        "unless a thinking block in it has no signature, which Anthropic refuses: that "
+        "request is built from the gateway's reading, as the other columns say.",
         "",
     ]
     head = "| field | " + " | ".join(_KIND_TITLES[k] for k in UPSTREAM_KINDS) + " | notes |"

@@ -100,11 +100,26 @@ def parse_messages_request(body: Any, *, request_id: str = "",
         tool_choice=choice, parallel_tool_calls=parallel,
         reasoning_effort=_effort(body.get("thinking"), output),
         response_format=_output_format(output),
-        api="messages", extensions=extensions_of("messages", body))
+        api="messages", extensions=extensions_of("messages", body),
+        client_body=body if encrypted_for is not None and not counting
+        and _thinking_signed(body.get("messages")) else None)
     check_anthropic_metadata(body.get("metadata"))
     check_anthropic_service_tier(body)  # a hint sent on to an Anthropic upstream
     return MessagesCall(request, model=model, stream=bool(optional_bool(body, "stream")),
                         notes=tuple(notes))
+
+
+def _thinking_signed(turns: Any) -> bool:
+    """Every thinking block of the conversation is signed, so an Anthropic upstream may
+    read the client's own body (``GenerationRequest.client_body``). An unsigned one (from
+    another model's turn) is refused there; the IR keeps only its text."""
+    for turn in turns if isinstance(turns, list) else ():
+        content = turn.get("content") if isinstance(turn, dict) else None
+        for block in content if isinstance(content, list) else ():
+            if isinstance(block, dict) and block.get("type") == "thinking" \
+                    and not block.get("signature"):
+                return False
+    return True
 
 
 def _output_format(output: Any) -> ResponseFormat | None:

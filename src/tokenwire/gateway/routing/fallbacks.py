@@ -209,12 +209,13 @@ def incompatibility(primary: ServedModel, target: ServedModel,
 def _for_target(target: ServedModel, request: GenerationRequest) -> GenerationRequest:
     """The request as ``target`` receives it: its own name (upstreams map it to theirs),
     ``max_tokens`` within its window, and never the client's exact bytes (they name the
-    primary: ``passthrough_body`` is for a model served under the client's own name)."""
+    primary: ``passthrough_body`` is for a model served under the client's own name, and
+    ``client_body``'s signed thinking is for the primary's upstream)."""
     max_tokens = request.max_tokens
     if max_tokens is not None and target.max_model_len is not None:
         max_tokens = min(max_tokens, target.max_model_len)
     return msgspec.structs.replace(request, model=target.name, max_tokens=max_tokens,
-                                   passthrough_body=None)
+                                   passthrough_body=None, client_body=None)
 
 
 def plan_for(table: FallbackTable, models: Mapping[str, ServedModel], primary: ServedModel,

@@ -13,7 +13,11 @@ Request: ``POST {base}/v1/messages`` with ``x-api-key`` and ``anthropic-version:
   budget_tokens}`` from ``reasoning_effort``) counts against it, so the budget is added on
   top of the client's ``max_tokens``, and thinking forbids changing temperature / top_p;
 * images (of a user turn or a tool result) are ``base64`` sources (from ``data:`` URLs) or
-  ``url`` sources.
+  ``url`` sources;
+* a request that came through the Messages API is sent as the client wrote it
+  (``GenerationRequest.client_body``), with the gateway's model name, ``max_tokens`` and
+  ``stream``: nothing the IR has no place for (block-level ``cache_control``, the thinking
+  budget, ``is_error``) is lost on the way; the rules above are for the other APIs.
 
 Signed thinking blocks (and ``redacted_thinking``) must be sent back unchanged on the next
 turn when tools are involved; each finished block becomes an opaque ``(upstream, block
@@ -104,6 +108,8 @@ _CUSTOM_INPUT = "input"
 def build_messages_body(request: GenerationRequest, *, model: str,
                         upstream_name: str) -> dict[str, Any]:
     """The Messages API body for ``request``; raises ``ValueError`` when it cannot be sent."""
+    if request.client_body is not None and request.api == "messages":
+        return _client_body(request, request.client_body, model)
     system, messages = _conversation(request, upstream_name)
     # The API requires max_tokens: the gateway's default when the client set none.
     max_tokens = request.max_tokens if request.max_tokens is not None else DEFAULT_MAX_TOKENS
@@ -144,6 +150,19 @@ def build_messages_body(request: GenerationRequest, *, model: str,
             if key == "output_config" and isinstance(value, dict):
                 value = {**value, **body.get("output_config", {})}
             body[key] = value
+    return body
+
+
+def _client_body(request: GenerationRequest, client: dict[str, Any],
+                 model: str) -> dict[str, Any]:
+    """The client's own Messages body with what the gateway decides: the upstream's model
+    name, a stream (the adapter reads SSE), and ``max_tokens`` as the gateway set it (a
+    key's limit, the window). Built from the IR, a Claude Code request lost every block's
+    ``cache_control`` (its prompt cache: each turn billed whole) and had its thinking
+    budget rewritten (32,000 / 31,999 became 48,384 / 16,384, past some models' cap)."""
+    body = {**client, "model": model, "stream": True}
+    if request.max_tokens is not None:
+        body["max_tokens"] = request.max_tokens
     return body
 
 
