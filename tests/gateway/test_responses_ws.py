@@ -265,6 +265,37 @@ def test_a_previous_response_id_the_socket_does_not_know_is_openais_400(serve) -
         "code": "previous_response_not_found"}}
 
 
+def test_every_sockets_memory_shares_one_budget_and_a_closed_socket_gives_its_bytes_back(
+        serve) -> None:
+    """Each socket remembered up to 32 MiB on its own: with 64 sockets an address, 1,024 in
+    all, one key could make the gateway hold 2 GiB per address and 32 GiB in all. Here the
+    budget holds exactly one response: a second socket's is not remembered (its
+    continuation is a 400, Codex resends the whole input) until the first socket closes."""
+    stack = serve()
+    budget = stack.state.ws_memory
+    with open_ws(stack) as one:
+        one.send(create())
+        first = until_terminal(one)[-1]["response"]["id"]
+        budget.total = budget.used  # room for this response only
+        with open_ws(stack) as two:
+            two.send(create())
+            second = until_terminal(two)[-1]["response"]["id"]
+            two.send(create(previous_response_id=second))
+            [error] = until_terminal(two)
+            assert error["error"]["code"] == "previous_response_not_found"
+            one.send(create(previous_response_id=first))  # the first is still remembered
+            assert until_terminal(one)[-1]["type"] == "response.completed"
+    deadline = time.monotonic() + WAIT_S  # the server's side of a close runs after ours
+    while budget.used and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert budget.used == 0  # both closed: every byte given back
+    with open_ws(stack) as three:
+        three.send(create())
+        third = until_terminal(three)[-1]["response"]["id"]
+        three.send(create(previous_response_id=third))
+        assert until_terminal(three)[-1]["type"] == "response.completed"
+
+
 def test_another_socket_cannot_continue_a_store_false_response(serve) -> None:
     stack = serve()
     with open_ws(stack) as one:

@@ -179,7 +179,7 @@ class _Session:
                                   cap_s=settings.ws_session_cap_s)
         #: The upgrade's key's view of the store: every turn reads and writes through it.
         self.store = response_store_of(websocket)
-        self.memory = SocketMemory(self.store)
+        self.memory = SocketMemory(self.store, budget=state.ws_memory)
         self.headers = {k.lower(): v for k, v in websocket.headers.items()}
         #: The turn state of the socket's next turn: the upgrade's, then each response's.
         self.turn_state = upgrade_turn_state(state, self.headers)
@@ -210,6 +210,7 @@ class _Session:
             pass  # the peer went away while we were sending: nothing more to tell it
         finally:
             self.state.ws_sessions.discard(self)
+            self.memory.forget()  # its bytes back to every socket's budget
             with anyio.CancelScope(shield=True):  # bounded: CLOSE_TIMEOUT_S per socket
                 await self.connection.aclose()  # the upstream sockets held for this one
 

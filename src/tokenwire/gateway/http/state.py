@@ -26,7 +26,7 @@ from tokenwire.gateway.affinity import HINT_HEADER_NAMES, affinity_hints
 from tokenwire.gateway.context_window import ContextSource
 from tokenwire.gateway.http.admission import ticket_of
 from tokenwire.gateway.http.limits import LEASE_SCOPE_KEY
-from tokenwire.gateway.http.ws_session import SocketTable
+from tokenwire.gateway.http.ws_session import MemoryBudget, SocketTable
 from tokenwire.gateway.ir import Failure, GenerationRequest, IdsSource, Upstream
 from tokenwire.gateway.observability.key_metrics import KeyMetrics
 from tokenwire.gateway.observability.records import Observability
@@ -101,6 +101,8 @@ class GatewayState:
     #: sessions, which graceful shutdown drains (``http/responses_ws.py``).
     ws_sockets: SocketTable = field(default=None)  # type: ignore[assignment]
     ws_sessions: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+    #: What those sessions' memories of their last response hold together.
+    ws_memory: MemoryBudget = field(default_factory=MemoryBudget)
     #: Per-key limits (``state/key_limiter.py``): this process's counts, or Redis's when
     #: the gateway has a ``[state]`` connection; and their per-key-name metrics.
     limiter: KeyLimiter = field(default_factory=KeyLimiter)

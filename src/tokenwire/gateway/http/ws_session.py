@@ -29,8 +29,10 @@ Limits, each a peer controls (README "Responses over WebSocket"):
   knows (it reconnects at once) and the close (:class:`SessionClock`).
 * **Memory**: a socket remembers its last completed response (input and output items) so
   ``previous_response_id`` works with ``store: false``; at most
-  :data:`MAX_REMEMBERED_BYTES` of it, else nothing (the continuation then gets
-  ``previous_response_not_found`` and Codex resends the whole input).
+  :data:`MAX_REMEMBERED_BYTES` of it, and all sockets together at most
+  :data:`MAX_REMEMBERED_TOTAL_BYTES` (:class:`MemoryBudget`), else nothing (the
+  continuation then gets ``previous_response_not_found`` and Codex resends the whole
+  input).
 """
 
 from __future__ import annotations
@@ -56,7 +58,9 @@ __all__ = [
     "CONNECTION_LIMIT_MESSAGE",
     "CREATE",
     "MAX_REMEMBERED_BYTES",
+    "MAX_REMEMBERED_TOTAL_BYTES",
     "Create",
+    "MemoryBudget",
     "Refusal",
     "SessionClock",
     "SocketMemory",
@@ -83,6 +87,9 @@ BACKSTOP_SLACK_BYTES = 64 * 1024
 #: A socket's memory of its last response (its whole conversation, encoded): 32 MiB, four
 #: message limits, far past any context window a served model has.
 MAX_REMEMBERED_BYTES = 32 * 1024 * 1024
+#: What every socket remembers together. Per socket alone, the socket caps (64 per address,
+#: 1,024 in all) let one key make the gateway hold 2 GiB per address and 32 GiB in all.
+MAX_REMEMBERED_TOTAL_BYTES = 512 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,13 +210,35 @@ class SessionClock:
         return (idle if self.over_cap else min(idle, self.opened_at + self.cap_s)) - now
 
 
+class MemoryBudget:
+    """Bytes every socket's memory holds together (one per gateway, ``GatewayState``): a
+    response that does not fit is not remembered, as one over the socket's own cap."""
+
+    def __init__(self, total: int = MAX_REMEMBERED_TOTAL_BYTES) -> None:
+        self.total, self.used = total, 0
+
+    def take(self, size: int) -> bool:
+        if self.used + size > self.total:
+            return False
+        self.used += size
+        return True
+
+    def give(self, size: int) -> None:
+        self.used -= size
+
+
 class SocketMemory:
     """The store a socket's requests read: its own last response first (``store: false``
-    included), then the gateway's (``store: true`` responses of any transport)."""
+    included), then the gateway's (``store: true`` responses of any transport). What it
+    holds counts against ``budget``, shared by every socket; :meth:`forget` when the socket
+    closes gives it back."""
 
     def __init__(self, shared: ResponseStore | None, *,
-                 max_bytes: int = MAX_REMEMBERED_BYTES) -> None:
+                 max_bytes: int = MAX_REMEMBERED_BYTES,
+                 budget: MemoryBudget | None = None) -> None:
         self._shared, self._max = shared, max_bytes
+        self._budget = budget if budget is not None else MemoryBudget()
+        self._held = 0  # bytes of ``last`` counted in the budget
         self.last: StoredResponse | None = None
 
     async def get(self, response_id: str) -> StoredResponse | None:
@@ -221,9 +250,15 @@ class SocketMemory:
                  *, now: float) -> bool:
         """Keep this response as the socket's last one; False (and forget) when too big."""
         size = len(msgspec.json.encode(input_items)) + len(msgspec.json.encode(response))
-        if size > self._max:
-            self.last = None
+        self.forget()
+        if size > self._max or not self._budget.take(size):
             return False
+        self._held = size
         self.last = StoredResponse(id=response_id, created=now, input=tuple(input_items),
                                    response=response)
         return True
+
+    def forget(self) -> None:
+        """Let the last response go and give its bytes back to the budget."""
+        self._budget.give(self._held)
+        self._held, self.last = 0, None
