@@ -173,3 +173,18 @@ def test_a_prompt_too_long_to_fit_is_still_counted_whole(engine, kind) -> None:
     else:
         ids = asyncio.run(engine.chat_prompt_ids((ChatMessage(role="user", content=text),)))
     assert len(ids) >= len(text) // 5 > engine.n_ctx  # every word (one token each) counted
+
+
+def test_a_stop_strings_tokens_send_no_logprobs(engine) -> None:
+    """The text stops before the stop string, and so do the logprobs: the tokens that
+    begin inside it were sent (Chat's ``logprobs.content`` spelled out the stop string the
+    text had hidden, Completions' ``text_offset`` pointed past the text's end)."""
+    _, text, lps = generate(engine, PromptText(text=STORY), max_tokens=8, temperature=0.0,
+                            logprobs=True)
+    tokens = [lp.token for lp in lps]
+    assert "".join(tokens) == text and len(tokens) == 8
+    stop = tokens[3] + tokens[4][:1]  # across a token boundary, held back one token
+    _, stopped, lps = generate(engine, PromptText(text=STORY), max_tokens=8,
+                               temperature=0.0, logprobs=True, stop=(stop,))
+    assert stopped == "".join(tokens[:3])
+    assert [lp.token for lp in lps] == tokens[:3]

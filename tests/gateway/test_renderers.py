@@ -128,6 +128,27 @@ def _completions(stream: bool, **kw) -> CompletionsRenderer:
     return CompletionsRenderer(completion_id="cmpl-1", model="m", created=1, stream=stream, **kw)
 
 
+@settings(max_examples=200, deadline=None)
+@given(tokens=st.lists(st.text("ab", min_size=0, max_size=2), max_size=12),
+       stop=st.text("ab", min_size=1, max_size=3))
+def test_stop_matcher_sends_the_logprobs_of_the_tokens_the_text_shows(tokens, stop) -> None:
+    """A token's logprob goes out once its text begins in the shown text; the tokens that
+    begin inside the matched stop string are not sent (their text never is)."""
+    m = StopMatcher([stop])
+    shown, sent = "", []
+    for i, piece in enumerate(tokens):
+        text, lps = m.feed_delta(piece, [i])
+        shown, sent = shown + text, sent + lps
+        if m.matched is not None:
+            break
+    text, lps = m.flush_delta()
+    shown, sent = shown + text, sent + lps
+    starts = list(itertools.accumulate((len(t) for t in tokens), initial=0))
+    fed = len(tokens) if m.matched is None else i + 1
+    want = [k for k in range(fed) if starts[k] < len(shown) or m.matched is None]
+    assert sent == want
+
+
 def test_completions_stream_is_sse_chunks_then_done() -> None:
     r = _completions(True, include_usage=True, return_token_ids=True)
     out = r.on_event(TokenDelta(ids=(1,), text="Hel"))

@@ -6,13 +6,17 @@ cannot be shown yet (the next piece might complete it), so :class:`StopMatcher` 
 back and releases it once it can no longer match, or at :meth:`StopMatcher.flush`.
 
 Token ids are not held back: a Codec stream carries every id the engine generated, up to
-and including the one that completed the stop string, as vLLM's ``token_ids`` do. Only
-text is trimmed.
+and including the one that completed the stop string, as vLLM's ``token_ids`` do. Text is
+trimmed, and so are log probabilities (:meth:`StopMatcher.feed_delta`): a token's logprob
+goes out with the text it begins, so the tokens of a matched stop string, which the client
+never sees as text, do not reach it as logprobs either.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
+from typing import Any, TypeVar
 
 __all__ = ["MAX_STOPS", "MAX_STOP_CHARS", "StopMatcher", "validate_stops"]
 
@@ -21,6 +25,8 @@ __all__ = ["MAX_STOPS", "MAX_STOP_CHARS", "StopMatcher", "validate_stops"]
 MAX_STOPS = 16
 #: A stop string longer than this is a mistake, and the held-back tail grows with it.
 MAX_STOP_CHARS = 512
+
+_Lp = TypeVar("_Lp")
 
 
 def validate_stops(stops: Iterable[str]) -> tuple[str, ...]:
@@ -41,9 +47,38 @@ class StopMatcher:
         self._stops = validate_stops(stops)
         self._held = ""
         self.matched: str | None = None
+        self._fed = 0  # characters fed so far
+        self._shown = 0  # characters returned as showable so far
+        self._logprobs: deque[tuple[int, Any]] = deque()  # (where its text begins, lp)
 
     def feed(self, piece: str) -> str:
         """Text that can be shown now. After a match (``self.matched``), always ``""``."""
+        self._fed += len(piece)
+        shown = self._feed(piece)
+        self._shown += len(shown)
+        return shown
+
+    def feed_delta(self, piece: str, logprobs: Iterable[_Lp]) -> tuple[str, list[_Lp]]:
+        """:meth:`feed` for a delta's text, with the logprobs of the tokens that begin it;
+        returns the text and the logprobs that can go now: each once text from where its
+        token begins has been shown, never when its token begins inside a matched stop."""
+        if not self._stops:
+            return piece, list(logprobs)
+        self._logprobs.extend((self._fed, lp) for lp in logprobs)
+        shown = self.feed(piece)
+        out: list[_Lp] = []
+        while self._logprobs and self._logprobs[0][0] < self._shown:
+            out.append(self._logprobs.popleft()[1])
+        return shown, out
+
+    def flush_delta(self) -> tuple[str, list[Any]]:
+        """:meth:`flush` and the logprobs still held (none after a match: their tokens
+        begin inside the stop string)."""
+        held = [] if self.matched is not None else [lp for _, lp in self._logprobs]
+        self._logprobs.clear()
+        return self.flush(), held
+
+    def _feed(self, piece: str) -> str:
         if self.matched is not None:
             return ""
         if not self._stops:
@@ -62,6 +97,7 @@ class StopMatcher:
     def flush(self) -> str:
         """End of generation: release the held tail (it never became a stop string)."""
         out, self._held = self._held, ""
+        self._shown += len(out)
         return out
 
     def _earliest(self, buf: str) -> tuple[int, str] | None:

@@ -416,9 +416,11 @@ class EmbeddedEngine:
         if reason is not FinishKind.ABORT:
             tail = text_stream.flush()
             events = turn.feed(None, tail) if turn is not None else [TokenDelta(text=tail)]
+            held, held_logprobs = stops.flush_delta()
             for event in [*(_with_stops(e, stops) for e in events),
-                          TokenDelta(text=stops.flush())]:
-                if not isinstance(event, TokenDelta) or event.text or event.ids:
+                          TokenDelta(text=held, logprobs=tuple(held_logprobs))]:
+                if not isinstance(event, TokenDelta) or event.text or event.ids \
+                        or event.logprobs:
                     job.emit(event)
         if turn is not None and turn.calls and reason is FinishKind.EOS:
             reason = FinishKind.TOOL_CALLS
@@ -628,9 +630,12 @@ class EmbeddedEngine:
 
 
 def _with_stops(event: Event, stops: StopMatcher) -> Event:
-    """Text goes through the stop matcher (which may hold some back); calls do not."""
-    if isinstance(event, TokenDelta) and event.text:
-        return TokenDelta(ids=event.ids, text=stops.feed(event.text), logprobs=event.logprobs)
+    """Text and its tokens' logprobs go through the stop matcher (which may hold some back:
+    a stop string's tokens reach the client neither as text nor as logprobs); calls do
+    not."""
+    if isinstance(event, TokenDelta) and (event.text or event.logprobs):
+        text, logprobs = stops.feed_delta(event.text, event.logprobs)
+        return TokenDelta(ids=event.ids, text=text, logprobs=tuple(logprobs))
     return event
 
 
