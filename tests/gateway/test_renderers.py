@@ -27,6 +27,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     TokenLogprob,
     ToolCallDelta,
+    TopLogprob,
     Usage,
 )
 from tokenwire.gateway.stops import StopMatcher
@@ -147,6 +148,20 @@ def test_stop_matcher_sends_the_logprobs_of_the_tokens_the_text_shows(tokens, st
     fed = len(tokens) if m.matched is None else i + 1
     want = [k for k in range(fed) if starts[k] < len(shown) or m.matched is None]
     assert sent == want
+
+
+def test_completions_top_logprobs_hold_the_sampled_token() -> None:
+    """OpenAI: "the API will always return the logprob of the sampled token, so there may
+    be up to logprobs+1 elements"; a hot sample outside the top ones was missing."""
+    r = _completions(False)
+    r.on_event(TokenDelta(ids=(1,), text="b", logprobs=(TokenLogprob(
+        token="b", bytes=(98,), logprob=-2.5, top=(TopLogprob(token="a", bytes=(97,),
+                                                             logprob=-0.1),)),)))
+    r.on_event(TokenDelta(ids=(2,), text="c", logprobs=(TokenLogprob(
+        token="c", bytes=(99,), logprob=-0.2),)))
+    (body,) = r.on_event(Finish(reason=FinishKind.LENGTH))
+    assert json.loads(body)["choices"][0]["logprobs"]["top_logprobs"] == [
+        {"a": -0.1, "b": -2.5}, {"c": -0.2}]
 
 
 def test_completions_stream_is_sse_chunks_then_done() -> None:

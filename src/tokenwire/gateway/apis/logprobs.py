@@ -6,7 +6,9 @@
   and each ``response.output_text.delta``).
 * Completions (the legacy shape): parallel arrays ``tokens``, ``token_logprobs``,
   ``top_logprobs`` (one ``{token: logprob}`` object per position) and ``text_offset`` (the
-  character offset of each token in the answer's text).
+  character offset of each token in the answer's text). Each ``top_logprobs`` object holds
+  the chosen token too, as OpenAI documents ("the API will always return the logprob of the
+  sampled token, so there may be up to logprobs+1 elements"); Chat's list does not.
 
 A token can end inside a UTF-8 character: its ``token`` text then holds U+FFFD and ``bytes``
 is exact, as OpenAI does.
@@ -43,5 +45,13 @@ class CompletionsLogprobs:
             self._offset += len(lp.token)
         return {"tokens": [lp.token for lp in logprobs],
                 "token_logprobs": [lp.logprob for lp in logprobs],
-                "top_logprobs": [{t.token: t.logprob for t in lp.top} for lp in logprobs],
+                "top_logprobs": [_top_with_chosen(lp) for lp in logprobs],
                 "text_offset": offsets}
+
+
+def _top_with_chosen(lp: TokenLogprob) -> dict[str, float]:
+    """Completions' ``{token: logprob}`` of the alternatives, with the chosen token when a
+    sampler picked one outside them (or ``logprobs`` is 0)."""
+    top = {t.token: t.logprob for t in lp.top}
+    top.setdefault(lp.token, lp.logprob)
+    return top
