@@ -343,6 +343,45 @@ def test_disconnect_stops_generation_and_the_next_queued_request_starts(paced):
 
 
 
+def test_a_client_that_leaves_during_a_long_prompt_frees_the_engine_before_it_ends(
+        engine, monkeypatch):
+    """The prompt is evaluated batch by batch with the cancel flag checked between batches:
+    a client that left during a long prompt held the engine until all of it was evaluated
+    (llama.cpp's ``generate`` yields nothing before the first token; ~35 s for 3,500 tokens
+    on a busy CPU). Here the client leaves during the first batch."""
+    from tokenwire.gateway.ir import GenerationRequest, PromptIds, is_terminal
+
+    n_batch = engine._llm.n_batch
+    prompt = PromptIds(ids=tuple(range(1000, 1000 + n_batch * 2 - 24)))  # two batches
+    assert n_batch < len(prompt.ids) < engine.n_ctx
+    evaluated: list[int] = []
+    submitted = threading.Event()
+    stream: list = []
+    real_eval = engine._llm.eval
+
+    def eval_then_leave(tokens):
+        real_eval(tokens)
+        evaluated.append(len(tokens))
+        assert submitted.wait(30)
+        stream[0].cancel()  # the client leaves while the prompt is being evaluated
+
+    monkeypatch.setattr(engine._llm, "eval", eval_then_leave)
+
+    async def go():
+        stream.append(engine.submit(GenerationRequest(
+            prompt=prompt, max_tokens=5, temperature=0.0, request_id="leaves-early")))
+        submitted.set()
+        while not is_terminal(event := await stream[0].next_event()):
+            pass
+        return event
+
+    finish = asyncio.run(go())
+    record = engine.wait_for_record("leaves-early")
+    assert isinstance(finish, Finish) and finish.reason is FinishKind.ABORT
+    assert record.outcome == "aborted"
+    assert record.ids == () and evaluated == [n_batch]  # the second batch never ran
+
+
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_each_frame_is_decodable_before_the_next_window_closes(paced, dicts, encoding):
     """The engine generates a burst of tokens (coalesced into one window), then holds the
