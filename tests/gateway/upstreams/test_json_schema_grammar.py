@@ -244,3 +244,25 @@ def test_a_pattern_string_is_json_whatever_the_pattern_allows() -> None:
         "p": {"type": "string", "pattern": "^.$"}, "p-set0": {"type": "integer"},
         "q": {"type": "string", "pattern": "^[^a]$"}}, "required": ["p", "p-set0", "q"]})
     assert oracle.accepts(response_grammar(schema), '{"p": "\\"", "p-set0": 1, "q": "b"}')
+
+
+@pytest.mark.parametrize("value", ["back\\slash", "tab\there", "line\nbreak", '"quoted"',
+                                   "a\\nb", "\u65e5\u672c", "\u2028"])
+def test_an_enum_or_const_value_is_its_json_and_nothing_else(value) -> None:
+    """The port left a backslash raw in the grammar, where GBNF reads it as an escape:
+    ``back\\slash`` allowed ``"back\\slash"`` with one backslash (not JSON), ``tab\\there``
+    a raw tab, ``a\\nb`` (a backslash, then n) a newline, and a quote made a grammar
+    llama.cpp cannot parse, a 400 for a supported schema."""
+    from .gbnf_oracle import GbnfOracle
+
+    oracle = GbnfOracle()
+    spelled = json.dumps(value, ensure_ascii=False)
+    for schema in ({"enum": [value, "other"]}, {"const": value}):
+        grammar = response_grammar(normalise(schema))
+        assert oracle.accepts(grammar, spelled), schema
+        if spelled != f'"{value}"':
+            assert not oracle.accepts(grammar, f'"{value}"'), schema  # the value unescaped
+    if value.isascii():  # a property of that name: its key is the name's JSON
+        grammar = response_grammar(normalise({"type": "object", "properties": {
+            value: {"type": "integer"}}, "required": [value]}))
+        assert oracle.accepts(grammar, json.dumps({value: 1}))

@@ -35,6 +35,7 @@ finite sentence; a written grammar past :data:`MAX_GBNF_CHARS`.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,7 @@ __all__ = [
     "CheckedGrammar",
     "check_format",
     "format_rules",
+    "gbnf_literal",
     "json_escape",
     "node_rules",
 ]
@@ -395,7 +397,7 @@ class _Writer:
     def _node(self, node: Node) -> str:
         match node:
             case Text(text):
-                return _literal(json_escape(text))
+                return gbnf_literal(json_escape(text))
             case Chars():
                 return self.chars(node)
             case Ref(name):
@@ -430,9 +432,14 @@ def _repeat(atom: str, low: int, high: int | None) -> str:
     return atom + suffix
 
 
-def _literal(escaped: str) -> str:
-    """A GBNF string literal for ``escaped`` (already JSON-escaped: no control characters)."""
-    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+_GBNF_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r"}
+_GBNF_ESCAPE = re.compile(r'[\\"\n\r]')
+
+
+def gbnf_literal(text: str) -> str:
+    """A GBNF string literal matching exactly ``text`` (GBNF reads a backslash as an escape,
+    so it is escaped too, as are a quote and line breaks)."""
+    return '"' + _GBNF_ESCAPE.sub(lambda m: _GBNF_ESCAPES[m.group(0)], text) + '"'
 
 
 def _intersect(a: Chars, b: Chars) -> Chars:
@@ -449,7 +456,7 @@ def _chars(chars: Chars) -> str:
                                   complement(raw).ranges) + "]"
         options.append(min(positive, negative, key=len))
     codes = [c for lo, hi in escaped.ranges for c in range(lo, hi + 1)]
-    options += [_literal(_SHORT_ESCAPES[chr(c)]) for c in codes if chr(c) in _SHORT_ESCAPES]
+    options += [gbnf_literal(_SHORT_ESCAPES[chr(c)]) for c in codes if chr(c) in _SHORT_ESCAPES]
     long = [f"{c:02x}" for c in codes if chr(c) not in _SHORT_ESCAPES]
     if long:
         by_first: dict[str, list[str]] = {}

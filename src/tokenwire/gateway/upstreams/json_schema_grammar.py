@@ -8,10 +8,11 @@ a keyword outside :data:`SUPPORTED` (or a supported one in a combination the con
 would mishandle) raises :class:`UnsupportedSchema` naming it, which the engine answers as a
 400. What passes is copied without annotations, so the converter sees only what it enforces.
 
-Two fixes over the converter's defaults: a JSON string's characters exclude the control
+Three fixes over the converter's defaults: a JSON string's characters exclude the control
 characters JSON forbids raw (the port allows a raw newline inside a string, which
-``json.loads`` and Pydantic reject), and ``$defs`` names are prefixed per tool, so two tools
-with a ``$defs/Item`` each get their own rule.
+``json.loads`` and Pydantic reject), literals (``enum``, ``const``, property names) are
+escaped for GBNF whole (the port left a backslash raw), and ``$defs`` names are prefixed
+per tool, so two tools with a ``$defs/Item`` each get their own rule.
 
 Tool calls use the Hermes / Qwen convention, the fallback prompt of :mod:`.tool_prompt`::
 
@@ -33,7 +34,12 @@ from typing import Any
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, SPACE_RULE, BuiltinRule, SchemaConverter
 
 from tokenwire.gateway.ir import ToolSpec
-from tokenwire.gateway.upstreams.escaped_gbnf import check_format, format_rules, node_rules
+from tokenwire.gateway.upstreams.escaped_gbnf import (
+    check_format,
+    format_rules,
+    gbnf_literal,
+    node_rules,
+)
 from tokenwire.gateway.upstreams.grammar_ir import MAX_OPEN_REPEATS, MAX_REPEATS
 from tokenwire.gateway.upstreams.regex_syntax import parse_regex
 
@@ -356,6 +362,19 @@ class _Converter(SchemaConverter):
     def _add_primitive(self, name: str, rule: BuiltinRule) -> str:
         fixed = {"char": _JSON_CHAR, "string": _BOUNDED_STRING}.get(name, rule)
         return super()._add_primitive(name, fixed)
+
+    def _format_literal(self, literal: str) -> str:
+        """The port escapes only a quote and line breaks: a backslash went into the grammar
+        raw, where GBNF reads it as an escape. So an ``enum`` / ``const`` value holding a
+        backslash allowed an answer that is not JSON (backslash, then ``s``), one holding a
+        tab a raw tab, and one holding a quote a grammar llama.cpp cannot parse (a 400 for
+        a supported schema). Property names go through here too."""
+        return gbnf_literal(literal)
+
+    def _generate_constant_rule(self, value: Any) -> str:
+        """An ``enum`` / ``const`` value as JSON text, non-ASCII characters as themselves
+        (the port's ASCII escapes are JSON too, but not what a model writes)."""
+        return gbnf_literal(json.dumps(value, ensure_ascii=False))
 
     def visit(self, schema: dict[str, Any], name: str) -> str:
         if not schema:  # JSON Schema's "anything" (the port would allow objects only)
