@@ -217,6 +217,35 @@ def test_tool_choice_needs_tools_and_a_declared_name(parses) -> None:
         plan_tools(named, cache)
 
 
+@pytest.mark.parametrize("parameters", [
+    {"type": "string"}, {"type": "integer"}, {"type": ["object", "null"]}, {"enum": [1]},
+    {"type": "array", "items": {"type": "integer"}},
+    {"anyOf": [{"type": "object"}, {"type": "string"}]},
+    {"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s"},
+])
+def test_a_function_whose_parameters_are_not_an_object_is_a_400(parses, parameters) -> None:
+    """The grammar forced a call such as ``{"name": "g", "arguments": "g"}``, which no API
+    can carry as a call: it came back as text, repeated until max_tokens, even under
+    ``tool_choice: required``."""
+    request = GenerationRequest(prompt=PromptText(text="x"), tool_choice="required", tools=(
+        ToolSpec(name="ok", parameters={"type": "object"}),
+        ToolSpec(name="g", parameters=parameters)))
+    with pytest.raises(ToolRequestError, match='"type": "object"') as caught:
+        plan_tools(request, GrammarCache(parses))
+    assert caught.value.param == "tools[1]"
+
+
+@pytest.mark.parametrize("parameters", [
+    {}, {"properties": {"a": {"type": "string"}}}, {"enum": [{"a": 1}]},
+    {"anyOf": [{"type": "object"}, {"$ref": "#/$defs/o"}],
+     "$defs": {"o": {"type": "object", "properties": {"n": {"$ref": "#/$defs/o"}}}}},
+])
+def test_parameters_that_allow_only_objects_are_served(parses, parameters) -> None:
+    request = GenerationRequest(prompt=PromptText(text="x"), tool_choice="required",
+                                tools=(ToolSpec(name="g", parameters=parameters),))
+    assert plan_tools(request, GrammarCache(parses)).grammar
+
+
 def test_unbounded_arrays_and_strings_get_bounds_inside_the_schema(parses) -> None:
     schema = normalise({"type": "array", "items": {"type": "string"}})
     assert schema["maxItems"] == MAX_UNBOUNDED_ITEMS

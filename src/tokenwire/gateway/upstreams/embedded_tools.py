@@ -43,6 +43,7 @@ from tokenwire.gateway.upstreams.json_schema_grammar import (
     UnsupportedSchema,
     call_grammar,
     check_repeats,
+    describes_objects,
     normalise,
     response_grammar,
 )
@@ -183,6 +184,12 @@ def _normalised_tools(tools: tuple[ToolSpec, ...]) -> tuple[ToolSpec, ...]:
             params = normalise(tool.parameters)
         except UnsupportedSchema as exc:
             raise ToolRequestError(f"tool {tool.name!r}: {exc}", f"tools[{i}]") from None
+        if params and not describes_objects(params):  # ({} is an object's: no parameters)
+            # The grammar would force a call whose arguments are, say, a string: no API can
+            # carry it as a call, so it came back as text, even under tool_choice required.
+            raise ToolRequestError(f"tool {tool.name!r}: its parameters must be a JSON Schema "
+                                   'of "type": "object" (a call\'s arguments are an object)',
+                                   f"tools[{i}]")
         out.append(ToolSpec(name=tool.name, kind=tool.kind, parameters=params))
     return tuple(out)
 

@@ -57,6 +57,7 @@ __all__ = [
     "UnsupportedSchema",
     "call_grammar",
     "check_repeats",
+    "describes_objects",
     "normalise",
     "response_grammar",
 ]
@@ -129,6 +130,30 @@ def normalise(schema: Any, path: str = "$") -> dict[str, Any]:
     out = _node(schema, path)
     _check_refs(out, out)
     return out
+
+
+def describes_objects(schema: dict[str, Any]) -> bool:
+    """Every value ``schema`` (:func:`normalise`-d) allows is a JSON object: what a function's
+    parameters must be, since a call's ``arguments`` is an object in every API."""
+    return _objects_only(schema, schema, frozenset())
+
+
+def _objects_only(node: dict[str, Any], root: dict[str, Any], seen: frozenset[str]) -> bool:
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        if ref in seen:
+            return True  # a cycle adds no other kind of value
+        target: Any = root
+        for part in ref[2:].split("/"):  # resolvable: normalise checked
+            target = target[part]
+        return _objects_only(target, root, seen | {ref})
+    if "anyOf" in node:
+        return all(_objects_only(s, root, seen) for s in node["anyOf"])
+    if "const" in node or "enum" in node:
+        return all(isinstance(v, dict) for v in node.get("enum", [node.get("const")]))
+    kind = node.get("type")
+    return kind == "object" or (kind is None and ("properties" in node
+                                                  or "additionalProperties" in node))
 
 
 def _node(schema: dict[str, Any], path: str) -> dict[str, Any]:
