@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
@@ -188,3 +189,25 @@ def test_a_stop_strings_tokens_send_no_logprobs(engine) -> None:
                                temperature=0.0, logprobs=True, stop=(stop,))
     assert stopped == "".join(tokens[:3])
     assert [lp.token for lp in lps] == tokens[:3]
+
+
+def test_text_held_for_a_stop_string_comes_before_the_decoders_last_text(engine,
+                                                                        monkeypatch) -> None:
+    """At the end the decoder's last text (bytes of an unfinished character) goes through
+    the stop matcher before the matcher lets go of what it held: the answer keeps its
+    order (a stop that the answer's last character could begin held that character)."""
+    _, text, _ = generate(engine, PromptText(text=STORY), max_tokens=6, temperature=0.0)
+    real = engine._detok
+
+    class EndsUnfinished:  # a decoder whose last text is an unfinished character
+        def __init__(self) -> None:
+            self.decoder = real.stream()
+            self.feed = self.decoder.feed
+
+        def flush(self) -> str:
+            return self.decoder.flush() + "\ufffd"
+
+    monkeypatch.setattr(engine, "_detok", SimpleNamespace(stream=EndsUnfinished))
+    _, held, _ = generate(engine, PromptText(text=STORY), max_tokens=6, temperature=0.0,
+                          stop=(text[-1] + "\x00",))
+    assert held == text + "\ufffd"

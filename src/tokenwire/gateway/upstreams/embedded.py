@@ -418,10 +418,10 @@ class EmbeddedEngine:
             tokens.close()
         if reason is not FinishKind.ABORT:
             tail = text_stream.flush()
-            events = turn.feed(None, tail) if turn is not None else [TokenDelta(text=tail)]
-            held, held_logprobs = stops.flush_delta()
-            for event in [*(_with_stops(e, stops) for e in events),
-                          TokenDelta(text=held, logprobs=tuple(held_logprobs))]:
+            events = [_with_stops(e, stops) for e in (
+                turn.feed(None, tail) if turn is not None else [TokenDelta(text=tail)])]
+            held, held_logprobs = stops.flush_delta()  # after the tail: it may complete one
+            for event in [*events, TokenDelta(text=held, logprobs=tuple(held_logprobs))]:
                 if not isinstance(event, TokenDelta) or event.text or event.ids \
                         or event.logprobs:
                     job.emit(event)
