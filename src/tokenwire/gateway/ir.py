@@ -406,45 +406,36 @@ class ChatPrompt(msgspec.Struct, frozen=True, kw_only=True, tag="chat"):
 Prompt = PromptIds | PromptText | ChatPrompt
 
 
-class PromptCounts:
+class PromptCounts(msgspec.Struct, dict=True):
     """A request's memo of its prompt's counts, one per tokenizer map
     (``context_window.certain_request_tokens``), so that the preflight before sending, the
     truncation check after it and a fallback on the same map encode the prompt once (an
     agent's context of 60,000 characters is ~7 ms of encoding).
 
-    Not part of the request's value: every memo equals every other, so requests still
-    compare and hash by what they ask. ``msgspec.structs.replace`` shares the memo between
-    a request and its copies; a copy with another prompt is told apart by the prompt's
-    identity and counted afresh. A count may be made on a worker thread: one dictionary
-    store, and at worst a count made twice."""
-
-    __slots__ = ("_by_map", "_prompt")
-
-    def __init__(self) -> None:
-        self._prompt: object = None
-        self._by_map: dict[str, int | None] = {}
+    Not part of the request's value: a Struct with no fields (its state is in its
+    ``__dict__``), so every memo equals every other, requests still compare and hash by what
+    they ask, and one encodes as ``{}`` (a request stays a loggable, replayable Struct).
+    ``msgspec.structs.replace`` shares the memo between a request and its copies; a copy
+    with another prompt is told apart by the prompt's identity and counted afresh. A count
+    may be made on a worker thread: one dictionary store, and at worst a count made twice."""
 
     def count(self, prompt: object, key: str, make: Callable[[], int | None]) -> int | None:
         """The count of ``prompt`` under ``key`` (a map's hash), made by ``make()`` once."""
-        if prompt is not self._prompt:
-            self._prompt, self._by_map = prompt, {}
-        by_map = self._by_map
+        state = self.__dict__
+        if state.get("prompt") is not prompt:
+            state["prompt"], state["by_map"] = prompt, {}
+        by_map: dict[str, int | None] = state["by_map"]
         if key not in by_map:
             by_map[key] = make()
         return by_map[key]
 
     def has(self, prompt: object, key: str) -> bool:
         """True when ``prompt`` has been counted under ``key``."""
-        return prompt is self._prompt and key in self._by_map
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, PromptCounts)
+        state = self.__dict__
+        return state.get("prompt") is prompt and key in state["by_map"]
 
     def __hash__(self) -> int:
         return 0
-
-    def __repr__(self) -> str:
-        return "PromptCounts()"
 
 
 class GenerationRequest(msgspec.Struct, frozen=True, kw_only=True):

@@ -485,6 +485,8 @@ def test_the_preflight_and_the_truncation_check_encode_the_prompt_once(
         assert (out[-1].failure_class, out[-1].context_tokens) == (
             FailureClass.CONTEXT_LENGTH, 128)
     assert len(counted) == 1
+    # The memo is no part of the request's value: it still encodes (as {}) and compares.
+    assert msgspec.json.decode(msgspec.json.encode(request), type=GenerationRequest) == request
     # Another prompt in a copy of the request is counted afresh, never given the old count.
     other_text = req(PromptText(text="word " * 7))
     shared = msgspec.structs.replace(request, prompt=other_text.prompt)
