@@ -96,6 +96,35 @@ def test_another_keys_get_and_continuation_are_not_found(two_keys) -> None:
                                                           "and then?"]
 
 
+def test_delete_forgets_a_response_for_its_own_key_only(two_keys) -> None:
+    """``DELETE /v1/responses/{id}`` (the SDKs' ``responses.delete``) was a 405: a stored
+    conversation could not be removed before its 30 days."""
+    stack = two_keys()
+    with _http(stack, KEY) as a, _http(stack, OTHER) as b:
+        rid = a.post("/v1/responses", json={"model": "scripted", "input": "A's secret"}
+                     ).json()["id"]
+        refused = b.delete(f"/v1/responses/{rid}")  # another key's: not there for it
+        assert refused.status_code == 404 and refused.json()["error"]["code"] == "not_found"
+        assert a.get(f"/v1/responses/{rid}").status_code == 200
+        done = a.delete(f"/v1/responses/{rid}")
+        assert done.status_code == 200
+        assert done.json() == {"id": rid, "object": "response", "deleted": True}
+        assert a.get(f"/v1/responses/{rid}").status_code == 404
+        assert a.delete(f"/v1/responses/{rid}").status_code == 404
+        cont = a.post("/v1/responses", json={"model": "scripted", "input": "more",
+                                             "previous_response_id": rid})
+        assert cont.json()["error"]["code"] == "previous_response_not_found"
+    import openai  # the SDK's own call: it accepts the answer
+
+    sdk = openai.OpenAI(base_url=stack.url.replace("ws://", "http://") + "/v1", api_key=KEY,
+                        max_retries=0)
+    made = sdk.responses.create(model="scripted", input="again")
+    sdk.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        sdk.responses.retrieve(made.id)
+    sdk.close()
+
+
 def test_another_keys_socket_cannot_continue_a_stored_response(two_keys) -> None:
     stack = two_keys()
     with _http(stack, KEY) as a:

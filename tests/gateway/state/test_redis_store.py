@@ -61,6 +61,22 @@ def test_put_and_get_are_one_round_trip_each(redis_server: RedisServer) -> None:
     run(redis_server, body)
 
 
+def test_delete_forgets_a_response_and_its_index_entry_in_one_round_trip(
+        redis_server: RedisServer) -> None:
+    async def body(store: RedisResponseStore, conn: RedisConn) -> None:
+        await store.put("resp_1", input_items=[], response=response("resp_1"))
+        await store.put("resp_2", input_items=[], response=response("resp_2"))
+        before = conn.calls
+        assert await store.delete("resp_1") is True
+        assert conn.calls == before + 1
+        assert await store.get("resp_1") is None and await store.get("resp_2") is not None
+        assert await conn.call(lambda r: r.zrange("t:resp-index", 0, -1)) == [b"resp_2"]
+        assert await store.delete("resp_1") is False  # gone: the route's 404
+        assert await store.delete("resp_unknown") is False
+
+    run(redis_server, body)
+
+
 def test_rows_are_bounded_and_the_oldest_go_first(redis_server: RedisServer) -> None:
     clock = Clock()
 

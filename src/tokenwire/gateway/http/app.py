@@ -70,7 +70,7 @@ from tokenwire.gateway.http.requests import (
     read_parsed,
     upgrade_response,
 )
-from tokenwire.gateway.http.responses_get import get_response
+from tokenwire.gateway.http.responses_get import delete_response, get_response
 from tokenwire.gateway.http.responses_routes import responses_routes
 from tokenwire.gateway.http.responses_ws import responses_socket
 from tokenwire.gateway.http.schema import PROTO_SCHEMA
@@ -315,6 +315,7 @@ def create_app(state: GatewayState) -> GatewayApp:
         Route("/detokenize", detokenize, methods=["POST"]),
         *responses_routes(),  # POST /v1/responses (OpenAI Responses)
         Route("/v1/responses/{response_id}", get_response, methods=["GET"]),  # stored ones
+        Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
         *_discovery_routes(state),
         *playground_routes(),  # GET /: the playground page (http/playground.py)
     ]

@@ -1,4 +1,5 @@
-"""``GET /v1/responses/{id}`` (issue 5 item 6) and the response store of an app.
+"""``GET`` and ``DELETE /v1/responses/{id}`` (issue 5 item 6) and the response store of an
+app.
 
 The store is the gateway's (``GatewayState.response_store``): the POST route stores into it
 and this route reads from it (:func:`response_store_of`), so both see one store, each request
@@ -28,7 +29,7 @@ from tokenwire.gateway.state.response_store import (
     StoreUnavailable,
 )
 
-__all__ = ["get_response", "response_store_of"]
+__all__ = ["delete_response", "get_response", "response_store_of"]
 
 
 def response_store_of(conn: HTTPConnection) -> ResponseStore:
@@ -48,24 +49,55 @@ def _json(obj: Any, status: int) -> Response:
                     media_type="application/json")
 
 
-async def get_response(request: Request) -> Response:
-    """The stored response object, or OpenAI's 404 when absent, expired or never stored
-    (the message says so when it was too large to store); a 503 ``store_unavailable`` with
-    ``Retry-After`` while the shared store cannot be read (it may well be there)."""
-    response_id = request.path_params["response_id"]
+def _too_long(response_id: str) -> Response | None:
     if len(response_id) > MAX_RESPONSE_ID_CHARS:  # names no response: not a store key, and
         # not repeated back (a 10,000-character id came back whole in the 404)
         return json_error(404, f"No response has an id of {len(response_id)} characters "
                           f"(at most {MAX_RESPONSE_ID_CHARS}).", code="not_found",
                           param="response_id")
+    return None
+
+
+def _not_found(response_id: str) -> Response:  # OpenAI's words for it
+    return json_error(404, f"Response with id '{response_id}' not found.",
+                      code="not_found", param="response_id")
+
+
+def _unavailable(exc: StoreUnavailable) -> Response:
+    return json_error(503, str(exc), code=exc.code,
+                      headers=dict(retry_after_header(exc.retry_after)))
+
+
+async def delete_response(request: Request) -> Response:
+    """``DELETE /v1/responses/{id}`` (the SDKs' ``responses.delete``): OpenAI's
+    ``{"id", "object": "response", "deleted": true}``, or its 404 when the key's store has
+    no such response (another key's is not there for it); a 503 while the shared store
+    cannot be written."""
+    response_id = request.path_params["response_id"]
+    if (refusal := _too_long(response_id)) is not None:
+        return refusal
+    try:
+        deleted = await response_store_of(request).delete(response_id)
+    except StoreUnavailable as exc:
+        return _unavailable(exc)
+    if not deleted:
+        return _not_found(response_id)
+    return _json({"id": response_id, "object": "response", "deleted": True}, 200)
+
+
+async def get_response(request: Request) -> Response:
+    """The stored response object, or OpenAI's 404 when absent, expired or never stored
+    (the message says so when it was too large to store); a 503 ``store_unavailable`` with
+    ``Retry-After`` while the shared store cannot be read (it may well be there)."""
+    response_id = request.path_params["response_id"]
+    if (refusal := _too_long(response_id)) is not None:
+        return refusal
     try:
         stored = await response_store_of(request).get(response_id)
     except ResponseNotStored as exc:
         return json_error(404, str(exc), code="not_found", param="response_id")
     except StoreUnavailable as exc:
-        return json_error(503, str(exc), code=exc.code,
-                          headers=dict(retry_after_header(exc.retry_after)))
-    if stored is None:  # OpenAI's words for it
-        return json_error(404, f"Response with id '{response_id}' not found.",
-                          code="not_found", param="response_id")
+        return _unavailable(exc)
+    if stored is None:
+        return _not_found(response_id)
     return _json(stored.response, 200)

@@ -122,6 +122,21 @@ class RedisResponseStore:
             return None  # a value of another type under the key: as decode_record's garbage
         return None if data is None else decode_record(response_id, data)
 
+    async def delete(self, response_id: str) -> bool:
+        key, index = self._key(response_id), self._index
+
+        async def op(client: Any) -> Any:
+            async with client.pipeline(transaction=True) as pipe:  # one round trip
+                pipe.delete(key)
+                pipe.zrem(index, response_id)
+                return await pipe.execute()
+
+        try:  # idempotent: deleting twice leaves the same nothing
+            removed, _ = await self._call(op, idempotent=True)
+        except _NotOurs:
+            return False  # the index is not ours: nothing of ours to delete there
+        return bool(removed)
+
     async def _call(self, op: Callable[[Any], Any], *, idempotent: bool) -> Any:
         try:
             return await self.conn.call(op, idempotent=idempotent)

@@ -193,6 +193,11 @@ class ResponseStore(Protocol):
         :class:`ResponseNotStored` (too large to store) or :class:`StoreUnavailable`."""
         ...
 
+    async def delete(self, response_id: str) -> bool:
+        """Forget one response (or its "too large" marker): True when it was there and
+        unexpired. Raises :class:`StoreUnavailable`."""
+        ...
+
 
 class OwnedStore:
     """One API key's view of a store: the responses its requests stored, and no other.
@@ -225,6 +230,9 @@ class OwnedStore:
         except ResponseNotStored as exc:
             raise ResponseNotStored(response_id, exc.size, exc.cap) from None
         return None if stored is None else replace(stored, id=response_id)
+
+    async def delete(self, response_id: str) -> bool:
+        return await self.inner.delete(self._id(response_id))
 
 
 class SQLiteResponseStore:
@@ -276,6 +284,13 @@ class SQLiteResponseStore:
         if row is None or row[0] < self._clock() - self.ttl_s:
             return None
         return decode_record(response_id, row[1])
+
+    async def delete(self, response_id: str) -> bool:
+        with self._lock:
+            gone = self._db.execute(
+                "DELETE FROM stored_responses WHERE id = ? AND created >= ?",
+                (response_id, self._clock() - self.ttl_s)).rowcount
+        return gone > 0
 
     def __len__(self) -> int:
         with self._lock:
