@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import looptime
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -294,6 +295,29 @@ def test_every_sockets_memory_shares_one_budget_and_a_closed_socket_gives_its_by
         third = until_terminal(three)[-1]["response"]["id"]
         three.send(create(previous_response_id=third))
         assert until_terminal(three)[-1]["type"] == "response.completed"
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/responses", {"input": "hi"}),
+    ("/v1/messages", {"max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}),
+])
+def test_a_failure_before_output_carries_its_request_id(serve, path: str, body: dict) -> None:
+    """A success carried ``X-Request-Id``; the error answer of a failed generation did not,
+    on every API, so the id a log line names could not be matched to the client's error."""
+    from tokenwire.gateway.ir import Failure, FailureClass
+
+    failure = Failure(failure_class=FailureClass.UPSTREAM, status=502, message="upstream down")
+    stack = serve(lambda request: [failure])
+    url = stack.url.replace("ws://", "http://")
+    with httpx.Client(base_url=url, timeout=WAIT_S,
+                      headers={"authorization": f"Bearer {KEY}"}) as http:
+        for stream in (False, True):
+            got = http.post(path, json={"model": "scripted", "stream": stream, **body})
+            # A Responses stream opens with response.created, so it fails in-stream (200).
+            assert got.status_code == (200 if stream and path == "/v1/responses" else 502)
+            rid = got.headers.get("x-request-id", "")
+            assert rid and rid == stack.upstream.requests[-1].request_id
 
 
 def test_another_socket_cannot_continue_a_store_false_response(serve) -> None:

@@ -209,6 +209,11 @@ class EventResponse:
 
     async def _send_failure(self, send: Send, failure: Failure) -> None:
         status, headers, body = self._on_failure(failure)
+        # The answer's request id, as a success carries it: the one the gateway's log line
+        # and the client's bug report can both name.
+        rid = next((v for k, v in self._head() if k == "X-Request-Id"), None)
+        if rid is not None:
+            headers = [*headers, ("X-Request-Id", rid)]
         await self._send_whole(send, status, headers, body)
         self._count("identity", body)  # error bodies are never content-coded
 
