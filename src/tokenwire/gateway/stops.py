@@ -58,13 +58,21 @@ class StopMatcher:
         self._shown += len(shown)
         return shown
 
-    def feed_delta(self, piece: str, logprobs: Iterable[_Lp]) -> tuple[str, list[_Lp]]:
-        """:meth:`feed` for a delta's text, with the logprobs of the tokens that begin it;
-        returns the text and the logprobs that can go now: each once text from where its
-        token begins has been shown, never when its token begins inside a matched stop."""
+    def feed_delta(self, piece: str, logprobs: Iterable[_Lp],
+                   starts: Iterable[int] | None = None) -> tuple[str, list[_Lp]]:
+        """:meth:`feed` for a delta's text, with the logprobs of the tokens in it; returns
+        the text and the logprobs that can go now: each once text from where its token
+        begins has been shown, never when its token begins inside a matched stop.
+        ``starts``: where each token begins in ``piece`` (a delta of several tokens); by
+        default every one begins the delta (one token a delta, as the engine's are)."""
         if not self._stops:
             return piece, list(logprobs)
-        self._logprobs.extend((self._fed, lp) for lp in logprobs)
+        at = self._fed
+        if starts is None:
+            self._logprobs.extend((at, lp) for lp in logprobs)
+        else:
+            self._logprobs.extend((at + start, lp) for start, lp in zip(starts, logprobs,
+                                                                        strict=True))
         shown = self.feed(piece)
         out: list[_Lp] = []
         while self._logprobs and self._logprobs[0][0] < self._shown:

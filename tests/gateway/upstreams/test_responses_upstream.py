@@ -544,3 +544,31 @@ def test_local_stop_sequence_shows_exactly_the_text_before_the_first_stop(
         assert out[-1] == Finish(reason=FinishKind.STOP_SEQUENCE, matched_stop=stop)
     else:
         assert shown == full and out[-1] == Finish(reason=FinishKind.EOS)
+
+
+def test_a_local_stop_strings_tokens_send_no_logprobs() -> None:
+    """The stop matcher trimmed the text but every delta's logprobs went out whole: the
+    tokens of the stop string, and those after it in the same delta, reached the client as
+    logprobs of text it never saw."""
+    def delta(text: str, tokens: list[str]) -> SSEEvent:
+        lps = [{"token": t, "logprob": -0.5, "bytes": list(t.encode()), "top_logprobs": []}
+               for t in tokens]
+        return SSEEvent("response.output_text.delta", json.dumps({
+            "type": "response.output_text.delta", "output_index": 0, "content_index": 0,
+            "item_id": "msg_1", "delta": text, "logprobs": lps}))
+
+    parser = ResponsesStreamParser("oai", stop=(" END",))
+    out = parser.on_sse(delta("Hello wor", ["Hello", " wor"]))
+    out += parser.on_sse(delta("ld END more", ["ld", " END", " more"]))
+    shown = "".join(ev.text for ev in out if isinstance(ev, TokenDelta))
+    tokens = [lp.token for ev in out if isinstance(ev, TokenDelta) for lp in ev.logprobs]
+    assert shown == "Hello world" and tokens == ["Hello", " wor", "ld"]
+    assert out[-1] == Finish(reason=FinishKind.STOP_SEQUENCE, matched_stop=" END")
+    # With no stop fired, the logprobs held with a held tail go out at the end.
+    parser = ResponsesStreamParser("oai", stop=(" END",))
+    out = parser.on_sse(delta("Hi E", ["Hi", " E"]))
+    out += parser.on_sse(SSEEvent("response.completed", json.dumps(
+        {"type": "response.completed", "response": {"output": []}})))
+    tokens = [lp.token for ev in out if isinstance(ev, TokenDelta) for lp in ev.logprobs]
+    assert "".join(ev.text for ev in out if isinstance(ev, TokenDelta)) == "Hi E"
+    assert tokens == ["Hi", " E"]

@@ -340,9 +340,11 @@ class ResponsesStreamParser:
         return []
 
     def _show(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> list[Event]:
-        shown = self._stops.feed(text)
-        out: list[Event] = [TokenDelta(text=shown, logprobs=logprobs)] \
-            if shown or logprobs else []
+        # A stop string's tokens reach the client neither as text nor as logprobs: each
+        # token's logprob goes with the text it begins (where, from the tokens' own texts).
+        shown, kept = self._stops.feed_delta(text, logprobs, _token_starts(logprobs, text))
+        out: list[Event] = [TokenDelta(text=shown, logprobs=tuple(kept))] \
+            if shown or kept else []
         if self._stops.matched is not None:  # the API cannot stop itself: we do
             out += self._end(Finish(reason=FinishKind.STOP_SEQUENCE,
                                     matched_stop=self._stops.matched))
@@ -475,8 +477,9 @@ class ResponsesStreamParser:
         return -1 - position if other else position
 
     def _flush(self, response: dict[str, Any]) -> list[Event]:
-        held = self._stops.flush()
-        out: list[Event] = [TokenDelta(text=held)] if held else []
+        held, logprobs = self._stops.flush_delta()
+        out: list[Event] = [TokenDelta(text=held, logprobs=tuple(logprobs))] \
+            if held or logprobs else []
         usage = responses_usage(response.get("usage"))
         if usage is not None:
             out.append(usage)
@@ -640,6 +643,17 @@ class ResponsesUpstream(TextUpstream):
         for sock in list(self._sockets):  # client sockets drained first (http/shutdown.py)
             await sock.aclose()
         await super().aclose()
+
+
+def _token_starts(logprobs: tuple[TokenLogprob, ...], text: str) -> list[int]:
+    """Where each token begins in a delta's ``text``, from the tokens' own texts (a token
+    cut inside a UTF-8 character shows U+FFFD: the position is then near, never past the
+    end)."""
+    starts, at = [], 0
+    for lp in logprobs:
+        starts.append(min(at, max(len(text) - 1, 0)))
+        at += len(lp.token)
+    return starts
 
 
 class _PassthroughHead(msgspec.Struct):
