@@ -35,7 +35,8 @@ class UnsupportedCoding(ValueError):
 
 
 class _Zlib:
-    def __init__(self, wbits: int, *, raw_fallback: bool = False) -> None:
+    def __init__(self, name: str, wbits: int, *, raw_fallback: bool = False) -> None:
+        self._name = name
         self._z = zlib.decompressobj(wbits)
         # ``deflate`` is zlib's format (RFC 9110 §8.4.1.2), but some servers send raw
         # deflate: tried once, before any output, as httpx does.
@@ -53,7 +54,7 @@ class _Zlib:
                     self._raw_fallback = False
                     self._z = zlib.decompressobj(-zlib.MAX_WBITS)
                     continue
-                raise UnsupportedCoding(f"the body is not valid {self._name()}: {exc}") from exc
+                raise UnsupportedCoding(f"the body is not valid {self._name}: {exc}") from exc
             self._any = True
             if piece:
                 yield piece
@@ -62,9 +63,6 @@ class _Zlib:
                 raise UnsupportedCoding("the coded body makes no progress")
         if self._z.unused_data:
             raise UnsupportedCoding("bytes after the end of the coded body")
-
-    def _name(self) -> str:
-        return "deflate" if self._raw_fallback else "gzip / deflate"
 
 
 class _Brotli:
@@ -88,9 +86,9 @@ class _Brotli:
 
 def _decoder(coding: str) -> _Zlib | _Brotli:
     if coding in ("gzip", "x-gzip"):
-        return _Zlib(16 + zlib.MAX_WBITS)
+        return _Zlib("gzip", 16 + zlib.MAX_WBITS)
     if coding == "deflate":
-        return _Zlib(zlib.MAX_WBITS, raw_fallback=True)
+        return _Zlib("deflate", zlib.MAX_WBITS, raw_fallback=True)
     if coding == "br":
         return _Brotli()
     raise UnsupportedCoding(f"unsupported Content-Encoding {coding!r}")
