@@ -716,26 +716,7 @@ def test_a_coded_body_is_decoded_in_bounded_pieces_never_one_read_whole(coding: 
              "deflate": lambda b: zlib.compress(b, 9)}[coding](plain)
     assert len(coded) < 64 * 1024  # one or two reads, far more than a piece each
 
-    async def handler(reader, writer):
-        await _read_request(reader)
-        writer.write(CHUNKED_HEAD[:-2] + f"content-encoding: {coding}\r\n\r\n".encode()
-                     + _chunk(coded) + b"0\r\n\r\n")
-        await writer.drain()
-        await reader.read()
-
-    sizes: list[int] = []
-
-    async def main():
-        server = Server(handler)
-        url = await server.start()
-        async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
-                               {}, None) as client:
-            async with stream_post(client, httpx.URL(url), b"{}", {}) as resp:
-                async for piece in resp.aiter_bytes():
-                    sizes.append(len(piece))
-        await server.stop()
-
-    _run(main)
+    sizes = [len(piece) for piece in _coded_answer(coding, coded)]
     # brotli's output limit is a hint: its pieces came at 1.5x it (98,272 bytes)
     assert sum(sizes) == len(plain) and max(sizes) <= 2 * PIECE_BYTES
 
@@ -743,6 +724,13 @@ def test_a_coded_body_is_decoded_in_bounded_pieces_never_one_read_whole(coding: 
 @pytest.mark.parametrize(("coding", "body"), [("zstd", b"(\xb5/\xfd..."), ("gzip, br", b"x"),
                                               ("gzip", b"not gzip at all")])
 def test_a_coding_that_cannot_be_decoded_is_a_malformed_answer(coding: str, body: bytes) -> None:
+    with pytest.raises(MalformedAnswer):
+        _coded_answer(coding, body)
+
+
+def _coded_answer(coding: str, body: bytes) -> list[bytes]:
+    """The pieces a streamed POST reads of a chunked answer with ``Content-Encoding:
+    coding`` and ``body`` as its one chunk (what the read raises, raised)."""
     async def handler(reader, writer):
         await _read_request(reader)
         writer.write(CHUNKED_HEAD[:-2] + f"content-encoding: {coding}\r\n\r\n".encode()
@@ -750,18 +738,21 @@ def test_a_coding_that_cannot_be_decoded_is_a_malformed_answer(coding: str, body
         await writer.drain()
         await reader.read()
 
+    pieces: list[bytes] = []
+
     async def main():
         server = Server(handler)
         url = await server.start()
-        async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
-                               {}, None) as client:
-            async with stream_post(client, httpx.URL(url), b"{}", {}) as resp:
-                with pytest.raises(MalformedAnswer):
-                    async for _ in resp.aiter_bytes():
-                        pass
-        await server.stop()
+        try:
+            async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
+                                   {}, None) as client:
+                async with stream_post(client, httpx.URL(url), b"{}", {}) as resp:
+                    pieces.extend([piece async for piece in resp.aiter_bytes()])
+        finally:
+            await server.stop()
 
     _run(main)
+    return pieces
 
 
 def test_upstreams_are_asked_for_identity_unless_the_configuration_says_otherwise() -> None:
