@@ -316,7 +316,16 @@ def test_usage_reaches_message_delta_and_the_unstreamed_body() -> None:
      "api_error", "broke"),
     (Failure(failure_class=FailureClass.CONTEXT_LENGTH, message="long", status=400,
              prompt_tokens=5000, context_tokens=4096),
-     "invalid_request_error", "prompt is too long: 5000 tokens > 4096 maximum")])
+     "invalid_request_error", "prompt is too long: 5000 tokens > 4096 maximum"),
+    # Reproduced: without the counts the upstream's words went as they were, and a Claude
+    # client, which matches "prompt is too long", did not compact its conversation.
+    (Failure(failure_class=FailureClass.CONTEXT_LENGTH, status=400,
+             message="This model's maximum context length is 8192 tokens"),
+     "invalid_request_error",
+     "prompt is too long: This model's maximum context length is 8192 tokens"),
+    (Failure(failure_class=FailureClass.CONTEXT_LENGTH, status=400,
+             message="prompt is too long: 9000 > 8192"),
+     "invalid_request_error", "prompt is too long: 9000 > 8192")])
 def test_failure_after_start_is_one_error_event(failure: Failure, type_: str,
                                                 message: str) -> None:
     ev = render([TokenDelta(text="x"), failure])

@@ -105,6 +105,9 @@ def type_for_status(status: int) -> str:
     return _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
 
 
+_TOO_LONG = "prompt is too long: "
+
+
 def failure_error(failure: Failure) -> tuple[int, str, str]:
     """(HTTP status, Anthropic error type, message) for an IR failure."""
     cls, message = failure.failure_class, failure.message
@@ -113,10 +116,14 @@ def failure_error(failure: Failure) -> tuple[int, str, str]:
     if cls is FailureClass.RATE_LIMITED:
         return 429, "rate_limit_error", message
     if cls is FailureClass.CONTEXT_LENGTH:
+        # Anthropic's own wording, which Claude clients match to trigger compaction: with
+        # the counts when they are known, else before the upstream's own words (which
+        # were sent as they were, and no client compacted).
         if failure.prompt_tokens is not None and failure.context_tokens is not None:
-            # Anthropic's own wording, which Claude clients match to trigger compaction.
             message = (f"prompt is too long: {failure.prompt_tokens} tokens > "
                        f"{failure.context_tokens} maximum")
+        elif not message.startswith(_TOO_LONG):
+            message = _TOO_LONG + message
         return 400, "invalid_request_error", message
     if cls in (FailureClass.INVALID_REQUEST, FailureClass.CONTENT_FILTER):
         status = failure.status if 400 <= failure.status < 500 else 400
