@@ -699,11 +699,14 @@ def test_stream_post_reuses_its_connection_and_decodes_a_content_encoding() -> N
     _run(main)
 
 
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "httpx"])
 @pytest.mark.parametrize("coding", ["gzip", "br", "deflate"])
-def test_a_coded_body_is_decoded_in_bounded_pieces_never_one_read_whole(coding: str) -> None:
+def test_a_coded_body_is_decoded_in_bounded_pieces_never_one_read_whole(coding: str,
+                                                                         lean: bool) -> None:
     """httpx's decoders expanded each read whole: a 420-byte brotli body took a gateway from
     56 to 579 MB for one request (1.6 KB is 1 GB of zeros). Decoded here in pieces of at
-    most PIECE_BYTES, handed on one at a time, the reader's back-pressure bounds it."""
+    most PIECE_BYTES, handed on one at a time, the reader's back-pressure bounds it. An
+    answer through httpx's own transport (a proxy's) was still decoded by httpx's."""
     import zlib
 
     import brotli
@@ -716,21 +719,24 @@ def test_a_coded_body_is_decoded_in_bounded_pieces_never_one_read_whole(coding: 
              "deflate": lambda b: zlib.compress(b, 9)}[coding](plain)
     assert len(coded) < 64 * 1024  # one or two reads, far more than a piece each
 
-    sizes = [len(piece) for piece in _coded_answer(coding, coded)]
+    sizes = [len(piece) for piece in _coded_answer(coding, coded, lean=lean)]
     # brotli's output limit is a hint: its pieces came at 1.5x it (98,272 bytes)
     assert sum(sizes) == len(plain) and max(sizes) <= 2 * PIECE_BYTES
 
 
 @pytest.mark.parametrize(("coding", "body"), [("zstd", b"(\xb5/\xfd..."), ("gzip, br", b"x"),
                                               ("gzip", b"not gzip at all")])
-def test_a_coding_that_cannot_be_decoded_is_a_malformed_answer(coding: str, body: bytes) -> None:
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "httpx"])
+def test_a_coding_that_cannot_be_decoded_is_a_malformed_answer(coding: str, body: bytes,
+                                                               lean: bool) -> None:
     with pytest.raises(MalformedAnswer):
-        _coded_answer(coding, body)
+        _coded_answer(coding, body, lean=lean)
 
 
-def _coded_answer(coding: str, body: bytes) -> list[bytes]:
-    """The pieces a streamed POST reads of a chunked answer with ``Content-Encoding:
-    coding`` and ``body`` as its one chunk (what the read raises, raised)."""
+def _coded_answer(coding: str, body: bytes, *, lean: bool = True) -> list[bytes]:
+    """The pieces a streamed POST's reader reads of a chunked answer with
+    ``Content-Encoding: coding`` and ``body`` as its one chunk (what the read raises,
+    raised); ``lean=False``: through httpx's own transport, as when a proxy is set."""
     async def handler(reader, writer):
         await _read_request(reader)
         writer.write(CHUNKED_HEAD[:-2] + f"content-encoding: {coding}\r\n\r\n".encode()
@@ -744,10 +750,14 @@ def _coded_answer(coding: str, body: bytes) -> list[bytes]:
         server = Server(handler)
         url = await server.start()
         try:
-            async with http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
-                                   {}, None) as client:
-                async with stream_post(client, httpx.URL(url), b"{}", {}) as resp:
-                    pieces.extend([piece async for piece in resp.aiter_bytes()])
+            client = http_client(UpstreamConfig(name="u", kind="openai", base_url=url),
+                                 {}, None) if lean else httpx.AsyncClient(timeout=10.0)
+            async with client:
+                post = stream_post(client, httpx.URL(url), b"{}", {})
+                async with post:
+                    reader = post.reader()
+                    while piece := await reader.read():
+                        pieces.append(piece)
         finally:
             await server.stop()
 

@@ -549,6 +549,24 @@ def test_probe_reports_down_and_degraded(fake):
     assert degraded.state is UpstreamState.DEGRADED and "other" in degraded.detail
 
 
+def test_a_model_listing_is_read_no_further_than_its_limit(fake):
+    """Reproduced: the probe read ``/models`` whole, however large (and decoded it with
+    httpx's unbounded decoders). Past ``MAX_LISTING_BYTES`` it is not a model list."""
+    fake.models = ("m", *(f"model-{i:06d}-{'x' * 40}" for i in range(20_000)))
+    try:
+        async def go():
+            up = upstream(fake.url)
+            try:
+                return await up.probe()
+            finally:
+                await up.aclose()
+        health = asyncio.run(go())
+    finally:
+        fake.models = ("m",)
+    assert health.state is UpstreamState.DEGRADED
+    assert health.detail == "the model listing is not the expected JSON"
+
+
 def test_api_key_is_sent_as_bearer_and_never_in_repr_or_failures(monkeypatch):
     monkeypatch.setenv("TW_TEST_KEY", "sk-secret-123")
     seen = []

@@ -69,6 +69,7 @@ from tokenwire.gateway.upstreams.failures import (
     classify_error,
     failure_from_exception,
     failure_from_response,
+    fetch_capped,
 )
 from tokenwire.gateway.upstreams.sse import SSEEvent
 from tokenwire.gateway.upstreams.sse_http import (
@@ -546,14 +547,15 @@ class AnthropicUpstream(TextUpstream):
                            status=400)
         counted = {k: v for k, v in body.items() if k in _COUNT_FIELDS}
         try:
-            resp = await self._client.post(f"{self.api_base}/messages/count_tokens",
-                                           json=counted, headers={"Accept": "application/json"})
+            status, headers, content = await fetch_capped(
+                self._client, "POST", f"{self.api_base}/messages/count_tokens", json=counted,
+                headers={"Accept": "application/json"})
         except httpx.HTTPError as exc:
             return failure_from_exception(exc, started=False)
-        if resp.status_code != 200:
-            return failure_from_response(resp.status_code, resp.headers, resp.content)
+        if status != 200:
+            return failure_from_response(status, headers, content)
         try:
-            n = msgspec.json.decode(resp.content).get("input_tokens")
+            n = msgspec.json.decode(content).get("input_tokens")
         except (msgspec.DecodeError, AttributeError):
             n = None
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:

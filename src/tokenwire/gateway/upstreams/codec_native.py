@@ -82,10 +82,10 @@ from tokenwire.gateway.upstreams.codec_native_wire import (
     classify_exception,
     classify_http,
 )
-from tokenwire.gateway.upstreams.failures import read_capped
+from tokenwire.gateway.upstreams.failures import fetch_capped, read_capped
 from tokenwire.gateway.upstreams.http_transport import UpstreamClient, upstream_transport
 
-__all__ = ["MAX_MODELS_BODY", "STREAM_QUEUE_DEPTH", "CodecNativeUpstream", "CodecOptions"]
+__all__ = ["STREAM_QUEUE_DEPTH", "CodecNativeUpstream", "CodecOptions"]
 
 log = logging.getLogger(__name__)
 
@@ -93,8 +93,6 @@ log = logging.getLogger(__name__)
 #: out a slow client for a few coalescing windows; beyond it the reader waits, so a stalled
 #: client applies backpressure to the upstream instead of growing memory without bound.
 STREAM_QUEUE_DEPTH = 64
-#: A model list is a few KB even for hundreds of models; more is not a model list.
-MAX_MODELS_BODY = 1024 * 1024
 #: Connections beyond ``max_concurrent`` for probes and discovery GETs.
 _SPARE_CONNECTIONS = 2
 
@@ -364,16 +362,10 @@ class CodecNativeUpstream:
         return self._health(state, served, "; ".join(problems))
 
     async def _get_models(self) -> tuple[int, httpx.Headers, bytes]:
-        """``/v1/models``, read no further than :data:`MAX_MODELS_BODY` (the peer sets its
+        """``/v1/models``, read no further than :data:`MAX_LISTING_BYTES` (the peer sets its
         length)."""
-        async with self._http.stream("GET", f"{self.base_url}/v1/models",
-                                     headers=self._auth_headers()) as resp:
-            body = b""
-            async for part in resp.aiter_bytes():
-                body += part
-                if len(body) > MAX_MODELS_BODY:
-                    break
-            return resp.status_code, resp.headers, body[:MAX_MODELS_BODY]
+        return await fetch_capped(self._http, "GET", f"{self.base_url}/v1/models",
+                                  headers=self._auth_headers())
 
     async def _check_model(self, wire: ModelWire, served: tuple[str, ...],
                            advertised: dict[str, str | None]) -> str:

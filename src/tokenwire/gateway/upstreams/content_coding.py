@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import brotli
 
-__all__ = ["PIECE_BYTES", "UnsupportedCoding", "decoded_pieces"]
+__all__ = ["PIECE_BYTES", "UnsupportedCoding", "add_coding", "decoded_pieces"]
 
 #: The most one step of decoding makes before the piece is handed on.
 PIECE_BYTES = 64 * 1024
@@ -92,6 +92,16 @@ def _decoder(coding: str) -> _Zlib | _Brotli:
     if coding == "br":
         return _Brotli()
     raise UnsupportedCoding(f"unsupported Content-Encoding {coding!r}")
+
+
+def add_coding(codings: str, value: str) -> str:
+    """``codings`` (the ``Content-Encoding`` values read so far, joined) with one more
+    header value: lower case, ``identity`` and empty values left out, so that ``""`` is a
+    plain body; values repeated are joined, which :func:`decoded_pieces` refuses."""
+    coding = value.strip().lower()
+    if coding in ("", "identity"):
+        return codings
+    return f"{codings}, {coding}" if codings else coding
 
 
 async def decoded_pieces(body: AsyncIterator[bytes], coding: str) -> AsyncIterator[bytes]:

@@ -26,11 +26,13 @@ import msgspec
 
 from tokenwire.gateway.ir import Failure, FailureClass
 from tokenwire.gateway.upstreams.http_heads import MalformedAnswer
+from tokenwire.gateway.upstreams.http_transport import LeanAnswer, body_pieces
 
 __all__ = [
     "CODE_CLASSES",
     "MALFORMED",
     "MAX_ERROR_BODY_BYTES",
+    "MAX_LISTING_BYTES",
     "MAX_MESSAGE_CHARS",
     "MAX_RETRY_AFTER_S",
     "classify_error",
@@ -39,6 +41,7 @@ __all__ = [
     "error_object",
     "failure_from_exception",
     "failure_from_response",
+    "fetch_capped",
     "not_a_stream",
     "overflow_message",
     "read_capped",
@@ -51,6 +54,8 @@ MALFORMED = "protocol_error"
 #: An error body is a small JSON object; a proxy's HTML error page can be large. 64 KiB keeps
 #: every real error message and bounds what a broken upstream makes us buffer.
 MAX_ERROR_BODY_BYTES = 64 * 1024
+#: A model list is a few KB even for hundreds of models; more is not a model list.
+MAX_LISTING_BYTES = 1024 * 1024
 #: Longest upstream message we keep: enough for any real error, not a whole HTML page.
 MAX_MESSAGE_CHARS = 1000
 
@@ -348,16 +353,30 @@ def connection_fault(exc: BaseException) -> str:
     return "unknown_network_fault"
 
 
-async def read_capped(resp: httpx.Response, limit: int = MAX_ERROR_BODY_BYTES) -> bytes:
-    """At most ``limit`` bytes of an error response's body; what came before a read failed
-    (a cut or undecodable body), since the status alone still classifies the failure. The
-    caller closes the response."""
+async def read_capped(resp: httpx.Response | LeanAnswer, limit: int = MAX_ERROR_BODY_BYTES,
+                      *, partial: bool = True) -> bytes:
+    """At most ``limit`` bytes of a small answer's body (an error, a model listing, a
+    count), decoded in bounded pieces. With ``partial``, what came before a read failed (a
+    cut or undecodable body): an error's status alone still classifies it; without, the
+    read's ``httpx.HTTPError`` is raised (a listing cut short is no listing). The caller
+    closes the response."""
     out = bytearray()
     try:
-        async for chunk in resp.aiter_bytes():
+        async for chunk in body_pieces(resp):
             out += chunk[: limit - len(out)]
             if len(out) >= limit:
                 break
     except httpx.HTTPError:
-        pass
+        if not partial:
+            raise
     return bytes(out)
+
+
+async def fetch_capped(client: httpx.AsyncClient, method: str, url: str,
+                       limit: int = MAX_LISTING_BYTES,
+                       **kwargs: Any) -> tuple[int, httpx.Headers, bytes]:
+    """A small request's status, headers and at most ``limit`` bytes of its body
+    (:func:`read_capped` without ``partial``): ``client.request`` read the whole body,
+    however large, and decoded it with httpx's unbounded decoders."""
+    async with client.stream(method, url, **kwargs) as resp:
+        return resp.status_code, resp.headers, await read_capped(resp, limit, partial=False)

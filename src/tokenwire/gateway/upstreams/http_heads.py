@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable
 import httptools
 import httpx
 
+from tokenwire.gateway.upstreams.content_coding import add_coding
+
 __all__ = ["Head", "MalformedAnswer", "head_bytes", "parse_head", "request_bytes"]
 
 
@@ -118,9 +120,7 @@ def parse_head(raw: bytes, close: Callable[[], None], request: httpx.Request | N
         elif lower == b"content-length":  # llhttp checked digits and duplicates
             head.length = int(value)
         elif lower == b"content-encoding":
-            coding = value.strip().lower().decode("latin-1")
-            if coding not in ("", "identity"):
-                head.coding = f"{head.coding}, {coding}" if head.coding else coding
+            head.coding = add_coding(head.coding, value.decode("latin-1"))
         elif lower == b"content-type":
             text = value.decode("latin-1")
             head.content_type = f"{head.content_type}, {text}" if head.content_type else text

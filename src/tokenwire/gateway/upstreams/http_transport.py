@@ -46,7 +46,11 @@ from typing import Any
 import httpx
 
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
-from tokenwire.gateway.upstreams.content_coding import UnsupportedCoding, decoded_pieces
+from tokenwire.gateway.upstreams.content_coding import (
+    UnsupportedCoding,
+    add_coding,
+    decoded_pieces,
+)
 from tokenwire.gateway.upstreams.http_heads import (
     Head,
     MalformedAnswer,
@@ -717,6 +721,35 @@ class LeanTransport(httpx.AsyncBaseTransport):
 # -- a streamed POST without httpx's objects ------------------------------------------------
 
 
+async def decoded_body(body: AsyncIterator[bytes], coding: str) -> AsyncIterator[bytes]:
+    """A body with ``Content-Encoding: coding`` decoded in bounded pieces
+    (:func:`~.content_coding.decoded_pieces`); a coding it cannot decode is a
+    :class:`MalformedAnswer`, final: the same bytes would fail the same way."""
+    try:
+        async for piece in decoded_pieces(body, coding):
+            yield piece
+    except UnsupportedCoding as exc:
+        raise MalformedAnswer(str(exc)) from exc
+
+
+def body_pieces(resp: LeanAnswer | httpx.Response) -> AsyncIterator[bytes]:
+    """An answer's body as it reads, decoded in bounded pieces (``decoded_body``) whichever
+    transport read it. httpx's own decoders (``aiter_bytes``, ``content``) expand a read
+    whole; its answers come from a proxy's transport, ``client.get`` and the like."""
+    if isinstance(resp, LeanAnswer):
+        return resp.aiter_bytes()
+    if resp.is_stream_consumed:  # read whole when made (a test's MockTransport answer)
+        return _content(resp.content)
+    coding = ""
+    for value in resp.headers.get_list("content-encoding"):
+        coding = add_coding(coding, value)
+    return decoded_body(resp.aiter_raw(), coding) if coding else resp.aiter_raw()
+
+
+async def _content(content: bytes) -> AsyncIterator[bytes]:
+    yield content
+
+
 class LeanAnswer:
     """An answer read by :meth:`LeanTransport.post`: the part of ``httpx.Response`` the SSE
     adapters read (``status_code``, ``headers``, ``aiter_bytes``, ``aclose``).
@@ -743,15 +776,8 @@ class LeanAnswer:
 
     def aiter_bytes(self) -> AsyncIterator[bytes]:
         if self._head.coding:
-            return self._decoded()
+            return decoded_body(self._body, self._head.coding)
         return self._body.__aiter__()
-
-    async def _decoded(self) -> AsyncIterator[bytes]:
-        try:
-            async for piece in decoded_pieces(self._body, self._head.coding):
-                yield piece
-        except UnsupportedCoding as exc:  # final: the same bytes would fail the same way
-            raise MalformedAnswer(str(exc)) from exc
 
     def reader(self) -> _Body | None:
         """The body itself, when nothing needs decoding (its reads are cancel-safe)."""

@@ -95,6 +95,7 @@ from tokenwire.gateway.upstreams.failures import (
     MALFORMED,
     classify_error,
     failure_from_response,
+    fetch_capped,
     read_capped,
 )
 from tokenwire.gateway.upstreams.logprobs_wire import completions_logprobs, entry_logprobs
@@ -386,8 +387,9 @@ class OpenAICompatUpstream:
     async def _get_json(self, method: str, url: str,
                         body: dict[str, Any] | None = None) -> dict[str, Any] | None:
         try:
-            resp = await self._client.request(method, url, json=body, timeout=PROPS_TIMEOUT_S)
-            doc = _json.decode(resp.content) if resp.status_code == 200 else None
+            status, _, content = await fetch_capped(self._client, method, url, json=body,
+                                                    timeout=PROPS_TIMEOUT_S)
+            doc = _json.decode(content) if status == 200 else None
         except (httpx.HTTPError, msgspec.DecodeError):
             return None
         return doc if isinstance(doc, dict) else None

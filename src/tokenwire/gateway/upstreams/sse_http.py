@@ -37,6 +37,7 @@ from tokenwire.gateway.upstreams.base import UpstreamConfig, UpstreamHealth, Ups
 from tokenwire.gateway.upstreams.failures import (
     MALFORMED,
     failure_from_exception,
+    fetch_capped,
     not_a_stream,
     read_capped,
 )
@@ -452,15 +453,15 @@ async def probe_models(
                               detail=detail)
 
     try:
-        resp = await client.get(url)
+        status, _, body = await fetch_capped(client, "GET", url)
     except httpx.HTTPError as exc:
         return health(UpstreamState.DOWN, f"unreachable: {type(exc).__name__}: {exc}")
-    if resp.status_code in (401, 403):
-        return health(UpstreamState.DOWN, f"the upstream refused our key (HTTP {resp.status_code})")
-    if resp.status_code != 200:
-        return health(UpstreamState.DOWN, f"the model listing answered HTTP {resp.status_code}")
+    if status in (401, 403):
+        return health(UpstreamState.DOWN, f"the upstream refused our key (HTTP {status})")
+    if status != 200:
+        return health(UpstreamState.DOWN, f"the model listing answered HTTP {status}")
     try:
-        data = msgspec.json.decode(resp.content).get("data") or []
+        data = msgspec.json.decode(body).get("data") or []
         listed = tuple(str(m["id"]) for m in data)
         if on_listing is not None:
             on_listing(data)

@@ -22,6 +22,7 @@ from tokenwire.gateway.upstreams.http_transport import (
     MAX_BUFFERED_BYTES,
     LeanAnswer,
     UpstreamClient,
+    body_pieces,
 )
 from tokenwire.gateway.wakeups import wake
 
@@ -150,7 +151,7 @@ class stream_post:  # a lower-case name: used as ``async with``, like ``client.s
             return body
         resp = self._answer if self._answer is not None else self._response
         assert resp is not None, "reader() before the answer's head"
-        return _Pump(resp.aiter_bytes(), self.aclose)
+        return _Pump(body_pieces(resp), self.aclose)
 
 
 class _Pump:
