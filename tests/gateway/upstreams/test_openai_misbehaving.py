@@ -310,6 +310,31 @@ def test_a_usage_with_only_the_completion_count_reaches_the_client(gateway):
     assert usage["tokenwire_source"] == "upstream"
 
 
+def test_an_answer_whose_usage_came_ends_though_the_upstream_holds_the_stream_open(gateway):
+    """OpenAI's usage chunk (no choices, after the finish) is the last before ``[DONE]``.
+    Reproduced: an upstream that sent it and then held the response open without
+    ``[DONE]`` kept every client waiting for the upstream's read timeout (300 s), the
+    streaming one after its last token, and then failed the answer it already had whole."""
+    url, script = gateway
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+    script["reply"] = Reply(chunks=sse(chunk({"content": "o"}), chunk({"content": "k"}),
+                                       chunk(finish="stop"),
+                                       {**HEAD, "choices": [], "usage": usage}),
+                            hold_open=True)
+    answer = post(url, "/v1/chat/completions", {"messages": USER}).json()
+    assert answer["choices"][0]["message"]["content"] == "ok"
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert {k: answer["usage"][k] for k in usage} == usage
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=60,
+                      json={"model": "m", "messages": USER, "stream": True,
+                            "stream_options": {"include_usage": True}}) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    last = json.loads(lines[-2][6:])
+    assert {k: last["usage"][k] for k in usage} == usage
+    assert [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines[:-2]][-1] == "stop"
+
+
 # -- token ids ---------------------------------------------------------------------------------
 
 

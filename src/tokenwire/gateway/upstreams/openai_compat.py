@@ -449,8 +449,9 @@ def _route_map(route: ModelRoute, maps: Mapping[str, TokenizerMap]) -> Tokenizer
 class ChunkParser:
     """Chat / Completions chunks (JSON text of one SSE ``data``) -> IR events. Sans-IO.
 
-    The terminal is held until ``[DONE]`` (or EOF) so that the usage chunk, which OpenAI
-    sends after the chunk with ``finish_reason``, comes out before it as the IR requires.
+    The terminal is held until the usage chunk (no choices, after the finish), ``[DONE]``
+    or EOF, so that the usage, which OpenAI sends after the chunk with ``finish_reason``,
+    comes out before it as the IR requires.
     """
 
     def __init__(self, request: GenerationRequest, upstream: OpenAICompatUpstream) -> None:
@@ -538,6 +539,11 @@ class ChunkParser:
         for choice in choices:
             if isinstance(choice, dict) and choice.get("index", 0) == 0:
                 out += self._choice(choice, chunk)
+        if usage is not None and not choices and self._finish is not None:
+            # OpenAI's usage chunk, the last before ``[DONE]``: the answer is whole. An
+            # upstream that then held the response open kept the client for the read
+            # timeout (300 s) and failed an answer it already had.
+            return [*out, *self._terminal()]
         return out
 
     def _plain(self, data: str) -> list[Event] | None:
