@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -318,6 +319,32 @@ def test_a_failure_before_output_carries_its_request_id(serve, path: str, body: 
             assert got.status_code == (200 if stream and path == "/v1/responses" else 502)
             rid = got.headers.get("x-request-id", "")
             assert rid and rid == stack.upstream.requests[-1].request_id
+
+
+@pytest.mark.parametrize(("path", "body", "prefix"), [
+    ("/v1/chat/completions", {"messages": "not a list"}, "chatcmpl-"),
+    ("/v1/completions", {"prompt": 5}, "cmpl-"),
+    ("/v1/responses", {"input": 5}, "resp_"),
+    ("/v1/messages", {"max_tokens": 8, "messages": "no"}, "msg_"),
+    ("/v1/completions/codec", None, "cmpl-"),
+])
+def test_a_request_refused_as_invalid_carries_its_request_id_and_its_log_line_too(
+        serve, caplog, path: str, body: dict | None, prefix: str) -> None:
+    """Reproduced: a 400 from the request's own checks had no ``X-Request-Id``, and its
+    ``request_rejected`` log line no ``request_id``: nothing a client's report of the
+    error could be matched with."""
+    stack = serve()
+    url = stack.url.replace("ws://", "http://")
+    with httpx.Client(base_url=url, timeout=WAIT_S,
+                      headers={"authorization": f"Bearer {KEY}"}) as http, \
+            caplog.at_level(logging.INFO, logger="tokenwire.requests"):
+        got = (http.post(path, json={"model": "scripted", **body}) if body is not None else
+               http.post(path, content=b"\x80", headers={"content-type": "application/x-msgpack"}))
+    assert got.status_code == 400, got.text
+    rid = got.headers.get("x-request-id", "")
+    assert rid.startswith(prefix)
+    [line] = [r.event for r in caplog.records if r.getMessage() == "request_rejected"]
+    assert line["request_id"] == rid and line["status"] == 400
 
 
 def test_another_socket_cannot_continue_a_store_false_response(serve) -> None:

@@ -19,6 +19,7 @@ from tokenwire.gateway.supervision.admission import RETRY_AFTER_S, Admission, Ti
 
 __all__ = [
     "INFERENCE_PATHS",
+    "REQUEST_ID_SCOPE_KEY",
     "TICKET_SCOPE_KEY",
     "AdmissionMiddleware",
     "is_inference",
@@ -28,6 +29,9 @@ __all__ = [
 
 #: Where :class:`AdmissionMiddleware` leaves the ticket for the route (an ASGI scope key).
 TICKET_SCOPE_KEY = "tokenwire.ticket"
+#: Where a route leaves the request's id once it has made it (``requests.named``): an error
+#: answer raised after that carries it, and so does the log line of its refusal.
+REQUEST_ID_SCOPE_KEY = "tokenwire.request_id"
 #: The routes that reach an upstream: only these take a ticket (GETs, /tokenize and the
 #: discovery documents never queue behind generations).
 INFERENCE_PATHS = frozenset({
@@ -78,11 +82,13 @@ class AdmissionMiddleware:
     goes to the server, and releases the ticket when the exchange ends, however it ends
     (the route's stream owns only the slot).
 
-    ``on_rejected(path, status, reason)`` hears of every inference request refused before
-    it reached the supervisor: the full queue here, and the route's own 4xx answers."""
+    ``on_rejected(path, status, reason, request_id)`` hears of every inference request
+    refused before it reached the supervisor: the full queue here (no id yet), and the
+    route's own 4xx answers (the id once the route made it)."""
 
     def __init__(self, app: ASGIApp, admission: Admission,
-                 on_rejected: Callable[[str, int, str], None] | None = None) -> None:
+                 on_rejected: Callable[[str, int, str, str | None], None] | None = None,
+                 ) -> None:
         self.app = app
         self.admission = admission
         self._on_rejected = on_rejected
@@ -91,7 +97,7 @@ class AdmissionMiddleware:
         ticket = self.admission.reserve(asyncio.get_running_loop().time())
         if ticket is None:
             if self._on_rejected is not None:
-                self._on_rejected(scope["path"], 429, "queue_full")
+                self._on_rejected(scope["path"], 429, "queue_full", None)
             await send_refusal(send, scope["path"], status=429, retry_after_s=RETRY_AFTER_S,
                                message=_BUSY_MESSAGE,
                                openai=("rate_limit_error", "rate_limit_exceeded"),
@@ -113,7 +119,8 @@ class AdmissionMiddleware:
         finally:
             ticket.release()
             if status >= 400 and not ticket.supervised and self._on_rejected is not None:
-                self._on_rejected(scope["path"], status, _REASONS.get(status, f"http_{status}"))
+                self._on_rejected(scope["path"], status, _REASONS.get(status, f"http_{status}"),
+                                  scope.get(REQUEST_ID_SCOPE_KEY))
 
 
 def ticket_of(request: Any) -> Ticket:

@@ -66,6 +66,7 @@ from tokenwire.gateway.http.playground import playground_routes
 from tokenwire.gateway.http.requests import (
     client_version,
     decode_json,
+    named,
     new_id,
     read_parsed,
     upgrade_response,
@@ -99,7 +100,7 @@ async def completions(request: Request) -> Response | EventResponse:
     state: GatewayState = request.app.state.gateway
     if (upgrade := upgrade_response(state, request)) is not None:
         return upgrade
-    rid = new_id("cmpl")
+    rid = named(request, new_id("cmpl"))
     call = await read_parsed(request, state.settings.max_body_bytes, _completions_call, rid)
     served = route_model(state, call.model, call.stream_format)
     if call.return_token_ids and not served.has_ids:
@@ -125,7 +126,7 @@ async def chat_completions(request: Request) -> Response | EventResponse:
     state: GatewayState = request.app.state.gateway
     if (upgrade := upgrade_response(state, request)) is not None:
         return upgrade
-    rid = new_id("chatcmpl")
+    rid = named(request, new_id("chatcmpl"))
     call = await read_parsed(request, state.settings.max_body_bytes, _chat_call, rid)
     served = route_model(state, call.model, call.stream_format)
     renderer: Renderer
@@ -168,6 +169,7 @@ async def completions_codec(request: Request) -> Response | EventResponse:
     state: GatewayState = request.app.state.gateway
     if (upgrade := upgrade_response(state, request)) is not None:
         return upgrade
+    rid = named(request, new_id("cmpl"))
     body_fmt = _path_c_body_format(request.headers.get("content-type", ""))
     limit = state.settings.max_body_bytes
     creq = await read_parsed(request, limit, _codec_request, body_fmt, limit)
@@ -192,7 +194,6 @@ async def completions_codec(request: Request) -> Response | EventResponse:
         stop = validate_stops(creq.stop)
     except ValueError as exc:
         raise bad_request(str(exc), param="stop") from None
-    rid = new_id("cmpl")
     served = route_model(state, None, fmt)  # Path C bodies name no model (§1.3): the default
     # An absent temperature is the generator's choice (gateway/defaults.py), as elsewhere.
     temperature = None if creq.temperature is None else min(max(creq.temperature, 0.0), 2.0)
@@ -322,8 +323,9 @@ def create_app(state: GatewayState) -> GatewayApp:
     if state.settings.responses_websocket:  # GET /v1/responses upgraded (Codex's transport)
         routes.append(WebSocketRoute("/v1/responses", responses_socket))
 
-    def rejected(path: str, status: int, reason: str) -> None:
-        state.observability.rejected(api=api_for_path(path), status=status, reason=reason)
+    def rejected(path: str, status: int, reason: str, request_id: str | None) -> None:
+        state.observability.rejected(api=api_for_path(path), status=status, reason=reason,
+                                     request_id=request_id)
 
     # One renderer for every error a route raises, in its API's shape (http/errors.py).
     # Starlette's ServerErrorMiddleware sends the Exception one (the crash barrier's body,

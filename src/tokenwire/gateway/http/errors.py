@@ -26,6 +26,7 @@ from tokenwire.gateway.apis.messages import (
     is_messages_path,
     type_for_status,
 )
+from tokenwire.gateway.http.admission import REQUEST_ID_SCOPE_KEY
 
 __all__ = ["error_parts", "error_response", "exception_response", "json_error"]
 
@@ -76,7 +77,9 @@ async def exception_response(request: Request, exc: Exception) -> Response:
         return _http_exception(request, exc)
     status, message, code, param = error_parts(exc)
     wait = getattr(exc, "retry_after", None)  # e.g. the store's StoreUnavailable (503)
-    headers = dict(retry_after_header(wait)) if isinstance(wait, int | float) else None
+    headers = dict(retry_after_header(wait)) if isinstance(wait, int | float) else {}
+    if (rid := request.scope.get(REQUEST_ID_SCOPE_KEY)) is not None:  # (requests.named)
+        headers["X-Request-Id"] = rid
     return error_response(request.url.path, status, message, code=code, param=param,
                           headers=headers)
 

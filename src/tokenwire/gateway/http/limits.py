@@ -113,11 +113,12 @@ class KeyLimitsMiddleware:
     """Per-key limits for every inference request: :class:`~.dispatch.GatewayApp` mounts it
     in front of the inference routes only (:func:`~.admission.is_inference`).
 
-    ``on_rejected(path, status, reason)`` hears of each refusal (``key_requests``,
+    ``on_rejected(path, status, reason, None)`` hears of each refusal (``key_requests``,
     ``key_tokens``, ``key_concurrent``), as the admission middleware's refusals are heard."""
 
     def __init__(self, app: ASGIApp, limiter: KeyLimiter, metrics: KeyMetrics,
-                 on_rejected: Callable[[str, int, str], None] | None = None) -> None:
+                 on_rejected: Callable[[str, int, str, str | None], None] | None = None,
+                 ) -> None:
         self.app = app
         self.limiter = limiter
         self.metrics = metrics
@@ -130,7 +131,7 @@ class KeyLimitsMiddleware:
         if lease is None:
             assert verdict.refused is not None
             if self._on_rejected is not None:
-                self._on_rejected(scope["path"], 429, f"key_{verdict.refused.value}")
+                self._on_rejected(scope["path"], 429, f"key_{verdict.refused.value}", None)
             await send_refusal(send, scope["path"], status=429,
                                retry_after_s=verdict.retry_after,
                                message=limited_message(key, verdict),

@@ -28,7 +28,7 @@ from tokenwire.gateway.apis.messages import MessagesRenderer, failure_response
 from tokenwire.gateway.apis.messages_request import MessagesCall, parse_messages_request
 from tokenwire.gateway.apis.params import bad_request
 from tokenwire.gateway.http.generation import check_inputs, start_generation
-from tokenwire.gateway.http.requests import decode_json, read_parsed, upgrade_response
+from tokenwire.gateway.http.requests import decode_json, named, read_parsed, upgrade_response
 from tokenwire.gateway.ir import Failure, kind_of
 from tokenwire.gateway.routing.router import Router, ServedModel
 
@@ -42,8 +42,9 @@ _ANTHROPIC_KIND = "anthropic"
 async def _parse(request: Request, *, counting: bool) -> tuple[ServedModel, MessagesCall]:
     """The routed model and the parsed body (raises what :mod:`.errors` renders)."""
     state = request.app.state.gateway
+    rid = named(request, "msg_" + secrets.token_hex(12))
     return await read_parsed(request, state.settings.max_body_bytes, _routed_call,
-                             state.router, "msg_" + secrets.token_hex(12), counting)
+                             state.router, rid, counting)
 
 
 def _routed_call(raw: bytes, router: Router, rid: str,

@@ -26,13 +26,13 @@ from tokenwire.codec.versioning import (
     upgrade_required_response,
 )
 from tokenwire.gateway.apis.params import bad_request
-from tokenwire.gateway.http.admission import TICKET_SCOPE_KEY
+from tokenwire.gateway.http.admission import REQUEST_ID_SCOPE_KEY, TICKET_SCOPE_KEY
 
 if TYPE_CHECKING:
     from tokenwire.gateway.http.state import GatewayState
 
-__all__ = ["INLINE_BODY_BYTES", "MAX_JSON_DEPTH", "client_version", "decode_json", "new_id",
-           "read_body", "read_parsed", "upgrade_response"]
+__all__ = ["INLINE_BODY_BYTES", "MAX_JSON_DEPTH", "client_version", "decode_json", "named",
+           "new_id", "read_body", "read_parsed", "upgrade_response"]
 
 T = TypeVar("T")
 
@@ -51,6 +51,14 @@ INLINE_BODY_BYTES = 65_536
 
 def client_version(request: Request) -> Version:
     return parse_version(request.headers.get(CLIENT_VERSION_HEADER))
+
+
+def named(request: Request, rid: str) -> str:
+    """``rid``, made ``request``'s id: an error answer raised from here on carries it
+    (``X-Request-Id``, ``errors.exception_response``) as a success does, and so does the
+    log line of the refusal. A 400 had no id for the client to report."""
+    request.scope[REQUEST_ID_SCOPE_KEY] = rid
+    return rid
 
 
 def upgrade_response(state: GatewayState, request: Request) -> Response | None:

@@ -49,7 +49,7 @@ from tokenwire.gateway.apis.responses_request import (
     parse_responses_request,
 )
 from tokenwire.gateway.http.generation import check_inputs, check_model_limits
-from tokenwire.gateway.http.requests import INLINE_BODY_BYTES, decode_json, read_parsed
+from tokenwire.gateway.http.requests import INLINE_BODY_BYTES, decode_json, named, read_parsed
 from tokenwire.gateway.http.responses_get import get_response, response_store_of
 from tokenwire.gateway.http.responses_head import open_stream, turn_state_of
 from tokenwire.gateway.http.state import GatewayState
@@ -136,8 +136,8 @@ async def prepare_response(state: GatewayState, body: Any, *, raw: bytes | None,
 
 async def create_response(request: Request) -> Response | EventResponse | _SSEResponse:
     state = request.app.state.gateway
+    rid = named(request, new_response_id())
     raw, body = await read_parsed(request, state.settings.max_body_bytes, _with_json)
-    rid = new_response_id()
     store = response_store_of(request)
     try:
         prep = await prepare_response(state, body, raw=raw, headers=request.headers,
