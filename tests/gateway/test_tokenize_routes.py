@@ -112,3 +112,23 @@ def test_refusals_from_the_worker_thread_keep_their_shape(serve) -> None:
                           json={"prompt": "hi", "return_token_strs": "yes"})
     assert bad_flag.status_code == 400 and bad_flag.json()["error"]["param"] == \
         "return_token_strs"
+
+
+def test_a_gateway_without_a_map_refuses_tokenize_and_detokenize_with_a_400() -> None:
+    # An upstream configured without a tokenizer map (an OpenAI-compatible one serving text)
+    # leaves the server-wide routes no map to use: they answered the gateway's own 500.
+    from tokenwire.gateway.http.state import GatewayState
+    from tokenwire.gateway.settings import ServerSettings
+
+    from .conftest import ScriptedUpstream, start_server
+
+    up = ScriptedUpstream([(0.0, Finish(reason=FinishKind.EOS))])
+    served = start_server(GatewayState(settings=ServerSettings(), upstream=up, tmap=None))
+    try:
+        for path, body in (("/tokenize", {"prompt": "hi"}), ("/detokenize", {"tokens": [1]})):
+            resp = httpx.post(served.url + path, json=body, timeout=30)
+            assert resp.status_code == 400, (path, resp.text)
+            err = resp.json()["error"]
+            assert err["code"] == "unsupported_value" and "tokenizer map" in err["message"]
+    finally:
+        served.stop()

@@ -74,6 +74,16 @@ def _strings(tmap: TokenizerMap, ids: list[int]) -> list[str]:
     return [by_id.get(i, "") for i in ids]
 
 
+def _served_map(state: GatewayState) -> TokenizerMap:
+    """The map the server-wide routes use; a gateway whose models have none (text-only
+    upstreams configured without ``map_id``) cannot tokenize: a 400, not a crash."""
+    if state.tmap is None:
+        raise bad_request("no served model has a tokenizer map, so this server cannot "
+                          "tokenize or detokenize; configure map_id for a model",
+                          code="unsupported_value")
+    return state.tmap
+
+
 def _respond(request: Request, tmap: TokenizerMap, payload: dict[str, Any]) -> Response:
     headers = filter_headers(
         [("Vary", VARY), ("Codec-Tokenizer-Map", tmap.hash)], client_version(request))
@@ -116,7 +126,7 @@ async def tokenize(request: Request) -> Response:
                           else "invalid_type")
     _flag(body, "add_special_tokens", True)
     token_strs = _flag(body, "return_token_strs", False)  # refused before the encode
-    return await asyncio.to_thread(_encode_response, request, state.tmap, prompt,
+    return await asyncio.to_thread(_encode_response, request, _served_map(state), prompt,
                                    state.max_model_len, token_strs)
 
 
@@ -160,7 +170,7 @@ async def detokenize(request: Request) -> Response:
                           else "invalid_type")
     # A body near the limit holds over a million ids: checking and decoding them held
     # the loop ~0.3 s (more on a slower machine), kept off it (module doc).
-    return await asyncio.to_thread(_decode_response, request, state.tmap, tokens)
+    return await asyncio.to_thread(_decode_response, request, _served_map(state), tokens)
 
 
 def _decode_response(request: Request, tmap: TokenizerMap, tokens: list[Any]) -> Response:
