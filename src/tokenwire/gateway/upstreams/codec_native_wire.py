@@ -357,8 +357,11 @@ def terminal_for(raw: str | None, *, tools: bool = False) -> Finish | Failure:
         return Finish(reason=FinishKind.TOOL_CALLS if tools else FinishKind.EOS)
     if reason in _FINISH_KINDS:
         return Finish(reason=_FINISH_KINDS[reason])
-    what = "no finish_reason" if raw is None else f"finish_reason {raw!r}"
-    return Failure(failure_class=FailureClass.UPSTREAM, status=502, code=raw or "error",
+    # The engine's word is named in the message, cut, and never becomes the failure's code:
+    # as a code it reached clients, so an engine could answer the gateway's own
+    # ``idle_timeout`` or ``server_shutting_down`` (as the OpenAI adapters do, ``broken``).
+    what = "no finish_reason" if raw is None else f"finish_reason {raw[:100]!r}"
+    return Failure(failure_class=FailureClass.UPSTREAM, status=502,
                    message=f"the upstream ended the generation with {what}")
 
 
