@@ -148,7 +148,9 @@ class ScriptedCodecServer:
             zdict = ROGUE_DICT
         chunks = compressed_chunks(frames, encoding, zdict)
         if scenario == "gzip-bomb":
-            encoding, chunks = "gzip", [_gzip(b"\x00" * (4 * 1024 * 1024))]
+            # valid frames, so that the budget, not the frame decoder, is what stops them
+            bomb = frames[0] * (4 * 1024 * 1024 // len(frames[0]) + 1)
+            encoding, chunks = "gzip", [_gzip(bomb)]
         headers = {"Content-Type": fmt.content_type,
                    "Codec-Tokenizer-Map": MAP.hash,
                    "Vary": "Accept-Encoding, Codec-Client-Version"}

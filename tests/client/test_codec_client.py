@@ -102,7 +102,7 @@ def test_text_arrives_as_the_stream_arrives_not_at_the_end() -> None:
         dec = ResponseDecoder(path="a", stream_format=StreamFormat.MSGPACK, head=head,
                               decompressor=new_decompressor(encoding, dictionary=zdict),
                               detokenizer=Detokenizer(MAP).stream())
-        per_chunk = [len(dec.feed(c)) for c in chunks]
+        per_chunk = [len(list(dec.feed(c))) for c in chunks]
         assert sum(per_chunk) == len(ANSWER_IDS), encoding
         assert min(per_chunk[:-1]) >= 1, f"{encoding}: a flushed chunk decoded no frame"
 

@@ -19,13 +19,14 @@ I/O (STYLE §3, §6 item 11). Everything that decides something lives here:
   one fetched by the hash the response names (verified), or - to tokenize a Path B/C prompt
   - one found by id or through ``index.json``.
 * **The decode pipeline** :class:`ResponseDecoder`: raw wire bytes -> bounded decompressor
-  -> incremental frame decoder -> streaming detokenizer -> :class:`TokenChunk` values.
+  (in pieces) -> incremental frame decoder -> streaming detokenizer -> :class:`TokenChunk`
+  values.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -199,10 +200,13 @@ class ResponseDecoder:
         self.tokens = 0
         self.finish_reason: str | None = None
 
-    def feed(self, raw: bytes) -> list[TokenChunk]:
+    def feed(self, raw: bytes) -> Iterator[TokenChunk]:
+        """The frames ``raw`` completes, decoded one decompressed piece at a time: a piece's
+        frames are made only once the caller took the last piece's, so a few KB that inflate
+        to the whole budget are never a million frames held at once."""
         self.wire_bytes += len(raw)
-        data = self._decompressor.decompress(raw)
-        return self._body(data)
+        for piece in self._decompressor.pieces(raw):
+            yield from self._body(piece)
 
     def feed_eof(self) -> list[TokenChunk]:
         chunks = self._body(self._decompressor.finish())

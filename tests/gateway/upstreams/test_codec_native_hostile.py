@@ -9,18 +9,23 @@ right error code, a bounded message, and the gateway's memory left alone.
 from __future__ import annotations
 
 import json
+import zlib
 
 import httpx
 import pytest
 
 from tests.gateway.conftest import start_server
+from tokenwire.client._base import ResponseHead
+from tokenwire.client.discovery import DiscoveryCache
+from tokenwire.codec.compression import PIECE_BYTES
 from tokenwire.codec.frames import Frame
 from tokenwire.gateway.http.state import GatewayState
 from tokenwire.gateway.ir import GATEWAY_FAILURE_CODES, IdsSource
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams.codec_native_wire import CodecOptions, ModelWire
 
-from .test_codec_native import IDS, adapter, frames_reply, msgpack_body
+from .test_codec_native import IDS, Reply, adapter, frames_reply, msgpack_body
 from .test_codec_native import raw_server as raw_server  # the fixture
 
 
@@ -67,3 +72,38 @@ def test_an_engines_finish_reason_never_becomes_the_clients_error_code(
     err = _sse_error(resp)
     assert err["code"] == "upstream" and err["type"] == "server_error"
     assert len(err["message"]) < 1000
+
+
+def test_a_426_with_a_hostile_body_is_a_bounded_502(raw_server, gateway):
+    # §5.4's body names the version the engine wants; a body of 60,000-character strings
+    # came back whole in the client's error message.
+    body = {"error": "codec_version_required", "minimum_version": "9" * 60_000,
+            "required_features": ["f" * 100] * 500, "client_version": "0.5"}
+    url, _ = raw_server({"/v1/chat/completions": Reply(
+        426, [("content-type", "application/json")], [json.dumps(body).encode()])})
+    resp = httpx.post(gateway(url) + "/v1/chat/completions", timeout=30, json={
+        "model": "smol", "messages": [{"role": "user", "content": "hi"}]})
+    assert resp.status_code == 502, resp.text[:500]
+    err = resp.json()["error"]
+    assert err["code"] == "upstream" and "requires Codec" in err["message"]
+    assert len(err["message"]) <= 1000
+
+
+def test_a_gzip_bomb_of_frames_is_decoded_a_piece_at_a_time():
+    # A few KB of gzip inflate to megabytes of one-id frames. Decoded whole, one network
+    # read became every frame at once (a 30 KB read of 15 MiB: 1.2 million frame objects,
+    # 260 MB for one stream); the adapter's decoder now makes a piece's frames only after
+    # the last piece's were taken, as its pump takes them (into its bounded queue).
+    one = msgpack_body(Frame(ids=(7,), done=False))
+    frames = 8 * PIECE_BYTES // len(one)
+    z = zlib.compressobj(9, zlib.DEFLATED, 31)
+    bomb = z.compress(one * frames) + z.flush()
+    assert len(bomb) < 4 * 1024  # one network read
+    wire = ModelWire("http://peer", CodecOptions(), name="smol", sent_as="smol", tmap=None,
+                     map_id=None, cache=DiscoveryCache())
+    decoder = wire.decoder("b", ResponseHead("application/x-msgpack", "gzip", None, None),
+                           None)
+    chunks = decoder.feed(bomb)
+    assert next(chunks).ids == (7,)
+    assert decoder.body_bytes <= PIECE_BYTES  # one piece decoded, not the whole read
+    assert 1 + sum(1 for _ in chunks) == frames and decoder.body_bytes == frames * len(one)
