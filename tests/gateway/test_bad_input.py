@@ -197,6 +197,31 @@ def test_path_c_max_tokens_of_2_to_the_32_is_refused_naming_the_field(stack) -> 
     assert "max_tokens" in _openai_error(resp)["message"]
 
 
+@pytest.mark.parametrize(("temperature", "code"), [(5.0, "decimal_above_max_value"),
+                                                    (-1.0, "decimal_below_min_value")])
+def test_path_c_temperature_outside_0_to_2_is_refused_not_clamped(stack, temperature,
+                                                                 code) -> None:
+    # It was clamped to 0..2 without a word: 5.0 sampled at 2.0, -1.0 greedily, where the
+    # JSON APIs refuse the same number naming the field.
+    before = len(stack.upstream.requests)
+    raw = encode_request(CodecRequest(prompt_ids=(1,), max_tokens=4, temperature=temperature,
+                                      stream_format="msgpack"), "msgpack")
+    resp = httpx.post(stack.url + "/v1/completions/codec", content=raw, timeout=30,
+                      headers={**AUTH, "content-type": "application/x-msgpack"})
+    err = _openai_error(resp)
+    assert err["param"] == "temperature" and err["code"] == code
+    assert len(stack.upstream.requests) == before
+
+
+def test_path_c_temperature_in_range_reaches_the_upstream_as_sent(stack) -> None:
+    raw = encode_request(CodecRequest(prompt_ids=(1,), max_tokens=4, temperature=1.5,
+                                      stream_format="msgpack"), "msgpack")
+    resp = httpx.post(stack.url + "/v1/completions/codec", content=raw, timeout=30,
+                      headers={**AUTH, "content-type": "application/x-msgpack"})
+    assert resp.status_code == 200, resp.text
+    assert stack.upstream.requests[-1].temperature == 1.5
+
+
 def test_max_tokens_is_capped_at_the_models_context_window(stack) -> None:
     resp = _post(stack, "/v1/chat/completions", {"model": "scripted", "messages": USER,
                                                  "max_tokens": 100_000})

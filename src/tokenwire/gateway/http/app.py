@@ -51,9 +51,9 @@ from tokenwire.gateway.apis.completions import (
 )
 from tokenwire.gateway.apis.params import (
     JSON_FORMAT,
-    MAX_MAX_TOKENS,
     SUPPORTED_STREAM_FORMATS,
     bad_request,
+    parse_sampling,
 )
 from tokenwire.gateway.http import wellknown
 from tokenwire.gateway.http.admission import AdmissionMiddleware
@@ -185,22 +185,18 @@ async def completions_codec(request: Request) -> Response | EventResponse:
                           code="unsupported_media_type")
     if not creq.prompt_ids:
         raise bad_request("prompt_ids is empty", param="prompt_ids", code="empty_array")
-    if not 1 <= creq.max_tokens <= MAX_MAX_TOKENS:
-        raise bad_request(f"max_tokens must be between 1 and {MAX_MAX_TOKENS}, got "
-                          f"{creq.max_tokens}", param="max_tokens",
-                          code="integer_below_min_value" if creq.max_tokens < 1
-                          else "integer_above_max_value")
+    # The JSON APIs' ranges and codes: a temperature outside 0..2 is refused, not clamped.
+    sampling = parse_sampling({"max_tokens": creq.max_tokens, "temperature": creq.temperature},
+                              default_max_tokens=None)
     try:
         stop = validate_stops(creq.stop)
     except ValueError as exc:
         raise bad_request(str(exc), param="stop") from None
     served = route_model(state, None, fmt)  # Path C bodies name no model (§1.3): the default
     # An absent temperature is the generator's choice (gateway/defaults.py), as elsewhere.
-    temperature = None if creq.temperature is None else min(max(creq.temperature, 0.0), 2.0)
-    gen = GenerationRequest(prompt=PromptIds(ids=creq.prompt_ids), max_tokens=creq.max_tokens,
-                            api="codec",
-                            temperature=temperature, stop=stop, request_id=rid, want_ids=True,
-                            want_text=False)
+    gen = GenerationRequest(prompt=PromptIds(ids=creq.prompt_ids), max_tokens=sampling.max_tokens,
+                            api="codec", temperature=sampling.temperature, stop=stop,
+                            request_id=rid, want_ids=True, want_text=False)
     renderer = codec_renderer(state, fmt, client_version(request))
     return start_generation(state, request, served, gen, renderer, fmt.value, streaming=True)
 
