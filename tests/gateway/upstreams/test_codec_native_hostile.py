@@ -17,6 +17,7 @@ import pytest
 from tests.gateway.conftest import start_server
 from tokenwire.client._base import ResponseHead
 from tokenwire.client.discovery import DiscoveryCache
+from tokenwire.codec import frames_msgpack
 from tokenwire.codec.compression import PIECE_BYTES
 from tokenwire.codec.frames import Frame
 from tokenwire.gateway.http.state import GatewayState
@@ -107,3 +108,33 @@ def test_a_gzip_bomb_of_frames_is_decoded_a_piece_at_a_time():
     assert next(chunks).ids == (7,)
     assert decoder.body_bytes <= PIECE_BYTES  # one piece decoded, not the whole read
     assert 1 + sum(1 for _ in chunks) == frames and decoder.body_bytes == frames * len(one)
+
+
+def _frames_of(resp: httpx.Response) -> list[Frame]:
+    dec = frames_msgpack.FrameDecoder()
+    frames = dec.feed(resp.content)
+    dec.feed_eof()
+    return frames
+
+
+def test_an_id_outside_the_map_ends_the_stream_as_an_upstream_error(raw_server, gateway,
+                                                                    smollm2_map):
+    # The gateway names its map in Codec-Tokenizer-Map; an engine's id past that map's
+    # vocabulary went to a Codec client as if it were one of the map's, and to a text
+    # client as U+FFFD (the detokenizer has no piece for it), ending `stop`.
+    outside = smollm2_map.max_id + 1
+    body = msgpack_body(Frame(ids=IDS[:2], done=False), Frame(ids=(IDS[2], outside), done=False),
+                        Frame(ids=IDS[3:4], done=False),
+                        Frame(ids=(), done=True, finish_reason="stop"))
+    url, _ = raw_server({"/v1/completions": frames_reply(body)})
+    base = gateway(url)
+    resp = httpx.post(base + "/v1/completions", timeout=30, headers={
+        "Codec-Client-Version": "0.5", "Accept-Encoding": "identity"}, json={
+        "model": "smol", "prompt": [1, 2], "stream": True, "stream_format": "msgpack"})
+    frames = _frames_of(resp)
+    assert [i for f in frames for i in f.ids] == list(IDS[:3])
+    assert frames[-1].done and frames[-1].finish_reason == "error"
+    text = httpx.post(base + "/v1/completions", timeout=30, json={
+        "model": "smol", "prompt": [1, 2], "max_tokens": 8})
+    assert text.status_code == 502 and text.json()["error"]["code"] == "upstream"
+    assert str(outside) in text.json()["error"]["message"]

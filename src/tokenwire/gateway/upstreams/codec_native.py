@@ -173,7 +173,9 @@ class _CodecStream:
                 return
             decoder = wire.decoder(path, head, zdict)
             detok = self._up._detokenizer(tmap) if needs_text and tmap is not None else None
-            await self._pump(resp, decoder, FrameTranslator(self._req, detok))
+            translator = FrameTranslator(self._req, detok,
+                                         max_id=tmap.max_id if tmap is not None else None)
+            await self._pump(resp, decoder, translator)
         finally:
             await resp.aclose()
 

@@ -269,11 +269,15 @@ class FrameTranslator:
     only, nothing decoded). With text, stop strings are also applied to it (OpenAI
     semantics, :mod:`~tokenwire.gateway.stops`) so a text client sees what the embedded
     engine would show; ids are never trimmed. A banned id (the deployment's policy, §5.5)
-    ends the stream before it is sent.
+    ends the stream before it is sent. So does an id past ``max_id``, the last id of the
+    model's map (when one is known): the engine is not speaking that map, and the gateway
+    names the map to its clients (``Codec-Tokenizer-Map``), so the id is an upstream error.
     """
 
-    def __init__(self, request: GenerationRequest, detok: Any | None) -> None:
+    def __init__(self, request: GenerationRequest, detok: Any | None, *,
+                 max_id: int | None = None) -> None:
         self._banned = request.banned_ids
+        self._max_id = max_id
         self._detok = detok
         self._stops = StopMatcher(request.stop) if detok is not None else None
         self._prompt_tokens = (len(request.prompt.ids)
@@ -287,6 +291,9 @@ class FrameTranslator:
             return []
         out: list[Event] = []
         ids = chunk.ids
+        outside = self._outside(ids)
+        if outside is not None:
+            ids = ids[:outside]
         cut = next((k for k, i in enumerate(ids) if i in self._banned), None) \
             if self._banned else None
         if cut is not None:
@@ -296,6 +303,12 @@ class FrameTranslator:
             if self._stops is not None and self._stops.matched is not None:
                 return out + self._end(Finish(reason=FinishKind.STOP_SEQUENCE,
                                               matched_stop=self._stops.matched))
+        if outside is not None and cut is None:  # the frame is not the map's: none of it
+            return out + self._end(Failure(
+                failure_class=FailureClass.UPSTREAM, status=502, code="protocol_error",
+                message=f"the upstream sent token id {chunk.ids[outside]}, outside its "
+                        f"tokenizer map's vocabulary 0..{self._max_id}: it does not speak "
+                        "that map"))
         for tc in chunk.tool_calls:
             out.append(ToolCallDelta(index=self._n_tools, id=tc.id or new_call_id(),
                                      name=tc.name, arguments=tc.arguments_json))
@@ -305,6 +318,13 @@ class FrameTranslator:
         if chunk.done:
             return out + self._end(terminal_for(chunk.finish_reason, tools=self._n_tools > 0))
         return out
+
+    def _outside(self, ids: tuple[int, ...]) -> int | None:
+        """The index of the first id past the map's last one, if any (max() runs in C; the
+        index is searched for only once an id is known to be bad)."""
+        if not ids or self._max_id is None or max(ids) <= self._max_id:
+            return None
+        return next(k for k, i in enumerate(ids) if i > self._max_id)
 
     def missing_terminal(self) -> Failure:
         self.finished = True
