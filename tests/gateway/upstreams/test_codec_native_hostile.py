@@ -15,18 +15,22 @@ import httpx
 import pytest
 
 from tests.gateway.conftest import start_server
-from tokenwire.client._base import ResponseHead
+from tokenwire.client._base import ResponseHead, TokenChunk
 from tokenwire.client.discovery import DiscoveryCache
 from tokenwire.codec import frames_msgpack
 from tokenwire.codec.compression import PIECE_BYTES
 from tokenwire.codec.frames import Frame
 from tokenwire.gateway.http.state import GatewayState
-from tokenwire.gateway.ir import GATEWAY_FAILURE_CODES, IdsSource
+from tokenwire.gateway.ir import GATEWAY_FAILURE_CODES, Failure, IdsSource, TokenDelta
 from tokenwire.gateway.routing.router import Router, ServedModel
 from tokenwire.gateway.settings import ServerSettings
-from tokenwire.gateway.upstreams.codec_native_wire import CodecOptions, ModelWire
+from tokenwire.gateway.upstreams.codec_native_wire import (
+    CodecOptions,
+    FrameTranslator,
+    ModelWire,
+)
 
-from .test_codec_native import IDS, Reply, adapter, frames_reply, msgpack_body
+from .test_codec_native import IDS, Reply, adapter, frames_reply, ids_request, msgpack_body
 from .test_codec_native import raw_server as raw_server  # the fixture
 
 
@@ -138,3 +142,15 @@ def test_an_id_outside_the_map_ends_the_stream_as_an_upstream_error(raw_server, 
         "model": "smol", "prompt": [1, 2], "max_tokens": 8})
     assert text.status_code == 502 and text.json()["error"]["code"] == "upstream"
     assert str(outside) in text.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("banned", "ending"), [((), "protocol_error"),
+                                                ((5,), "policy_violation")])
+def test_the_first_of_an_outside_id_and_a_banned_one_decides_the_ending(banned, ending):
+    tr = FrameTranslator(ids_request(banned_ids=frozenset(banned)), None, max_id=10)
+    events = tr.on_chunk(TokenChunk((1, 5, 11, 2), ""))
+    kept = (1,) if banned else (1, 5)
+    assert [e.ids for e in events if isinstance(e, TokenDelta)] == [kept]
+    last = events[-1]
+    assert (last.code if isinstance(last, Failure) else last.reason.value) == ending
+    assert tr.on_chunk(TokenChunk((3,), "", True, "stop")) == []  # nothing after the end
