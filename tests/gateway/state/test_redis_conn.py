@@ -89,6 +89,22 @@ def test_an_abandoned_probe_lets_the_next_one_go() -> None:
     assert h.admit(1.0) == "probe"
 
 
+def test_a_probe_that_fails_after_a_late_call_succeeded_still_lets_the_next_one_go() -> None:
+    # With a deadline longer than the first re-check (timeout_ms may be up to 5 s), a call
+    # sent while Redis was up can still be running when the probe goes: it answers (up
+    # again), then the probe fails (degraded again). The probe's slot must be free, or no
+    # call and no probe is ever admitted again: degraded for good, with Redis back.
+    h = LinkHealth()
+    assert h.admit(0.0) == "call"  # slow, still in flight
+    assert h.failed(0.1, "call") is True  # another call fails: degraded
+    assert h.admit(0.1 + INITIAL_BACKOFF_S) == "probe"
+    assert h.succeeded(1.0, "call") is True  # the slow call answers: up
+    assert h.failed(1.1, "probe") is True  # the probe fails: degraded again
+    assert h.admit(1.1 + INITIAL_BACKOFF_S) == "probe"
+    assert h.succeeded(1.1 + INITIAL_BACKOFF_S, "probe") is True
+    assert h.up
+
+
 # -- the real connection ---------------------------------------------------------------------
 
 

@@ -147,6 +147,11 @@ class LinkHealth:
         return True
 
     def failed(self, now: float, kind: str) -> bool:
+        if kind == "probe":
+            # Free the probe's slot first: a call sent before Redis went down (a deadline
+            # longer than the first re-check) may have answered while the probe ran, making
+            # the link up again; left taken, no probe was ever admitted again.
+            self.probing = False
         if self.up:
             self.up, self.since = False, now
             self.backoff_s = self.initial_backoff_s
@@ -155,7 +160,6 @@ class LinkHealth:
         if kind == "probe":
             # Only a failed probe lengthens the wait: calls that were in flight when Redis
             # went down fail together and must not multiply the backoff.
-            self.probing = False
             self.backoff_s = min(self.backoff_s * 2, self.max_backoff_s)
             self.next_check = now + self.backoff_s
         return False
