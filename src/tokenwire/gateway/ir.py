@@ -55,6 +55,7 @@ __all__ = [
     "Upstream",
     "Usage",
     "UsageSource",
+    "fail_attempt",
     "fails_over",
     "free_slot",
     "is_terminal",
@@ -564,7 +565,9 @@ class EventStream(Protocol):
     Optional: ``replica``, the replica of a pool (``routing/pool.py``) running it (default
     None); read it with :func:`replica_of`. ``start()``: begin the work at once, before the
     first :meth:`next_event` (an HTTP upstream sends its request); call it with
-    :func:`start_early`."""
+    :func:`start_early`. ``fail(failure)``: stop, ending the attempt with a failure its
+    owner decided (a pool's replica that stayed silent is counted against it); call it
+    with :func:`fail_attempt` (default: :meth:`cancel`)."""
 
     replica: Any = None
 
@@ -625,6 +628,15 @@ def fails_over(upstream: object, failure: Failure, avoid: frozenset[str],
 def replica_of(stream: object) -> Any:
     """``stream.replica``, or the protocol's default (None: not a pool's)."""
     return getattr(stream, "replica", EventStream.replica)
+
+
+def fail_attempt(stream: EventStream, failure: Failure) -> None:
+    """``stream.fail(failure)``, or the protocol's default (:meth:`EventStream.cancel`)."""
+    fail = getattr(stream, "fail", None)
+    if fail is None:
+        stream.cancel()
+    else:
+        fail(failure)
 
 
 def push_through(stream: object, offer: Callable[[Event], bool]) -> bool:

@@ -687,3 +687,41 @@ def test_the_websocket_upgrade_names_a_replica_or_echoes_a_signed_token() -> Non
     assert upgrade_turn_state(state, {"x-codex-turn-state": forged}) != forged  # type: ignore[arg-type]
     single = SimpleNamespace(router=Router([ServedModel(name="m", upstream=FakeReplica("u"))]))
     assert upgrade_turn_state(single, {}) is None  # type: ignore[arg-type]
+
+
+def test_a_replica_silent_past_the_idle_timeout_before_output_fails_over_and_counts() -> None:
+    """A replica that takes the request and never answers (a hung engine whose HTTP server
+    still answers the probe's model list), with ``idle_timeout_s`` below the adapters' read
+    timeout: the silence is the replica's 504 before any output, like a read timeout. Another
+    replica takes the request (README "When a replica fails"), and the stall counts against
+    the silent one, so its breaker ejects it. Before, the request failed with
+    ``idle_timeout`` although r2 was idle, and the attempt was cancelled as neutral: every
+    request routed there waited out the idle timeout and failed, and r1 was never ejected."""
+    async def main() -> None:
+        pool, fakes = make_pool("hold", "ok")
+        pool.probe_interval_s = 1e9
+        fakes[0].release = asyncio.Event()  # never set: r1 stays silent
+        key = next(k for k in (f"k{i}" for i in range(100))
+                   if pool.choose(request(affinity=(("x-tokenwire-affinity", k),))).replica
+                   is pool.replicas[0])
+        for i in range(POLICY.consecutive_failures):
+            admission = Admission(limits=limits_of([pool]), all_limited=True)
+            ticket = admission.reserve(asyncio.get_running_loop().time())
+            assert ticket is not None
+            stream = SupervisedStream(
+                ServedModel(name="m", upstream=pool),
+                request(rid=f"q{i}", affinity=(("x-tokenwire-affinity", key),)), ticket,
+                timing=Timing(heartbeat_s=15.0, idle_timeout_s=60.0), rng=random.Random(1))
+            events = [await stream.next_event()]
+            while not isinstance(events[-1], Finish | Failure):
+                events.append(await stream.next_event())
+            ticket.release()
+            assert isinstance(events[-1], Finish), events[-1]
+            text = "".join(e.text for e in events if isinstance(e, TokenDelta))
+            assert text == "hi" and stream.attempts == 2
+        r1 = pool.replicas[0]
+        assert (r1.failed, r1.in_flight, r1.completed) == (POLICY.consecutive_failures, 0, 0)
+        assert r1.breaker.state is BreakerState.OPEN
+        assert pool.replicas[1].completed == POLICY.consecutive_failures
+    with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
+        runner.run(main())

@@ -544,6 +544,13 @@ class _ReplicaStream:
         self._inner.cancel()
         self._finish(None)
 
+    def fail(self, failure: Failure) -> None:
+        """The owner ends the attempt with a failure it decided itself (the replica stayed
+        silent past the idle timeout before any output): cancelled, and counted as that
+        failure, as the adapter's own read timeout would have been."""
+        self._inner.cancel()
+        self._finish(failure)
+
     def _finish(self, outcome: Event | None) -> None:
         if not self._done:
             self._done = True

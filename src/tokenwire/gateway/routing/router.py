@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from tokenwire.codec.maps import TokenizerMap
 from tokenwire.errors import ConfigError, InvalidRequest, UnknownModel
@@ -95,6 +96,7 @@ class ServedModel:
         ``avoid``: replicas of a pool (``routing/pool.py``) this request already failed on."""
         stream = self.upstream.submit(request, avoid=avoid) if avoid else \
             self.upstream.submit(request)
+        attempt = stream
         replica = replica_of(stream)
         if request.want_ids and self.ids_source is IdsSource.RETOKENIZED:
             from tokenwire.gateway.retokenize import Retokenizer, RetokenizingStream
@@ -104,7 +106,7 @@ class ServedModel:
         if self.usage is not None:
             stream = MeteredStream(stream, UsageMeter(request, self.usage))
         if replica is not None and replica_of(stream) is None:
-            stream = _Named(stream, replica)
+            stream = _Named(stream, attempt)
         return stream
 
     def can_fail_over(self, failure: Failure, avoid: frozenset[str],
@@ -115,17 +117,26 @@ class ServedModel:
 
 
 class _Named:
-    """A wrapped replica stream that still names its replica (for the supervisor)."""
+    """A wrapped replica stream that still names its replica and can still be failed
+    (``fail``: the pool's attempt under the wrappers counts it) for the supervisor."""
 
-    __slots__ = ("_inner", "replica")
+    __slots__ = ("_attempt", "_inner")
 
-    def __init__(self, inner: EventStream, replica: object) -> None:
-        self._inner, self.replica = inner, replica
+    def __init__(self, inner: EventStream, attempt: Any) -> None:
+        self._inner, self._attempt = inner, attempt
+
+    @property
+    def replica(self) -> object:
+        return self._attempt.replica
 
     async def next_event(self) -> Event:
         return await self._inner.next_event()
 
     def cancel(self) -> None:
+        self._inner.cancel()
+
+    def fail(self, failure: Failure) -> None:
+        self._attempt.fail(failure)  # first: the wrappers' cancel would end it as neutral
         self._inner.cancel()
 
 

@@ -71,6 +71,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     ToolCallDelta,
     Usage,
+    fail_attempt,
     is_terminal,
     push_through,
     replica_of,
@@ -538,8 +539,9 @@ class SupervisedStream:
                         self._avoid |= {replica.name}
                     return event
                 await self._forward(event)
-        except _Deadline:
-            stream.cancel()
+        except _Deadline as exc:
+            if self._replica_stalled(stream, exc):
+                return exc.failure  # another replica takes it (_attempts fails over)
             raise
         except asyncio.CancelledError:
             stream.cancel()
@@ -553,6 +555,20 @@ class SupervisedStream:
         finally:
             waits.close()
             self._upstream_stream = None
+
+    def _replica_stalled(self, stream: EventStream, exc: _Deadline) -> bool:
+        """End the attempt a deadline interrupted. A pool's replica silent past the idle
+        timeout before any output failed as its own read timeout would (a 504: README "When
+        a replica fails"): counted against it, and True when another replica may take the
+        request. Anything else (one upstream, the cap, a silence after output, which the
+        client's back-pressure may have caused) ends the attempt as cancelled."""
+        replica = replica_of(stream)
+        if not exc.upstream_idle or self._published or replica is None:
+            stream.cancel()
+            return False
+        fail_attempt(stream, exc.failure)
+        self._avoid |= {replica.name}
+        return self._fails_over(exc.failure)
 
     def _fails_over(self, failure: Failure) -> bool:
         """True when the served model is a pool with another replica for this failure."""
