@@ -596,9 +596,10 @@ class Upstream(Protocol):
         """Admit a request, or raise :class:`~tokenwire.errors.ServerBusy` when full."""
         ...
 
-    def has_free_slot(self, avoid: frozenset[str] = frozenset()) -> bool:
+    def has_free_slot(self, avoid: frozenset[str] = frozenset(), running: int = 0) -> bool:
         """May admission start one more request here (a pool: on a replica not in
-        ``avoid``)? By default yes: admission's own limits decide."""
+        ``avoid``), with ``running`` requests it already started here? By default yes:
+        admission's own limits decide."""
         return True
 
     def can_fail_over(self, failure: Failure, avoid: frozenset[str],
@@ -612,10 +613,10 @@ def kind_of(upstream: object) -> str:
     return getattr(upstream, "kind", Upstream.kind)
 
 
-def free_slot(upstream: object, avoid: frozenset[str] = frozenset()) -> bool:
-    """``upstream.has_free_slot(avoid)``, or the protocol's default (yes)."""
+def free_slot(upstream: object, avoid: frozenset[str] = frozenset(), running: int = 0) -> bool:
+    """``upstream.has_free_slot(avoid, running=running)``, or the protocol's default (yes)."""
     free = getattr(upstream, "has_free_slot", None)
-    return True if free is None else bool(free(avoid) if avoid else free())
+    return True if free is None else bool(free(avoid, running=running))
 
 
 def fails_over(upstream: object, failure: Failure, avoid: frozenset[str],

@@ -73,13 +73,16 @@ class FakeReplica:
     requests: list[GenerationRequest] = field(default_factory=list)
     up: bool = True
     release: asyncio.Event | None = None
+    #: Seconds (loop time) every answer takes before its first event.
+    slow_s: float = 0.0
 
     def submit(self, request: GenerationRequest) -> Any:
         self.requests.append(request)
         events: list[Event] = {"ok": OK, "refuse": [REFUSED], "bad": [BAD],
                                "cut": [TokenDelta(ids=(1,), text="h"), CUT],
                                "hold": OK}[self.mode]
-        return _Stream(list(events), self.release if self.mode == "hold" else None)
+        return _Stream(list(events), self.release if self.mode == "hold" else None,
+                       self.slow_s)
 
     async def probe(self) -> UpstreamHealth:
         return UpstreamHealth(name=self.name, kind="openai",
@@ -87,13 +90,18 @@ class FakeReplica:
 
 
 class _Stream:
-    def __init__(self, events: list[Event], gate: asyncio.Event | None) -> None:
-        self._events, self._gate = events, gate
+    def __init__(self, events: list[Event], gate: asyncio.Event | None,
+                 delay_s: float = 0.0) -> None:
+        self._events, self._gate, self._delay_s = events, gate, delay_s
+        self._due: float | None = None
 
     async def next_event(self) -> Event:
         if self._gate is not None:
             await self._gate.wait()
-        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        if self._due is None:  # a due time, so a wait cancelled by a heartbeat loses nothing
+            self._due = loop.time() + self._delay_s
+        await asyncio.sleep(max(0.0, self._due - loop.time()))
         return self._events.pop(0)
 
     def cancel(self) -> None:
@@ -327,6 +335,37 @@ def test_a_pool_at_its_limits_waits_in_admission_and_never_exceeds_a_limit() -> 
         assert all(isinstance(ev[-1], Finish) for ev, _ in results)
         assert max(peak) <= 2
     asyncio.run(main())
+
+
+def test_requests_granted_together_wait_for_a_slot_instead_of_failing_in_the_pool() -> None:
+    """r1 is ejected, so the pool's admission limit (both replicas' limits, 4) is more than
+    the slots it has (r2's 2). When one of r2's requests ends, admission grants its slot,
+    and also a second one: r2's count has not moved yet for the first grant, which has not
+    reached the pool. The second found r2 full and failed with ``no_healthy_replica``;
+    retried on the connection budget while later arrivals took every freed slot from the
+    queue, it ended in a 503 after 120 s although it came third. Every request must wait
+    in the one admission queue for a slot (README "Replica pools": "never inside the
+    pool"), in arrival order, and be answered."""
+    async def main() -> None:
+        clock = Clock()
+        pool, fakes = make_pool("ok", "ok", limit=2, clock=clock)
+        pool.probe_interval_s = 1e9
+        pool.replicas[0].breaker.force_open(clock.now)  # the pool's clock never moves
+        fakes[1].slow_s = 200.0
+        admission = Admission(max_concurrent=100, queue_size=100, limits=limits_of([pool]),
+                              all_limited=True)
+        pool.on_capacity = admission.regrant
+        tasks = []
+        for i, at in enumerate((0.0, 10.0, 20.0, 20.0, 20.0)):
+            await asyncio.sleep(at - asyncio.get_running_loop().time())
+            tasks.append(asyncio.create_task(run_one(pool, request(rid=f"q{i}"),
+                                                     admission)))
+        results = await asyncio.gather(*tasks)
+        assert [type(ev[-1]).__name__ for ev, _ in results] == ["Finish"] * 5
+        assert [stream.attempts for _, stream in results] == [1] * 5
+        assert not fakes[0].requests and len(fakes[1].requests) == 5
+    with asyncio.Runner(loop_factory=lambda: looptime.new_event_loop(start=0)) as runner:
+        runner.run(main())
 
 
 def test_an_ejected_replica_takes_its_slots_out_of_admission() -> None:

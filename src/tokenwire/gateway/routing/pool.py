@@ -289,15 +289,22 @@ class ReplicaPool:
                     for r in self.replicas]
         return [r.candidate(now, avoid) for r in self.replicas]
 
-    def has_free_slot(self, avoid: frozenset[str] = frozenset()) -> bool:
-        """May admission start one more request here (on a replica not in ``avoid``)? Yes
-        when a replica its breaker admits (any replica, in panic) has a free slot, and also
-        when none is admitted at all: the attempt then fails at once with
-        ``no_healthy_replica`` (a request never waits on a replica known to be down; the
-        retry budget spaces the next tries)."""
+    def has_free_slot(self, avoid: frozenset[str] = frozenset(), running: int = 0) -> bool:
+        """May admission start one more request here (on a replica not in ``avoid``), with
+        ``running`` requests it already started on this pool? Yes when the replicas its
+        breakers admit (every replica, in panic) have more free slots than those of the
+        ``running`` that hold no replica's slot yet (granted, their attempt not submitted,
+        or waiting to retry): each takes one soon. Counting only the replicas' slots, one
+        freed slot was granted to every waiter, and all but one failed in the pool with
+        ``no_healthy_replica``. Also yes when no replica is admitted at all: the attempt
+        then fails at once with ``no_healthy_replica`` (a request never waits on a replica
+        known to be down; the retry budget spaces the next tries)."""
         now = self._clock()
         cands = [c for c in self._candidates(now, avoid, self.panicking(now)) if c.eligible]
-        return not cands or any(c.free for c in cands)
+        if not cands:
+            return True
+        slotless = max(0, running - sum(r.in_flight for r in self.replicas))
+        return sum(max(0, c.limit - c.in_flight) for c in cands) > slotless
 
     # -- choosing --------------------------------------------------------------------------
 

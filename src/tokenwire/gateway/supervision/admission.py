@@ -204,7 +204,7 @@ class Admission:
             return False
         # A pool of replicas (routing/pool.py) has a slot only where a healthy replica has
         # one: a pool at its limits waits here, the one queue, never inside the pool.
-        return free_slot(upstream, avoid)
+        return free_slot(upstream, avoid, self._per_upstream.get(id(upstream), 0))
 
     def _grant(self) -> None:
         """Start every waiter that fits, oldest first."""
