@@ -329,6 +329,40 @@ def test_a_prompt_count_a_heartbeat_released_is_replaced_by_the_fallback_s() -> 
     assert usages[-1] == Usage(prompt_tokens=None, completion_tokens=None)
 
 
+class _Charges(Observer):
+    """Records the usage the request is charged with (the record keeps the last one)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charged: tuple[int | None, int | None] | None = None
+
+    def usage(self, prompt_tokens: int | None, completion_tokens: int | None,
+              source: str | None = None) -> None:
+        self.charged = (prompt_tokens, completion_tokens)
+
+
+@pytest.mark.parametrize("quiet_s", [0.0, 20.0])  # 20 s: a heartbeat shows the count first
+def test_a_fallback_that_reports_no_usage_is_not_charged_the_primary_s_count(
+        quiet_s: float) -> None:
+    """Per-key ``tpm`` charges the usage the client was shown (``state/limits.py``), which
+    the observer keeps (the last one wins). The primary counted its prompt (99), then
+    failed; the fallback that served reports no usage. The client is shown no count (or the
+    released one replaced by an unknown one), so the request is charged what it streamed,
+    never the failed model's count. Before, the record kept 99 for the fallback's answer."""
+    async def go():
+        primary = Model([[(0.0, Usage(prompt_tokens=99, completion_tokens=None)),
+                          (quiet_s, fail(FailureClass.CAPACITY, 503))]])
+        fb = Model([[*tokens("ok"), (0.0, EOS)]], name="f")
+        obs = _Charges()
+        out = await collect(_supervise(primary, _plan(fb), observer=obs))
+        return out, obs
+    out, obs = scenario(go)
+    assert [e.text for e in _events(out) if isinstance(e, TokenDelta)] == ["ok"]
+    shown = [e for e in _events(out) if isinstance(e, Usage)]
+    assert not shown or shown[-1] == Usage(prompt_tokens=None, completion_tokens=None)
+    assert obs.charged == (None, None)
+
+
 def test_a_fallback_on_another_upstream_waits_for_its_slot() -> None:
     """The admission queue stays the one place where requests wait: the primary's slot is
     given back and the fallback's upstream is asked for one."""

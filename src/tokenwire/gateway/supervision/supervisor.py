@@ -430,6 +430,9 @@ class SupervisedStream:
         self._held = [ResponseMeta(model=target.name)]
         if self._counts_released:
             self._held.append(Usage(prompt_tokens=None, completion_tokens=None))
+        # Nor is its usage what the request is charged (per-key tpm charges the usage the
+        # client is shown, the last one reported): unknown until the fallback reports its own.
+        self._obs.usage(None, None)
 
     def _final_failure(self, first: Failure) -> Failure:
         """No model served the request: the routed model's failure, as without fallbacks
