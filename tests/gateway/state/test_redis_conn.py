@@ -17,6 +17,7 @@ from tokenwire.gateway.state.redis_conn import (
     MAX_BACKOFF_S,
     LinkHealth,
     RedisConn,
+    StateDataError,
     StateUnavailable,
 )
 
@@ -346,5 +347,38 @@ def test_a_reset_pooled_socket_is_retried_on_a_fresh_one(redis_server: RedisServ
             assert await conn.call(lambda r: r.incr("n")) == 1
             assert conn.up and conn.counts["error"] == 0
             assert await _counter(redis_server) == 1
+            await conn.aclose()
+    asyncio.run(main())
+
+
+def test_a_server_refusal_inside_a_script_degrades_and_a_value_error_does_not(
+        redis_server: RedisServer) -> None:
+    """A reply with an error code of its own is about the server whether a command or a
+    script's ``redis.call`` met it: ``NOREPLICAS`` (a primary that lost the replicas
+    ``min-replicas-to-write`` asks for; ``MISCONF`` is the same case, a failed save) makes
+    the connection degraded, as the plain command's reply does. Inside a script, Redis
+    appends "script: ..., on @user_script:1." to it, and it was read as a value that is not
+    ours: the connection stayed up, the store reported every write as refused by a foreign
+    value and the limiter marked key after key unreadable, each with a warning to delete
+    its counters. A script's error on a value (an ``ERR`` reply) is still a data error."""
+    script = "return redis.call('SET', KEYS[1], 'v')"
+
+    async def main() -> None:
+        conn = conn_for(redis_server, Clock())
+        await conn.call(lambda r: r.set(conn.key("s"), b"not a number"))
+        with pytest.raises(StateDataError):  # a script's arithmetic on a foreign value
+            await conn.call(lambda r: r.eval("return redis.call('INCR', KEYS[1])", 1,
+                                             conn.key("s")))
+        assert conn.up and conn.counts["data_error"] == 1
+        await conn.call(lambda r: r.config_set("min-replicas-to-write", 1))
+        try:
+            with pytest.raises(StateUnavailable) as refused:
+                await conn.call(lambda r: r.eval(script, 1, conn.key("k")))
+            assert not isinstance(refused.value, StateDataError)
+            assert not conn.up and conn.counts["data_error"] == 1
+            assert conn.last_error is not None and "NOREPLICAS" in conn.last_error
+        finally:
+            conn.health.up = True  # to undo the setting through the same connection
+            await conn.call(lambda r: r.config_set("min-replicas-to-write", 0))
             await conn.aclose()
     asyncio.run(main())

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -326,6 +327,10 @@ class RedisConn:
             pass  # closing a connection to a dead Redis has nothing left to do
 
 
+#: The code a Redis error reply starts with (``NOREPLICAS ...``); redis-py strips ``ERR``.
+_ERROR_CODE: Final = re.compile(r"[A-Z]+ ")
+
+
 def _is_data_error(exc: BaseException) -> bool:
     """An error reply about a value, not about Redis: ``WRONGTYPE`` (a command, or a
     script's ``redis.call``) or a script's runtime error (arithmetic on a value that is not a
@@ -335,7 +340,14 @@ def _is_data_error(exc: BaseException) -> bool:
     if type(exc) is not ResponseError:
         return False
     text = str(exc)
-    return text.startswith("WRONGTYPE") or "user_script:" in text
+    if text.startswith("WRONGTYPE"):
+        return True
+    # A script's error on a value is an ``ERR`` reply, which redis-py gives without its code
+    # ("user_script:3: attempt to ...", "value is not an integer ... script: ..."). A reply
+    # with a code of its own (``NOREPLICAS``, ``MISCONF``: the ones redis-py has no class
+    # for) is about the server, whether a command or a script's ``redis.call`` met it: Redis
+    # only appends "script: ..., on @user_script:N." to the latter.
+    return "user_script:" in text and _ERROR_CODE.match(text) is None
 
 
 def _describe(exc: BaseException) -> str:
