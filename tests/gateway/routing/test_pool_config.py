@@ -174,6 +174,18 @@ BAD = [
     ("breaker typo", _pool_doc(breaker={"cooldown": 3}), "[breaker]: unknown key 'cooldown'"),
     ("breaker value", _pool_doc(breaker={"error_rate": 2.0}), "error_rate must be in (0, 1]"),
     ("probe", _pool_doc(probe_interval_s=0), "probe_interval_s must be a positive number"),
+    # NaN: the probe loop found nothing ever due and spun at once, for ever
+    ("probe nan", _pool_doc(probe_interval_s=float("nan")), "probe_interval_s must be a"),
+    ("probe inf", _pool_doc(probe_interval_s=float("inf")), "probe_interval_s must be a"),
+    # NaN: the error-rate window never let an outcome go (memory grew with every request)
+    ("window nan", _pool_doc(breaker={"window_s": float("nan")}), "[breaker]: breaker window_s"),
+    ("cooldown nan", _pool_doc(breaker={"base_cooldown_s": float("nan")}),
+     "[breaker]: breaker window_s"),
+    # inf: the shared ejection's TTL raised OverflowError and ended the breaker sync's reads;
+    # past ~1e16 s Redis refuses the TTL, and each publication degraded all shared state
+    ("cooldown inf", _pool_doc(breaker={"max_cooldown_s": float("inf")}),
+     "[breaker]: breaker window_s"),
+    ("cooldown huge", _pool_doc(breaker={"max_cooldown_s": 1e300}), "up to 86400"),
     ("prefix", _pool_doc(affinity_prefix_chars=-1), "affinity_prefix_chars must be between"),
     ("load factor", _pool_doc(affinity_load_factor=0.9), "affinity_load_factor must be a"),
     ("load factor %", _pool_doc(affinity_load_factor=125), "affinity_load_factor must be a"),
