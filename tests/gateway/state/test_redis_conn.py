@@ -382,3 +382,26 @@ def test_a_server_refusal_inside_a_script_degrades_and_a_value_error_does_not(
             await conn.call(lambda r: r.config_set("min-replicas-to-write", 0))
             await conn.aclose()
     asyncio.run(main())
+
+
+def test_a_probe_whose_operation_raises_something_else_frees_the_probe(
+        redis_server: RedisServer) -> None:
+    """The probe's slot is freed whatever its call raises: an operation that fails with an
+    error that is not Redis's (a caller's bug: an infinite TTL's OverflowError did, before
+    the breaker's cool-down was bounded) says nothing about Redis. Left taken, the
+    connection was degraded for good: no call and no probe was ever admitted again."""
+    clock = Clock()
+
+    async def main() -> None:
+        conn = conn_for(redis_server, clock)
+        conn.health.failed(clock.now, "call")  # degraded; the re-check is due below
+        clock.now += INITIAL_BACKOFF_S
+
+        async def broken(client: object) -> None:
+            raise OverflowError("cannot convert float infinity to integer")
+
+        with pytest.raises(OverflowError):
+            await conn.call(broken)
+        assert await conn.check()  # the next re-check goes, and finds Redis up
+        await conn.aclose()
+    asyncio.run(main())

@@ -236,9 +236,6 @@ class RedisConn:
         try:
             async with asyncio.timeout(self.config.timeout_s):
                 result = await self._once_more_if_safe(op, idempotent)
-        except asyncio.CancelledError:
-            self.health.abandoned(kind)
-            raise
         except self._errors as exc:
             if _is_data_error(exc):
                 self._data_error(exc)
@@ -247,6 +244,11 @@ class RedisConn:
             self.counts["error"] += 1
             self._failed(exc, kind)
             raise StateUnavailable(f"redis call failed: {_describe(exc)}") from exc
+        except BaseException:
+            # Cancelled (the client went away), or the operation's own error, not Redis's:
+            # it says nothing about Redis, and a probe's slot must not stay taken.
+            self.health.abandoned(kind)
+            raise
         self.counts["ok"] += 1
         self._answered(kind)
         return result
