@@ -368,6 +368,39 @@ def test_requests_granted_together_wait_for_a_slot_instead_of_failing_in_the_poo
         runner.run(main())
 
 
+def test_a_half_open_probe_that_succeeds_starts_a_request_waiting_for_the_replica() -> None:
+    """A successful half-open probe that does not yet close the breaker (``close_after``
+    is 2) still gives the trial's turn back: the replica admits a request again, so a
+    request waiting in admission for a slot starts now. Before, nothing re-granted: it
+    waited for the next probe to close the breaker, ``probe_interval_s`` later (a minute,
+    with the interval set to one), while the replica could take it."""
+    async def main() -> None:
+        clock = Clock()
+        pool, fakes = make_pool("ok", "hold", limit=1, clock=clock)
+        fakes[1].release = asyncio.Event()
+        pool.replicas[0].breaker.force_open(clock.now)
+        admission = Admission(max_concurrent=10, queue_size=10, limits=limits_of([pool]),
+                              all_limited=True)
+        pool.on_capacity = admission.regrant
+        busy = asyncio.create_task(run_one(pool, request(rid="busy"), admission))
+        while pool.replicas[1].in_flight == 0:
+            await asyncio.sleep(0)
+        waiting = asyncio.create_task(run_one(pool, request(rid="w"), admission))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert admission.queued == 1  # r1 ejected, r2 full: it waits
+        clock.now += 10  # the cool-down passes; the probe is the half-open trial
+        await pool.probe()
+        assert pool.replicas[0].breaker.state is BreakerState.HALF_OPEN
+        for _ in range(50):  # loop turns, no clock: admission grants, r1 answers
+            await asyncio.sleep(0)
+        assert waiting.done() and len(fakes[0].requests) == 1
+        assert isinstance(waiting.result()[0][-1], Finish)
+        fakes[1].release.set()
+        await busy
+    asyncio.run(main())
+
+
 def test_an_ejected_replica_takes_its_slots_out_of_admission() -> None:
     clock = Clock()
     pool, _ = make_pool("ok", "ok", limit=1, clock=clock)

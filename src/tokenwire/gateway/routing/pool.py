@@ -479,6 +479,9 @@ class ReplicaPool:
             log.warning("replica %s of %s: %s -> %s (probe)", replica.name, self.name,
                         before.value, replica.breaker.state.value)
             self.on_transition(replica, before)
+        if trial or replica.breaker.state is not before:
+            # A trial that ended gave its turn back (half-open admits a request again, even
+            # before close_after successes close it): requests waiting in admission may go.
             self.on_capacity()
         return health
 
