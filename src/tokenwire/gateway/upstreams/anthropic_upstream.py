@@ -30,8 +30,11 @@ Stream (gateway-research §5.8): ``message_start`` (input usage), per block
 (``stop_reason``, output usage), ``message_stop``; ``ping`` is ignored; an ``error`` event
 (``overloaded_error`` is the streaming twin of HTTP 529) is a classified Failure. EOF
 without ``message_stop`` is ``Failure(UPSTREAM)``; so is a malformed stream (502
-``protocol_error``): a delta for a block never started, a ``tool_use`` whose input is not a
-JSON object (its content would otherwise be dropped or reach the client as ``{}``).
+``protocol_error``): a delta for a block that is not open (never started, or already
+stopped), a block started at an index still open, a delta of another block's kind (an
+``input_json_delta`` in a text block), a ``tool_use`` whose input is not a JSON object (its
+content would otherwise be dropped, cut, or reach the client as ``{}``). Blocks still open
+at ``message_stop`` are closed there, their content checked as at a ``content_block_stop``.
 """
 
 from __future__ import annotations
@@ -305,6 +308,13 @@ _STOP_REASONS = {
 }
 
 
+#: The delta types of the blocks this adapter reads, and the block kind each belongs in.
+#: A block of another kind (a server tool's) takes any delta: it is not shown.
+_DELTA_BLOCKS = {"text_delta": "text", "input_json_delta": "tool_use",
+                 "thinking_delta": "thinking", "signature_delta": "thinking"}
+_READ_BLOCKS = frozenset({*_DELTA_BLOCKS.values(), "redacted_thinking"})
+
+
 class _Block:
     __slots__ = ("call", "custom", "kind", "parts", "signature", "start")
 
@@ -363,6 +373,9 @@ class MessagesStreamParser:
         self.done = True
         return [event]
 
+    def _malformed(self, message: str) -> list[Event]:
+        return self._end(_failure(FailureClass.UPSTREAM, message, 502, MALFORMED))
+
     def _usage(self, usage: Any) -> None:
         """message_delta's usage is cumulative: its figures replace message_start's."""
         if isinstance(usage, dict):
@@ -376,6 +389,8 @@ class MessagesStreamParser:
     def _block_start(self, data: dict[str, Any]) -> list[Event]:
         cb, i = data.get("content_block") or {}, int(data.get("index", 0))
         kind = str(cb.get("type"))
+        if i in self._blocks:  # later deltas could belong to either block
+            return self._malformed(f"a {kind!r} block started at index {i}, which is open")
         if kind == "tool_use":
             name = str(cb.get("name", ""))
             block = _Block(kind, call=self._calls, custom=name in self._custom,
@@ -399,8 +414,11 @@ class MessagesStreamParser:
         delta, block = data.get("delta") or {}, self._blocks.get(int(data.get("index", -1)))
         kind = str(delta.get("type"))
         if block is None:  # its content would have no block to go in: never dropped unseen
-            return self._end(_failure(FailureClass.UPSTREAM, f"a {kind!r} delta for a "
-                                      "content block that was never started", 502, MALFORMED))
+            return self._malformed(f"a {kind!r} delta for a content block that is not open "
+                                   "(never started, or stopped)")
+        belongs = _DELTA_BLOCKS.get(kind, block.kind)
+        if belongs != block.kind and block.kind in _READ_BLOCKS:  # dropped, or shown wrongly
+            return self._malformed(f"a {kind!r} delta in a {block.kind!r} block")
         if kind == "text_delta":
             return [TokenDelta(text=str(delta.get("text", "")))]
         if kind == "input_json_delta" and block.kind == "tool_use":
@@ -419,7 +437,12 @@ class MessagesStreamParser:
         return []
 
     def _block_stop(self, data: dict[str, Any]) -> list[Event]:
-        block = self._blocks.get(int(data.get("index", -1)))
+        return self._close(int(data.get("index", -1)))
+
+    def _close(self, index: int) -> list[Event]:
+        """The block at ``index`` ends: what it holds is checked and handed on; a later
+        delta for it has no block to go in."""
+        block = self._blocks.pop(index, None)
         if block is None:
             return []
         if block.kind == "tool_use":
@@ -442,14 +465,12 @@ class MessagesStreamParser:
                 return [ToolCallDelta(index=block.call,
                                       arguments=msgspec.json.encode(block.start).decode())]
             if raw and not _is_json_object(raw):  # the API's input is always an object
-                return self._end(_failure(FailureClass.UPSTREAM, "a tool_use block's "
-                                          "input is not a JSON object", 502, MALFORMED))
+                return self._malformed("a tool_use block's input is not a JSON object")
             return []
         try:
             value = msgspec.json.decode(raw or "{}") if raw or not block.start else block.start
         except msgspec.DecodeError:
-            return self._end(_failure(FailureClass.UPSTREAM,
-                                      "a custom tool call's input is not JSON", 502, MALFORMED))
+            return self._malformed("a custom tool call's input is not JSON")
         text = value.get(_CUSTOM_INPUT, "") if isinstance(value, dict) else ""
         return [ToolCallDelta(index=block.call, arguments=str(text), kind="custom")]
 
@@ -461,12 +482,17 @@ class MessagesStreamParser:
         return []
 
     def _message_stop(self, data: dict[str, Any]) -> list[Event]:
+        closed: list[Event] = []
+        for index in sorted(self._blocks):  # never stopped: a call's input is checked here
+            closed += self._close(index)
+            if self.done:
+                return closed
         reason = _STOP_REASONS.get(self._stop_reason or "")
         if reason is None:
             reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
         matched = self._stop_sequence if reason is FinishKind.STOP_SEQUENCE else None
         usage = anthropic_usage(self._usage_fields)
-        return [*([usage] if usage is not None else []),
+        return [*closed, *([usage] if usage is not None else []),
                 *self._end(Finish(reason=reason, matched_stop=matched))]
 
     def _ping(self, data: dict[str, Any]) -> list[Event]:

@@ -1,0 +1,137 @@
+"""A misbehaving Anthropic Messages upstream, seen by each client API: what the upstream said
+validly reaches the client unchanged; what it said wrongly ends as the documented failure
+(502 ``protocol_error``, docs/failure-semantics.md), never a success with altered content
+and never the gateway's own 500."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import start_server
+from tokenwire.gateway.http.state import GatewayState
+from tokenwire.gateway.ir import IdsSource
+from tokenwire.gateway.routing.router import Router, ServedModel
+from tokenwire.gateway.settings import ServerSettings
+from tokenwire.gateway.upstreams.anthropic_upstream import AnthropicUpstream
+from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig
+
+from .fakes_anthropic import MessagesStream, Script, ScriptedServer, anthropic_server
+
+KEY_ENV = "TW_TEST_ANTHROPIC_MISBEHAVING_KEY"
+USER = [{"role": "user", "content": "hi"}]
+#: Each client API's whole (non-streamed) request.
+APIS = {"chat": ("/v1/chat/completions", {"messages": USER}),
+        "completions": ("/v1/completions", {"prompt": "hi"}),
+        "responses": ("/v1/responses", {"input": "hi"}),
+        "messages": ("/v1/messages", {"messages": USER, "max_tokens": 9})}
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[tuple[str, ScriptedServer]]:
+    """A gateway over a scripted Anthropic upstream (model ``sonnet``)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv(KEY_ENV, "sk-ant-test")
+    upstream = anthropic_server()
+    cfg = UpstreamConfig(name="claude", kind="anthropic", base_url=upstream.url,
+                         api_key_env=KEY_ENV,
+                         models=(ModelRoute(name="sonnet", upstream_model="claude-test"),))
+    served = ServedModel(name="sonnet", upstream=AnthropicUpstream.from_config(cfg),
+                         ids_source=IdsSource.NONE, upstream_name="claude")
+    live = start_server(GatewayState(settings=ServerSettings(), router=Router([served])))
+    yield live.url, upstream
+    live.stop()
+    upstream.stop()
+    mp.undo()
+
+
+def answer(gateway: tuple[str, ScriptedServer], api: str, stream: MessagesStream,
+           **extra: Any) -> httpx.Response:
+    """``api``'s answer when the upstream sends ``stream`` (once: a malformed stream is final,
+    so a second attempt would be a defect the empty script list shows as a 502)."""
+    url, upstream = gateway
+    upstream.scripts.clear()
+    upstream.push(Script(stream.chunks()))
+    path, body = APIS[api]
+    return httpx.post(url + path, json={"model": "sonnet", **body, **extra}, timeout=60)
+
+
+def assert_malformed(resp: httpx.Response, api: str) -> None:
+    """The documented failure of a malformed stream, in ``api``'s own error shape."""
+    assert resp.status_code == 502, resp.text
+    if api == "messages":
+        assert resp.json()["type"] == "error" and resp.json()["error"]["type"] == "api_error"
+    else:
+        assert resp.json()["error"]["type"] == "server_error"
+
+
+def open_block(s: MessagesStream, index: int, block: dict[str, Any]) -> MessagesStream:
+    return s.emit("content_block_start", index=index, content_block=block)
+
+
+def delta(s: MessagesStream, index: int, **fields: Any) -> MessagesStream:
+    return s.emit("content_block_delta", index=index, delta=fields)
+
+
+def tool(call_id: str = "toolu_1", name: str = "f") -> dict[str, Any]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": {}}
+
+
+# -- a block's life: start, deltas, stop -------------------------------------------------------
+
+
+def _delta_after_stop() -> MessagesStream:
+    s = MessagesStream().tool_use("toolu_1", "f", ['{"a":1}'])
+    return delta(s, 0, type="input_json_delta", partial_json="}garbage").end("tool_use")
+
+
+def _start_at_an_open_index() -> MessagesStream:
+    s = delta(open_block(MessagesStream(), 0, tool()), 0, type="input_json_delta",
+              partial_json='{"a":')
+    s = delta(open_block(s, 0, {"type": "text", "text": ""}), 0, type="text_delta", text="x")
+    return s.emit("content_block_stop", index=0).end("tool_use")
+
+
+def _json_delta_in_a_text_block() -> MessagesStream:
+    s = delta(open_block(MessagesStream(), 0, {"type": "text", "text": ""}), 0,
+              type="input_json_delta", partial_json='{"a":1}')
+    return s.emit("content_block_stop", index=0).end()
+
+
+def _text_delta_in_a_tool_block() -> MessagesStream:
+    s = delta(open_block(MessagesStream(), 0, tool()), 0, type="text_delta", text="x")
+    return s.emit("content_block_stop", index=0).end("tool_use")
+
+
+@pytest.mark.parametrize("api", sorted(APIS))
+@pytest.mark.parametrize("stream", [
+    _delta_after_stop, _start_at_an_open_index, _json_delta_in_a_text_block,
+    _text_delta_in_a_tool_block,
+], ids=["delta-after-stop", "start-at-an-open-index", "json-delta-in-a-text-block",
+        "text-delta-in-a-tool-block"])
+def test_a_delta_without_its_own_open_block_is_a_malformed_stream(gateway, api, stream):
+    """Reproduced (Chat): a tool call's input after its content_block_stop reached the client
+    appended to the checked input (``{"a":1}}garbage``) with finish_reason tool_calls; a
+    block started at an index still open left the first call's input cut (``{"a":``); an
+    ``input_json_delta`` in a text block was dropped, and the answer was an empty success.
+    Each is now the malformed stream it is, on every API."""
+    assert_malformed(answer(gateway, api, stream()), api)
+
+
+def test_blocks_left_open_at_message_stop_are_closed_and_checked(gateway):
+    """A stream whose blocks never got their content_block_stop: the call's input is checked
+    there as at a stop (a cut one is malformed; it reached the client as ``{"a":``), and a
+    custom tool's input, unwrapped only at the stop, is no longer lost."""
+    cut = delta(open_block(MessagesStream(), 0, tool()), 0, type="input_json_delta",
+                partial_json='{"a":').end("tool_use")
+    for api in APIS:
+        assert_malformed(answer(gateway, api, cut), api)
+    whole = delta(open_block(MessagesStream(), 0, tool("toolu_P", "apply_patch")), 0,
+                  type="input_json_delta", partial_json='{"input": "*** Begin"}')
+    custom = [{"type": "custom", "name": "apply_patch", "description": "patch"}]
+    made = answer(gateway, "responses", whole.end("tool_use"), tools=custom).json()
+    assert [(o["type"], o["call_id"], o["input"]) for o in made["output"]] == [
+        ("custom_tool_call", "toolu_P", "*** Begin")]
