@@ -135,3 +135,62 @@ def test_blocks_left_open_at_message_stop_are_closed_and_checked(gateway):
     made = answer(gateway, "responses", whole.end("tool_use"), tools=custom).json()
     assert [(o["type"], o["call_id"], o["input"]) for o in made["output"]] == [
         ("custom_tool_call", "toolu_P", "*** Begin")]
+
+
+# -- what a field holds ------------------------------------------------------------------------
+
+
+def _in_text(**fields: Any) -> MessagesStream:
+    s = delta(open_block(MessagesStream(), 0, {"type": "text", "text": ""}), 0, **fields)
+    return s.emit("content_block_stop", index=0).end()
+
+
+def _in_block(block: dict[str, Any], *deltas: dict[str, Any]) -> MessagesStream:
+    s = open_block(MessagesStream(), 0, block)
+    for fields in deltas:
+        s = delta(s, 0, **fields)
+    return s.emit("content_block_stop", index=0).end("tool_use")
+
+
+@pytest.mark.parametrize("api", sorted(APIS))
+@pytest.mark.parametrize("stream", [
+    lambda: _in_text(type="text_delta", text={"a": 1}),
+    lambda: _in_text(type="text_delta", text=7),
+    lambda: _in_block({"type": "text", "text": ["x"]}),
+    lambda: _in_block({"type": "thinking", "thinking": 1, "signature": ""}),
+    lambda: _in_block({"type": "thinking", "thinking": "", "signature": ""},
+                      {"type": "thinking_delta", "thinking": {"t": 1}}),
+    lambda: _in_block(tool(), {"type": "input_json_delta", "partial_json": {"a": 1}}),
+    lambda: _in_block({**tool(), "id": 5}),
+    lambda: _in_block({**tool(), "name": ["f"]}),
+    lambda: _in_block({**tool(), "input": [1, 2]}),
+    lambda: MessagesStream().text(["x"]).end("stop_sequence", stop_sequence=["###"]),
+], ids=["text-object", "text-number", "start-text-list", "start-thinking-number",
+        "thinking-object", "partial-json-object", "id-number", "name-list", "input-list",
+        "stop-sequence-list"])
+def test_a_field_of_the_wrong_type_is_a_malformed_stream(gateway, api, stream):
+    """Reproduced (Chat): a text_delta's ``{"a": 1}`` reached the client as the text
+    ``{'a': 1}``, a call's id 5 as ``"id": 5``, its name ``["f"]`` as the name ``['f']``, an
+    input ``[1, 2]`` as the arguments ``[1,2]`` (the API's input is an object). A field of
+    another JSON type is the upstream's error, never text made up from it."""
+    assert_malformed(answer(gateway, api, stream()), api)
+
+
+def test_a_null_text_is_no_text(gateway):
+    """Reproduced: ``"text": null`` reached the client as the text ``None``."""
+    s = _in_text(type="text_delta", text=None)
+    s.events[-3:-3] = [("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                "delta": {"type": "text_delta", "text": "ok"}})]
+    made = answer(gateway, "chat", s).json()
+    assert made["choices"][0]["message"]["content"] == "ok"
+
+
+def test_a_call_the_upstream_gave_no_id_gets_one_on_every_api(gateway):
+    """Reproduced: a tool_use block without ``id`` reached a Chat client as ``"id": null``,
+    which it cannot answer. The call gets one, the same on every API's answer."""
+    s = _in_block({"type": "tool_use", "name": "f", "input": {}},
+                  {"type": "input_json_delta", "partial_json": '{"a":1}'})
+    chat = answer(gateway, "chat", s).json()["choices"][0]["message"]["tool_calls"]
+    assert [(c["id"][:5], c["function"]["arguments"]) for c in chat] == [("call_", '{"a":1}')]
+    made = answer(gateway, "messages", s).json()["content"]
+    assert [(b["id"][:5], b["input"]) for b in made] == [("call_", {"a": 1})]

@@ -66,7 +66,7 @@ from tokenwire.gateway.ir import (
     ToolCallDelta,
     ToolSpec,
 )
-from tokenwire.gateway.upstreams.base import UpstreamConfig
+from tokenwire.gateway.upstreams.base import UpstreamConfig, new_call_id
 from tokenwire.gateway.upstreams.failures import (
     MALFORMED,
     classify_error,
@@ -392,20 +392,22 @@ class MessagesStreamParser:
         if i in self._blocks:  # later deltas could belong to either block
             return self._malformed(f"a {kind!r} block started at index {i}, which is open")
         if kind == "tool_use":
-            name = str(cb.get("name", ""))
-            block = _Block(kind, call=self._calls, custom=name in self._custom,
-                           start=cb.get("input"))
+            name, start = _string(cb.get("name")), cb.get("input")
+            if not isinstance(start, dict | None):
+                return self._malformed("a tool_use block's input is not a JSON object")
+            block = _Block(kind, call=self._calls, custom=name in self._custom, start=start)
             self._blocks[i], self._calls = block, self._calls + 1
-            return [ToolCallDelta(index=block.call, id=cb.get("id"), name=name,
-                                  kind="custom" if block.custom else "function")]
+            # A call without an id could not be answered (Chat showed "id": null).
+            return [ToolCallDelta(index=block.call, id=_string(cb.get("id")) or new_call_id(),
+                                  name=name, kind="custom" if block.custom else "function")]
         self._blocks[i] = _Block(kind, start=cb)
-        if kind == "text" and cb.get("text"):
-            return [TokenDelta(text=str(cb["text"]))]
+        if kind == "text" and (text := _string(cb.get("text"))):
+            return [TokenDelta(text=text)]
         if kind == "thinking":
-            self._blocks[i].signature = str(cb.get("signature") or "")
-            if cb.get("thinking"):
-                self._blocks[i].parts.append(str(cb["thinking"]))
-                return [ReasoningDelta(text=str(cb["thinking"]))]
+            self._blocks[i].signature = _string(cb.get("signature"))
+            if thought := _string(cb.get("thinking")):
+                self._blocks[i].parts.append(thought)
+                return [ReasoningDelta(text=thought)]
         elif kind not in ("text", "redacted_thinking"):
             self.unknown["content_block:" + kind] += 1  # server tools etc.: not ours to show
         return []
@@ -420,18 +422,18 @@ class MessagesStreamParser:
         if belongs != block.kind and block.kind in _READ_BLOCKS:  # dropped, or shown wrongly
             return self._malformed(f"a {kind!r} delta in a {block.kind!r} block")
         if kind == "text_delta":
-            return [TokenDelta(text=str(delta.get("text", "")))]
+            return [TokenDelta(text=_string(delta.get("text")))]
         if kind == "input_json_delta" and block.kind == "tool_use":
-            piece = str(delta.get("partial_json", ""))
+            piece = _string(delta.get("partial_json"))
             block.parts.append(piece)
             if block.custom or not piece:  # custom input is unwrapped at content_block_stop
                 return []
             return [ToolCallDelta(index=block.call, arguments=piece)]
         if kind == "thinking_delta":
-            block.parts.append(str(delta.get("thinking", "")))
+            block.parts.append(_string(delta.get("thinking")))
             return [ReasoningDelta(text=block.parts[-1])]
         if kind == "signature_delta":
-            block.signature += str(delta.get("signature", ""))
+            block.signature += _string(delta.get("signature"))
             return []
         self.unknown[kind] += 1
         return []
@@ -471,13 +473,15 @@ class MessagesStreamParser:
             value = msgspec.json.decode(raw or "{}") if raw or not block.start else block.start
         except msgspec.DecodeError:
             return self._malformed("a custom tool call's input is not JSON")
-        text = value.get(_CUSTOM_INPUT, "") if isinstance(value, dict) else ""
-        return [ToolCallDelta(index=block.call, arguments=str(text), kind="custom")]
+        if not isinstance(value, dict):
+            return self._malformed("a custom tool call's input is not a JSON object")
+        return [ToolCallDelta(index=block.call, arguments=_string(value.get(_CUSTOM_INPUT)),
+                              kind="custom")]
 
     def _message_delta(self, data: dict[str, Any]) -> list[Event]:
         delta = data.get("delta") or {}
         self._stop_reason = delta.get("stop_reason") or self._stop_reason
-        self._stop_sequence = delta.get("stop_sequence") or self._stop_sequence
+        self._stop_sequence = _string(delta.get("stop_sequence")) or self._stop_sequence
         self._usage(data.get("usage"))
         return []
 
@@ -501,6 +505,15 @@ class MessagesStreamParser:
     def _error(self, data: dict[str, Any]) -> list[Event]:
         err = data.get("error") if isinstance(data.get("error"), dict) else data
         return self._end(classify_error({"type": "api_error", **err}, status=None))
+
+
+def _string(value: Any) -> str:
+    """A text field as sent (null: none). Another JSON type is the upstream's error (a
+    ``TypeError``: the stream is malformed), never text made from it: ``str()`` showed the
+    client ``None``, ``{'a': 1}``, a call id ``5``."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    raise TypeError(f"a text field holds {type(value).__name__}")
 
 
 def _is_json_object(raw: str) -> bool:
