@@ -194,3 +194,18 @@ def test_a_call_the_upstream_gave_no_id_gets_one_on_every_api(gateway):
     assert [(c["id"][:5], c["function"]["arguments"]) for c in chat] == [("call_", '{"a":1}')]
     made = answer(gateway, "messages", s).json()["content"]
     assert [(b["id"][:5], b["input"]) for b in made] == [("call_", {"a": 1})]
+
+
+def test_a_call_with_no_input_is_the_empty_object_on_every_api(gateway):
+    """Anthropic streams a call of a tool without parameters as ``input: {}`` and an empty
+    (or no) ``input_json_delta``. Reproduced: Chat and Responses clients got the arguments
+    ``""``, which is not JSON (the SDKs' ``json.loads``, Codex's parse of the arguments
+    fail on it); what the upstream said is the object ``{}``."""
+    for pieces in ([""], []):
+        s = MessagesStream().tool_use("toolu_N", "now", pieces).end("tool_use")
+        chat = answer(gateway, "chat", s).json()["choices"][0]["message"]["tool_calls"]
+        assert [(c["id"], c["function"]["arguments"]) for c in chat] == [("toolu_N", "{}")]
+        made = answer(gateway, "responses", s).json()["output"]
+        assert [(o["call_id"], o["arguments"]) for o in made] == [("toolu_N", "{}")]
+        made = answer(gateway, "messages", s).json()["content"]
+        assert [(b["id"], b["input"]) for b in made] == [("toolu_N", {})]

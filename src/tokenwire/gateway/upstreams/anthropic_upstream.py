@@ -462,10 +462,11 @@ class MessagesStreamParser:
     def _finish_call(self, block: _Block) -> list[Event]:
         raw = "".join(block.parts)
         if not block.custom:
-            # No deltas at all: the whole input came with content_block_start.
-            if not raw and block.start:
+            # No deltas (or empty ones): the whole input came with content_block_start,
+            # ``{}`` for a tool without parameters; sent as "" it was not JSON to a client.
+            if not raw:
                 return [ToolCallDelta(index=block.call,
-                                      arguments=msgspec.json.encode(block.start).decode())]
+                                      arguments=msgspec.json.encode(block.start or {}).decode())]
             if raw and not _is_json_object(raw):  # the API's input is always an object
                 return self._malformed("a tool_use block's input is not a JSON object")
             return []
