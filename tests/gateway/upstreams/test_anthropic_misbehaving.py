@@ -209,3 +209,34 @@ def test_a_call_with_no_input_is_the_empty_object_on_every_api(gateway):
         assert [(o["call_id"], o["arguments"]) for o in made] == [("toolu_N", "{}")]
         made = answer(gateway, "messages", s).json()["content"]
         assert [(b["id"], b["input"]) for b in made] == [("toolu_N", {})]
+
+
+# -- usage -------------------------------------------------------------------------------------
+
+
+def _usage_stream(start: dict[str, Any], final: dict[str, Any]) -> MessagesStream:
+    s = MessagesStream()
+    s.events[0][1]["message"]["usage"] = start
+    s.text(["ok"]).emit("message_delta", delta={"stop_reason": "end_turn"}, usage=final)
+    return s.emit("message_stop")
+
+
+def test_a_usage_with_only_the_output_count_reaches_the_client(gateway):
+    """Reproduced: a stream whose usage never named ``input_tokens`` (an Anthropic-compatible
+    server that counts only what it generated) gave every client ``usage: null`` / nulls,
+    though the upstream had said ``output_tokens: 7``. The prompt's count stays unknown."""
+    s = _usage_stream({}, {"output_tokens": 7})
+    chat = answer(gateway, "chat", s).json()["usage"]
+    assert (chat["prompt_tokens"], chat["completion_tokens"], chat["tokenwire_source"]) == (
+        None, 7, "upstream")
+    made = answer(gateway, "messages", s).json()["usage"]
+    assert (made["input_tokens"], made["output_tokens"]) == (None, 7)
+    made = answer(gateway, "responses", s).json()["usage"]
+    assert (made["input_tokens"], made["output_tokens"]) == (None, 7)
+
+
+@pytest.mark.parametrize("said", [-3, "12", 1.5, True, None])
+def test_a_count_that_is_not_a_count_is_unknown_never_guessed(gateway, said):
+    s = _usage_stream({"input_tokens": 12}, {"output_tokens": said})
+    chat = answer(gateway, "chat", s).json()["usage"]
+    assert (chat["prompt_tokens"], chat["completion_tokens"]) == (12, None)

@@ -62,13 +62,15 @@ def responses_usage(usage: Any) -> Usage | None:
 def anthropic_usage(usage: Mapping[str, Any], *, final: bool = True) -> Usage | None:
     """Anthropic's ``usage`` (the fields of ``message_start`` merged with the cumulative
     ones of ``message_delta``); ``final=False`` gives ``message_start``'s prompt-only
-    count. ``None`` when it names no input count."""
+    count. ``None`` when it names neither count (early: no input count). One that names only
+    the output's keeps it, as :func:`openai_usage` does: it was dropped whole, and every
+    client got no usage where the upstream had reported a figure."""
     read = _count(usage.get("cache_read_input_tokens"))
     written = _count(usage.get("cache_creation_input_tokens"))
     uncached = _count(usage.get("input_tokens"))
-    if uncached is None:
+    output = _count(usage.get("output_tokens")) if final else None
+    if uncached is None and output is None:
         return None
-    return Usage(prompt_tokens=uncached + (read or 0) + (written or 0),
-                 completion_tokens=_count(usage.get("output_tokens")) if final else None,
-                 cached_tokens=read, cache_creation_tokens=written,
-                 source=UsageSource.UPSTREAM)
+    prompt = None if uncached is None else uncached + (read or 0) + (written or 0)
+    return Usage(prompt_tokens=prompt, completion_tokens=output, cached_tokens=read,
+                 cache_creation_tokens=written, source=UsageSource.UPSTREAM)
