@@ -45,6 +45,7 @@ from tokenwire.gateway.upstreams.anthropic_upstream import (
 )
 from tokenwire.gateway.upstreams.base import ModelRoute, UpstreamConfig, UpstreamState
 from tokenwire.gateway.upstreams.sse import SSEEvent
+from tokenwire.gateway.upstreams.sse_http import UNKNOWN_NAME_CHARS, UNKNOWN_NAMES
 
 from .fakes_anthropic import MessagesStream, Script, ScriptedServer, anthropic_server, dumps
 from .fakes_anthropic import error_body as err
@@ -200,6 +201,33 @@ def test_a_malformed_stream_is_an_upstream_failure_never_dropped_content(
     assert isinstance(events[-1], Failure)
     assert (events[-1].failure_class, events[-1].status, events[-1].code) == (
         FailureClass.UPSTREAM, 502, "protocol_error")
+
+
+def test_unknown_event_names_are_counted_within_bounds(fake: ScriptedServer) -> None:
+    """The names of events, blocks and deltas this adapter does not read are the upstream's
+    own strings, and the adapter kept every one for as long as it ran: 300 events with
+    names of 2,000 characters held 600 KB after one request, and each request added more.
+    Now each is cut to UNKNOWN_NAME_CHARS and at most UNKNOWN_NAMES are kept; the rest are
+    counted under one name."""
+    long = "x" * 2000
+    s = MessagesStream()
+    for n in range(300):
+        s.emit(f"future_{n}_{long}")
+    s.emit("content_block_start", index=0, content_block={"type": "server_" + long})
+    s.emit("content_block_delta", index=0, delta={"type": "odd_delta_" + long})
+    s.emit("content_block_stop", index=0).text(["ok"]).end()
+
+    async def body(up: AnthropicUpstream) -> tuple[list[Event], dict[str, int]]:
+        events = await collect(up.submit(HELLO))
+        return events, dict(up.unknown_events)
+
+    fake.push(Script(s.chunks()))
+    events, unknown = run(fake.url, body)
+    assert [e for e in events if isinstance(e, TokenDelta)] == [TokenDelta(text="ok")]
+    assert events[-1] == Finish(reason=FinishKind.EOS)
+    assert sum(unknown.values()) == 302 and len(unknown) <= UNKNOWN_NAMES + 1
+    assert max(len(name) for name in unknown) <= UNKNOWN_NAME_CHARS
+    assert unknown[f"future_0_{long}"[:UNKNOWN_NAME_CHARS]] == 1
 
 
 # -- HTTP errors -----------------------------------------------------------------------------

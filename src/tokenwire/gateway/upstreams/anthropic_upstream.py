@@ -40,7 +40,6 @@ at ``message_stop`` are closed there, their content checked as at a ``content_bl
 from __future__ import annotations
 
 import re
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +78,7 @@ from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
     TextUpstream,
+    UnknownEvents,
 )
 from tokenwire.gateway.upstreams.usage_wire import anthropic_usage
 
@@ -336,7 +336,7 @@ class MessagesStreamParser:
         self._usage_fields: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._stop_sequence: str | None = None
-        self.unknown: Counter[str] = Counter()
+        self.unknown = UnknownEvents()
         self.done = False
 
     def on_sse(self, sse: SSEEvent) -> list[Event]:
@@ -353,7 +353,7 @@ class MessagesStreamParser:
         kind = str(data.get("type") or sse.event)
         handler = _HANDLERS.get(kind)
         if handler is None:
-            self.unknown[kind] += 1
+            self.unknown.add(kind)
             return []
         try:
             return handler(self, data)
@@ -409,7 +409,7 @@ class MessagesStreamParser:
                 self._blocks[i].parts.append(thought)
                 return [ReasoningDelta(text=thought)]
         elif kind not in ("text", "redacted_thinking"):
-            self.unknown["content_block:" + kind] += 1  # server tools etc.: not ours to show
+            self.unknown.add("content_block:" + kind)  # server tools etc.: not ours to show
         return []
 
     def _block_delta(self, data: dict[str, Any]) -> list[Event]:
@@ -435,7 +435,7 @@ class MessagesStreamParser:
         if kind == "signature_delta":
             block.signature += _string(delta.get("signature"))
             return []
-        self.unknown[kind] += 1
+        self.unknown.add(kind)
         return []
 
     def _block_stop(self, data: dict[str, Any]) -> list[Event]:

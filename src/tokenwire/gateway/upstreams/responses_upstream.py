@@ -42,7 +42,6 @@ it (:mod:`.responses_socket`), each message fed to the same parser as an SSE eve
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -90,6 +89,7 @@ from tokenwire.gateway.upstreams.sse_http import (
     FailedStream,
     SSEUpstreamStream,
     TextUpstream,
+    UnknownEvents,
 )
 from tokenwire.gateway.upstreams.usage_wire import responses_usage
 
@@ -268,7 +268,7 @@ class ResponsesStreamParser:
         self._item_ids: dict[str, int] = {}  # item id (or a call's call_id) -> output_index
         self._reasoning_text = False
         self._stops = StopMatcher(stop)
-        self.unknown: Counter[str] = Counter()
+        self.unknown = UnknownEvents()
         self.done = False
         #: The upstream's own terminal event type once it arrived (the upstream's response is
         #: over; a stop sequence ends ``done`` earlier), and a completed response's snapshot:
@@ -290,7 +290,7 @@ class ResponsesStreamParser:
         handler = _HANDLERS.get(kind)
         if handler is None:
             if kind not in _IGNORED:
-                self.unknown[kind] += 1
+                self.unknown.add(kind)
             return []
         try:
             return handler(self, data)
@@ -389,7 +389,7 @@ class ResponsesStreamParser:
     def _args_delta(self, data: dict[str, Any]) -> list[Event]:
         call = self._calls.get(data.get("output_index", -1))
         if call is None:  # a delta for a call never announced: nothing to attach it to
-            self.unknown[str(data.get("type")) + " (unannounced item)"] += 1
+            self.unknown.add(str(data.get("type")) + " (unannounced item)")
             return []
         delta = str(data.get("delta", ""))
         call.args += delta

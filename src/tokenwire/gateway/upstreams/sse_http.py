@@ -46,11 +46,15 @@ from tokenwire.gateway.upstreams.sse import SSEDecoder, SSEEvent
 from tokenwire.gateway.upstreams.stream_post import BodyReader, stream_post
 
 __all__ = [
+    "OTHER_UNKNOWN",
+    "UNKNOWN_NAMES",
+    "UNKNOWN_NAME_CHARS",
     "FailedStream",
     "HttpClassifier",
     "SSEUpstreamStream",
     "StreamParser",
     "TextUpstream",
+    "UnknownEvents",
     "api_key_from_env",
     "broken_stream",
     "http_client",
@@ -58,6 +62,26 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The names of the events (blocks, deltas) an adapter does not read are the upstream's own
+#: strings: each is kept cut to this many characters, and at most this many names per
+#: counter; later names are counted under :data:`OTHER_UNKNOWN`. Kept whole and all, an
+#: upstream that named each event anew made the gateway hold them for as long as it ran.
+UNKNOWN_NAMES = 64
+UNKNOWN_NAME_CHARS = 64
+OTHER_UNKNOWN = "(other)"
+
+
+class UnknownEvents(Counter[str]):
+    """How often each kind of event an adapter does not read came, within the bounds
+    above (per stream in a parser, per upstream over its life)."""
+
+    def add(self, name: str, count: int = 1) -> None:
+        name = name[:UNKNOWN_NAME_CHARS]
+        if name not in self and len(self) >= UNKNOWN_NAMES:
+            name = OTHER_UNKNOWN
+        self[name] += count
+
 
 # -- the HTTP side of one generation ------------------------------------------------------------
 
@@ -496,7 +520,7 @@ class TextUpstream:
         # Text only: ids exist only where a model's map lets the router retokenize the text.
         self.ids_source = IdsSource.RETOKENIZED if self._maps else IdsSource.NONE
         self.active = 0
-        self.unknown_events: Counter[str] = Counter()
+        self.unknown_events = UnknownEvents()
 
     @staticmethod
     def api_base_for(config: UpstreamConfig) -> str:
@@ -544,7 +568,8 @@ class TextUpstream:
 
     def _release(self, parser: StreamParser) -> None:
         self.active -= 1
-        self.unknown_events.update(getattr(parser, "unknown", ()))
+        for name, count in getattr(parser, "unknown", {}).items():
+            self.unknown_events.add(name, count)
 
     async def probe(self) -> UpstreamHealth:
         return await probe_models(self._client, f"{self.api_base}/models", self)
