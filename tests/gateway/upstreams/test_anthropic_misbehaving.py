@@ -164,14 +164,16 @@ def _in_block(block: dict[str, Any], *deltas: dict[str, Any]) -> MessagesStream:
     lambda: _in_block({**tool(), "id": 5}),
     lambda: _in_block({**tool(), "name": ["f"]}),
     lambda: _in_block({**tool(), "input": [1, 2]}),
+    lambda: _in_block({"type": "redacted_thinking", "data": {"a": 1}}),
     lambda: MessagesStream().text(["x"]).end("stop_sequence", stop_sequence=["###"]),
 ], ids=["text-object", "text-number", "start-text-list", "start-thinking-number",
         "thinking-object", "partial-json-object", "id-number", "name-list", "input-list",
-        "stop-sequence-list"])
+        "redacted-data-object", "stop-sequence-list"])
 def test_a_field_of_the_wrong_type_is_a_malformed_stream(gateway, api, stream):
     """Reproduced (Chat): a text_delta's ``{"a": 1}`` reached the client as the text
     ``{'a': 1}``, a call's id 5 as ``"id": 5``, its name ``["f"]`` as the name ``['f']``, an
-    input ``[1, 2]`` as the arguments ``[1,2]`` (the API's input is an object). A field of
+    input ``[1, 2]`` as the arguments ``[1,2]`` (the API's input is an object); a Messages
+    client's redacted_thinking held the data ``{'a': 1}``. A field of
     another JSON type is the upstream's error, never text made up from it."""
     assert_malformed(answer(gateway, api, stream()), api)
 

@@ -453,7 +453,7 @@ class MessagesStreamParser:
             keep = {"type": "thinking", "thinking": "".join(block.parts),
                     "signature": block.signature}
         elif block.kind == "redacted_thinking":
-            keep = {"type": "redacted_thinking", "data": block.start.get("data", "")}
+            keep = {"type": "redacted_thinking", "data": _string(block.start.get("data"))}
         else:
             return []
         blob = msgspec.json.encode(keep).decode()
