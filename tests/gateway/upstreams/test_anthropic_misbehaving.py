@@ -5,6 +5,7 @@ and never the gateway's own 500."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -242,3 +243,14 @@ def test_a_count_that_is_not_a_count_is_unknown_never_guessed(gateway, said):
     s = _usage_stream({"input_tokens": 12}, {"output_tokens": said})
     chat = answer(gateway, "chat", s).json()["usage"]
     assert (chat["prompt_tokens"], chat["completion_tokens"]) == (12, None)
+
+
+@pytest.mark.parametrize("given", [{"patch": "*** Begin"}, {"input": "a", "more": "b"}])
+def test_a_custom_calls_input_beyond_its_one_field_is_a_malformed_stream(gateway, given):
+    """A freeform tool is declared to Anthropic as an object with one string, ``input``, and
+    its call is unwrapped back to that text. Reproduced: an input with other fields reached
+    a Responses client as the text ``""`` (or ``"a"``), the rest dropped in silence."""
+    s = MessagesStream().tool_use("toolu_P", "apply_patch", [json.dumps(given)])
+    custom = [{"type": "custom", "name": "apply_patch"}]
+    assert_malformed(answer(gateway, "responses", s.end("tool_use"), tools=custom),
+                     "responses")

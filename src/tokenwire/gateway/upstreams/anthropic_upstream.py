@@ -474,8 +474,10 @@ class MessagesStreamParser:
             value = msgspec.json.decode(raw or "{}") if raw or not block.start else block.start
         except msgspec.DecodeError:
             return self._malformed("a custom tool call's input is not JSON")
-        if not isinstance(value, dict):
-            return self._malformed("a custom tool call's input is not a JSON object")
+        if not isinstance(value, dict) or value.keys() - {_CUSTOM_INPUT}:
+            # Only ``input`` can be unwrapped to the call's text: the rest would be dropped.
+            return self._malformed("a custom tool call's input is not an object holding "
+                                   f"only {_CUSTOM_INPUT!r}")
         return [ToolCallDelta(index=block.call, arguments=_string(value.get(_CUSTOM_INPUT)),
                               kind="custom")]
 
