@@ -238,8 +238,11 @@ def test_a_usage_with_only_the_output_count_reaches_the_client(gateway):
     assert (made["input_tokens"], made["output_tokens"]) == (None, 7)
 
 
-@pytest.mark.parametrize("said", [-3, "12", 1.5, True, None])
+@pytest.mark.parametrize("said", [-3, "12", 1.5, True, None, 2**53 + 1, 10**30])
 def test_a_count_that_is_not_a_count_is_unknown_never_guessed(gateway, said):
+    """Reproduced for the counts past 2**53 (no model's, and not exact in a JSON double):
+    every client got them as said, which a JavaScript client rounds, and past 2**64 Codex
+    (64-bit counts) cannot parse the response.completed that holds them at all."""
     s = _usage_stream({"input_tokens": 12}, {"output_tokens": said})
     chat = answer(gateway, "chat", s).json()["usage"]
     assert (chat["prompt_tokens"], chat["completion_tokens"]) == (12, None)

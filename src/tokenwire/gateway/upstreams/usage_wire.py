@@ -17,13 +17,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from tokenwire.gateway.ir import Usage, UsageSource
+from tokenwire.gateway.observability.bounds import MAX_COUNT
 
 __all__ = ["anthropic_usage", "openai_usage", "responses_usage"]
 
 
 def _count(value: Any) -> int | None:
-    """A token count as sent: a non-negative int (not a bool), else not a count."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+    """A token count as sent: an int (not a bool) in [0, 2**53], else not a count. Past
+    2**53 no model's count, nor exact in a JSON double: passed on, JavaScript clients
+    rounded it, and past 2**64 Codex could not parse the response that held it."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT:
         return value
     return None
 
@@ -71,6 +74,6 @@ def anthropic_usage(usage: Mapping[str, Any], *, final: bool = True) -> Usage | 
     output = _count(usage.get("output_tokens")) if final else None
     if uncached is None and output is None:
         return None
-    prompt = None if uncached is None else uncached + (read or 0) + (written or 0)
+    prompt = None if uncached is None else _count(uncached + (read or 0) + (written or 0))
     return Usage(prompt_tokens=prompt, completion_tokens=output, cached_tokens=read,
                  cache_creation_tokens=written, source=UsageSource.UPSTREAM)
