@@ -257,3 +257,23 @@ def test_a_custom_calls_input_beyond_its_one_field_is_a_malformed_stream(gateway
     custom = [{"type": "custom", "name": "apply_patch"}]
     assert_malformed(answer(gateway, "responses", s.end("tool_use"), tools=custom),
                      "responses")
+
+
+# -- error events ------------------------------------------------------------------------------
+
+
+def test_an_error_event_whose_data_is_text_is_the_failure_it_names(gateway):
+    """A proxy in front of the upstream may end a stream with ``event: error`` and plain
+    text. Reproduced: that was a malformed stream ("malformed JSON in a 'error' event"),
+    final, the upstream's words lost; it is the upstream failure it names (502, retried once
+    before any output, as the OpenAI adapter reads an ``event: error``)."""
+    url, upstream = gateway
+    said = "upstream connect error or disconnect/reset before headers"
+    for api in ("chat", "messages"):
+        upstream.scripts.clear()
+        upstream.requests.clear()
+        upstream.push(*[Script([f"event: error\ndata: {said}\n\n".encode()])] * 2)
+        path, body = APIS[api]
+        resp = httpx.post(url + path, json={"model": "sonnet", **body}, timeout=60)
+        assert_malformed(resp, api)
+        assert resp.json()["error"]["message"] == said and len(upstream.requests) == 2

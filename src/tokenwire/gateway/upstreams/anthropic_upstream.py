@@ -28,7 +28,8 @@ Stream (gateway-research §5.8): ``message_start`` (input usage), per block
 ``content_block_start`` / ``content_block_delta`` (``text_delta``, ``input_json_delta``,
 ``thinking_delta``, ``signature_delta``) / ``content_block_stop``, ``message_delta``
 (``stop_reason``, output usage), ``message_stop``; ``ping`` is ignored; an ``error`` event
-(``overloaded_error`` is the streaming twin of HTTP 529) is a classified Failure. EOF
+(``overloaded_error`` is the streaming twin of HTTP 529) is a classified Failure, and so
+is one whose data is a proxy's plain text instead of JSON (its words the message). EOF
 without ``message_stop`` is ``Failure(UPSTREAM)``; so is a malformed stream (502
 ``protocol_error``): a delta for a block that is not open (never started, or already
 stopped), a block started at an index still open, a delta of another block's kind (an
@@ -345,6 +346,8 @@ class MessagesStreamParser:
         try:
             data = msgspec.json.decode(sse.data)
         except msgspec.DecodeError:
+            if sse.event == "error":  # a proxy's plain text: the failure it names
+                return self._end(classify_error({"message": sse.data}, status=None))
             return self._end(_failure(FailureClass.UPSTREAM,
                                       f"malformed JSON in a {sse.event!r} event", 502, MALFORMED))
         if not isinstance(data, dict):
