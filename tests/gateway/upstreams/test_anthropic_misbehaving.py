@@ -264,15 +264,18 @@ def test_a_custom_calls_input_beyond_its_one_field_is_a_malformed_stream(gateway
 
 def test_an_error_event_whose_data_is_text_is_the_failure_it_names(gateway):
     """A proxy in front of the upstream may end a stream with ``event: error`` and plain
-    text. Reproduced: that was a malformed stream ("malformed JSON in a 'error' event"),
-    final, the upstream's words lost; it is the upstream failure it names (502, retried once
-    before any output, as the OpenAI adapter reads an ``event: error``)."""
+    text, or with that text as its ``error``. Reproduced: the first was a malformed stream
+    ("malformed JSON in a 'error' event"), final, the second "the upstream reported an
+    error": the upstream's words were lost. Each is the upstream failure it names (502,
+    retried once before any output, as the OpenAI adapter reads an ``event: error``)."""
     url, upstream = gateway
     said = "upstream connect error or disconnect/reset before headers"
-    for api in ("chat", "messages"):
+    as_text = f"event: error\ndata: {said}\n\n".encode()
+    as_field = f'event: error\ndata: {{"type": "error", "error": "{said}"}}\n\n'.encode()
+    for api, chunk in (("chat", as_text), ("messages", as_text), ("chat", as_field)):
         upstream.scripts.clear()
         upstream.requests.clear()
-        upstream.push(*[Script([f"event: error\ndata: {said}\n\n".encode()])] * 2)
+        upstream.push(*[Script([chunk])] * 2)
         path, body = APIS[api]
         resp = httpx.post(url + path, json={"model": "sonnet", **body}, timeout=60)
         assert_malformed(resp, api)

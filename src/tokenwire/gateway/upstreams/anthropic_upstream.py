@@ -509,7 +509,11 @@ class MessagesStreamParser:
         return []
 
     def _error(self, data: dict[str, Any]) -> list[Event]:
-        err = data.get("error") if isinstance(data.get("error"), dict) else data
+        err = data.get("error")
+        if isinstance(err, str):  # the reason alone, as text: kept as the message
+            err = {"message": err}
+        elif not isinstance(err, dict):
+            err = data
         return self._end(classify_error({"type": "api_error", **err}, status=None))
 
 
