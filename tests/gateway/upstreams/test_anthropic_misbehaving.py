@@ -280,3 +280,34 @@ def test_an_error_event_whose_data_is_text_is_the_failure_it_names(gateway):
         resp = httpx.post(url + path, json={"model": "sonnet", **body}, timeout=60)
         assert_malformed(resp, api)
         assert resp.json()["error"]["message"] == said and len(upstream.requests) == 2
+
+
+# -- an answer cut by max_tokens ---------------------------------------------------------------
+
+
+def test_a_call_cut_by_max_tokens_is_a_length_finish_on_every_api(gateway):
+    """When max_tokens ends the answer inside a tool call, Anthropic stops the block with its
+    input cut short, and says ``stop_reason: max_tokens``. Reproduced: every client got a
+    502 "a tool_use block's input is not a JSON object" (Codex retries a 502: the same cut
+    each time) where the upstream had said why; now it is the length finish it is, the
+    arguments as far as they came (as an OpenAI upstream's cut call reaches the client)."""
+    s = (MessagesStream().text(["Checking."])
+         .tool_use("toolu_1", "get_weather", ['{"city": ', '"Os']).end("max_tokens"))
+    chat = answer(gateway, "chat", s).json()["choices"][0]
+    assert chat["finish_reason"] == "length"
+    assert [(c["id"], c["function"]["arguments"]) for c in chat["message"]["tool_calls"]] == [
+        ("toolu_1", '{"city": "Os')]
+    made = answer(gateway, "messages", s).json()
+    assert made["stop_reason"] == "max_tokens"
+    assert [b["type"] for b in made["content"]] == ["text", "tool_use"]
+    made = answer(gateway, "responses", s).json()
+    assert (made["status"], made["incomplete_details"]) == (
+        "incomplete", {"reason": "max_output_tokens"})
+
+
+@pytest.mark.parametrize("api", sorted(APIS))
+def test_a_cut_call_with_another_end_or_more_after_it_is_still_malformed(gateway, api):
+    cut = MessagesStream().tool_use("toolu_1", "f", ['{"a": ']).end("end_turn")
+    assert_malformed(answer(gateway, api, cut), api)
+    more = MessagesStream().tool_use("toolu_1", "f", ['{"a": ']).text(["x"]).end("max_tokens")
+    assert_malformed(answer(gateway, api, more), api)

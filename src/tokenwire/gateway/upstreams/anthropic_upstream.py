@@ -34,7 +34,9 @@ without ``message_stop`` is ``Failure(UPSTREAM)``; so is a malformed stream (502
 ``protocol_error``): a delta for a block that is not open (never started, or already
 stopped), a block started at an index still open, a delta of another block's kind (an
 ``input_json_delta`` in a text block), a ``tool_use`` whose input is not a JSON object (its
-content would otherwise be dropped, cut, or reach the client as ``{}``). Blocks still open
+content would otherwise be dropped, cut, or reach the client as ``{}``). An input cut
+short is that only when ``stop_reason`` is not ``max_tokens``, which cuts the answer's last
+block: then it is a length finish with the arguments as far as they came. Blocks still open
 at ``message_stop`` are closed there, their content checked as at a ``content_block_stop``.
 """
 
@@ -334,6 +336,8 @@ class MessagesStreamParser:
         self._custom = custom_tools
         self._blocks: dict[int, _Block] = {}
         self._calls = 0
+        #: A call's input stopped short of whole JSON: only max_tokens explains it.
+        self._cut_call = False
         self._usage_fields: dict[str, Any] = {}
         self._stop_reason: str | None = None
         self._stop_sequence: str | None = None
@@ -394,6 +398,8 @@ class MessagesStreamParser:
         kind = str(cb.get("type"))
         if i in self._blocks:  # later deltas could belong to either block
             return self._malformed(f"a {kind!r} block started at index {i}, which is open")
+        if self._cut_call:  # a cut is the answer's end: nothing comes after it
+            return self._malformed("a content block after a call whose input was cut short")
         if kind == "tool_use":
             name, start = _string(cb.get("name")), cb.get("input")
             if not isinstance(start, dict | None):
@@ -470,7 +476,13 @@ class MessagesStreamParser:
             if not raw:
                 return [ToolCallDelta(index=block.call,
                                       arguments=msgspec.json.encode(block.start or {}).decode())]
-            if raw and not _is_json_object(raw):  # the API's input is always an object
+            try:
+                whole = msgspec.json.decode(raw)
+            except msgspec.DecodeError:
+                # Cut short, as max_tokens cuts a call: the stop reason decides (message_stop).
+                self._cut_call = True
+                return []
+            if not isinstance(whole, dict):  # the API's input is always an object
                 return self._malformed("a tool_use block's input is not a JSON object")
             return []
         try:
@@ -500,6 +512,8 @@ class MessagesStreamParser:
         reason = _STOP_REASONS.get(self._stop_reason or "")
         if reason is None:
             reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
+        if self._cut_call and reason is not FinishKind.LENGTH:
+            return self._malformed("a tool_use block's input is not a JSON object")
         matched = self._stop_sequence if reason is FinishKind.STOP_SEQUENCE else None
         usage = anthropic_usage(self._usage_fields)
         return [*closed, *([usage] if usage is not None else []),
@@ -524,13 +538,6 @@ def _string(value: Any) -> str:
     if value is None or isinstance(value, str):
         return value or ""
     raise TypeError(f"a text field holds {type(value).__name__}")
-
-
-def _is_json_object(raw: str) -> bool:
-    try:
-        return isinstance(msgspec.json.decode(raw), dict)
-    except msgspec.DecodeError:
-        return False
 
 
 def _failure(cls: FailureClass, message: str, status: int, code: str | None = None) -> Failure:
