@@ -305,6 +305,15 @@ def test_a_call_cut_by_max_tokens_is_a_length_finish_on_every_api(gateway):
         "incomplete", {"reason": "max_output_tokens"})
 
 
+def test_a_call_cut_by_a_refusal_is_a_content_filter_finish(gateway):
+    """Anthropic's streaming classifiers can stop an answer anywhere, a call's input too,
+    with ``stop_reason: refusal``. Reproduced: a 502 "input is not a JSON object" where the
+    upstream had said why; it is the content-filter finish a refusal is."""
+    s = MessagesStream().tool_use("toolu_1", "f", ['{"a": ']).end("refusal")
+    assert answer(gateway, "chat", s).json()["choices"][0]["finish_reason"] == "content_filter"
+    assert answer(gateway, "messages", s).json()["stop_reason"] == "refusal"
+
+
 @pytest.mark.parametrize("api", sorted(APIS))
 def test_a_cut_call_with_another_end_or_more_after_it_is_still_malformed(gateway, api):
     cut = MessagesStream().tool_use("toolu_1", "f", ['{"a": ']).end("end_turn")

@@ -35,9 +35,10 @@ without ``message_stop`` is ``Failure(UPSTREAM)``; so is a malformed stream (502
 stopped), a block started at an index still open, a delta of another block's kind (an
 ``input_json_delta`` in a text block), a ``tool_use`` whose input is not a JSON object (its
 content would otherwise be dropped, cut, or reach the client as ``{}``). An input cut
-short is that only when ``stop_reason`` is not ``max_tokens``, which cuts the answer's last
-block: then it is a length finish with the arguments as far as they came. Blocks still open
-at ``message_stop`` are closed there, their content checked as at a ``content_block_stop``.
+short is that only when ``stop_reason`` is not ``max_tokens`` or ``refusal``, which cut the
+answer's last block: then it is that finish with the arguments as far as they came. Blocks
+still open at ``message_stop`` are closed there, their content checked as at a
+``content_block_stop``.
 """
 
 from __future__ import annotations
@@ -311,6 +312,8 @@ _STOP_REASONS = {
 }
 
 
+#: The stop reasons that may end the answer inside a block (a call's input cut short).
+_CUTTING_STOPS = frozenset({FinishKind.LENGTH, FinishKind.CONTENT_FILTER})
 #: The delta types of the blocks this adapter reads, and the block kind each belongs in.
 #: A block of another kind (a server tool's) takes any delta: it is not shown.
 _DELTA_BLOCKS = {"text_delta": "text", "input_json_delta": "tool_use",
@@ -336,7 +339,8 @@ class MessagesStreamParser:
         self._custom = custom_tools
         self._blocks: dict[int, _Block] = {}
         self._calls = 0
-        #: A call's input stopped short of whole JSON: only max_tokens explains it.
+        #: A call's input stopped short of whole JSON: only max_tokens (or a refusal, which
+        #: stops an answer anywhere) explains it.
         self._cut_call = False
         self._usage_fields: dict[str, Any] = {}
         self._stop_reason: str | None = None
@@ -512,7 +516,7 @@ class MessagesStreamParser:
         reason = _STOP_REASONS.get(self._stop_reason or "")
         if reason is None:
             reason = FinishKind.TOOL_CALLS if self._calls else FinishKind.EOS
-        if self._cut_call and reason is not FinishKind.LENGTH:
+        if self._cut_call and reason not in _CUTTING_STOPS:
             return self._malformed("a tool_use block's input is not a JSON object")
         matched = self._stop_sequence if reason is FinishKind.STOP_SEQUENCE else None
         usage = anthropic_usage(self._usage_fields)
