@@ -26,7 +26,8 @@ import msgspec
 
 from tokenwire.gateway.ir import Failure, FailureClass
 from tokenwire.gateway.upstreams.http_heads import MalformedAnswer
-from tokenwire.gateway.upstreams.http_transport import LeanAnswer, body_pieces
+from tokenwire.gateway.upstreams.http_transport import LeanAnswer
+from tokenwire.gateway.upstreams.stream_post import body_pieces
 
 __all__ = [
     "CODE_CLASSES",

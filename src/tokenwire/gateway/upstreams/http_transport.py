@@ -46,11 +46,7 @@ from typing import Any
 import httpx
 
 from tokenwire.gateway.upstreams.chunked import ChunkedDecoder, ChunkedError
-from tokenwire.gateway.upstreams.content_coding import (
-    UnsupportedCoding,
-    add_coding,
-    decoded_pieces,
-)
+from tokenwire.gateway.upstreams.content_coding import UnsupportedCoding, decoded_pieces
 from tokenwire.gateway.upstreams.http_heads import (
     Head,
     MalformedAnswer,
@@ -730,24 +726,6 @@ async def decoded_body(body: AsyncIterator[bytes], coding: str) -> AsyncIterator
             yield piece
     except UnsupportedCoding as exc:
         raise MalformedAnswer(str(exc)) from exc
-
-
-def body_pieces(resp: LeanAnswer | httpx.Response) -> AsyncIterator[bytes]:
-    """An answer's body as it reads, decoded in bounded pieces (``decoded_body``) whichever
-    transport read it. httpx's own decoders (``aiter_bytes``, ``content``) expand a read
-    whole; its answers come from a proxy's transport, ``client.get`` and the like."""
-    if isinstance(resp, LeanAnswer):
-        return resp.aiter_bytes()
-    if resp.is_stream_consumed:  # read whole when made (a test's MockTransport answer)
-        return _content(resp.content)
-    coding = ""
-    for value in resp.headers.get_list("content-encoding"):
-        coding = add_coding(coding, value)
-    return decoded_body(resp.aiter_raw(), coding) if coding else resp.aiter_raw()
-
-
-async def _content(content: bytes) -> AsyncIterator[bytes]:
-    yield content
 
 
 class LeanAnswer:

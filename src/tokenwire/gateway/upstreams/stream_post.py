@@ -17,16 +17,17 @@ from typing import Any, Protocol
 
 import httpx
 
+from tokenwire.gateway.upstreams.content_coding import add_coding
 from tokenwire.gateway.upstreams.http_heads import head_bytes, request_bytes
 from tokenwire.gateway.upstreams.http_transport import (
     MAX_BUFFERED_BYTES,
     LeanAnswer,
     UpstreamClient,
-    body_pieces,
+    decoded_body,
 )
 from tokenwire.gateway.wakeups import wake
 
-__all__ = ["BodyReader", "post_bytes", "post_fields", "stream_post"]
+__all__ = ["BodyReader", "body_pieces", "post_bytes", "post_fields", "stream_post"]
 
 #: Distinct (target, headers) heads an upstream client keeps (a few per upstream: its
 #: paths, and per-request keys where a caller forwards them); past it they start over.
@@ -209,3 +210,21 @@ class _Pump:
     def close(self) -> None:
         if not self._task.done():
             self._task.cancel()  # its cleanup closes the answer
+
+
+def body_pieces(resp: LeanAnswer | httpx.Response) -> AsyncIterator[bytes]:
+    """An answer's body as it reads, decoded in bounded pieces (``decoded_body``) whichever
+    transport read it. httpx's own decoders (``aiter_bytes``, ``content``) expand a read
+    whole; its answers come from a proxy's transport, ``client.get`` and the like."""
+    if isinstance(resp, LeanAnswer):
+        return resp.aiter_bytes()
+    if resp.is_stream_consumed:  # read whole when made (a test's MockTransport answer)
+        return _content(resp.content)
+    coding = ""
+    for value in resp.headers.get_list("content-encoding"):
+        coding = add_coding(coding, value)
+    return decoded_body(resp.aiter_raw(), coding) if coding else resp.aiter_raw()
+
+
+async def _content(content: bytes) -> AsyncIterator[bytes]:
+    yield content
