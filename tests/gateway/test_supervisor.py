@@ -31,6 +31,7 @@ from tokenwire.gateway.ir import (
     TokenDelta,
     Usage,
 )
+from tokenwire.gateway.supervision import supervisor as supervisor_module
 from tokenwire.gateway.supervision.admission import Admission
 from tokenwire.gateway.supervision.retry import THROTTLE_EXHAUSTED_MESSAGE
 from tokenwire.gateway.supervision.supervisor import SupervisedStream, Timing, Upstreamish
@@ -646,3 +647,43 @@ def test_each_state_supervises_with_its_own_settings_clocks() -> None:
     assert slow.timing(streaming=True).idle_timeout_s == slow.settings.idle_timeout_s
     assert quick.timing(streaming=True) is quick.timing(streaming=True)  # made once
     assert _retry_policy(True).enabled and not _retry_policy(False).enabled
+
+
+# -- the answer's size -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pushed", [False, True], ids=["task", "pushed"])
+def test_an_answer_past_its_size_ends_with_answer_too_large(monkeypatch, pushed: bool) -> None:
+    """Reproduced: an upstream that sent without end was forwarded, and every API's whole
+    answer held by the gateway (a non-streamed one, the Responses snapshot), for the whole
+    one-hour cap. Past MAX_ANSWER_SIZE (made 10 here) the answer ends, the upstream is
+    cancelled, and nothing past the bound is forwarded, however the deltas arrive."""
+    monkeypatch.setattr(supervisor_module, "MAX_ANSWER_SIZE", 10)
+
+    async def go():
+        steps = [*tokens("abc", "def", "ghi", "jkl", "mno", gap=1.0), (1.0, EOS)]
+        script = PushScript([steps]) if pushed else Script([steps])
+        return script, await collect(supervise(script))
+
+    script, events = run(go())
+    # "abc"+1 id, "def"+1, then "ghi"+1 is 12 > 10: two deltas out, then the failure.
+    assert [e.text for _, e in events[:-1]] == ["abc", "def"]
+    end = events[-1][1]
+    assert isinstance(end, Failure) and (end.status, end.code) == (502, "answer_too_large")
+    assert len(script.started_at) == 1
+    if pushed:
+        assert [e.text for e in script.plays[0].taken] == ["abc", "def"]
+    else:
+        assert script.cancelled == 1
+
+
+def test_an_answer_too_large_before_any_output_is_final() -> None:
+    async def go():
+        huge = TokenDelta(text="x" * (supervisor_module.MAX_ANSWER_SIZE + 1))
+        script = Script([[(0.0, huge), (0.0, EOS)]])
+        return script, await collect(supervise(script))
+
+    script, events = run(go())
+    assert len(script.started_at) == 1  # the same answer would be as large again
+    assert [type(e) for _, e in events] == [Failure]
+    assert events[-1][1].code == "answer_too_large"

@@ -108,7 +108,8 @@ class FailureClass(enum.StrEnum):
 #: use one word for one event (README "Error codes"). Upstream codes are not among them: an
 #: upstream's word can mean something else to our client (its ``invalid_api_key`` is about
 #: *our* key).
-GATEWAY_FAILURE_CODES = frozenset({"server_shutting_down", "idle_timeout", "request_timeout"})
+GATEWAY_FAILURE_CODES = frozenset({"server_shutting_down", "idle_timeout", "request_timeout",
+                                   "answer_too_large"})
 
 
 # -- events ----------------------------------------------------------------------------------

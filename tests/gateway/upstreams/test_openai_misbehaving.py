@@ -335,6 +335,26 @@ def test_an_answer_whose_usage_came_ends_though_the_upstream_holds_the_stream_op
     assert [json.loads(x[6:])["choices"][0]["finish_reason"] for x in lines[:-2]][-1] == "stop"
 
 
+def test_an_answer_past_its_size_is_answer_too_large_on_chat(gateway, monkeypatch):
+    """The bound on one answer (supervisor.MAX_ANSWER_SIZE, made 10 here), as a client
+    sees it: the gateway's own code, 502, whole or as the stream's error event."""
+    from tokenwire.gateway.supervision import supervisor
+
+    monkeypatch.setattr(supervisor, "MAX_ANSWER_SIZE", 10)
+    url, script = gateway
+    script["reply"] = Reply(chunks=sse(*(chunk({"content": "abcd"}) for _ in range(5)),
+                                       chunk(finish="stop"), "[DONE]"))
+    r = post(url, "/v1/chat/completions", {"messages": USER})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "answer_too_large"
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=60,
+                      json={"model": "m", "messages": USER, "stream": True}) as resp:
+        lines = [json.loads(line[6:]) for line in resp.iter_lines()
+                 if line.startswith("data: {")]
+    assert "".join(x["choices"][0]["delta"].get("content", "") for x in lines[:-1]
+                   if x.get("choices")) == "abcdabcd"
+    assert lines[-1]["error"]["code"] == "answer_too_large"
+
+
 # -- token ids ---------------------------------------------------------------------------------
 
 

@@ -120,6 +120,7 @@ NON_TRANSIENT_CONNECTION_CODES = frozenset({
 FINAL_UPSTREAM_CODES = frozenset({
     "protocol_error", "read_timeout", "content_type_mismatch", "tokenizer_map_mismatch",
     "codec_version_required", "discovery_failed", "no_tokenizer_map", "model_not_found",
+    "answer_too_large",
 })
 
 

@@ -87,6 +87,7 @@ __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
     "DEFAULT_REQUEST_CAP_S",
     "FALLBACK_HEADER",
+    "MAX_ANSWER_SIZE",
     "SERVED_MODEL_HEADER",
     "RequestObserver",
     "SupervisedStream",
@@ -110,6 +111,12 @@ _TIMER_SLACK_S = 1e-3
 #: Events buffered between the task and the response writer: enough to ride over a slow
 #: socket write, small enough that a stalled client pushes back on the upstream.
 _BUFFERED_EVENTS = 64
+#: The most one answer may carry: characters of text, reasoning and tool calls, and token
+#: ids, together. Every API's whole answer (a non-streamed one, the Responses snapshot, a
+#: stored response) is held by the gateway; an upstream that sent without end held more,
+#: for the one-hour cap. 64 Mi is a hundred times a long answer, and tool arguments of a
+#: large patch. Past it the answer ends with ``answer_too_large`` (502, final).
+MAX_ANSWER_SIZE = 64 * 1024 * 1024
 #: Retry jitter for every stream that is not given its own ``rng`` (tests pass seeded ones).
 #: One generator: ``random.Random()`` seeds itself from ``os.urandom`` on every creation, a
 #: cost per request that jitter (not a secret) does not need.
@@ -162,6 +169,23 @@ class _NoObserver:
               source: str | None = None) -> None: pass
     def finished(self, *, outcome: str, status: int, failure_class: str | None = None,
                  code: str | None = None) -> None: pass
+
+
+def _output_size(event: Event) -> int:
+    """What an output event adds to the answer (:data:`MAX_ANSWER_SIZE`)."""
+    if isinstance(event, TokenDelta):
+        return len(event.text) + len(event.ids)
+    if isinstance(event, ToolCallDelta):
+        return len(event.arguments) + len(event.name or "") + len(event.id or "")
+    if isinstance(event, ReasoningDelta):
+        return len(event.text) + sum(len(k) + len(v) for k, v in event.encrypted)
+    return 0
+
+
+def _answer_too_large() -> Failure:
+    return Failure(failure_class=FailureClass.UPSTREAM, status=502, code="answer_too_large",
+                   message=f"the upstream's answer passed {MAX_ANSWER_SIZE:,} characters and "
+                           "token ids, the most one answer may carry")
 
 
 def is_output(event: Event) -> bool:
@@ -244,6 +268,8 @@ class SupervisedStream:
         self._task: asyncio.Task[None] | None = None
         self._upstream_stream: EventStream | None = None
         self._published = False
+        #: What the answer's output events carried so far (:data:`MAX_ANSWER_SIZE`).
+        self._answer_size = 0
         self._held: list[Event] = []
         #: The attempt's task waits for its upstream's next event: an event pushed now
         #: (:meth:`_push`) is the next one it would have forwarded.
@@ -541,6 +567,11 @@ class SupervisedStream:
                     elif (replica := replica_of(stream)) is not None:
                         self._avoid |= {replica.name}
                     return event
+                if is_output(event):
+                    self._answer_size += _output_size(event)
+                    if self._answer_size > MAX_ANSWER_SIZE:
+                        stream.cancel()
+                        return _answer_too_large()
                 await self._forward(event)
         except _Deadline as exc:
             if self._replica_stalled(stream, exc):
@@ -618,9 +649,13 @@ class SupervisedStream:
         if not self._listening or type(event) is not TokenDelta or self._ended \
                 or self._cancelled or not (event.ids or event.text):
             return False
+        size = self._answer_size + len(event.text) + len(event.ids)
+        if size > MAX_ANSWER_SIZE:
+            return False  # the task ends the answer (_attempt)
         queue = self._queue
         if queue.room() <= len(self._held):
             return False  # full: the task waits for room (the client's back-pressure)
+        self._answer_size = size
         now = self._loop.time()  # type: ignore[union-attr]
         if not self._published:  # as _forward publishes: the held facts first
             self._publish()
