@@ -978,3 +978,46 @@ def test_take_start_decodes_what_came_with_the_head_once() -> None:
         await transport.aclose()
 
     _run(main)
+
+
+@pytest.mark.parametrize(("coding", "encode"), [
+    ("gzip", lambda b: __import__("zlib").compress(b, wbits=31)),
+    ("x-gzip", lambda b: __import__("zlib").compress(b, wbits=31)),
+    ("deflate", lambda b: __import__("zlib").compress(b)),  # zlib's format, as RFC 9110 says
+    ("deflate", lambda b: __import__("zlib").compress(b, wbits=-15)),  # raw, as some send
+    ("br", lambda b: __import__("brotli").compress(b)),
+])
+def test_each_coding_decodes_however_the_reads_split_it(coding: str, encode) -> None:
+    from tokenwire.gateway.upstreams.content_coding import decoded_pieces
+
+    plain = b"data: " + bytes(range(256)) * 300 + b"\n\n"
+    coded = encode(plain)
+
+    async def reads(size: int):
+        for i in range(0, len(coded), size):
+            yield coded[i:i + size]
+
+    async def decode(size: int) -> bytes:
+        return b"".join([p async for p in decoded_pieces(reads(size), coding)])
+
+    for size in (1, 7, len(coded)):
+        assert asyncio.run(decode(size)) == plain
+
+
+@pytest.mark.parametrize(("coding", "body"), [
+    ("gzip", __import__("zlib").compress(b"x", wbits=31) + b"more"),
+    ("deflate", __import__("zlib").compress(b"x") + b"more"),
+    ("deflate", b"\xff\xff not deflate either way"),
+])
+def test_a_coded_body_that_breaks_names_its_coding(coding: str, body: bytes) -> None:
+    from tokenwire.gateway.upstreams.content_coding import UnsupportedCoding, decoded_pieces
+
+    async def reads():
+        yield body
+
+    async def decode() -> None:
+        async for _ in decoded_pieces(reads(), coding):
+            pass
+
+    with pytest.raises(UnsupportedCoding, match=f"not valid {coding}"):
+        asyncio.run(decode())

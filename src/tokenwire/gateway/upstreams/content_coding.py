@@ -9,9 +9,11 @@ Why not httpx's decoders: they decode each network read whole, and a coded body 
 without bound. A 1.6 KB brotli body is 1 GB of zeros, in one call; a 420-byte one took a
 gateway from 56 to 579 MB for one request. Here one read's output comes out in pieces of at
 most about :data:`PIECE_BYTES` (brotli's limit is a hint: its pieces come at up to 1.5x),
-each handed on before the next is made, so the reader's
-back-pressure (``http_transport.MAX_BUFFERED_BYTES``, the SSE decoder's line limit) bounds
-what is held, as it does for a plain body.
+each handed on before the next is made, so the reader's back-pressure
+(``http_transport.MAX_BUFFERED_BYTES``, the SSE decoder's line limit) bounds what is held,
+as it does for a plain body. The decoders are the Codec client's
+(:class:`~tokenwire.codec.compression.Decompressor`, whose ``pieces`` do exactly that)
+without their budget, plus HTTP's ``deflate``, which Codec does not use.
 
 A coded body cut short is not an error here: whether the answer was whole is the stream's
 own business (``[DONE]``, a ``finish_reason``), as it is for a plain body.
@@ -19,78 +21,76 @@ own business (``[DONE]``, a ``finish_reason``), as it is for a plain body.
 
 from __future__ import annotations
 
+import sys
 import zlib
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
-import brotli
+from tokenwire.codec.compression import (
+    PIECE_BYTES,
+    BrotliDecompressor,
+    Decompressor,
+    GzipDecompressor,
+)
+from tokenwire.errors import DecompressionError
 
 __all__ = ["PIECE_BYTES", "UnsupportedCoding", "add_coding", "decoded_pieces"]
 
-#: The most one step of decoding makes before the piece is handed on.
-PIECE_BYTES = 64 * 1024
+#: No budget: an answer's size is bounded where it is read (the reader's back-pressure, the
+#: supervisor's ``MAX_ANSWER_SIZE``), not by its coding.
+_UNBOUNDED = sys.maxsize
 
 
 class UnsupportedCoding(ValueError):
     """A coding this module does not decode, or a body its coding cannot decode."""
 
 
-class _Zlib:
-    def __init__(self, name: str, wbits: int, *, raw_fallback: bool = False) -> None:
-        self._name = name
-        self._z = zlib.decompressobj(wbits)
-        # ``deflate`` is zlib's format (RFC 9110 §8.4.1.2), but some servers send raw
-        # deflate: tried once, before any output, as httpx does.
-        self._raw_fallback = raw_fallback
-        self._any = False
+class _DeflateDecompressor(Decompressor):
+    """HTTP's ``deflate``: zlib's format (RFC 9110 §8.4.1.2), but some servers send raw
+    deflate. Which one is told by the first two bytes (a zlib header names method 8 and
+    checks as a multiple of 31), read before anything is decoded, however the body's reads
+    split them."""
 
-    def feed(self, data: bytes) -> Iterator[bytes]:
+    encoding = "deflate"
+
+    def __init__(self) -> None:
+        super().__init__(max_output=_UNBOUNDED)
+        self._z: Any = None  # a zlib decompressor, once the first two bytes are known
+        self._head = b""
+
+    def _pieces(self, data: bytes) -> Iterator[bytes]:
+        if self._z is None:
+            self._head += data
+            if len(self._head) < 2:
+                return
+            data, self._head = self._head, b""
+            zlib_format = data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
+            self._z = zlib.decompressobj(zlib.MAX_WBITS if zlib_format else -zlib.MAX_WBITS)
         while data:
             if self._z.eof:
-                raise UnsupportedCoding("bytes after the end of the coded body")
+                raise DecompressionError("bytes after the end of the deflate stream")
             try:
-                piece = self._z.decompress(data, PIECE_BYTES)
+                piece = self._z.decompress(data, self._room())
             except zlib.error as exc:
-                if self._raw_fallback and not self._any:
-                    self._raw_fallback = False
-                    self._z = zlib.decompressobj(-zlib.MAX_WBITS)
-                    continue
-                raise UnsupportedCoding(f"the body is not valid {self._name}: {exc}") from exc
-            self._any = True
-            if piece:
-                yield piece
+                raise DecompressionError(f"corrupt deflate body: {exc}") from exc
+            yield self._account(piece)
             data = self._z.unconsumed_tail
             if not piece and data:  # pragma: no cover - zlib made no progress
-                raise UnsupportedCoding("the coded body makes no progress")
+                raise DecompressionError("the deflate body makes no progress")
         if self._z.unused_data:
-            raise UnsupportedCoding("bytes after the end of the coded body")
+            raise DecompressionError("bytes after the end of the deflate stream")
+
+    def _finish(self) -> bytes:
+        return b""  # a cut body is the stream's business (module doc)
 
 
-class _Brotli:
-    def __init__(self) -> None:
-        self._b = brotli.Decompressor()
-
-    def feed(self, data: bytes) -> Iterator[bytes]:
-        try:
-            if data and self._b.is_finished():
-                raise UnsupportedCoding("bytes after the end of the coded body")
-            piece = self._b.process(data, output_buffer_limit=PIECE_BYTES)
-            while True:
-                if piece:
-                    yield piece
-                if self._b.can_accept_more_data():
-                    return
-                piece = self._b.process(b"", output_buffer_limit=PIECE_BYTES)
-        except brotli.error as exc:
-            raise UnsupportedCoding(f"the body is not valid brotli: {exc}") from exc
-
-
-def _decoder(coding: str) -> _Zlib | _Brotli:
+def _decoder(coding: str) -> Decompressor:
     if coding in ("gzip", "x-gzip"):
-        return _Zlib("gzip", 16 + zlib.MAX_WBITS)
+        return GzipDecompressor(max_output=_UNBOUNDED)
     if coding == "deflate":
-        return _Zlib("deflate", zlib.MAX_WBITS, raw_fallback=True)
+        return _DeflateDecompressor()
     if coding == "br":
-        return _Brotli()
+        return BrotliDecompressor(max_output=_UNBOUNDED)
     raise UnsupportedCoding(f"unsupported Content-Encoding {coding!r}")
 
 
@@ -110,5 +110,8 @@ async def decoded_pieces(body: AsyncIterator[bytes], coding: str) -> AsyncIterat
     not decode (before reading) or bytes that coding cannot decode."""
     decoder = _decoder(coding.strip())
     async for raw in body:
-        for piece in decoder.feed(raw):
-            yield piece
+        try:
+            for piece in decoder.pieces(raw):
+                yield piece
+        except DecompressionError as exc:
+            raise UnsupportedCoding(f"the body is not valid {coding}: {exc}") from exc
