@@ -23,7 +23,8 @@ The tree::
     ├── PretokError                   pre-tokenizer programs
     │   └── UnsupportedProgram        unknown program version, op or stage (never guessed)
     ├── TokenizeError                 text -> ids
-    │   └── VocabMiss                 a symbol with no id and no byte fallback
+    │   ├── VocabMiss                 a symbol with no id and no byte fallback
+    │   └── PatternTimeout            a map's pre_tokenizer_pattern ran past its time budget
     ├── GenerateError                 building a map from a tokenizer.json or GGUF file
     ├── PolicyValidationError         a safety-policy descriptor field is wrong; `.field`
     ├── ConfigError                   a deployment setting (env value) is not understood
@@ -175,6 +176,11 @@ class VocabMiss(TokenizeError):
             f"symbol {symbol!r} is not in the vocab{where} and the map has no byte fallback"
         )
         self.symbol = symbol
+
+
+class PatternTimeout(TokenizeError):
+    """A map's ``pre_tokenizer_pattern`` (a regex the map's publisher wrote) did not finish
+    on a text within its time budget: a pattern that backtracks catastrophically."""
 
 
 class GenerateError(TokenwireError):

@@ -19,6 +19,7 @@ from tests.client._canned import Answer, canned_app
 from tests.client._loopback import serve
 from tokenwire.client.codec_client import AsyncCodecClient, CodecClient
 from tokenwire.client.discovery import resolve_map, resolve_policy
+from tokenwire.codec.byte_level import BYTE_TO_CHAR
 from tokenwire.codec.frames import Frame
 from tokenwire.codec.frames_msgpack import FrameEncoder
 from tokenwire.codec.maps import MAX_TOKEN_ID, sha256_hash
@@ -27,7 +28,9 @@ from tokenwire.errors import (
     CodecTransportError,
     DecompressionError,
     DiscoveryDocumentInvalid,
+    PatternTimeout,
     RemoteProtocolError,
+    UnsupportedProgram,
 )
 
 MSGPACK = "application/x-msgpack"
@@ -40,7 +43,24 @@ SPARSE_MAP = json.dumps({"id": "hostile/map", "vocab_size": 2,  # 70 bytes, two 
 # A zstd dictionary's magic, then bytes zstd cannot read: hash-verified, still unusable.
 BAD_DICT = b"\x37\xa4\x30\xec" + b"\xff" * 100
 
+
+
+def _pattern_map(pattern: str) -> bytes:
+    """A byte_level map of the 256 bytes whose pre-tokenizer is ``pattern`` alone."""
+    return json.dumps({"id": "hostile/redos", "vocab_size": 256, "encoder": "byte_level",
+                       "vocab": {BYTE_TO_CHAR[b]: b for b in range(256)},
+                       "pre_tokenizer_pattern": pattern}).encode()
+
+
+#: Exponential in the regex module: (a|aa)+ splits a run of n a's in Fibonacci(n) ways.
+EXPONENTIAL_MAP = _pattern_map(r"(a|aa)+b|.")
+#: Past the refusal of repeated repeats, yet a power of the text's length (n^8): on 20,000
+#: spaces, 10^34 steps. Its look-ahead makes tiktoken's fancy-regex give up (and panic).
+POLYNOMIAL_MAP = _pattern_map(r"\s*\s*\s*\s*\s*\s*\s*\s*(?!y)x|\S+|\s")
+
 ANSWERS: dict[str, Answer] = {
+    **{f"/.well-known/codec/maps/sha256/{sha256_hash(m)[7:]}.json": (200, {}, m)
+       for m in (EXPONENTIAL_MAP, POLYNOMIAL_MAP)},
     "/426-deep/v1/completions": (426, {"Content-Type": "application/json"}, DEEP),
     "/500-deep/v1/completions": (500, {"Content-Type": "application/json"}, DEEP),
     "/.well-known/codec/index.json": (200, {"Content-Type": "application/json"}, DEEP),
@@ -110,6 +130,22 @@ def test_a_map_with_an_id_past_the_limit_is_refused_before_its_tables_are_built(
 def test_a_dictionary_zstd_cannot_load_is_a_decompression_error(origin) -> None:
     with pytest.raises(DecompressionError, match=r"zstd dictionary .* is not usable"):
         _complete(origin, "names-bad-dict")
+
+
+# -- a map whose pattern backtracks catastrophically -----------------------------------------
+
+
+@pytest.mark.parametrize(("hostile_map", "error", "says"), [
+    (EXPONENTIAL_MAP, UnsupportedProgram, "repeats a repeat or an alternation"),
+    (POLYNOMIAL_MAP, PatternTimeout, "backtracks catastrophically"),
+])
+def test_a_map_whose_pattern_backtracks_for_ever_ends_the_first_encode(
+        origin, hostile_map, error, says) -> None:
+    # Path B tokenizes the prompt with the map the server names; a text the pattern can
+    # never finish on (the first encode runs in Python, then tiktoken once built: both end).
+    with CodecClient(f"{origin}/x", map_hash=sha256_hash(hostile_map)) as client, \
+            pytest.raises(error, match=says):
+        client.complete("a" * 60 + " " * 20_000 + "y", path="b")
 
 
 # -- a stream that never ends -------------------------------------------------------------

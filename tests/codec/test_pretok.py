@@ -19,7 +19,7 @@ from tokenwire.codec.pretok import METASPACE, compile_pattern, compile_program
 from tokenwire.codec.pretok_lower import BYTE_LEVEL_OPS
 from tokenwire.codec.pretok_ops import compile_op
 from tokenwire.codec.unicode_classes import WHITE_SPACE, WS_CLASS
-from tokenwire.errors import UnsupportedProgram
+from tokenwire.errors import PatternTimeout, UnsupportedProgram
 
 CASES = json.loads(
     (CODEC_FIXTURES / "pretok-program" / "pretok-program-cases.json").read_text("utf-8")
@@ -388,6 +388,33 @@ def test_pattern_that_does_not_compile_is_refused(pattern: str) -> None:
     # one used to escape as the spelling's ValueError).
     with pytest.raises(UnsupportedProgram):
         compile_pattern(pattern)
+
+
+# The shape of catastrophic backtracking: a repeat of a repeat or of an alternation.
+@pytest.mark.parametrize("pattern", [r"(a|aa)+b", r"(a+)+b", r"(?:\p{L}+\s?)*$", r"(?:xy|x)*z",
+                                     r"(?=(?:a+)+)a"])
+def test_a_pattern_that_repeats_a_repeat_or_an_alternation_is_refused(pattern: str) -> None:
+    with pytest.raises(UnsupportedProgram, match="repeats a repeat or an alternation"):
+        compile_pattern(pattern)
+
+
+# Real tokenizers' patterns (GPT-2, cl100k / Llama-3, o200k, Qwen2) repeat single classes.
+@pytest.mark.parametrize("pattern", [
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+",
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+])
+def test_real_tokenizer_patterns_are_not_refused(pattern: str) -> None:
+    assert compile_pattern(pattern).split("Hello, world 123!\n") != []
+
+
+def test_a_pattern_that_backtracks_past_its_budget_is_a_typed_error() -> None:
+    # Not refused by shape (adjacent repeats), yet n^8 steps on n spaces: never finishes.
+    pt = compile_pattern(r"\s*\s*\s*\s*\s*\s*\s*\s*x|\S+")
+    with pytest.raises(PatternTimeout, match="20,001 characters"):
+        pt.split(" " * 20_000 + "y")
 
 
 @pytest.mark.parametrize("map_id", ["openai/cl100k_base", "openai/r50k_base"])

@@ -363,26 +363,68 @@ def compile_program(program: Mapping[str, Any]) -> PreTokenizer:
 _PROPERTY = regex.compile(r"\\[pP](?:\{[^}]*\}|[A-Za-z])")
 
 
+def _parsed(pattern: str) -> Any:
+    """The stdlib parser's tree of ``pattern`` (``\\p{..}`` stood in by one character,
+    which has its width), or None for regex-only syntax it cannot read."""
+    try:
+        return _parser.parse(_PROPERTY.sub("x", pattern))
+    except Exception:
+        return None
+
+
 def _can_match_empty(pattern: str) -> bool:
     """Whether some match may be zero-width anywhere in a text (``a|\\b``, ``(?=a)``), not
-    only on the empty string: findall would return ``""`` there. The least width comes from
-    the stdlib's parser (``\\p{..}`` stood in by one character, which has its width); a
-    pattern it cannot read counts as able to, which only costs the ``single_regex``."""
-    try:
-        return _parser.parse(_PROPERTY.sub("x", pattern)).getwidth()[0] == 0
-    except Exception:  # regex-only syntax: assume the worst
-        return True
+    only on the empty string: findall would return ``""`` there. A pattern the stdlib's
+    parser cannot read counts as able to, which only costs the ``single_regex``."""
+    tree = _parsed(pattern)
+    return tree is None or tree.getwidth()[0] == 0
+
+
+_REPEATS = frozenset({_parser.MAX_REPEAT, _parser.MIN_REPEAT, _parser.POSSESSIVE_REPEAT})
+
+
+def _nested_repeat(items: Any, repeated: bool) -> bool:
+    """Whether a repeat (of more than one) holds another repeat or an alternation: the
+    shape of catastrophic backtracking (``(a+)+``, ``(a|aa)+``). No tokenizer's pattern
+    has it: they are alternations of classes each repeated once (``?``, ``+``, ``{1,3}``)."""
+    for op, av in items:
+        if op in _REPEATS:
+            if av[1] > 1 and (repeated or _nested_repeat(av[2], True)):
+                return True
+            if _nested_repeat(av[2], repeated):
+                return True
+        elif op is _parser.BRANCH:
+            if repeated or any(_nested_repeat(sub, repeated) for sub in av[1]):
+                return True
+        elif op is _parser.SUBPATTERN:
+            if _nested_repeat(av[3], repeated):
+                return True
+        elif op in (_parser.ASSERT, _parser.ASSERT_NOT):
+            if _nested_repeat(av[1], repeated):
+                return True
+        elif op is _parser.ATOMIC_GROUP and _nested_repeat(av, repeated):
+            return True
+    return False
 
 
 def compile_pattern(pattern: str) -> PreTokenizer:
     """A legacy ``pre_tokenizer_pattern``: every non-empty match, in order (§3.4 step 2).
 
+    A pattern that repeats a repeat or an alternation is refused (:class:`UnsupportedProgram`),
+    and each match call runs within a time budget (:class:`~tokenwire.errors.PatternTimeout`):
+    the pattern is the map publisher's, and the client runs it on the first encode.
     Text no match covers is dropped, as tiktoken does. ``single_regex`` is the pattern
     itself when that is honest: no capturing groups (findall would return groups) and no
     possible empty match anywhere (findall would return ``""``).
     """
+    tree = _parsed(pattern)
+    if tree is not None and _nested_repeat(tree, False):
+        raise UnsupportedProgram(f"pre_tokenizer_pattern {pattern[:80]!r} repeats a repeat or "
+                                 "an alternation, which can backtrack catastrophically")
     try:
-        compiled = PinnedRegex(pattern)
+        # Timed: the map's publisher wrote it (one a refusal above does not catch, e.g.
+        # \s*\s*\s*x, is polynomial); a program's regexes are ours and run untimed.
+        compiled = PinnedRegex(pattern, timed=True)
         regex.compile(compiled.pattern)  # the pinned spelling must compile too
     except regex.error as exc:
         raise UnsupportedProgram(f"pre_tokenizer_pattern does not compile: {exc}") from exc

@@ -349,11 +349,24 @@ class _TiktokenByteLevel:
             # HF drops the byte before merging: BPE each piece without it.
             ranks = [r for piece in self.pretok.split(text) for r in self._single(
                 piece.encode("utf-8").translate(None, self.missing))]  # fmt: skip
-        elif self.core is not None and len(text) <= NATIVE_REGEX_MAX_CHARS:
-            ranks = self.core.encode_ordinary(text)
-        else:
+        elif (ranks := self._native(text)) is None:
             ranks = _encode_pieces(self.pretok.split(text), self._piece, self._piece_uncached)
         return self._to_ids(ranks)
+
+    def _native(self, text: str) -> list[int] | None:
+        """tiktoken's ranks of ``text``, or None where its regex is not to be used: past
+        :data:`NATIVE_REGEX_MAX_CHARS`, and where fancy-regex gave up on the map's pattern
+        (a pattern that backtracks past its limit: tiktoken unwraps the error into a pyo3
+        ``PanicException``, a ``BaseException``). The pieces are then split in Python,
+        where a map's own pattern runs within a time budget (pretok.compile_pattern)."""
+        if self.core is None or len(text) > NATIVE_REGEX_MAX_CHARS:
+            return None
+        try:
+            return self.core.encode_ordinary(text)
+        except BaseException as exc:
+            if type(exc).__name__ != "PanicException":
+                raise
+            return None
 
     def _to_ids(self, ranks: list[int]) -> list[int]:
         """tiktoken ranks -> vocab ids; a missing byte (see _tiktoken_ranks) is dropped or
