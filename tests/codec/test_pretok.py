@@ -227,6 +227,16 @@ def test_unknown_version_op_stage_or_parameter_is_refused_by_name(
         compile_program(program)
 
 
+@pytest.mark.parametrize("program", [
+    {"version": 1, "ops": [{"op": "numbers", "max_run": 2**32}]},
+    {"version": 2, "stages": [{"stage": "digits_isolate", "mode": "grouped", "max_run": 2**40}]},
+])
+def test_a_max_run_past_the_regex_modules_limit_is_refused(program: dict[str, Any]) -> None:
+    # A map's number, not ours: it was the regex module's own error, not a typed refusal.
+    with pytest.raises(UnsupportedProgram, match="repeat count too big"):
+        compile_program(program)
+
+
 def test_op_regexes_compile_in_tiktoken_dialect() -> None:
     # Every op spelling avoids \s and non-portable escapes so tiktoken (fancy-regex) takes it.
     ops = [op for _, prog in PROGRAMS for op in prog.get("ops", [])

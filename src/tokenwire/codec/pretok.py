@@ -352,10 +352,13 @@ def compile_program(program: Mapping[str, Any]) -> PreTokenizer:
     if not isinstance(program, Mapping):
         raise UnsupportedProgram(f"a pre_tokenizer_program must be an object, got {program!r}")
     version = program.get("version")
-    if version == 1 and not isinstance(version, bool):
-        return _compile_v1(program)
-    if version == 2 and not isinstance(version, bool):
-        return _compile_v2(program)
+    try:
+        if version == 1 and not isinstance(version, bool):
+            return _compile_v1(program)
+        if version == 2 and not isinstance(version, bool):
+            return _compile_v2(program)
+    except regex.error as exc:  # a parameter past the module's limits (max_run 2^32)
+        raise UnsupportedProgram(f"pre_tokenizer_program does not compile: {exc}") from exc
     raise UnsupportedProgram(f"unsupported pre_tokenizer_program version {version!r}")
 
 
