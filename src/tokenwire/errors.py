@@ -39,6 +39,7 @@ The tree::
     │   └── DiscoveryInsecureURL      an http:// URL without allow_http=True
     ├── CodecHTTPError                the server answered an error status (`.status`, `.body`)
     ├── CodecTransportError           the connection failed (an httpx error, translated)
+    │   └── CodecDeadlineExceeded     the whole request outlasted the client's deadline=
     └── ServerBusy                    the gateway's request queue is full (503, retry later)
 
     RemoteProtocolError also has, for the client side of §2.7:
@@ -349,6 +350,10 @@ def _escaped(text: str) -> str:
 
 class CodecTransportError(TokenwireError):
     """The connection to the server failed (an httpx error, translated at the client)."""
+
+
+class CodecDeadlineExceeded(CodecTransportError):
+    """The whole request (discovery, POST and body) ran past the client's ``deadline=``."""
 
 
 class TokenizerMapMismatch(RemoteProtocolError):

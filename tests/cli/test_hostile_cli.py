@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.client._canned import Answer, canned_app
+from tests.client._canned import Answer, Trickle, canned_app
 from tests.client._loopback import serve
 from tokenwire.cli.chat import MAX_ANSWER_BYTES, stream_reply
 from tokenwire.cli.main import main
@@ -39,6 +39,8 @@ ANSWERS: dict[str, Answer] = {
         {"id": "smol", "aliases": 5, "codec_tokenizer_map": "a string"}]}).encode()),
     "/426-deep/v1/completions": (426, JSON, DEEP),
     "/silent/v1/completions": (200, {"Content-Type": "application/x-msgpack"}, None),
+    "/trickle/v1/completions": (200, {"Content-Type": "application/x-msgpack"},
+                                Trickle(FrameEncoder().encode(Frame(ids=(1,), done=False)))),
     "/escapes/v1/completions": (400, JSON, json.dumps({"error": {"message": FORGED}}).encode()),
     "/426-escapes/v1/completions": (426, JSON, json.dumps({
         "error": "codec_version_required", "minimum_version": "9.9\x1b[31m",
@@ -92,6 +94,13 @@ def test_complete_gives_up_on_a_silent_stream_after_its_timeout(origin, capsys) 
     # The server sends the head, then nothing, and keeps the connection open.
     assert main(["complete", "--url", f"{origin}/silent", "--timeout", "0.5", "Hi"]) == 1
     assert "the server sent nothing for 0.5 s" in _one_error_line(capsys)
+
+
+def test_complete_gives_up_on_a_trickling_stream_at_its_deadline(origin, capsys) -> None:
+    # A frame every 50 ms, for ever: the 5 s read timeout never fires, the deadline does.
+    assert main(["complete", "--url", f"{origin}/trickle", "--timeout", "5",
+                 "--deadline", "0.5", "Hi"]) == 1
+    assert "took longer than its deadline of 0.5 s" in _one_error_line(capsys)
 
 
 @pytest.mark.parametrize("scenario", ["escapes", "426-escapes"])

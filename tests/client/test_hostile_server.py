@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.client._canned import Answer, canned_app
+from tests.client._canned import Answer, Trickle, canned_app
 from tests.client._loopback import serve
 from tokenwire.client.codec_client import AsyncCodecClient, CodecClient
 from tokenwire.client.discovery import resolve_map, resolve_policy
@@ -24,6 +24,7 @@ from tokenwire.codec.frames import Frame
 from tokenwire.codec.frames_msgpack import FrameEncoder
 from tokenwire.codec.maps import MAX_TOKEN_ID, sha256_hash
 from tokenwire.errors import (
+    CodecDeadlineExceeded,
     CodecHTTPError,
     CodecTransportError,
     DecompressionError,
@@ -58,6 +59,9 @@ EXPONENTIAL_MAP = _pattern_map(r"(a|aa)+b|.")
 #: spaces, 10^34 steps. Its look-ahead makes tiktoken's fancy-regex give up (and panic).
 POLYNOMIAL_MAP = _pattern_map(r"\s*\s*\s*\s*\s*\s*\s*\s*(?!y)x|\S+|\s")
 
+TRICKLED_MAP = b"a map whose document never ends"
+ENDLESS_FRAME = FrameEncoder().encode(Frame(ids=(1,), done=False))
+
 ANSWERS: dict[str, Answer] = {
     **{f"/.well-known/codec/maps/sha256/{sha256_hash(m)[7:]}.json": (200, {}, m)
        for m in (EXPONENTIAL_MAP, POLYNOMIAL_MAP)},
@@ -77,6 +81,10 @@ ANSWERS: dict[str, Answer] = {
         200, {"Content-Type": MSGPACK, "Content-Encoding": "zstd",
               "Codec-Zstd-Dict": sha256_hash(BAD_DICT)}, b"\x28\xb5\x2f\xfd" + bytes(20)),
     "/silent/v1/completions": (200, {"Content-Type": MSGPACK}, None),  # the head, then nothing
+    # A frame every 50 ms, for ever: never silent for a read timeout, never done.
+    "/trickle/v1/completions": (200, {"Content-Type": MSGPACK}, Trickle(ENDLESS_FRAME)),
+    f"/.well-known/codec/maps/sha256/{sha256_hash(TRICKLED_MAP)[7:]}.json": (
+        200, {}, Trickle(b" ")),  # JSON's whitespace, within the map's 64 MiB for days
 }
 
 
@@ -155,6 +163,31 @@ def test_a_stream_that_goes_silent_fails_after_the_read_timeout(origin) -> None:
     with CodecClient(f"{origin}/silent", timeout=0.5) as client, \
             pytest.raises(CodecTransportError, match=r"the server sent nothing for 0\.5 s"):
         client.complete("Hi")
+
+
+# A read timeout of 5 s, a piece every 50 ms: only the deadline can end these. The map
+# download is Path B's: the prompt is tokenized with the pinned map, fetched by its hash.
+TRICKLES = [pytest.param({}, "a", id="stream"),
+            pytest.param({"map_hash": sha256_hash(TRICKLED_MAP)}, "b", id="map-download")]
+
+
+@pytest.mark.parametrize(("options", "path"), TRICKLES)
+def test_a_server_that_trickles_for_ever_is_stopped_by_the_deadline(origin, options,
+                                                                     path) -> None:
+    with CodecClient(f"{origin}/trickle", timeout=5.0, deadline=0.5, **options) as client, \
+            pytest.raises(CodecDeadlineExceeded, match=r"deadline of 0\.5 s"):
+        client.complete("Hi", path=path)
+
+
+@pytest.mark.parametrize(("options", "path"), TRICKLES)
+def test_the_async_twin_stops_a_trickle_at_the_deadline(origin, options, path) -> None:
+    async def go() -> None:
+        async with AsyncCodecClient(f"{origin}/trickle", timeout=5.0, deadline=0.5,
+                                    **options) as client:
+            await client.complete("Hi", path=path)
+
+    with pytest.raises(CodecDeadlineExceeded, match=r"deadline of 0\.5 s"):
+        asyncio.run(go())
 
 
 @pytest.mark.parametrize(("scenario", "error"), [

@@ -28,6 +28,7 @@ from tqdm import tqdm
 from tokenwire.cli.models import fetch_models
 from tokenwire.client._base import PATHS, StreamStats
 from tokenwire.client.codec_client import DEFAULT_TIMEOUT, CodecClient
+from tokenwire.client.deadline import DEFAULT_DEADLINE_S
 from tokenwire.codec import frames_delta, frames_msgpack, frames_protobuf
 from tokenwire.codec.compression import DICT_SIZE, ZSTD_LEVEL, ZstdDict, train_dictionary
 from tokenwire.codec.frames import FrameDecoderBase, StreamFormat
@@ -113,13 +114,23 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT.read, metavar="SECONDS",
                    help="longest wait for the server to connect or send the next bytes "
                         f"(default {DEFAULT_TIMEOUT.read:g})")
+    p.add_argument("--deadline", type=_deadline, default=DEFAULT_DEADLINE_S, metavar="SECONDS",
+                   help="longest a whole request may take, discovery and the answer's stream "
+                        f"included; 0 for none (default {DEFAULT_DEADLINE_S:g})")
+
+
+def _deadline(value: str) -> float | None:
+    seconds = float(value)
+    if seconds < 0:
+        raise argparse.ArgumentTypeError("must be 0 (no deadline) or more")
+    return seconds or None
 
 
 def _client(args: argparse.Namespace) -> CodecClient:
     return CodecClient(args.url, stream_format=args.format, accept_encoding=args.encoding,
                        zstd=args.zstd, model=args.model,
                        allow_http=True if args.allow_http else None,
-                       timeout=httpx.Timeout(args.timeout))
+                       timeout=httpx.Timeout(args.timeout), deadline=args.deadline)
 
 
 # -- complete -------------------------------------------------------------------------------

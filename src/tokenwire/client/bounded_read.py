@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import httpx
 
+from tokenwire.client.deadline import NO_DEADLINE, Deadline
 from tokenwire.codec.compression import (
     MAX_ZSTD_WINDOW,
     Decompressor,
@@ -83,19 +84,24 @@ class _Reader:
         return b"".join(self._parts)
 
 
-def read_bounded(resp: httpx.Response, limit: int) -> bytes:
+def read_bounded(resp: httpx.Response, limit: int,
+                 deadline: Deadline = NO_DEADLINE) -> bytes:
     """The decoded body of a streamed ``resp``, at most ``limit`` bytes; raises
-    :class:`BodyOverBudget` past it and ``DecompressionError`` on a corrupt body."""
+    :class:`BodyOverBudget` past it, ``DecompressionError`` on a corrupt body and
+    ``CodecDeadlineExceeded`` once ``deadline`` has passed (checked at every chunk)."""
     reader = _Reader(resp, limit)
     for raw in resp.iter_raw():
+        deadline.check()
         reader.feed(raw)
     return reader.finish()
 
 
-async def aread_bounded(resp: httpx.Response, limit: int) -> bytes:
+async def aread_bounded(resp: httpx.Response, limit: int,
+                        deadline: Deadline = NO_DEADLINE) -> bytes:
     """:func:`read_bounded` for an async streamed response."""
     reader = _Reader(resp, limit)
     async for raw in resp.aiter_raw():
+        deadline.check()
         reader.feed(raw)
     return reader.finish()
 

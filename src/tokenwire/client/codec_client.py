@@ -16,6 +16,11 @@ I/O steps line for line. Both take ``transport=`` (any httpx transport) or a rea
 Bodies are read with ``iter_raw``/``aiter_raw`` so httpx never decodes them: our own bounded
 decompressor does (codec-spec §9.1 item 23, §10 item 4), and ``wire_bytes`` counts what
 really crossed the wire.
+
+``timeout=`` bounds each wait (httpx's: a connect, one read); ``deadline=`` (seconds, default
+an hour, ``None`` for none) bounds a whole ``stream()`` / ``complete()`` call, discovery and
+body included (:mod:`tokenwire.client.deadline`), so a server that drips bytes ends in
+:class:`~tokenwire.errors.CodecDeadlineExceeded`.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from tokenwire.client._base import (
     StreamStats,
     TokenChunk,
 )
+from tokenwire.client.deadline import DEFAULT_DEADLINE_S, Deadline
 from tokenwire.client.discovery import Flow, adrive, drive
 from tokenwire.codec.finish_reason import ClientFinishReason, normalize_finish_reason
 from tokenwire.codec.maps import TokenizerMap
@@ -46,8 +52,9 @@ DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 
 
 class _StreamBase:
-    def __init__(self, decoder: ResponseDecoder) -> None:
+    def __init__(self, decoder: ResponseDecoder, deadline: Deadline) -> None:
         self._decoder = decoder
+        self._deadline = deadline
         self.ids: list[int] = []
         self.text_parts: list[str] = []
 
@@ -85,7 +92,8 @@ class _StreamBase:
                           self.raw_finish_reason, self.stats)
 
 
-def _broke(exc: httpx.HTTPError) -> CodecTransportError:
+def _broke(exc: httpx.HTTPError, deadline: Deadline) -> CodecTransportError:
+    deadline.check()  # a read cut short by the deadline is the deadline's failure
     if isinstance(exc, httpx.ReadTimeout):  # httpx says only "timed out"
         waited = exc.request.extensions.get("timeout", {}).get("read")
         return CodecTransportError(f"stream broke: the server sent nothing for {waited:g} s "
@@ -96,17 +104,19 @@ def _broke(exc: httpx.HTTPError) -> CodecTransportError:
 class CodecStream(_StreamBase):
     """An open response; iterating yields :class:`TokenChunk` values as frames arrive."""
 
-    def __init__(self, response: httpx.Response, decoder: ResponseDecoder) -> None:
-        super().__init__(decoder)
+    def __init__(self, response: httpx.Response, decoder: ResponseDecoder,
+                 deadline: Deadline) -> None:
+        super().__init__(decoder, deadline)
         self._response = response
 
     def __iter__(self) -> Iterator[TokenChunk]:
         try:
             for raw in self._response.iter_raw():
+                self._deadline.check()
                 for chunk in self._decoder.feed(raw):
                     yield self._keep(chunk)
         except httpx.HTTPError as exc:
-            raise _broke(exc) from exc
+            raise _broke(exc, self._deadline) from exc
         for chunk in self._decoder.feed_eof():
             yield self._keep(chunk)
 
@@ -114,17 +124,19 @@ class CodecStream(_StreamBase):
 class AsyncCodecStream(_StreamBase):
     """The async twin of :class:`CodecStream`."""
 
-    def __init__(self, response: httpx.Response, decoder: ResponseDecoder) -> None:
-        super().__init__(decoder)
+    def __init__(self, response: httpx.Response, decoder: ResponseDecoder,
+                 deadline: Deadline) -> None:
+        super().__init__(decoder, deadline)
         self._response = response
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk]:
         try:
             async for raw in self._response.aiter_raw():
+                self._deadline.check()
                 for chunk in self._decoder.feed(raw):
                     yield self._keep(chunk)
         except httpx.HTTPError as exc:
-            raise _broke(exc) from exc
+            raise _broke(exc, self._deadline) from exc
         for chunk in self._decoder.feed_eof():
             yield self._keep(chunk)
 
@@ -134,8 +146,11 @@ class CodecClient(BaseCodecClient):
 
     def __init__(self, base_url: str, *, transport: httpx.BaseTransport | None = None,
                  http_client: httpx.Client | None = None,
-                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT, **options: Any) -> None:
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+                 deadline: float | None = DEFAULT_DEADLINE_S, **options: Any) -> None:
         super().__init__(base_url, **options)
+        Deadline(deadline)  # a bad value fails here, not at the first request
+        self.deadline = deadline
         self._own = http_client is None
         self._http = http_client or httpx.Client(transport=transport, timeout=timeout)
 
@@ -149,38 +164,43 @@ class CodecClient(BaseCodecClient):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _drive(self, flow: Flow) -> Any:
-        return drive(flow, self._http)
+    def _drive(self, flow: Flow, deadline: Deadline) -> Any:
+        return drive(flow, self._http, deadline)
 
-    def _post(self, url: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+    def _post(self, url: str, headers: dict[str, str], body: bytes,
+              deadline: Deadline) -> httpx.Response:
         try:
-            request = self._http.build_request("POST", url, headers=headers, content=body)
+            request = self._http.build_request("POST", url, headers=headers, content=body,
+                                               timeout=deadline.timeout(self._http.timeout))
             return self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
+            deadline.check()
             raise CodecTransportError(f"POST {url} failed: {exc}") from exc
 
-    def _read_error(self, resp: httpx.Response) -> bytes:
+    def _read_error(self, resp: httpx.Response, deadline: Deadline) -> bytes:
         body = b""
         try:
             for part in resp.iter_raw():  # error bodies are small; read no further than the cap
+                deadline.check()
                 body += part
                 if len(body) > MAX_ERROR_BODY:
                     break
         except httpx.HTTPError as exc:
+            deadline.check()
             raise CodecTransportError(f"reading a {resp.status_code} body failed: {exc}") from exc
         finally:
             resp.close()
         return body
 
-    def _send(self, opts: CompletionOptions,
-              ids: tuple[int, ...] | None) -> tuple[httpx.Response, str]:
+    def _send(self, opts: CompletionOptions, ids: tuple[int, ...] | None,
+              deadline: Deadline) -> tuple[httpx.Response, str]:
         path = opts.path
         while True:
             url, headers, body = self._request(opts, path, ids)
-            resp = self._post(url, headers, body)
+            resp = self._post(url, headers, body, deadline)
             if resp.status_code == 200:
                 return resp, path
-            error_body = self._read_error(resp)
+            error_body = self._read_error(resp, deadline)
             if resp.status_code == 404 and path == "c":  # §2.1: fall back to Path B
                 path = "b"
                 continue
@@ -194,17 +214,18 @@ class CodecClient(BaseCodecClient):
                **extra: Any) -> Iterator[CodecStream]:
         opts = self._options(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop,
                              seed=seed, path=path, extra=extra)
+        deadline = Deadline(self.deadline)
         prompt_map: TokenizerMap | None = None
         ids = opts.prompt if isinstance(opts.prompt, tuple) else None
         if opts.path != "a" and ids is None:
-            prompt_map = self._drive(self._prompt_map_flow())
+            prompt_map = self._drive(self._prompt_map_flow(), deadline)
             ids = self._tokenize(prompt_map, str(opts.prompt))
-        resp, used = self._send(opts, ids)
+        resp, used = self._send(opts, ids, deadline)
         try:
             expected = prompt_map.hash if prompt_map is not None else self.pinned_hash
             head = self._check_head(resp.headers, expected)
-            zdict, tmap = self._drive(self._needs_flow(head, prompt_map))
-            yield CodecStream(resp, self._decoder(used, head, zdict, tmap, record))
+            zdict, tmap = self._drive(self._needs_flow(head, prompt_map), deadline)
+            yield CodecStream(resp, self._decoder(used, head, zdict, tmap, record), deadline)
         finally:
             resp.close()
 
@@ -221,8 +242,11 @@ class AsyncCodecClient(BaseCodecClient):
 
     def __init__(self, base_url: str, *, transport: httpx.AsyncBaseTransport | None = None,
                  http_client: httpx.AsyncClient | None = None,
-                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT, **options: Any) -> None:
+                 timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+                 deadline: float | None = DEFAULT_DEADLINE_S, **options: Any) -> None:
         super().__init__(base_url, **options)
+        Deadline(deadline)
+        self.deadline = deadline
         self._own = http_client is None
         self._http = http_client or httpx.AsyncClient(transport=transport, timeout=timeout)
 
@@ -236,38 +260,43 @@ class AsyncCodecClient(BaseCodecClient):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _drive(self, flow: Flow) -> Any:
-        return await adrive(flow, self._http)
+    async def _drive(self, flow: Flow, deadline: Deadline) -> Any:
+        return await adrive(flow, self._http, deadline)
 
-    async def _post(self, url: str, headers: dict[str, str], body: bytes) -> httpx.Response:
+    async def _post(self, url: str, headers: dict[str, str], body: bytes,
+                    deadline: Deadline) -> httpx.Response:
         try:
-            request = self._http.build_request("POST", url, headers=headers, content=body)
+            request = self._http.build_request("POST", url, headers=headers, content=body,
+                                               timeout=deadline.timeout(self._http.timeout))
             return await self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
+            deadline.check()
             raise CodecTransportError(f"POST {url} failed: {exc}") from exc
 
-    async def _read_error(self, resp: httpx.Response) -> bytes:
+    async def _read_error(self, resp: httpx.Response, deadline: Deadline) -> bytes:
         body = b""
         try:
             async for part in resp.aiter_raw():
+                deadline.check()
                 body += part
                 if len(body) > MAX_ERROR_BODY:
                     break
         except httpx.HTTPError as exc:
+            deadline.check()
             raise CodecTransportError(f"reading a {resp.status_code} body failed: {exc}") from exc
         finally:
             await resp.aclose()
         return body
 
-    async def _send(self, opts: CompletionOptions,
-                    ids: tuple[int, ...] | None) -> tuple[httpx.Response, str]:
+    async def _send(self, opts: CompletionOptions, ids: tuple[int, ...] | None,
+                    deadline: Deadline) -> tuple[httpx.Response, str]:
         path = opts.path
         while True:
             url, headers, body = self._request(opts, path, ids)
-            resp = await self._post(url, headers, body)
+            resp = await self._post(url, headers, body, deadline)
             if resp.status_code == 200:
                 return resp, path
-            error_body = await self._read_error(resp)
+            error_body = await self._read_error(resp, deadline)
             if resp.status_code == 404 and path == "c":  # §2.1: fall back to Path B
                 path = "b"
                 continue
@@ -281,17 +310,19 @@ class AsyncCodecClient(BaseCodecClient):
                      **extra: Any) -> AsyncIterator[AsyncCodecStream]:
         opts = self._options(prompt, max_tokens=max_tokens, temperature=temperature, stop=stop,
                              seed=seed, path=path, extra=extra)
+        deadline = Deadline(self.deadline)
         prompt_map: TokenizerMap | None = None
         ids = opts.prompt if isinstance(opts.prompt, tuple) else None
         if opts.path != "a" and ids is None:
-            prompt_map = await self._drive(self._prompt_map_flow())
+            prompt_map = await self._drive(self._prompt_map_flow(), deadline)
             ids = self._tokenize(prompt_map, str(opts.prompt))
-        resp, used = await self._send(opts, ids)
+        resp, used = await self._send(opts, ids, deadline)
         try:
             expected = prompt_map.hash if prompt_map is not None else self.pinned_hash
             head = self._check_head(resp.headers, expected)
-            zdict, tmap = await self._drive(self._needs_flow(head, prompt_map))
-            yield AsyncCodecStream(resp, self._decoder(used, head, zdict, tmap, record))
+            zdict, tmap = await self._drive(self._needs_flow(head, prompt_map), deadline)
+            yield AsyncCodecStream(resp, self._decoder(used, head, zdict, tmap, record),
+                                   deadline)
         finally:
             await resp.aclose()
 

@@ -33,6 +33,7 @@ import httpx
 
 from tokenwire import peer_json
 from tokenwire.client.bounded_read import BodyOverBudget, aread_bounded, read_bounded
+from tokenwire.client.deadline import NO_DEADLINE, Deadline
 from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.maps import (
     MapCache,
@@ -418,18 +419,19 @@ def dict_flow(
 # -- drivers ------------------------------------------------------------------------------
 
 
-def _get(http: httpx.Client, req: Fetch) -> Fetched:
+def _get(http: httpx.Client, req: Fetch, deadline: Deadline) -> Fetched:
     try:
-        with http.stream("GET", req.url) as resp:
+        with http.stream("GET", req.url, timeout=deadline.timeout(http.timeout)) as resp:
             limit = req.max_bytes if resp.status_code == 200 else MAX_ERROR_BODY
             try:
-                body = read_bounded(resp, limit)
+                body = read_bounded(resp, limit, deadline)
             except BodyOverBudget as exc:
                 body = _over_budget(req, resp.status_code, limit, exc)
             return Fetched(str(resp.url), resp.status_code, body)
     except DecompressionError as exc:
         raise DiscoveryError(f"{req.url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
+        deadline.check()  # a wait cut short by the deadline is the deadline's failure
         raise DiscoveryError(f"GET {req.url} failed: {exc}") from exc
 
 
@@ -440,37 +442,38 @@ def _over_budget(req: Fetch, status: int, limit: int, exc: BodyOverBudget) -> by
     raise DiscoveryError(f"{req.url} is over {limit} bytes") from None
 
 
-async def _aget(http: httpx.AsyncClient, req: Fetch) -> Fetched:
+async def _aget(http: httpx.AsyncClient, req: Fetch, deadline: Deadline) -> Fetched:
     try:
-        async with http.stream("GET", req.url) as resp:
+        async with http.stream("GET", req.url, timeout=deadline.timeout(http.timeout)) as resp:
             limit = req.max_bytes if resp.status_code == 200 else MAX_ERROR_BODY
             try:
-                body = await aread_bounded(resp, limit)
+                body = await aread_bounded(resp, limit, deadline)
             except BodyOverBudget as exc:
                 body = _over_budget(req, resp.status_code, limit, exc)
             return Fetched(str(resp.url), resp.status_code, body)
     except DecompressionError as exc:
         raise DiscoveryError(f"{req.url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
+        deadline.check()
         raise DiscoveryError(f"GET {req.url} failed: {exc}") from exc
 
 
-def drive(flow: Flow, http: httpx.Client) -> Any:
-    """Run a flow with a sync httpx client."""
+def drive(flow: Flow, http: httpx.Client, deadline: Deadline = NO_DEADLINE) -> Any:
+    """Run a flow with a sync httpx client, within ``deadline`` (see client.deadline)."""
     try:
         req = next(flow)
         while True:
-            req = flow.send(_get(http, req))
+            req = flow.send(_get(http, req, deadline))
     except StopIteration as stop:
         return stop.value
 
 
-async def adrive(flow: Flow, http: httpx.AsyncClient) -> Any:
-    """Run a flow with an async httpx client."""
+async def adrive(flow: Flow, http: httpx.AsyncClient, deadline: Deadline = NO_DEADLINE) -> Any:
+    """Run a flow with an async httpx client, within ``deadline``."""
     try:
         req = next(flow)
         while True:
-            req = flow.send(await _aget(http, req))
+            req = flow.send(await _aget(http, req, deadline))
     except StopIteration as stop:
         return stop.value
 
