@@ -15,11 +15,11 @@ from tests.client._canned import Answer, Trickle, canned_app
 from tests.client._loopback import serve
 from tokenwire.cli.chat import MAX_ANSWER_BYTES, stream_reply
 from tokenwire.cli.main import main
-from tokenwire.cli.models import MAX_MODELS_BYTES
+from tokenwire.cli.models import MAX_MODELS_BYTES, fetch_models
 from tokenwire.client._base import MAX_ERROR_BODY
 from tokenwire.codec.frames import Frame
 from tokenwire.codec.frames_msgpack import FrameEncoder
-from tokenwire.errors import CodecHTTPError
+from tokenwire.errors import CodecDeadlineExceeded, CodecHTTPError
 
 JSON = {"Content-Type": "application/json"}
 DEEP = b"[" * 100_000
@@ -39,6 +39,7 @@ ANSWERS: dict[str, Answer] = {
         {"id": "smol", "aliases": 5, "codec_tokenizer_map": "a string"}]}).encode()),
     "/426-deep/v1/completions": (426, JSON, DEEP),
     "/silent/v1/completions": (200, {"Content-Type": "application/x-msgpack"}, None),
+    "/trickle/v1/models": (200, JSON, Trickle(b" ")),  # JSON's whitespace, for ever
     "/trickle/v1/completions": (200, {"Content-Type": "application/x-msgpack"},
                                 Trickle(FrameEncoder().encode(Frame(ids=(1,), done=False)))),
     "/escapes/v1/completions": (400, JSON, json.dumps({"error": {"message": FORGED}}).encode()),
@@ -94,6 +95,12 @@ def test_complete_gives_up_on_a_silent_stream_after_its_timeout(origin, capsys) 
     # The server sends the head, then nothing, and keeps the connection open.
     assert main(["complete", "--url", f"{origin}/silent", "--timeout", "0.5", "Hi"]) == 1
     assert "the server sent nothing for 0.5 s" in _one_error_line(capsys)
+
+
+def test_the_model_list_is_read_within_its_timeout_in_all(origin) -> None:
+    # A byte every 50 ms: no single wait reaches the timeout, the whole list does.
+    with pytest.raises(CodecDeadlineExceeded, match=r"deadline of 0\.5 s"):
+        fetch_models(f"{origin}/trickle", timeout=0.5)
 
 
 def test_complete_gives_up_on_a_trickling_stream_at_its_deadline(origin, capsys) -> None:

@@ -18,6 +18,7 @@ import httpx
 from tokenwire import peer_json
 from tokenwire.client._base import MAX_ERROR_BODY
 from tokenwire.client.bounded_read import BodyOverBudget, read_bounded
+from tokenwire.client.deadline import Deadline
 from tokenwire.errors import (
     CodecHTTPError,
     CodecTransportError,
@@ -28,7 +29,7 @@ from tokenwire.errors import (
 __all__ = ["MAX_MODELS_BYTES", "fetch_models", "format_models", "register"]
 
 DEFAULT_URL = "http://127.0.0.1:8080"
-#: Seconds to wait for the list (a gateway answers it from memory).
+#: Seconds to wait for the whole list (a gateway answers it from memory).
 TIMEOUT_S = 30.0
 #: The largest model list read (decoded). A gateway's is a few KB and a public provider's
 #: hundreds of models ~1 MB; the server controls the length (and can send a gzip bomb).
@@ -47,20 +48,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def fetch_models(url: str, key: str | None = None, *, timeout: float = TIMEOUT_S) -> dict:
     """``GET /v1/models``: an object whose ``data`` is a list of objects, read within
-    :data:`MAX_MODELS_BYTES`; anything else is a typed error (the server is not ours)."""
+    :data:`MAX_MODELS_BYTES` and ``timeout`` seconds in all (a server dripping bytes is cut
+    there); anything else is a typed error (the server is not ours)."""
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     target = f"{url.rstrip('/')}/v1/models"
+    deadline = Deadline(timeout)
     try:
-        with httpx.stream("GET", target, headers=headers, timeout=timeout) as resp:
+        with httpx.stream("GET", target, headers=headers,
+                          timeout=deadline.timeout(httpx.Timeout(timeout))) as resp:
             ok = resp.status_code == 200
             try:
-                body = read_bounded(resp, MAX_MODELS_BYTES if ok else MAX_ERROR_BODY)
+                body = read_bounded(resp, MAX_MODELS_BYTES if ok else MAX_ERROR_BODY, deadline)
             except BodyOverBudget as exc:
                 if ok:
                     raise RemoteProtocolError(
                         f"{target}: the model list is over {MAX_MODELS_BYTES:,} bytes") from None
                 body = exc.partial  # an error body only explains the error
     except httpx.HTTPError as exc:
+        deadline.check()
         raise CodecTransportError(f"GET {target} failed: {exc}") from exc
     except DecompressionError as exc:
         raise RemoteProtocolError(f"{target}: the body does not decode: {exc}") from None
