@@ -10,6 +10,7 @@ The server is a real loopback one (``_loopback.serve``) of canned answers
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 from collections.abc import Iterator
 
@@ -23,10 +24,12 @@ from tokenwire.codec.byte_level import BYTE_TO_CHAR
 from tokenwire.codec.frames import Frame
 from tokenwire.codec.frames_msgpack import FrameEncoder
 from tokenwire.codec.maps import MAX_TOKEN_ID, sha256_hash
+from tokenwire.codec.versioning import VersionPolicy, upgrade_required_response
 from tokenwire.errors import (
     CodecDeadlineExceeded,
     CodecHTTPError,
     CodecTransportError,
+    CodecVersionRequired,
     DecompressionError,
     DiscoveryDocumentInvalid,
     PatternTimeout,
@@ -60,9 +63,15 @@ EXPONENTIAL_MAP = _pattern_map(r"(a|aa)+b|.")
 POLYNOMIAL_MAP = _pattern_map(r"\s*\s*\s*\s*\s*\s*\s*\s*(?!y)x|\S+|\s")
 
 TRICKLED_MAP = b"a map whose document never ends"
+_, _, REAL_426 = upgrade_required_response(VersionPolicy(version_policy="strict"), "0.1")
+GZIP_JSON = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
 ENDLESS_FRAME = FrameEncoder().encode(Frame(ids=(1,), done=False))
 
 ANSWERS: dict[str, Answer] = {
+    # Error answers compressed as the client's Accept-Encoding allows (a proxy's gzip).
+    "/gzip-400/v1/completions": (400, GZIP_JSON, gzip.compress(
+        json.dumps({"error": {"message": "the prompt is too long"}}).encode())),
+    "/gzip-426/v1/completions": (426, GZIP_JSON, gzip.compress(REAL_426)),
     **{f"/.well-known/codec/maps/sha256/{sha256_hash(m)[7:]}.json": (200, {}, m)
        for m in (EXPONENTIAL_MAP, POLYNOMIAL_MAP)},
     "/426-deep/v1/completions": (426, {"Content-Type": "application/json"}, DEEP),
@@ -125,6 +134,19 @@ def test_discovery_documents_nested_past_the_recursion_limit_are_invalid(origin,
                                                                          resolve) -> None:
     with pytest.raises(DiscoveryDocumentInvalid, match="nests deeper"):
         resolve(origin)
+
+
+# -- error answers in a Content-Encoding -------------------------------------------------------
+
+
+def test_a_compressed_error_body_is_shown_decoded(origin) -> None:
+    with pytest.raises(CodecHTTPError, match="the prompt is too long"):
+        _complete(origin, "gzip-400")
+
+
+def test_a_compressed_426_is_the_upgrade_it_says(origin) -> None:
+    with pytest.raises(CodecVersionRequired):
+        _complete(origin, "gzip-426")
 
 
 # -- maps and dictionaries the server names --------------------------------------------------
@@ -192,6 +214,7 @@ def test_the_async_twin_stops_a_trickle_at_the_deadline(origin, options, path) -
 
 @pytest.mark.parametrize(("scenario", "error"), [
     ("426-deep", RemoteProtocolError), ("names-deep-map", DiscoveryDocumentInvalid),
+    ("gzip-426", CodecVersionRequired),
     ("names-bad-dict", DecompressionError)])
 def test_the_async_twin_fails_the_same_way(origin, scenario, error) -> None:
     async def go() -> None:

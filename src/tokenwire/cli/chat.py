@@ -28,7 +28,7 @@ import httpx
 
 from tokenwire import peer_json
 from tokenwire.client._base import MAX_ERROR_BODY
-from tokenwire.client.bounded_read import BodyOverBudget, decoder_for, read_bounded
+from tokenwire.client.bounded_read import decoder_for, read_error_body
 from tokenwire.errors import (
     CodecHTTPError,
     CodecTransportError,
@@ -79,7 +79,8 @@ def stream_reply(http: httpx.Client, url: str, body: dict[str, Any], *,
             if on_open is not None:
                 on_open(resp)
             if resp.status_code != 200:
-                raise CodecHTTPError(resp.status_code, _error_body(resp), target)
+                raise CodecHTTPError(resp.status_code, read_error_body(resp, MAX_ERROR_BODY),
+                                     target)
             # Raw bytes through a budgeted decoder and the bounded SSE parser: the server
             # controls the length of the body and of each line (bounded_read.py, sse.py).
             body_decoder = decoder_for(resp.headers.get("content-encoding"), MAX_ANSWER_BYTES)
@@ -91,14 +92,6 @@ def stream_reply(http: httpx.Client, url: str, body: dict[str, Any], *,
                 yield from _deltas(event.data, target)
     except httpx.HTTPError as exc:
         raise CodecTransportError(f"POST {target} failed: {exc}") from exc
-
-
-def _error_body(resp: httpx.Response) -> bytes:
-    """An error body, read only as far as it explains the error."""
-    try:
-        return read_bounded(resp, MAX_ERROR_BODY)
-    except BodyOverBudget as exc:
-        return exc.partial
 
 
 def _deltas(data: str, target: str) -> list[str]:

@@ -23,7 +23,14 @@ from tokenwire.codec.compression import (
 )
 from tokenwire.errors import DecompressionLimitExceeded
 
-__all__ = ["BodyOverBudget", "aread_bounded", "decoder_for", "read_bounded"]
+__all__ = [
+    "BodyOverBudget",
+    "aread_bounded",
+    "aread_error_body",
+    "decoder_for",
+    "read_bounded",
+    "read_error_body",
+]
 
 
 #: Raw bytes handed to the decoder per call: at deflate's ~1032:1 ratio, ~1 MiB of output.
@@ -105,3 +112,22 @@ async def aread_bounded(resp: httpx.Response, limit: int,
         reader.feed(raw)
     return reader.finish()
 
+
+
+def read_error_body(resp: httpx.Response, limit: int, deadline: Deadline = NO_DEADLINE) -> bytes:
+    """An error answer's decoded body, read only as far as it explains the error: its first
+    ``limit`` bytes when it is longer (a server compresses error answers as the request's
+    ``Accept-Encoding`` allows, a proxy's gzip among them)."""
+    try:
+        return read_bounded(resp, limit, deadline)
+    except BodyOverBudget as exc:
+        return exc.partial
+
+
+async def aread_error_body(resp: httpx.Response, limit: int,
+                           deadline: Deadline = NO_DEADLINE) -> bytes:
+    """:func:`read_error_body` for an async streamed response."""
+    try:
+        return await aread_bounded(resp, limit, deadline)
+    except BodyOverBudget as exc:
+        return exc.partial

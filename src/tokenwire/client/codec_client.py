@@ -40,6 +40,7 @@ from tokenwire.client._base import (
     StreamStats,
     TokenChunk,
 )
+from tokenwire.client.bounded_read import aread_error_body, read_error_body
 from tokenwire.client.deadline import DEFAULT_DEADLINE_S, Deadline
 from tokenwire.client.discovery import Flow, adrive, drive
 from tokenwire.codec.finish_reason import ClientFinishReason, normalize_finish_reason
@@ -178,19 +179,13 @@ class CodecClient(BaseCodecClient):
             raise CodecTransportError(f"POST {url} failed: {exc}") from exc
 
     def _read_error(self, resp: httpx.Response, deadline: Deadline) -> bytes:
-        body = b""
         try:
-            for part in resp.iter_raw():  # error bodies are small; read no further than the cap
-                deadline.check()
-                body += part
-                if len(body) > MAX_ERROR_BODY:
-                    break
+            return read_error_body(resp, MAX_ERROR_BODY, deadline)
         except httpx.HTTPError as exc:
             deadline.check()
             raise CodecTransportError(f"reading a {resp.status_code} body failed: {exc}") from exc
         finally:
             resp.close()
-        return body
 
     def _send(self, opts: CompletionOptions, ids: tuple[int, ...] | None,
               deadline: Deadline) -> tuple[httpx.Response, str]:
@@ -274,19 +269,13 @@ class AsyncCodecClient(BaseCodecClient):
             raise CodecTransportError(f"POST {url} failed: {exc}") from exc
 
     async def _read_error(self, resp: httpx.Response, deadline: Deadline) -> bytes:
-        body = b""
         try:
-            async for part in resp.aiter_raw():
-                deadline.check()
-                body += part
-                if len(body) > MAX_ERROR_BODY:
-                    break
+            return await aread_error_body(resp, MAX_ERROR_BODY, deadline)
         except httpx.HTTPError as exc:
             deadline.check()
             raise CodecTransportError(f"reading a {resp.status_code} body failed: {exc}") from exc
         finally:
             await resp.aclose()
-        return body
 
     async def _send(self, opts: CompletionOptions, ids: tuple[int, ...] | None,
                     deadline: Deadline) -> tuple[httpx.Response, str]:
