@@ -19,7 +19,8 @@ import pytest
 from tests.client._canned import Answer, Trickle, canned_app
 from tests.client._loopback import serve
 from tokenwire.client.codec_client import AsyncCodecClient, CodecClient
-from tokenwire.client.discovery import resolve_map, resolve_policy
+from tokenwire.client.discovery import aresolve_map, resolve_map, resolve_policy
+from tokenwire.client.map_fetch import afetch_map, fetch_map
 from tokenwire.codec.byte_level import BYTE_TO_CHAR
 from tokenwire.codec.frames import Frame
 from tokenwire.codec.frames_msgpack import FrameEncoder
@@ -94,6 +95,7 @@ ANSWERS: dict[str, Answer] = {
     "/trickle/v1/completions": (200, {"Content-Type": MSGPACK}, Trickle(ENDLESS_FRAME)),
     f"/.well-known/codec/maps/sha256/{sha256_hash(TRICKLED_MAP)[7:]}.json": (
         200, {}, Trickle(b" ")),  # JSON's whitespace, within the map's 64 MiB for days
+    "/.well-known/codec/maps/hostile/trickled.json": (200, {}, Trickle(b" ")),
 }
 
 
@@ -210,6 +212,24 @@ def test_the_async_twin_stops_a_trickle_at_the_deadline(origin, options, path) -
 
     with pytest.raises(CodecDeadlineExceeded, match=r"deadline of 0\.5 s"):
         asyncio.run(go())
+
+
+@pytest.mark.parametrize("fetch", [
+    pytest.param(lambda origin: fetch_map(
+        f"{origin}/.well-known/codec/maps/hostile/trickled.json", allow_http=True,
+        expected_hash=sha256_hash(TRICKLED_MAP), deadline=0.5, cache=None), id="fetch_map"),
+    pytest.param(lambda origin: asyncio.run(afetch_map(
+        f"{origin}/.well-known/codec/maps/hostile/trickled.json", allow_http=True,
+        expected_hash=sha256_hash(TRICKLED_MAP), deadline=0.5, cache=None)), id="afetch_map"),
+    pytest.param(lambda origin: resolve_map(origin, "hostile/trickled", allow_http=True,
+                                            deadline=0.5), id="resolve_map"),
+    pytest.param(lambda origin: asyncio.run(aresolve_map(
+        origin, "hostile/trickled", allow_http=True, deadline=0.5)), id="aresolve_map"),
+])
+def test_the_map_functions_stop_a_trickle_at_their_deadline(origin, fetch) -> None:
+    # Their own clients wait 30 s per read; a byte every 50 ms never lets that fire.
+    with pytest.raises(CodecDeadlineExceeded, match=r"deadline of 0\.5 s"):
+        fetch(origin)
 
 
 @pytest.mark.parametrize(("scenario", "error"), [

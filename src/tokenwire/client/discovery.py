@@ -33,7 +33,7 @@ import httpx
 
 from tokenwire import peer_json
 from tokenwire.client.bounded_read import BodyOverBudget, aread_bounded, read_bounded
-from tokenwire.client.deadline import NO_DEADLINE, Deadline
+from tokenwire.client.deadline import DEFAULT_DEADLINE_S, NO_DEADLINE, Deadline
 from tokenwire.codec.compression import ZstdDict
 from tokenwire.codec.maps import (
     MapCache,
@@ -478,57 +478,65 @@ async def adrive(flow: Flow, http: httpx.AsyncClient, deadline: Deadline = NO_DE
         return stop.value
 
 
-def _with_client(http: httpx.Client | None, flow: Flow) -> Any:
+def _with_client(http: httpx.Client | None, flow: Flow, deadline: float | None) -> Any:
+    """Run ``flow``, all its GETs within ``deadline`` seconds (None: each wait only)."""
     if http is not None:
-        return drive(flow, http)
+        return drive(flow, http, Deadline(deadline))
     with httpx.Client(timeout=30.0) as own:
-        return drive(flow, own)
+        return drive(flow, own, Deadline(deadline))
 
 
-async def _awith_client(http: httpx.AsyncClient | None, flow: Flow) -> Any:
+async def _awith_client(http: httpx.AsyncClient | None, flow: Flow,
+                        deadline: float | None) -> Any:
     if http is not None:
-        return await adrive(flow, http)
+        return await adrive(flow, http, Deadline(deadline))
     async with httpx.AsyncClient(timeout=30.0) as own:
-        return await adrive(flow, own)
+        return await adrive(flow, own, Deadline(deadline))
 
 
 def resolve_map(origin: str, map_id: str, *, expected_hash: str | None = None,
                 allow_http: bool = False, cache: DiscoveryCache | None = None,
-                client: httpx.Client | None = None) -> TokenizerMap:
+                client: httpx.Client | None = None,
+                deadline: float | None = DEFAULT_DEADLINE_S) -> TokenizerMap:
     return _with_client(client, map_flow(origin, map_id, expected_hash=expected_hash,
-                                         allow_http=allow_http, cache=cache))
+                                         allow_http=allow_http, cache=cache), deadline)
 
 
 async def aresolve_map(origin: str, map_id: str, *, expected_hash: str | None = None,
                        allow_http: bool = False, cache: DiscoveryCache | None = None,
-                       client: httpx.AsyncClient | None = None) -> TokenizerMap:
+                       client: httpx.AsyncClient | None = None,
+                       deadline: float | None = DEFAULT_DEADLINE_S) -> TokenizerMap:
     return await _awith_client(client, map_flow(origin, map_id, expected_hash=expected_hash,
-                                                allow_http=allow_http, cache=cache))
+                                                allow_http=allow_http, cache=cache), deadline)
 
 
 def resolve_policy(origin: str, policy_id: str, *, expected_hash: str | None = None,
                    allow_http: bool = False, cache: DiscoveryCache | None = None,
-                   client: httpx.Client | None = None) -> ResolvedPolicy:
+                   client: httpx.Client | None = None,
+                   deadline: float | None = DEFAULT_DEADLINE_S) -> ResolvedPolicy:
     return _with_client(client, policy_flow(origin, policy_id, expected_hash=expected_hash,
-                                            allow_http=allow_http, cache=cache))
+                                            allow_http=allow_http, cache=cache), deadline)
 
 
 async def aresolve_policy(origin: str, policy_id: str, *, expected_hash: str | None = None,
                           allow_http: bool = False, cache: DiscoveryCache | None = None,
-                          client: httpx.AsyncClient | None = None) -> ResolvedPolicy:
+                          client: httpx.AsyncClient | None = None,
+                          deadline: float | None = DEFAULT_DEADLINE_S) -> ResolvedPolicy:
     return await _awith_client(client, policy_flow(origin, policy_id, expected_hash=expected_hash,
-                                                   allow_http=allow_http, cache=cache))
+                                                   allow_http=allow_http, cache=cache), deadline)
 
 
 def fetch_dict(origin: str, digest: str, *, url: str | None = None, allow_http: bool = False,
                cache: DiscoveryCache | None = None,
-               client: httpx.Client | None = None) -> ZstdDict:
+               client: httpx.Client | None = None,
+               deadline: float | None = DEFAULT_DEADLINE_S) -> ZstdDict:
     return _with_client(client, dict_flow(origin, digest, url=url, allow_http=allow_http,
-                                          cache=cache))
+                                          cache=cache), deadline)
 
 
 async def afetch_dict(origin: str, digest: str, *, url: str | None = None,
                       allow_http: bool = False, cache: DiscoveryCache | None = None,
-                      client: httpx.AsyncClient | None = None) -> ZstdDict:
+                      client: httpx.AsyncClient | None = None,
+                      deadline: float | None = DEFAULT_DEADLINE_S) -> ZstdDict:
     return await _awith_client(client, dict_flow(origin, digest, url=url, allow_http=allow_http,
-                                                 cache=cache))
+                                                 cache=cache), deadline)

@@ -1,7 +1,8 @@
 """Load a tokenizer map from a URL, verified against its pinned sha256 (codec-spec 3.2, 6.4).
 
 The URL is untrusted and the hash is the trust anchor, so the hash is required unless the
-caller explicitly opts out; the body is read with a size cap because a peer controls it.
+caller explicitly opts out; the body is read with a size cap and within ``deadline``
+seconds in all (:mod:`tokenwire.client.deadline`) because a peer controls both.
 Sync and async twins share everything but the one request.
 """
 
@@ -12,6 +13,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from tokenwire.client.bounded_read import BodyOverBudget, aread_bounded, read_bounded
+from tokenwire.client.deadline import DEFAULT_DEADLINE_S, Deadline
 from tokenwire.codec.maps import MapCache, TokenizerMap, load_map_bytes, parse_hash
 from tokenwire.errors import DecompressionError, MapError
 
@@ -55,6 +57,7 @@ def fetch_map(
     cache: MapCache | None = _shared_cache,
     allow_http: bool = False,
     unverified: bool = False,
+    deadline: float | None = DEFAULT_DEADLINE_S,
 ) -> TokenizerMap:
     pinned = _pinned(expected_hash, unverified)
     _check_url(url, allow_http)
@@ -62,15 +65,17 @@ def fetch_map(
         return hit
     own = client is None
     http = client or httpx.Client(timeout=30.0)
+    whole = Deadline(deadline)
     try:
-        with http.stream("GET", url) as resp:
+        with http.stream("GET", url, timeout=whole.timeout(http.timeout)) as resp:
             _check_status(url, resp.status_code)
-            body = read_bounded(resp, MAX_MAP_BYTES)
+            body = read_bounded(resp, MAX_MAP_BYTES, whole)
     except BodyOverBudget:
         raise MapFetchError(f"map at {url} is over {MAX_MAP_BYTES} bytes") from None
     except DecompressionError as exc:
         raise MapFetchError(f"map at {url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
+        whole.check()
         raise MapFetchError(f"GET {url} failed: {exc}") from exc
     finally:
         if own:
@@ -87,6 +92,7 @@ async def afetch_map(
     cache: MapCache | None = _shared_cache,
     allow_http: bool = False,
     unverified: bool = False,
+    deadline: float | None = DEFAULT_DEADLINE_S,
 ) -> TokenizerMap:
     pinned = _pinned(expected_hash, unverified)
     _check_url(url, allow_http)
@@ -94,15 +100,17 @@ async def afetch_map(
         return hit
     own = client is None
     http = client or httpx.AsyncClient(timeout=30.0)
+    whole = Deadline(deadline)
     try:
-        async with http.stream("GET", url) as resp:
+        async with http.stream("GET", url, timeout=whole.timeout(http.timeout)) as resp:
             _check_status(url, resp.status_code)
-            body = await aread_bounded(resp, MAX_MAP_BYTES)
+            body = await aread_bounded(resp, MAX_MAP_BYTES, whole)
     except BodyOverBudget:
         raise MapFetchError(f"map at {url} is over {MAX_MAP_BYTES} bytes") from None
     except DecompressionError as exc:
         raise MapFetchError(f"map at {url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
+        whole.check()
         raise MapFetchError(f"GET {url} failed: {exc}") from exc
     finally:
         if own:
