@@ -121,7 +121,7 @@ def _client_args(p: argparse.ArgumentParser) -> None:
 
 def _deadline(value: str) -> float | None:
     seconds = float(value)
-    if seconds < 0:
+    if not seconds >= 0:  # (nan too)
         raise argparse.ArgumentTypeError("must be 0 (no deadline) or more")
     return seconds or None
 

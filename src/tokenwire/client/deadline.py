@@ -18,6 +18,7 @@ default) after the deadline, however the server paces its bytes.
 
 from __future__ import annotations
 
+import math
 import time
 
 import httpx
@@ -57,7 +58,7 @@ class Deadline:
         """``base`` with each wait cut to the time left (checked first)."""
         self.check()
         left = self.left()
-        if left is None:
+        if left is None or left == math.inf:  # (an infinite wait is no socket timeout)
             return base
 
         def cut(wait: float | None) -> float:
