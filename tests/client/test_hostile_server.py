@@ -12,6 +12,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -209,6 +212,42 @@ def test_the_async_twin_stops_a_trickle_at_the_deadline(origin, options, path) -
         async with AsyncCodecClient(f"{origin}/trickle", timeout=5.0, deadline=0.5,
                                     **options) as client:
             await client.complete("Hi", path=path)
+
+    with pytest.raises(CodecDeadlineExceeded, match=r"deadline of 0\.5 s"):
+        asyncio.run(go())
+
+
+@pytest.fixture
+def endless_continue() -> Iterator[str]:
+    """A server that answers every request with ``100 Continue`` heads, one every 50 ms,
+    and never a final head (httpx reads them all inside one call)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                except OSError:
+                    return
+                time.sleep(0.05)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    stop.set()
+    listener.close()
+    thread.join(5)
+
+
+def test_the_async_client_stops_endless_1xx_heads_at_the_deadline(endless_continue) -> None:
+    # (The sync client cannot: README says so.)
+    async def go() -> None:
+        async with AsyncCodecClient(endless_continue, timeout=5.0, deadline=0.5) as client:
+            await client.complete("Hi")
 
     with pytest.raises(CodecDeadlineExceeded, match=r"deadline of 0\.5 s"):
         asyncio.run(go())

@@ -131,9 +131,13 @@ class AsyncCodecStream(_StreamBase):
         self._response = response
 
     async def __aiter__(self) -> AsyncIterator[TokenChunk]:
+        raws = self._response.aiter_raw()
         try:
-            async for raw in self._response.aiter_raw():
-                self._deadline.check()
+            while True:
+                with self._deadline.cancelling():  # around the read only, never a yield
+                    raw = await anext(raws, None)
+                if raw is None:
+                    break
                 for chunk in self._decoder.feed(raw):
                     yield self._keep(chunk)
         except httpx.HTTPError as exc:
@@ -263,14 +267,16 @@ class AsyncCodecClient(BaseCodecClient):
         try:
             request = self._http.build_request("POST", url, headers=headers, content=body,
                                                timeout=deadline.timeout(self._http.timeout))
-            return await self._http.send(request, stream=True)
+            with deadline.cancelling():  # endless 1xx heads included
+                return await self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
             deadline.check()
             raise CodecTransportError(f"POST {url} failed: {exc}") from exc
 
     async def _read_error(self, resp: httpx.Response, deadline: Deadline) -> bytes:
         try:
-            return await aread_error_body(resp, MAX_ERROR_BODY, deadline)
+            with deadline.cancelling():
+                return await aread_error_body(resp, MAX_ERROR_BODY, deadline)
         except httpx.HTTPError as exc:
             deadline.check()
             raise CodecTransportError(f"reading a {resp.status_code} body failed: {exc}") from exc

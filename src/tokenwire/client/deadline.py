@@ -12,15 +12,21 @@ call as a whole: the discovery GETs, the POST and the whole body.
   the deadline, :class:`~tokenwire.errors.CodecDeadlineExceeded`, not as a transport fault.
 
 A read already waiting when the deadline passes ends at its own timeout, which was cut to
-what was left when its request started: the call ends at most one read timeout (60 s by
-default) after the deadline, however the server paces its bytes.
+what was left when its request started: the sync client ends at most one read timeout (60 s
+by default) after the deadline, however the server paces its bytes, and not at all while a
+server sends endless ``100 Continue`` heads (httpx reads them inside one call). The async
+client also runs each await under :meth:`Deadline.cancelling`, so it ends at the deadline
+itself, whatever the server does.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
+import anyio
 import httpx
 
 from tokenwire.errors import CodecDeadlineExceeded
@@ -66,6 +72,21 @@ class Deadline:
 
         return httpx.Timeout(connect=cut(base.connect), read=cut(base.read),
                              write=cut(base.write), pool=cut(base.pool))
+
+    @contextmanager
+    def cancelling(self) -> Iterator[None]:
+        """(In async code, around awaits that yield nothing to a caller.) Cancel what runs
+        inside when the deadline passes, and raise :class:`CodecDeadlineExceeded`."""
+        left = self.left()
+        if left is None or left == math.inf:
+            yield
+            return
+        try:
+            with anyio.fail_after(max(left, 0.0)):
+                yield
+        except TimeoutError:
+            self.check()
+            raise
 
 
 #: The deadline of a call made without one (the module functions' default).

@@ -444,18 +444,23 @@ def _over_budget(req: Fetch, status: int, limit: int, exc: BodyOverBudget) -> by
 
 async def _aget(http: httpx.AsyncClient, req: Fetch, deadline: Deadline) -> Fetched:
     try:
-        async with http.stream("GET", req.url, timeout=deadline.timeout(http.timeout)) as resp:
-            limit = req.max_bytes if resp.status_code == 200 else MAX_ERROR_BODY
-            try:
-                body = await aread_bounded(resp, limit, deadline)
-            except BodyOverBudget as exc:
-                body = _over_budget(req, resp.status_code, limit, exc)
-            return Fetched(str(resp.url), resp.status_code, body)
+        with deadline.cancelling():
+            return await _aget_within(http, req, deadline)
     except DecompressionError as exc:
         raise DiscoveryError(f"{req.url} does not decode: {exc}") from None
     except httpx.HTTPError as exc:
         deadline.check()
         raise DiscoveryError(f"GET {req.url} failed: {exc}") from exc
+
+
+async def _aget_within(http: httpx.AsyncClient, req: Fetch, deadline: Deadline) -> Fetched:
+    async with http.stream("GET", req.url, timeout=deadline.timeout(http.timeout)) as resp:
+        limit = req.max_bytes if resp.status_code == 200 else MAX_ERROR_BODY
+        try:
+            body = await aread_bounded(resp, limit, deadline)
+        except BodyOverBudget as exc:
+            body = _over_budget(req, resp.status_code, limit, exc)
+        return Fetched(str(resp.url), resp.status_code, body)
 
 
 def drive(flow: Flow, http: httpx.Client, deadline: Deadline = NO_DEADLINE) -> Any:

@@ -102,9 +102,10 @@ async def afetch_map(
     http = client or httpx.AsyncClient(timeout=30.0)
     whole = Deadline(deadline)
     try:
-        async with http.stream("GET", url, timeout=whole.timeout(http.timeout)) as resp:
-            _check_status(url, resp.status_code)
-            body = await aread_bounded(resp, MAX_MAP_BYTES, whole)
+        with whole.cancelling():
+            async with http.stream("GET", url, timeout=whole.timeout(http.timeout)) as resp:
+                _check_status(url, resp.status_code)
+                body = await aread_bounded(resp, MAX_MAP_BYTES, whole)
     except BodyOverBudget:
         raise MapFetchError(f"map at {url} is over {MAX_MAP_BYTES} bytes") from None
     except DecompressionError as exc:
