@@ -14,10 +14,18 @@ from urllib.parse import urlsplit
 
 from tokenwire.errors import ConfigError, ConfigErrors
 
-__all__ = ["NUM", "Problems", "check_http_url", "check_keys", "type_name"]
+__all__ = ["MAX_TIME_S", "NUM", "Problems", "check_http_url", "check_keys", "check_seconds",
+           "type_name"]
 
 #: A TOML number: an integer or a float (``true`` is not one, see :func:`check_keys`).
 NUM: tuple[type, ...] = (int, float)
+
+#: The longest time any setting may name (a day). TOML and the flags' float() read ``nan``
+#: and ``inf``: NaN fails every comparison, so a check written ``<= 0`` let it through to
+#: asyncio.timeout (uvloop raises on it, asyncio's never fires) and to the loops that compare
+#: against it (never due, or always); infinity and 1e308 turned a limit off without a word,
+#: and overflowed where a time becomes an integer (a Redis TTL, a Retry-After).
+MAX_TIME_S = 86_400.0
 
 
 def type_name(types: tuple[type, ...]) -> str:
@@ -60,6 +68,17 @@ def check_keys(table: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]],
             problems.append(f"{where}: {key} must be {type_name(types)}, got {value!r}")
     if problems:
         raise ConfigErrors(problems)
+
+
+def check_seconds(value: float, key: str, where: str = "", *, zero: bool = False) -> None:
+    """A setting's number of seconds: more than 0 (0 too with ``zero``, where 0 is a
+    documented "at once") and at most :data:`MAX_TIME_S`; NaN and infinity are neither."""
+    low_ok = value >= 0 if zero else value > 0
+    if not (low_ok and value <= MAX_TIME_S):  # written so that NaN fails it
+        low = "a" if zero else "a positive"
+        span = "from 0 up to" if zero else "up to"
+        raise ConfigError(f"{where + ': ' if where else ''}{key} must be {low} number of "
+                          f"seconds {span} {MAX_TIME_S:.0f}, got {value!r}")
 
 
 def check_http_url(url: str, where: str) -> str:

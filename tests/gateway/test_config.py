@@ -92,7 +92,22 @@ BAD_FILES = [
     ("zero concurrency", _UP + "max_concurrent = 0\n",
      "{f}: upstream 'u': max_concurrent must be at least 1"),
     ("negative timeout", _UP + "read_timeout_s = -1\n",
-     "{f}: upstream 'u': read_timeout_s must be a positive number of seconds"),
+     "{f}: upstream 'u': read_timeout_s must be a positive number of seconds up to 86400, "
+     "got -1"),
+    # NaN passed '<= 0' (every comparison is False) and was handed to asyncio.timeout and
+    # httpx (uvloop raises on it; asyncio's never fires); infinity waited for ever.
+    ("NaN timeout", _UP + "read_timeout_s = nan\n",
+     "{f}: upstream 'u': read_timeout_s must be a positive number of seconds up to 86400, "
+     "got nan"),
+    ("infinite timeout", _UP + "connect_timeout_s = inf\n",
+     "{f}: upstream 'u': connect_timeout_s must be a positive number of seconds up to "
+     "86400, got inf"),
+    ("NaN health interval", "[server]\nhealth_interval_s = nan\n" + _UP,
+     "{f}: [server]: health_interval_s must be a positive number of seconds up to 86400, "
+     "got nan"),
+    ("negative health interval", "[server]\nhealth_interval_s = -1\n" + _UP,
+     "{f}: [server]: health_interval_s must be a positive number of seconds up to 86400, "
+     "got -1"),
     ("header value", _UP + "[upstreams.headers]\nx-a = 1\n",
      "{f}: upstream 'u': header values must be strings"),
     ("duplicate upstream", _UP + _UP, "{f}: two upstreams are named 'u'"),
@@ -485,3 +500,47 @@ def test_capacity_and_time_settings_come_from_flags_over_the_file() -> None:
         ServerSettings(max_concurrent=0)
     with pytest.raises(ConfigError, match="idle_timeout_s"):
         ServerSettings(idle_timeout_s=0)
+
+
+#: Every [server] time and a value it was taken with: infinity and 1e308 turned the limit off
+#: without a word (asyncio.timeout(inf) never fires: a silent upstream held its request, and
+#: a SIGTERM's drain, for ever), NaN made the coalescing window and the drain never close.
+HOSTILE_TIMES = [
+    (key, value, bound)
+    for key, bound in (("idle_timeout_s", "a positive"), ("request_cap_s", "a positive"),
+                       ("heartbeat_s", "a positive"), ("head_timeout_s", "a positive"),
+                       ("body_timeout_s", "a positive"), ("ws_idle_timeout_s", "a positive"),
+                       ("ws_session_cap_s", "a positive"), ("drain_grace_s", "a"))
+    for value in (float("inf"), 1e308, float("nan"), -1)
+]
+
+
+@pytest.mark.parametrize(("key", "value", "bound"), HOSTILE_TIMES,
+                         ids=[f"{k}={v}" for k, v, _ in HOSTILE_TIMES])
+def test_server_times_are_finite_and_at_most_a_day(key, value, bound) -> None:
+    from tokenwire.cli.serve import settings_from_args
+
+    expected = (f"{key} must be {bound} number of seconds "
+                + ("up to 86400" if bound == "a positive" else "from 0 up to 86400")
+                + f", got {value!r}")
+    with pytest.raises(ConfigError) as info:
+        settings_from_args(_serve_args(), {key: value}, env={})
+    assert str(info.value) == expected
+    assert settings_from_args(_serve_args(), {key: 86_400}, env={})  # a day is allowed
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e308", "-1"])
+def test_time_flags_are_checked_as_the_files_values_are(value) -> None:
+    from tokenwire.cli.serve import settings_from_args
+
+    for flag, key in (("--idle-timeout", "idle_timeout_s"), ("--body-timeout", "body_timeout_s"),
+                      ("--head-timeout", "head_timeout_s"), ("--drain-grace", "drain_grace_s")):
+        with pytest.raises(ConfigError, match=f"^{key} must be a"):
+            settings_from_args(_serve_args(flag, value), env={})
+    # The coalescing window: 0 flushes every frame (documented); NaN or infinity never
+    # closed it, so a stream's frames waited for the 64 KiB cap or the end.
+    with pytest.raises(ConfigError, match=r"^the coalescing window \(coalesce_ms / 1000\) "
+                                          "must be a number of seconds from 0"):
+        settings_from_args(_serve_args("--coalesce-ms", value), env={})
+    assert settings_from_args(_serve_args("--coalesce-ms", "0"), env={}).window_s == 0
+    assert settings_from_args(_serve_args("--drain-grace", "0"), env={}).drain_grace_s == 0

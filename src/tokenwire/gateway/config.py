@@ -73,7 +73,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
-from tokenwire.config_tables import NUM, Problems, check_http_url, check_keys
+from tokenwire.config_tables import NUM, Problems, check_http_url, check_keys, check_seconds
 from tokenwire.errors import ConfigError, ConfigErrors, MapError
 from tokenwire.gateway.routing.config import POOL_KEYS, parse_fallbacks, parse_pool
 from tokenwire.gateway.routing.fallbacks import FallbackTable
@@ -228,8 +228,8 @@ def _check_numbers(doc: Mapping[str, Any], where: str) -> None:
     if doc.get("max_concurrent", 1) < 1:
         raise ConfigError(f"{where}: max_concurrent must be at least 1")
     for key in ("connect_timeout_s", "read_timeout_s"):
-        if doc.get(key, 1) <= 0:
-            raise ConfigError(f"{where}: {key} must be a positive number of seconds")
+        if isinstance(doc.get(key), NUM):
+            check_seconds(doc[key], key, where)
 
 
 def _parse_upstream(
@@ -321,6 +321,9 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     server = dict(doc.get("server", {})) if isinstance(doc.get("server", {}), dict) else {}
     problems.check(check_keys, server, SERVER_KEYS, f"{source}: [server]")
     problems.check(_check_server_auth, server, env, f"{source}: [server]")
+    if isinstance(server.get("health_interval_s"), NUM):
+        problems.check(check_seconds, server["health_interval_s"], "health_interval_s",
+                       f"{source}: [server]")
     ups = doc.get("upstreams", [])
     if not ups:
         problems.add(ConfigError(f"{source}: no [[upstreams]]; declare at least one"))

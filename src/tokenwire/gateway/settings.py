@@ -25,6 +25,7 @@ from tokenwire.codec.safety_policy import (
     parse_policy,
 )
 from tokenwire.codec.versioning import VersionPolicy
+from tokenwire.config_tables import check_seconds
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.apis.params import SUPPORTED_STREAM_FORMATS
 from tokenwire.gateway.state.api_keys import ApiKey, check_api_key
@@ -161,8 +162,8 @@ class ServerSettings:
     event_loop: str = "auto"
 
     def __post_init__(self) -> None:
-        if self.window_s < 0:
-            raise ConfigError("the coalescing window must be >= 0 seconds")
+        # 0 flushes every frame (codec/coalescer.py); NaN or infinity never closed it.
+        check_seconds(self.window_s, "the coalescing window (coalesce_ms / 1000)", zero=True)
         for fmt in self.zstd_dicts:
             if fmt not in SUPPORTED_STREAM_FORMATS:
                 raise ConfigError(
@@ -181,16 +182,14 @@ class ServerSettings:
                 raise ConfigError(f"{name} must be at least 1")
         for name in ("idle_timeout_s", "request_cap_s", "heartbeat_s", "head_timeout_s",
                      "body_timeout_s", "ws_idle_timeout_s", "ws_session_cap_s"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be > 0 seconds")
+            check_seconds(getattr(self, name), name)
+        check_seconds(self.drain_grace_s, "drain_grace_s", zero=True)  # 0: end them at once
         for name in ("tls_cert", "tls_key"):  # a config file gives strings
             if isinstance(getattr(self, name), str):
                 object.__setattr__(self, name, Path(getattr(self, name)))
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("TLS needs both a certificate and its key (--tls-cert and "
                               "--tls-key)")
-        if not self.drain_grace_s >= 0:
-            raise ConfigError("drain_grace_s must be >= 0 seconds")
         self._check_event_loop()
         self._check_auth()
 

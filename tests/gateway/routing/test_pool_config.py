@@ -180,11 +180,11 @@ BAD = [
     # NaN: the error-rate window never let an outcome go (memory grew with every request)
     ("window nan", _pool_doc(breaker={"window_s": float("nan")}), "[breaker]: breaker window_s"),
     ("cooldown nan", _pool_doc(breaker={"base_cooldown_s": float("nan")}),
-     "[breaker]: breaker window_s"),
+     "[breaker]: breaker base_cooldown_s must be a positive number"),
     # inf: the shared ejection's TTL raised OverflowError and ended the breaker sync's reads;
     # past ~1e16 s Redis refuses the TTL, and each publication degraded all shared state
     ("cooldown inf", _pool_doc(breaker={"max_cooldown_s": float("inf")}),
-     "[breaker]: breaker window_s"),
+     "[breaker]: breaker max_cooldown_s must be a positive number"),
     ("cooldown huge", _pool_doc(breaker={"max_cooldown_s": 1e300}), "up to 86400"),
     ("prefix", _pool_doc(affinity_prefix_chars=-1), "affinity_prefix_chars must be between"),
     ("load factor", _pool_doc(affinity_load_factor=0.9), "affinity_load_factor must be a"),

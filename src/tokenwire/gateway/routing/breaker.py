@@ -29,6 +29,7 @@ import enum
 from collections import deque
 from dataclasses import dataclass, field
 
+from tokenwire.config_tables import check_seconds
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.ir import Failure, FailureClass
 
@@ -40,7 +41,6 @@ __all__ = [
     "DEFAULT_MAX_COOLDOWN_S",
     "DEFAULT_MIN_REQUESTS",
     "DEFAULT_WINDOW_S",
-    "MAX_TIME_S",
     "REPLICA_FAULT_CLASSES",
     "Breaker",
     "BreakerPolicy",
@@ -69,10 +69,6 @@ DEFAULT_MAX_COOLDOWN_S = 300.0
 #: was a tiny request); two sequential ones (probe or real) show the replica serves again.
 DEFAULT_CLOSE_AFTER = 2
 
-#: The longest window or cool-down (a day): an ejection is published with its cool-down as
-#: a Redis TTL (``shared_breakers.py``), and a replica is told to clients as a Retry-After;
-#: longer is no cool-down (an ejected replica is not probed), NaN and infinity no number.
-MAX_TIME_S = 86_400.0
 
 #: Failure classes that are the replica's fault: it could not be reached, or failed (5xx).
 REPLICA_FAULT_CLASSES = frozenset({FailureClass.CONNECTION, FailureClass.UPSTREAM,
@@ -124,13 +120,12 @@ class BreakerPolicy:
                               "close_after) must be at least 1")
         if not 0.0 < self.error_rate <= 1.0:
             raise ConfigError("breaker error_rate must be in (0, 1]")
-        # Also refuses NaN (every comparison is False) and infinity.
-        if not all(0 < t <= MAX_TIME_S for t in (self.window_s, self.base_cooldown_s,
-                                                 self.max_cooldown_s)) \
-                or self.max_cooldown_s < self.base_cooldown_s:
-            raise ConfigError(f"breaker window_s, base_cooldown_s and max_cooldown_s must be "
-                              f"positive numbers of seconds up to {MAX_TIME_S:.0f}, and "
-                              "max_cooldown_s at least base_cooldown_s")
+        # An ejection is published with its cool-down as a Redis TTL (shared_breakers.py)
+        # and told to clients as a Retry-After: NaN and infinity are no TTL.
+        for name in ("window_s", "base_cooldown_s", "max_cooldown_s"):
+            check_seconds(getattr(self, name), f"breaker {name}")
+        if self.max_cooldown_s < self.base_cooldown_s:
+            raise ConfigError("breaker max_cooldown_s must be at least base_cooldown_s")
 
     def cooldown(self, ejections: int) -> float:
         """The cool-down of the ``ejections``-th ejection in a row (1 = the first)."""

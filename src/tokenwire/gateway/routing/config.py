@@ -31,10 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tokenwire.config_tables import NUM, Problems, check_http_url, check_keys
+from tokenwire.config_tables import NUM, Problems, check_http_url, check_keys, check_seconds
 from tokenwire.errors import ConfigError, ConfigErrors
 from tokenwire.gateway.routing.balance import DEFAULT_LOAD_FACTOR, DEFAULT_LOAD_SLACK
-from tokenwire.gateway.routing.breaker import MAX_TIME_S, BreakerPolicy
+from tokenwire.gateway.routing.breaker import BreakerPolicy
 from tokenwire.gateway.routing.fallbacks import FallbackTable
 from tokenwire.gateway.routing.pool import (
     DEFAULT_PANIC_THRESHOLD,
@@ -124,9 +124,8 @@ def parse_pool(doc: Mapping[str, Any], env: Mapping[str, str],
         if not problems.messages:
             problems.check(_breaker_policy, breaker, where)
     interval = doc.get("probe_interval_s", 1)
-    if isinstance(interval, NUM) and not 0 < interval <= MAX_TIME_S:  # NaN too
-        problems.add(ConfigError(f"{where}: probe_interval_s must be a positive number of "
-                                 f"seconds up to {MAX_TIME_S:.0f}"))
+    if isinstance(interval, NUM):
+        problems.check(check_seconds, interval, "probe_interval_s", where)
     if "panic_threshold" in doc:
         problems.check(parse_panic_threshold, doc["panic_threshold"], where)
     if "affinity_load_factor" in doc:
