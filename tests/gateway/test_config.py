@@ -91,6 +91,10 @@ BAD_FILES = [
      "{f}: upstream 'u': api_key_env names NOPE_KEY, which is not set"),
     ("zero concurrency", _UP + "max_concurrent = 0\n",
      "{f}: upstream 'u': max_concurrent must be at least 1"),
+    # A value of the wrong type is reported by its type; max_concurrent's was compared
+    # with 1 too, and the start ended in a TypeError's traceback.
+    ("concurrency string", _UP + "max_concurrent = \"8\"\n",
+     "{f}: [[upstreams]] #1: max_concurrent must be an integer, got '8'"),
     ("negative timeout", _UP + "read_timeout_s = -1\n",
      "{f}: upstream 'u': read_timeout_s must be a positive number of seconds up to 86400, "
      "got -1"),

@@ -225,7 +225,8 @@ def _check_context_length(doc: Mapping[str, Any], where: str) -> None:
 
 def _check_numbers(doc: Mapping[str, Any], where: str) -> None:
     _check_context_length(doc, where)
-    if doc.get("max_concurrent", 1) < 1:
+    # A value of another type is check_keys's to report: comparing it would raise.
+    if isinstance(doc.get("max_concurrent"), int) and doc["max_concurrent"] < 1:
         raise ConfigError(f"{where}: max_concurrent must be at least 1")
     for key in ("connect_timeout_s", "read_timeout_s"):
         if isinstance(doc.get(key), NUM):
