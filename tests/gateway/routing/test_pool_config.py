@@ -171,6 +171,10 @@ BAD = [
     ("names", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "name": "x"},
                                            {"base_url": "http://b:1", "name": "x"}]},
      "two replicas have the same name"),
+    # Two replicas of weight 1e308 sum to infinity: random.choices refused the weights
+    # (ValueError) on every request the pool balanced between them.
+    ("weight huge", {**_pool_doc(), "replicas": [{"base_url": "http://a:1", "weight": 1e308}]},
+     "replica #1: weight must be a positive number up to 1000000, got 1e+308"),
     ("breaker typo", _pool_doc(breaker={"cooldown": 3}), "[breaker]: unknown key 'cooldown'"),
     ("breaker value", _pool_doc(breaker={"error_rate": 2.0}), "error_rate must be in (0, 1]"),
     ("probe", _pool_doc(probe_interval_s=0), "probe_interval_s must be a positive number"),

@@ -26,7 +26,6 @@ reported at once, each naming its table and key.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +72,9 @@ _BREAKER_KEYS: dict[str, tuple[type, ...]] = {
 }
 #: Longest prompt prefix the stateless affinity hash reads: enough for a system prompt.
 MAX_AFFINITY_PREFIX_CHARS = 65_536
+#: Largest replica weight: weights are relative (2 is twice 1's share), and any number of
+#: replicas of this weight still sum to a finite total.
+MAX_WEIGHT = 1_000_000.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +154,11 @@ def _parse_replica(doc: Any, env: Mapping[str, str], where: str) -> ReplicaConfi
     if key_env is not None and key_env not in env:
         raise ConfigError(f"{where}: api_key_env names {key_env}, which is not set")
     weight = doc.get("weight", 1.0)
-    if not math.isfinite(weight) or weight <= 0:  # inf/inf shares are NaN in the balancer
-        raise ConfigError(f"{where}: weight must be a positive number")
+    # The balancer draws by weight: random.choices refuses weights whose sum is infinite
+    # (routing/balance.py), as two of 1e308 are. NaN fails the comparison.
+    if not 0 < weight <= MAX_WEIGHT:
+        raise ConfigError(f"{where}: weight must be a positive number up to "
+                          f"{MAX_WEIGHT:.0f}, got {weight!r}")
     limit = doc.get("max_concurrent")
     if limit is not None and limit < 1:
         raise ConfigError(f"{where}: max_concurrent must be at least 1")
