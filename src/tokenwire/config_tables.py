@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 
 from tokenwire.errors import ConfigError, ConfigErrors
 
-__all__ = ["MAX_TIME_S", "NUM", "Problems", "check_http_url", "check_keys", "check_seconds",
-           "type_name"]
+__all__ = ["MAX_TIME_S", "NUM", "Problems", "check_http_url", "check_keys", "check_port",
+           "check_seconds", "type_name"]
 
 #: A TOML number: an integer or a float (``true`` is not one, see :func:`check_keys`).
 NUM: tuple[type, ...] = (int, float)
@@ -79,6 +79,13 @@ def check_seconds(value: float, key: str, where: str = "", *, zero: bool = False
         span = "from 0 up to" if zero else "up to"
         raise ConfigError(f"{where + ': ' if where else ''}{key} must be {low} number of "
                           f"seconds {span} {MAX_TIME_S:.0f}, got {value!r}")
+
+
+def check_port(value: int, key: str, *, lowest: int = 0) -> None:
+    """A TCP port to listen on: getaddrinfo takes one past 65535 modulo 65536 (70000 was
+    bound as 4464) and bind() raises OverflowError on it. 0 asks for any free port."""
+    if not lowest <= value <= 65535:
+        raise ConfigError(f"{key} must be a port number from {lowest} to 65535, got {value!r}")
 
 
 def check_http_url(url: str, where: str) -> str:

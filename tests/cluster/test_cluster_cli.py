@@ -43,6 +43,13 @@ def test_a_public_balancer_refuses_instances_open_on_loopback(monkeypatch, capsy
     (["--instances", "0"], "1 to 16 instances"),
     (["--", "--port", "9000"], "--port is set by the launcher"),
     (["--instances", "2", "--instance-ports", "9001"], "names 1 ports for 2 instances"),
+    # Past 65535: bind() raised OverflowError (a traceback) for an instance port, and the
+    # balancer's 70000 was bound as 70000 % 65536 = 4464 under a banner naming 70000.
+    (["--port", "65535", "--", "--upstream", "http://x/v1"],
+     "cluster: instance 0's port must be a port number from 1 to 65535, got 65536"),
+    (["--port", "70000", "--instance-ports", "9001,9002,9003", "--", "--upstream",
+      "http://x/v1"], "cluster: the balancer's port must be a port number from 0 to 65535, "
+     "got 70000"),
 ])
 def test_bad_cluster_arguments_are_refused_before_anything_starts(args, message,
                                                                    capsys) -> None:

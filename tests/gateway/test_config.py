@@ -548,3 +548,17 @@ def test_time_flags_are_checked_as_the_files_values_are(value) -> None:
         settings_from_args(_serve_args("--coalesce-ms", value), env={})
     assert settings_from_args(_serve_args("--coalesce-ms", "0"), env={}).window_s == 0
     assert settings_from_args(_serve_args("--drain-grace", "0"), env={}).drain_grace_s == 0
+
+
+@pytest.mark.parametrize("port", [70000, 65536, -1])
+def test_a_port_past_65535_or_below_0_is_refused(port) -> None:
+    """70000 was bound as 70000 % 65536 = 4464 (getaddrinfo wraps it) under a banner that
+    named 70000; 0 stays the system's choice of a free port."""
+    from tokenwire.cli.serve import settings_from_args
+
+    message = f"port must be a port number from 0 to 65535, got {port}"
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        settings_from_args(_serve_args(), {"port": port}, env={})
+    with pytest.raises(ConfigError, match=f"^{message}$"):
+        settings_from_args(_serve_args("--port", str(port)), env={})
+    assert settings_from_args(_serve_args("--port", "0"), env={}).port == 0

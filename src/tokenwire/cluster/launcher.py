@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from tokenwire.config_tables import check_port
 from tokenwire.errors import ConfigError, ListenError
 
 from .balancer import Backend, Balancer
@@ -94,6 +95,9 @@ class Cluster:
     def __post_init__(self) -> None:
         if not 1 <= len(self.ports) <= MAX_INSTANCES:
             raise ConfigError(f"cluster: 1 to {MAX_INSTANCES} instances")
+        check_port(self.port, "cluster: the balancer's port")  # 0: any free one
+        for i, port in enumerate(self.ports):
+            check_port(port, f"cluster: instance {i}'s port", lowest=1)
         if len(set(self.ports)) != len(self.ports) or self.port in self.ports:
             raise ConfigError("cluster: every instance and the balancer need their own port")
         for flag in _OWN_FLAGS:

@@ -25,7 +25,7 @@ from tokenwire.codec.safety_policy import (
     parse_policy,
 )
 from tokenwire.codec.versioning import VersionPolicy
-from tokenwire.config_tables import check_seconds
+from tokenwire.config_tables import check_port, check_seconds
 from tokenwire.errors import ConfigError
 from tokenwire.gateway.apis.params import SUPPORTED_STREAM_FORMATS
 from tokenwire.gateway.state.api_keys import ApiKey, check_api_key
@@ -162,6 +162,7 @@ class ServerSettings:
     event_loop: str = "auto"
 
     def __post_init__(self) -> None:
+        check_port(self.port, "port")
         # 0 flushes every frame (codec/coalescer.py); NaN or infinity never closed it.
         check_seconds(self.window_s, "the coalescing window (coalesce_ms / 1000)", zero=True)
         for fmt in self.zstd_dicts:
