@@ -562,3 +562,20 @@ def test_a_port_past_65535_or_below_0_is_refused(port) -> None:
     with pytest.raises(ConfigError, match=f"^{message}$"):
         settings_from_args(_serve_args("--port", str(port)), env={})
     assert settings_from_args(_serve_args("--port", "0"), env={}).port == 0
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    # The flags reached llama.cpp unchecked, past the ranges [upstreams.options] has:
+    # --n-ctx with extra digits allocated the KV cache of that window at start, and -5
+    # failed as "could not be loaded by llama.cpp ... is it a GGUF model?".
+    ("--n-ctx", "2000000", "--n-ctx must be an integer from 1 to 1048576, not 2000000"),
+    ("--n-ctx", "-5", "--n-ctx must be an integer from 1 to 1048576, not -5"),
+    ("--threads", "0", "--threads must be an integer from 1 to 512, not 0"),
+    ("--threads", "100000", "--threads must be an integer from 1 to 512, not 100000"),
+])
+def test_the_embedded_engines_flags_have_its_options_ranges(flag, value, message) -> None:
+    from tokenwire.cli.serve import settings_from_args
+
+    with pytest.raises(ConfigError) as info:
+        settings_from_args(_serve_args(flag, value), env={})
+    assert str(info.value) == message

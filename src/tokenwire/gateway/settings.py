@@ -193,6 +193,15 @@ class ServerSettings:
                               "--tls-key)")
         self._check_event_loop()
         self._check_auth()
+        self._check_embedded()
+
+    def _check_embedded(self) -> None:
+        """The bare ``serve``'s engine flags, in the ranges its [upstreams.options] have."""
+        from tokenwire.gateway.upstreams import check_embedded_int
+
+        check_embedded_int("n_ctx", self.n_ctx, "--n-ctx")
+        if self.n_threads is not None:
+            check_embedded_int("threads", self.n_threads, "--threads")
 
     def _check_event_loop(self) -> None:
         if self.event_loop not in EVENT_LOOPS:

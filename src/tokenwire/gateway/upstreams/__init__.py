@@ -31,7 +31,8 @@ from tokenwire.gateway.upstreams.base import (
     unknown_option,
 )
 
-__all__ = ["ADAPTERS", "ADAPTER_ERRORS", "EmbeddedUpstream", "adapter_for", "check_options"]
+__all__ = ["ADAPTERS", "ADAPTER_ERRORS", "EmbeddedUpstream", "adapter_for", "check_embedded_int",
+           "check_options"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,14 @@ _EMBEDDED_INTS = {"n_ctx": (1, MAX_N_CTX), "threads": (1, MAX_THREADS),
 _EMBEDDED_OPTIONS = ("model_path", *_EMBEDDED_INTS)
 #: Option name -> ``EmbeddedEngine.load`` argument, where they differ.
 _LOAD_ARGS = {"threads": "n_threads"}
+
+
+def check_embedded_int(key: str, value: object, name: str) -> None:
+    """An embedded engine's ``n_ctx``, ``threads`` or ``queue_size`` in its range, from
+    ``[upstreams.options]`` or a bare ``tokenwire serve``'s flags (``name`` says which)."""
+    low, high = _EMBEDDED_INTS[key]
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer from {low} to {high}, not {value!r}")
 
 
 class EmbeddedUpstream:
@@ -132,11 +141,7 @@ class EmbeddedUpstream:
                     raise ConfigError(f"upstream {upstream!r}: options.model_path must name "
                                       f"a GGUF file; {value!r} is not a file")
                 continue
-            low, high = _EMBEDDED_INTS[key]
-            if not isinstance(value, int) or isinstance(value, bool) \
-                    or not low <= value <= high:
-                raise ConfigError(f"upstream {upstream!r}: options.{key} must be an integer "
-                                  f"from {low} to {high}, not {value!r}")
+            check_embedded_int(key, value, f"upstream {upstream!r}: options.{key}")
         return dict(options)
 
     def submit(self, request: GenerationRequest) -> EventStream:
