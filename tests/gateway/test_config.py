@@ -579,3 +579,14 @@ def test_the_embedded_engines_flags_have_its_options_ranges(flag, value, message
     with pytest.raises(ConfigError) as info:
         settings_from_args(_serve_args(flag, value), env={})
     assert str(info.value) == message
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_a_max_body_bytes_below_1_is_refused_at_start_up(value) -> None:
+    """It started, and answered every request with a 413 'request body is 57 bytes; the
+    limit is -1'."""
+    from tokenwire.cli.serve import settings_from_args
+
+    with pytest.raises(ConfigError) as info:
+        settings_from_args(_serve_args(), {"max_body_bytes": value}, env={})
+    assert str(info.value) == f"max_body_bytes must be at least 1, got {value}"

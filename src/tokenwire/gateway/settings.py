@@ -178,9 +178,9 @@ class ServerSettings:
         if self.max_concurrent < 1:
             raise ConfigError("max_concurrent must be at least 1")
         for name in ("max_connections", "max_connections_per_client", "ws_max_sockets",
-                     "ws_max_sockets_per_client"):
+                     "ws_max_sockets_per_client", "max_body_bytes"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be at least 1")
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)!r}")
         for name in ("idle_timeout_s", "request_cap_s", "heartbeat_s", "head_timeout_s",
                      "body_timeout_s", "ws_idle_timeout_s", "ws_session_cap_s"):
             check_seconds(getattr(self, name), name)
