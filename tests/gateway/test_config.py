@@ -95,6 +95,16 @@ BAD_FILES = [
     # with 1 too, and the start ended in a TypeError's traceback.
     ("concurrency string", _UP + "max_concurrent = \"8\"\n",
      "{f}: [[upstreams]] #1: max_concurrent must be an integer, got '8'"),
+    # A window an upstream reports past 2**24 is not believed (context_window.py); the
+    # file's went to every client as max_model_len (10**30 in /v1/models and /tokenize,
+    # past what Codex's 64-bit integers or JavaScript's doubles hold).
+    ("huge context", _UP + "context_length = 1000000000000000000000000000000\n",
+     "{f}: upstream 'u': context_length must be a number of tokens from 1 to 16777215, got "
+     "1000000000000000000000000000000"),
+    ("huge model context", _UP + "[[upstreams.models]]\nname = \"m\"\n"
+     "context_length = 16777216\n",
+     "{f}: upstream 'u' model #1 ('m'): context_length must be a number of tokens from 1 "
+     "to 16777215, got 16777216"),
     ("negative timeout", _UP + "read_timeout_s = -1\n",
      "{f}: upstream 'u': read_timeout_s must be a positive number of seconds up to 86400, "
      "got -1"),
@@ -277,7 +287,8 @@ BAD_FLAGS = [
     (["--upstream", "http://h/v1", "--upstream-max-concurrent", "0"], {},
      "--upstream: upstream 'h': max_concurrent must be at least 1"),
     (["--upstream", "http://h/v1", "--upstream-context-length", "0"], {},
-     "--upstream: upstream 'h': context_length must be a positive number of tokens"),
+     "--upstream: upstream 'h': context_length must be a number of tokens from 1 to "
+     "16777215, got 0"),
     (["--upstream", "ftp://h/v1"], {},
      "--upstream: upstream 'h': base_url 'ftp://h/v1' is not an http:// or https:// URL "
      "with a host"),

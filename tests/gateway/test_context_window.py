@@ -269,8 +269,8 @@ def test_the_window_comes_from_config_then_the_upstream(model_len, upstream_len,
 
 
 @pytest.mark.parametrize(("where", "value", "problem"), [
-    ("model", 0, "context_length must be a positive number of tokens"),
-    ("upstream", -5, "context_length must be a positive number of tokens"),
+    ("model", 0, "context_length must be a number of tokens from 1 to 16777215, got 0"),
+    ("upstream", -5, "context_length must be a number of tokens from 1 to 16777215"),
     ("model", "4k", "context_length must be an integer"),
     ("model", True, "context_length must be an integer"),
 ])

@@ -75,6 +75,7 @@ from urllib.parse import urlsplit
 from tokenwire.codec.maps import TokenizerMap, bundled_map_path, load_map_file, resolve_alias
 from tokenwire.config_tables import NUM, Problems, check_http_url, check_keys, check_seconds
 from tokenwire.errors import ConfigError, ConfigErrors, MapError
+from tokenwire.gateway.context_window import MAX_CONTEXT_LENGTH
 from tokenwire.gateway.routing.config import POOL_KEYS, parse_fallbacks, parse_pool
 from tokenwire.gateway.routing.fallbacks import FallbackTable
 from tokenwire.gateway.state.api_keys import ApiKey, parse_keys, read_api_keys
@@ -219,8 +220,12 @@ def _parse_model(doc: Mapping[str, Any], where: str) -> tuple[ModelRoute, Tokeni
 
 def _check_context_length(doc: Mapping[str, Any], where: str) -> None:
     value = doc.get("context_length")
-    if isinstance(value, int) and not isinstance(value, bool) and value < 1:
-        raise ConfigError(f"{where}: context_length must be a positive number of tokens")
+    # The bound an upstream's report is believed within: clients are told this number
+    # (max_model_len), and 64-bit or JavaScript integers cannot hold any number.
+    if isinstance(value, int) and not isinstance(value, bool) \
+            and not 1 <= value <= MAX_CONTEXT_LENGTH:
+        raise ConfigError(f"{where}: context_length must be a number of tokens from 1 to "
+                          f"{MAX_CONTEXT_LENGTH}, got {value}")
 
 
 def _check_numbers(doc: Mapping[str, Any], where: str) -> None:

@@ -61,6 +61,7 @@ from tokenwire.gateway.retokenize import tokenizer_for
 __all__ = [
     "CHAT_BOUNDARY_SLACK",
     "INLINE_COUNT_CHARS",
+    "MAX_CONTEXT_LENGTH",
     "TEXT_SLACK",
     "ContextSource",
     "certain_prompt_tokens",
@@ -93,8 +94,9 @@ _LISTING_KEYS = ("max_model_len", "context_length", "context_window", "max_conte
 #: prefill of 4,000 tokens and more. Shorter prompts are counted inline, where the thread's
 #: round trip would cost more than the count on the first token's path.
 INLINE_COUNT_CHARS = 16_384
-#: A context length outside this range is not believed (a typo, a sentinel like -1).
-_MAX_BELIEVABLE = 1 << 24
+#: A context length outside this range is not believed (a typo, a sentinel like -1), from
+#: an upstream, and is refused from the configuration.
+MAX_CONTEXT_LENGTH = (1 << 24) - 1
 
 
 class ContextSource(enum.StrEnum):
@@ -115,7 +117,7 @@ def first_known(*candidates: tuple[int | None, ContextSource],
 
 
 def _believable(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < _MAX_BELIEVABLE:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_CONTEXT_LENGTH:
         return value
     return None
 
