@@ -87,3 +87,15 @@ def test_check_no_probe_checks_the_file_only(bad_file, capsys, monkeypatch) -> N
     assert main(["check", "--no-probe", "--config", str(bad_file)]) == 1
     err = capsys.readouterr().err
     assert "3 problem(s)" in err and "unreachable" not in err
+
+
+def test_check_refuses_the_server_values_serve_refuses(tmp_path, capsys) -> None:
+    """[server]'s times, port and sizes are checked where serve builds its settings:
+    `tokenwire check` said ok to idle_timeout_s = inf and port = 70000, which serve
+    refuses at start-up."""
+    f = tmp_path / "gateway.toml"
+    f.write_text("[server]\nidle_timeout_s = inf\nport = 70000\n[[upstreams]]\nname = \"v\"\n"
+                 "kind = \"openai\"\nbase_url = \"http://127.0.0.1:9/v1\"\nprobe = false\n")
+    assert main(["check", "--config", str(f), "--no-probe"]) == 1
+    err = capsys.readouterr().err
+    assert "problem: port must be a port number from 0 to 65535, got 70000" in err

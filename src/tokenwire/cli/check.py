@@ -16,6 +16,7 @@ import asyncio
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from tokenwire.errors import ConfigError
 
@@ -70,6 +71,8 @@ def run_checks(args: argparse.Namespace, env: dict[str, str] | None = None
     except ConfigError as exc:
         problems += _errors_of(exc)
     problems += _check_state(cfg, env)
+    if cfg is not None:
+        problems += _check_server(cfg, env)
     if cfg is None and not problems:
         checked.append("no configuration: `tokenwire serve` serves the embedded model")
         problems += _check_embedded(args.model)
@@ -89,6 +92,21 @@ def _check_state(cfg: object, env: dict[str, str]) -> list[str]:
 
     try:
         resolve_state(getattr(cfg, "state", None), env=env)
+    except ConfigError as exc:
+        return _errors_of(exc)
+    return []
+
+
+def _check_server(cfg: Any, env: dict[str, str]) -> list[str]:
+    """``[server]``'s values as ``serve`` reads them (its settings_from_args, without the
+    flags): times, port and sizes are checked where the settings are built."""
+    from tokenwire.cli import serve as serve_cmd
+
+    parser = argparse.ArgumentParser()
+    serve_cmd.register(parser.add_subparsers())
+    try:
+        serve_cmd.settings_from_args(parser.parse_args(["serve"]), dict(cfg.server), env=env,
+                                     named_keys=cfg.keys)
     except ConfigError as exc:
         return _errors_of(exc)
     return []
