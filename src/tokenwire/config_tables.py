@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 
 from tokenwire.errors import ConfigError, ConfigErrors
 
-__all__ = ["MAX_TIME_S", "NUM", "Problems", "check_http_url", "check_keys", "check_port",
-           "check_seconds", "type_name"]
+__all__ = ["MAX_TIME_S", "MIN_INTERVAL_S", "NUM", "Problems", "check_http_url", "check_keys",
+           "check_port", "check_seconds", "type_name"]
 
 #: A TOML number: an integer or a float (``true`` is not one, see :func:`check_keys`).
 NUM: tuple[type, ...] = (int, float)
@@ -26,6 +26,10 @@ NUM: tuple[type, ...] = (int, float)
 #: against it (never due, or always); infinity and 1e308 turned a limit off without a word,
 #: and overflowed where a time becomes an integer (a Redis TTL, a Retry-After).
 MAX_TIME_S = 86_400.0
+#: The shortest interval of something repeated while nothing else happens (a heartbeat, a
+#: probe): shorter is a tight loop (heartbeat_s = 1e-6 sent 1.2 MB of keep-alives to one
+#: client in 3 s, the process at full CPU).
+MIN_INTERVAL_S = 0.01
 
 
 def type_name(types: tuple[type, ...]) -> str:
@@ -70,15 +74,20 @@ def check_keys(table: Mapping[str, Any], schema: Mapping[str, tuple[type, ...]],
         raise ConfigErrors(problems)
 
 
-def check_seconds(value: float, key: str, where: str = "", *, zero: bool = False) -> None:
+def check_seconds(value: float, key: str, where: str = "", *, zero: bool = False,
+                  interval: bool = False) -> None:
     """A setting's number of seconds: more than 0 (0 too with ``zero``, where 0 is a
-    documented "at once") and at most :data:`MAX_TIME_S`; NaN and infinity are neither."""
-    low_ok = value >= 0 if zero else value > 0
+    documented "at once"; at least :data:`MIN_INTERVAL_S` with ``interval``) and at most
+    :data:`MAX_TIME_S`; NaN and infinity are neither."""
+    if interval:
+        low_ok, span = value >= MIN_INTERVAL_S, f"a number of seconds from {MIN_INTERVAL_S:g}"
+    elif zero:
+        low_ok, span = value >= 0, "a number of seconds from 0"
+    else:
+        low_ok, span = value > 0, "a positive number of seconds"
     if not (low_ok and value <= MAX_TIME_S):  # written so that NaN fails it
-        low = "a" if zero else "a positive"
-        span = "from 0 up to" if zero else "up to"
-        raise ConfigError(f"{where + ': ' if where else ''}{key} must be {low} number of "
-                          f"seconds {span} {MAX_TIME_S:.0f}, got {value!r}")
+        raise ConfigError(f"{where + ': ' if where else ''}{key} must be {span} up to "
+                          f"{MAX_TIME_S:.0f}, got {value!r}")
 
 
 def check_port(value: int, key: str, *, lowest: int = 0) -> None:

@@ -329,7 +329,7 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     problems.check(_check_server_auth, server, env, f"{source}: [server]")
     if isinstance(server.get("health_interval_s"), NUM):
         problems.check(check_seconds, server["health_interval_s"], "health_interval_s",
-                       f"{source}: [server]")
+                       f"{source}: [server]", interval=True)
     ups = doc.get("upstreams", [])
     if not ups:
         problems.add(ConfigError(f"{source}: no [[upstreams]]; declare at least one"))

@@ -181,9 +181,10 @@ class ServerSettings:
                      "ws_max_sockets_per_client", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)!r}")
-        for name in ("idle_timeout_s", "request_cap_s", "heartbeat_s", "head_timeout_s",
+        for name in ("idle_timeout_s", "request_cap_s", "head_timeout_s",
                      "body_timeout_s", "ws_idle_timeout_s", "ws_session_cap_s"):
             check_seconds(getattr(self, name), name)
+        check_seconds(self.heartbeat_s, "heartbeat_s", interval=True)
         check_seconds(self.drain_grace_s, "drain_grace_s", zero=True)  # 0: end them at once
         for name in ("tls_cert", "tls_key"):  # a config file gives strings
             if isinstance(getattr(self, name), str):

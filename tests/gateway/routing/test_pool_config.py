@@ -177,7 +177,10 @@ BAD = [
      "replica #1: weight must be a positive number up to 1000000, got 1e+308"),
     ("breaker typo", _pool_doc(breaker={"cooldown": 3}), "[breaker]: unknown key 'cooldown'"),
     ("breaker value", _pool_doc(breaker={"error_rate": 2.0}), "error_rate must be in (0, 1]"),
-    ("probe", _pool_doc(probe_interval_s=0), "probe_interval_s must be a positive number"),
+    ("probe", _pool_doc(probe_interval_s=0), "probe_interval_s must be a number of seconds "
+     "from 0.01 up to 86400, got 0"),
+    # A probe of every replica on every turn of the loop, back to back
+    ("probe tiny", _pool_doc(probe_interval_s=1e-9), "from 0.01 up to 86400, got 1e-09"),
     # NaN: the probe loop found nothing ever due and spun at once, for ever
     ("probe nan", _pool_doc(probe_interval_s=float("nan")), "probe_interval_s must be a"),
     ("probe inf", _pool_doc(probe_interval_s=float("inf")), "probe_interval_s must be a"),

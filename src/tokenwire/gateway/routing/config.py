@@ -127,7 +127,7 @@ def parse_pool(doc: Mapping[str, Any], env: Mapping[str, str],
             problems.check(_breaker_policy, breaker, where)
     interval = doc.get("probe_interval_s", 1)
     if isinstance(interval, NUM):
-        problems.check(check_seconds, interval, "probe_interval_s", where)
+        problems.check(check_seconds, interval, "probe_interval_s", where, interval=True)
     if "panic_threshold" in doc:
         problems.check(parse_panic_threshold, doc["panic_threshold"], where)
     if "affinity_load_factor" in doc:
