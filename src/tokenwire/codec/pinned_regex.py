@@ -45,6 +45,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache, partial
 from itertools import chain
 from operator import gt, le
+from typing import Any
 
 import regex
 
@@ -613,10 +614,7 @@ class PinnedRegex:
     def findall(self, text: str) -> list[str]:
         if not self._timed:
             return self.compiled_for(text).findall(text)
-        try:
-            return self.compiled_for(text).findall(text, timeout=self._budget(text))
-        except TimeoutError:
-            raise self._timeout(text) from None
+        return self._timed_call("findall", text)
 
     @property
     def groups(self) -> int:
@@ -625,8 +623,13 @@ class PinnedRegex:
     def fullmatch(self, text: str) -> regex.Match[str] | None:
         if not self._timed:
             return self.compiled_for(text).fullmatch(text)
+        return self._timed_call("fullmatch", text)
+
+    def _timed_call(self, method: str, text: str) -> Any:
+        """``compiled.<method>(text)`` within the text's budget (the untimed calls above
+        stay one call: a program's regexes run on every encode)."""
         try:
-            return self.compiled_for(text).fullmatch(text, timeout=self._budget(text))
+            return getattr(self.compiled_for(text), method)(text, timeout=self._budget(text))
         except TimeoutError:
             raise self._timeout(text) from None
 
