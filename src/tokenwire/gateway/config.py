@@ -328,8 +328,10 @@ def parse_config(doc: Mapping[str, Any], *, source: str = "config",
     problems.check(check_keys, server, SERVER_KEYS, f"{source}: [server]")
     problems.check(_check_server_auth, server, env, f"{source}: [server]")
     if isinstance(server.get("health_interval_s"), NUM):
+        # How stale /health's passive checks may be (0: checked at every /health), not a
+        # loop's period: nothing repeats on it while nobody asks.
         problems.check(check_seconds, server["health_interval_s"], "health_interval_s",
-                       f"{source}: [server]", interval=True)
+                       f"{source}: [server]", zero=True)
     ups = doc.get("upstreams", [])
     if not ups:
         problems.add(ConfigError(f"{source}: no [[upstreams]]; declare at least one"))
