@@ -45,18 +45,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache, partial
 from itertools import chain
 from operator import gt, le
-from typing import Any
 
 import regex
 
 from tokenwire.codec.unicode_classes import WHITE_SPACE
 from tokenwire.codec.unicode_tables import RANGES, RUST_NUMERIC, UNICODE_VERSION
-from tokenwire.errors import PatternTimeout
 
 __all__ = [
     "CATEGORY_GROUPS",
-    "MATCH_BUDGET_BASE_S",
-    "MATCH_BUDGET_PER_CHAR_S",
     "MAX_CHECKED",
     "PREFIX_BOUNDS",
     "UNICODE_VERSION",
@@ -84,16 +80,6 @@ CATEGORY_GROUPS: dict[str, tuple[str, ...]] = {
     "P": ("Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po"),
     "S": ("Sm", "Sc", "Sk", "So"),
 } | {cat: (cat,) for cat in RANGES}
-
-#: The time a *timed* pattern (a map's own ``pre_tokenizer_pattern``, which its publisher
-#: wrote) may take on one text: this base plus this much per character. The patterns real
-#: tokenizers use run at ~0.1-0.5 us a character in the ``regex`` module, so this is 20x
-#: and more; a pattern that backtracks catastrophically (``(a|aa)+b``: exponential,
-#: ``\s*\s*\s*\s*x``: a power of the text's length) would hang the encode for ever.
-#: The module's ``timeout=`` costs ~3x a call, so program-built regexes (fixed shapes
-#: of our own, pretok_ops) are not timed.
-MATCH_BUDGET_BASE_S = 1.0
-MATCH_BUDGET_PER_CHAR_S = 10e-6
 
 #: Unicode White_Space=Yes (the explicit table of unicode_classes) as ranges.
 WHITE_SPACE_RANGES: Ranges = tuple((cp, cp) for cp in WHITE_SPACE)
@@ -537,17 +523,12 @@ class PinnedRegex:
     merging and spelling the ranges was ~3-10 ms of a fresh process's first map load
     (issue 15), and a text needs it only if it holds a disputed code point. Until then only
     the names of the pinned classes are known, from the same walk without the ranges.
-
-    ``timed``: every match call has a time budget (:data:`MATCH_BUDGET_BASE_S`), past which
-    it raises :class:`~tokenwire.errors.PatternTimeout`; for patterns a peer wrote.
     """
 
-    __slots__ = ("_exact", "_fast", "_key", "_names", "_numeric", "_pattern", "_timed",
-                 "source")
+    __slots__ = ("_exact", "_fast", "_key", "_names", "_numeric", "_pattern", "source")
 
-    def __init__(self, source: str, numeric: Numeric = "regex", *, timed: bool = False) -> None:
+    def __init__(self, source: str, numeric: Numeric = "regex") -> None:
         self.source = source
-        self._timed = timed
         self._numeric = numeric
         self._pattern: str | None = None
         self._names = _pinned_names(source)
@@ -601,43 +582,14 @@ class PinnedRegex:
         return self._exact
 
     def finditer(self, text: str) -> Iterator[regex.Match[str]]:
-        if not self._timed:
-            return self.compiled_for(text).finditer(text)
-        return self._timed_matches(text)
-
-    def _timed_matches(self, text: str) -> Iterator[regex.Match[str]]:
-        try:  # the module's budget covers the whole iteration, from this call
-            yield from self.compiled_for(text).finditer(text, timeout=self._budget(text))
-        except TimeoutError:
-            raise self._timeout(text) from None
+        return self.compiled_for(text).finditer(text)
 
     def findall(self, text: str) -> list[str]:
-        if not self._timed:
-            return self.compiled_for(text).findall(text)
-        return self._timed_call("findall", text)
+        return self.compiled_for(text).findall(text)
 
     @property
     def groups(self) -> int:
         return self._fast.groups
 
     def fullmatch(self, text: str) -> regex.Match[str] | None:
-        if not self._timed:
-            return self.compiled_for(text).fullmatch(text)
-        return self._timed_call("fullmatch", text)
-
-    def _timed_call(self, method: str, text: str) -> Any:
-        """``compiled.<method>(text)`` within the text's budget (the untimed calls above
-        stay one call: a program's regexes run on every encode)."""
-        try:
-            return getattr(self.compiled_for(text), method)(text, timeout=self._budget(text))
-        except TimeoutError:
-            raise self._timeout(text) from None
-
-    @staticmethod
-    def _budget(text: str) -> float:
-        return MATCH_BUDGET_BASE_S + len(text) * MATCH_BUDGET_PER_CHAR_S
-
-    def _timeout(self, text: str) -> PatternTimeout:
-        return PatternTimeout(f"the pattern {self.source[:80]!r} took more than "
-                              f"{self._budget(text):.1f} s on a text of {len(text):,} "
-                              "characters (it backtracks catastrophically)")
+        return self.compiled_for(text).fullmatch(text)

@@ -52,7 +52,8 @@ digits. §3.5 defines ``digits_isolate`` on text; we follow the spec.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from re import _parser  # the stdlib parser, for a pattern's least width (regex exposes none)
 from typing import Any
 
@@ -61,15 +62,27 @@ import regex
 from tokenwire.codec.pinned_regex import Numeric, PinnedRegex
 from tokenwire.codec.pretok_ops import CompiledOp, compile_op
 from tokenwire.codec.unicode_classes import ASCII_PUNCT_CLASS, CJK_CLASS, WHITE_SPACE, WS_CLASS
-from tokenwire.errors import UnsupportedProgram
+from tokenwire.errors import PatternTimeout, UnsupportedProgram
 
 __all__ = [
+    "MATCH_BUDGET_BASE_S",
+    "MATCH_BUDGET_PER_CHAR_S",
     "METASPACE",
     "STAGE_PARAMS",
     "PreTokenizer",
     "compile_pattern",
     "compile_program",
 ]
+
+#: The time a map's own ``pre_tokenizer_pattern`` (which its publisher wrote) may take on
+#: one text: this base plus this much per character. The patterns real tokenizers use run
+#: at ~0.1-0.5 us a character in the ``regex`` module, so this is 20x and more; a pattern
+#: that backtracks catastrophically (``(a|aa)+b``: exponential, ``\s*\s*\s*\s*x``: a
+#: power of the text's length) would hang the encode for ever. The module's ``timeout=``
+#: costs ~3x a call, so a program's regexes (fixed shapes of our own, pretok_ops) are not
+#: timed.
+MATCH_BUDGET_BASE_S = 1.0
+MATCH_BUDGET_PER_CHAR_S = 10e-6
 
 METASPACE = "\u2581"  # "▁", SentencePiece's word-boundary mark
 
@@ -425,22 +438,39 @@ def compile_pattern(pattern: str) -> PreTokenizer:
         raise UnsupportedProgram(f"pre_tokenizer_pattern {pattern[:80]!r} repeats a repeat or "
                                  "an alternation, which can backtrack catastrophically")
     try:
-        # Timed: the map's publisher wrote it (one a refusal above does not catch, e.g.
-        # \s*\s*\s*x, is polynomial); a program's regexes are ours and run untimed.
-        compiled = PinnedRegex(pattern, timed=True)
+        compiled = PinnedRegex(pattern)
         regex.compile(compiled.pattern)  # the pinned spelling must compile too
     except regex.error as exc:
         raise UnsupportedProgram(f"pre_tokenizer_pattern does not compile: {exc}") from exc
 
+    # Each split within its budget: the map's publisher wrote the pattern (one the refusal
+    # above does not catch, e.g. \s*\s*\s*x, is polynomial).
     def split(text: str) -> list[str]:
-        return [m.group() for m in compiled.finditer(text) if m.end() > m.start()]
+        with _budget(pattern, text) as budget:
+            return [m.group() for m in compiled.compiled_for(text).finditer(text, timeout=budget)
+                    if m.end() > m.start()]
 
     def split_groupless(text: str) -> list[str]:
         # Without groups findall gives finditer's whole matches, in C.
-        return [piece for piece in compiled.findall(text) if piece]
+        with _budget(pattern, text) as budget:
+            return [piece for piece in compiled.compiled_for(text).findall(text, timeout=budget)
+                    if piece]
 
     honest = compiled.groups == 0 and not _can_match_empty(pattern)
     if compiled.groups == 0:
         return PreTokenizer(split_groupless, compiled.pattern if honest else None, pattern,
                             stages=split)
     return PreTokenizer(split, compiled.pattern if honest else None, pattern)
+
+
+@contextmanager
+def _budget(pattern: str, text: str) -> Iterator[float]:
+    """The seconds ``pattern`` may take on ``text`` (:data:`MATCH_BUDGET_BASE_S`); its
+    ``regex`` timeout inside is a :class:`~tokenwire.errors.PatternTimeout`."""
+    budget = MATCH_BUDGET_BASE_S + len(text) * MATCH_BUDGET_PER_CHAR_S
+    try:
+        yield budget
+    except TimeoutError:
+        raise PatternTimeout(f"the pattern {pattern[:80]!r} took more than {budget:.1f} s on "
+                             f"a text of {len(text):,} characters (it backtracks "
+                             "catastrophically)") from None
