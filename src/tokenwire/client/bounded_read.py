@@ -113,7 +113,6 @@ async def aread_bounded(resp: httpx.Response, limit: int,
     return reader.finish()
 
 
-
 def read_error_body(resp: httpx.Response, limit: int, deadline: Deadline = NO_DEADLINE) -> bytes:
     """An error answer's decoded body, read only as far as it explains the error: its first
     ``limit`` bytes when it is longer (a server compresses error answers as the request's

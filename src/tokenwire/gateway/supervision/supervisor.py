@@ -649,7 +649,7 @@ class SupervisedStream:
         if not self._listening or type(event) is not TokenDelta or self._ended \
                 or self._cancelled or not (event.ids or event.text):
             return False
-        size = self._answer_size + len(event.text) + len(event.ids)
+        size = self._answer_size + _output_size(event)
         if size > MAX_ANSWER_SIZE:
             return False  # the task ends the answer (_attempt)
         queue = self._queue
